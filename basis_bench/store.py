@@ -1,0 +1,194 @@
+"""The rollout store: a directory of Parquet files in one documented schema.
+
+Layout of a rollouts dataset ``DIR``::
+
+    DIR/prompts.parquet            prompt_id, problem, answer[, level, subject]
+    DIR/**/*.parquet               rollouts: prompt_id, policy, sample_idx, reward
+                                   [, n_tokens, finish_reason, response, verify_status]
+
+Every Parquet file under ``DIR`` other than ``prompts.parquet`` is a rollouts file,
+so anyone's rollouts in this schema evaluate. Sampling metadata (model, sampling
+parameters, dataset, seed, package version, ``simulated``) travels as JSON in each
+file's key-value metadata under the key ``basis_bench``. Files are written to a
+temporary name and renamed when complete, so a crash never leaves a half file under
+a ``.parquet`` name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from basis_bench.errors import InputError
+
+METADATA_KEY = "basis_bench"
+PROMPTS_FILE = "prompts.parquet"
+
+ROLLOUT_COLUMNS: dict[str, pl.DataType] = {
+    "prompt_id": pl.String(),
+    "policy": pl.String(),
+    "sample_idx": pl.Int32(),
+    "reward": pl.Float64(),
+}
+OPTIONAL_ROLLOUT_COLUMNS: dict[str, pl.DataType] = {
+    "n_tokens": pl.Int32(),
+    "finish_reason": pl.String(),
+    "response": pl.String(),
+    "verify_status": pl.String(),
+}
+PROMPT_COLUMNS: dict[str, pl.DataType] = {
+    "prompt_id": pl.String(),
+    "problem": pl.String(),
+    "answer": pl.String(),
+}
+OPTIONAL_PROMPT_COLUMNS: dict[str, pl.DataType] = {"level": pl.Int32(), "subject": pl.String()}
+
+
+def _conform(
+    df: pl.DataFrame,
+    required: Mapping[str, pl.DataType],
+    optional: Mapping[str, pl.DataType],
+    what: str,
+) -> pl.DataFrame:
+    """Check required columns exist and cast known columns to their schema types."""
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise InputError(f"{what}: missing column(s) {missing}; required are {list(required)}")
+    casts = []
+    for name, dtype in {**required, **optional}.items():
+        if name in df.columns:
+            casts.append(pl.col(name).cast(dtype, strict=False))
+    out = df.with_columns(casts)
+    for name in required:
+        if out[name].null_count():
+            raise InputError(f"{what}: column {name!r} has null or non-{required[name]} values")
+    return out
+
+
+def conform_rollouts(df: pl.DataFrame, what: str = "rollouts") -> pl.DataFrame:
+    """Validate a rollouts frame: schema, finite rewards, unique (prompt_id, policy, sample_idx)."""
+    df = _conform(df, ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, what)
+    bad = df.filter(~pl.col("reward").is_finite())
+    if bad.height:
+        row = bad.row(0, named=True)
+        raise InputError(
+            f"{what}: {bad.height} non-finite reward(s), e.g. prompt_id={row['prompt_id']!r} "
+            f"policy={row['policy']!r} sample_idx={row['sample_idx']}"
+        )
+    key = ["prompt_id", "policy", "sample_idx"]
+    dup = df.select(key).filter(pl.struct(key).is_duplicated())
+    if dup.height:
+        raise InputError(f"{what}: {dup.height} rows share a (prompt_id, policy, sample_idx) key, e.g. {dup.row(0)}")
+    return df
+
+
+def conform_prompts(df: pl.DataFrame, what: str = "prompts") -> pl.DataFrame:
+    """Validate a prompts frame: schema and unique prompt ids."""
+    df = _conform(df, PROMPT_COLUMNS, OPTIONAL_PROMPT_COLUMNS, what)
+    if df["prompt_id"].is_duplicated().any():
+        raise InputError(f"{what}: duplicate prompt_id values")
+    return df
+
+
+def write_parquet_atomic(df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write ``df`` to ``path`` via a temporary file and an atomic rename.
+
+    ``metadata`` is stored as JSON under the ``basis_bench`` key of the file's
+    key-value metadata. The file is fsynced before the rename, so after a crash a
+    ``.parquet`` file is either complete or absent.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    table = df.to_arrow()
+    if metadata is not None:
+        kv = dict(table.schema.metadata or {})
+        kv[METADATA_KEY.encode()] = json.dumps(dict(metadata), sort_keys=True, default=str).encode()
+        table = table.replace_schema_metadata(kv)
+    pq.write_table(table, tmp, compression="zstd")
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``basis_bench`` key-value metadata of one Parquet file ({} if absent)."""
+    kv = pq.read_schema(path).metadata or {}
+    raw = kv.get(METADATA_KEY.encode())
+    return json.loads(raw) if raw else {}
+
+
+def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
+    """All rollouts Parquet files under ``root``, sorted (temporary files are skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"rollouts directory {str(root)!r} does not exist")
+    return sorted(p for p in root.rglob("*.parquet") if p.name != PROMPTS_FILE)
+
+
+def load_rollouts(root: str | os.PathLike[str], policies: Iterable[str] | None = None) -> pl.DataFrame:
+    """Read and validate every rollouts file under ``root``, optionally only some policies.
+
+    The result is sorted by (policy, prompt_id, sample_idx), so it does not depend on
+    file names or order.
+    """
+    files = rollout_files(root)
+    if not files:
+        raise InputError(f"no rollouts Parquet files under {str(root)!r}")
+    wanted = list(policies) if policies is not None else None
+    frames = []
+    for f in files:
+        df = pl.read_parquet(f)
+        missing = [c for c in ROLLOUT_COLUMNS if c not in df.columns]
+        if missing:
+            raise InputError(f"{f}: missing column(s) {missing}; required are {list(ROLLOUT_COLUMNS)}")
+        if wanted is not None:
+            df = df.filter(pl.col("policy").is_in(wanted))
+        keep = [c for c in (*ROLLOUT_COLUMNS, *OPTIONAL_ROLLOUT_COLUMNS) if c in df.columns]
+        frames.append(_conform(df.select(keep), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
+    out = pl.concat(frames, how="diagonal_relaxed")
+    return conform_rollouts(out, what=str(root)).sort(["policy", "prompt_id", "sample_idx"])
+
+
+def load_prompts(root: str | os.PathLike[str]) -> pl.DataFrame | None:
+    """The prompts table beside the rollouts, or None when the dataset has none."""
+    path = Path(root) / PROMPTS_FILE
+    if not path.exists():
+        return None
+    return conform_prompts(pl.read_parquet(path), what=str(path))
+
+
+def dataset_metadata(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The distinct ``basis_bench`` metadata records of a dataset's files."""
+    seen: list[dict[str, Any]] = []
+    for f in rollout_files(root):
+        meta = read_metadata(f)
+        if meta and meta not in seen:
+            seen.append(meta)
+    return seen
+
+
+def reward_matrix(df: pl.DataFrame, policy: str, prompt_ids: Iterable[str]) -> np.ndarray:
+    """Rewards of one policy as a (P, S) float64 array, row p for ``prompt_ids[p]``.
+
+    Columns follow sample_idx order; rows with fewer samples are padded with NaN, the
+    estimators' marker for a missing sample. A prompt with no rows is all NaN.
+    """
+    ids = list(prompt_ids)
+    sub = df.filter(pl.col("policy") == policy).sort(["prompt_id", "sample_idx"])
+    sub = sub.with_columns(pl.col("sample_idx").rank("ordinal").over("prompt_id").cast(pl.Int64).alias("_col") - 1)
+    width = int(sub["_col"].max() or 0) + 1 if sub.height else 0
+    index = {pid: i for i, pid in enumerate(ids)}
+    out = np.full((len(ids), width), np.nan)
+    rows = np.fromiter((index.get(p, -1) for p in sub["prompt_id"]), dtype=np.int64, count=sub.height)
+    keep = rows >= 0
+    out[rows[keep], sub["_col"].to_numpy()[keep]] = sub["reward"].to_numpy()[keep]
+    return out
