@@ -85,7 +85,9 @@ def conform_rollouts(df: pl.DataFrame, what: str = "rollouts") -> pl.DataFrame:
     key = ["prompt_id", "policy", "sample_idx"]
     dup = df.select(key).filter(pl.struct(key).is_duplicated())
     if dup.height:
-        raise InputError(f"{what}: {dup.height} rows share a (prompt_id, policy, sample_idx) key, e.g. {dup.row(0)}")
+        raise InputError(
+            f"{what}: {dup.height} rows share a (prompt_id, policy, sample_idx) key, e.g. {dup.row(0)}"
+        )
     return df
 
 
@@ -97,7 +99,9 @@ def conform_prompts(df: pl.DataFrame, what: str = "prompts") -> pl.DataFrame:
     return df
 
 
-def write_parquet_atomic(df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None) -> Path:
+def write_parquet_atomic(
+    df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
+) -> Path:
     """Write ``df`` to ``path`` via a temporary file and an atomic rename.
 
     ``metadata`` is stored as JSON under the ``basis_bench`` key of the file's
@@ -134,7 +138,9 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in root.rglob("*.parquet") if p.name != PROMPTS_FILE)
 
 
-def load_rollouts(root: str | os.PathLike[str], policies: Iterable[str] | None = None) -> pl.DataFrame:
+def load_rollouts(
+    root: str | os.PathLike[str], policies: Iterable[str] | None = None
+) -> pl.DataFrame:
     """Read and validate every rollouts file under ``root``, optionally only some policies.
 
     The result is sorted by (policy, prompt_id, sample_idx), so it does not depend on
@@ -149,7 +155,9 @@ def load_rollouts(root: str | os.PathLike[str], policies: Iterable[str] | None =
         df = pl.read_parquet(f)
         missing = [c for c in ROLLOUT_COLUMNS if c not in df.columns]
         if missing:
-            raise InputError(f"{f}: missing column(s) {missing}; required are {list(ROLLOUT_COLUMNS)}")
+            raise InputError(
+                f"{f}: missing column(s) {missing}; required are {list(ROLLOUT_COLUMNS)}"
+            )
         if wanted is not None:
             df = df.filter(pl.col("policy").is_in(wanted))
         keep = [c for c in (*ROLLOUT_COLUMNS, *OPTIONAL_ROLLOUT_COLUMNS) if c in df.columns]
@@ -184,11 +192,15 @@ def reward_matrix(df: pl.DataFrame, policy: str, prompt_ids: Iterable[str]) -> n
     """
     ids = list(prompt_ids)
     sub = df.filter(pl.col("policy") == policy).sort(["prompt_id", "sample_idx"])
-    sub = sub.with_columns(pl.col("sample_idx").rank("ordinal").over("prompt_id").cast(pl.Int64).alias("_col") - 1)
-    width = int(sub["_col"].max() or 0) + 1 if sub.height else 0
+    sub = sub.with_columns(
+        pl.col("sample_idx").rank("ordinal").over("prompt_id").cast(pl.Int64).alias("_col") - 1
+    )
+    width = int(sub["_col"].to_numpy().max()) + 1 if sub.height else 0
     index = {pid: i for i, pid in enumerate(ids)}
     out = np.full((len(ids), width), np.nan)
-    rows = np.fromiter((index.get(p, -1) for p in sub["prompt_id"]), dtype=np.int64, count=sub.height)
+    rows = np.fromiter(
+        (index.get(p, -1) for p in sub["prompt_id"]), dtype=np.int64, count=sub.height
+    )
     keep = rows >= 0
     out[rows[keep], sub["_col"].to_numpy()[keep]] = sub["reward"].to_numpy()[keep]
     return out

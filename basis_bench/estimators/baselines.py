@@ -1,0 +1,54 @@
+"""The comparison baselines, computed from the step's own rewards only.
+
+    vanilla       b_i = 0                                 (REINFORCE, one rollout)
+    reinforce_pp  b_i = (1/B) sum_j r_j                   (global batch mean, one rollout)
+    grpo          b_ik = (1/G) sum_l r_il                 (group mean, G rollouts)
+    rloo          b_ik = (1/(G-1)) sum_{l != k} r_il      (leave-one-out group mean)
+
+Shapes: single-rollout baselines take (..., B) and return (..., B); group baselines take
+(..., B, G) and return (..., B, G), one baseline per rollout.
+"""
+
+from __future__ import annotations
+
+from array_api_compat import array_namespace
+
+from basis_bench.errors import InputError
+from basis_bench.estimators._checks import Array, RewardRange, check_rewards
+
+
+def vanilla(rewards: Array, reward_range: RewardRange = None) -> Array:
+    """Zero baseline: the advantage is the raw reward."""
+    check_rewards(rewards, reward_range)
+    return array_namespace(rewards).zeros_like(rewards)
+
+
+def reinforce_pp(rewards: Array, reward_range: RewardRange = None) -> Array:
+    """Global batch baseline: every prompt gets the mean of all B rewards of its batch."""
+    check_rewards(rewards, reward_range)
+    xp = array_namespace(rewards)
+    return xp.zeros_like(rewards) + xp.mean(rewards, axis=-1, keepdims=True)
+
+
+def _check_group(rewards: Array, minimum: int) -> None:
+    if rewards.ndim < 2 or rewards.shape[-1] < minimum:
+        raise InputError(
+            f"group rewards must be (..., B, G) with G >= {minimum} rollouts per prompt; got shape {tuple(rewards.shape)}"
+        )
+
+
+def grpo(rewards: Array, reward_range: RewardRange = None) -> Array:
+    """Group mean of the prompt's G rewards, repeated for each rollout."""
+    _check_group(rewards, 1)
+    check_rewards(rewards, reward_range)
+    xp = array_namespace(rewards)
+    return xp.zeros_like(rewards) + xp.mean(rewards, axis=-1, keepdims=True)
+
+
+def rloo(rewards: Array, reward_range: RewardRange = None) -> Array:
+    """Leave-one-out group mean: rollout k's baseline is the mean of the other G - 1 rewards."""
+    _check_group(rewards, 2)
+    check_rewards(rewards, reward_range)
+    xp = array_namespace(rewards)
+    g = rewards.shape[-1]
+    return (xp.sum(rewards, axis=-1, keepdims=True) - rewards) / (g - 1)

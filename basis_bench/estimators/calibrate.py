@@ -1,0 +1,169 @@
+"""Step 3 of BASIS: online calibration of the tilt beta on the current batch.
+
+Each step picks beta_t from a grid by an in-batch loss (two readings of the paper):
+
+    initial: L(beta) = mean_i loss(r_i, V^_{i,beta})   fit the tilt, then refine
+    refined: L(beta) = mean_i loss(r_i, V~_{i,beta})   V~_i does not use r_i, so in
+             expectation L = sigma_i^2 + MSE_i: unbiased, but nearly flat in beta
+
+At extreme beta the BLUE weights a_j V^_j = V^_j^2 / s^2_j differ by orders of magnitude and
+one prompt dominates the calibration ratio S1/S2. Candidates whose ratio has a Kish
+effective sample size (sum c)^2 / sum c^2 below ``min_ess`` are excluded (unless all are).
+"""
+
+from __future__ import annotations
+
+import math
+
+from array_api_compat import array_namespace
+
+from basis_bench.errors import InputError
+from basis_bench.estimators._checks import Array, RewardRange, check_choice, check_rewards
+from basis_bench.estimators.refine import refine
+
+CRITERIA = ("initial", "refined")
+LOSSES = ("squared", "log")
+CALIBRATIONS = ("current", "previous", "fixed")
+DEFAULT_MIN_ESS = 4.0
+_LOG_CLIP = 1e-6
+
+
+def ratio_ess(v_grid: Array, var_grid: Array, eps: float = 1e-6) -> Array:
+    """Kish effective sample size of the calibration weights c_j = V^_j^2 / s^2_j on the active set."""
+    xp = array_namespace(v_grid)
+    active = var_grid > eps
+    c = xp.where(active, v_grid * v_grid / xp.where(active, var_grid, 1.0), 0.0)
+    total = xp.sum(c, axis=-1)
+    sq = xp.sum(c * c, axis=-1)
+    return xp.where(sq > 0, total * total / xp.where(sq > 0, sq, 1.0), 0.0)
+
+
+def batch_loss(pred: Array, rewards: Array, loss: str = "squared") -> Array:
+    """Mean loss over the last (batch) axis; log-loss clips predictions into (0, 1)."""
+    check_choice(loss, LOSSES, "loss")
+    xp = array_namespace(pred)
+    if loss == "squared":
+        return xp.mean((rewards - pred) ** 2, axis=-1)
+    p = xp.clip(pred, _LOG_CLIP, 1 - _LOG_CLIP)
+    return -xp.mean(rewards * xp.log(p) + (1 - rewards) * xp.log1p(-p), axis=-1)
+
+
+def _check_grid(v_grid: Array, rewards: Array, var_grid: Array | None) -> None:
+    if v_grid.ndim < 2 or v_grid.shape[0] == 0:
+        raise InputError(
+            f"v_grid must be (K, ..., B) with K >= 1 candidate betas; got {tuple(v_grid.shape)}"
+        )
+    if tuple(v_grid.shape[1:]) != tuple(rewards.shape):
+        raise InputError(
+            f"shape mismatch: v_grid {tuple(v_grid.shape)} is not (K,) + rewards {tuple(rewards.shape)}"
+        )
+    if var_grid is not None and tuple(var_grid.shape) != tuple(v_grid.shape):
+        raise InputError(
+            f"shape mismatch: var_grid {tuple(var_grid.shape)} vs v_grid {tuple(v_grid.shape)}"
+        )
+
+
+def select_beta(
+    v_grid: Array,
+    rewards: Array,
+    var_grid: Array | None = None,
+    criterion: str = "initial",
+    loss: str = "squared",
+    variant: str = "unb",
+    eps: float = 1e-6,
+    min_ess: float = DEFAULT_MIN_ESS,
+    shrink: bool = False,
+    reward_range: RewardRange = (0.0, 1.0),
+) -> tuple[Array, Array]:
+    """Index of the chosen beta per batch, and the (K, ...) losses it minimised.
+
+    v_grid, var_grid: (K, ..., B) offline values and variances at each candidate beta;
+    rewards: (..., B). Ties go to the earlier candidate.
+    """
+    check_choice(criterion, CRITERIA, "calibration criterion")
+    _check_grid(v_grid, rewards, var_grid)
+    check_rewards(rewards, reward_range)
+    xp = array_namespace(v_grid, rewards)
+    var = v_grid * (1 - v_grid) if var_grid is None else var_grid
+    r = xp.broadcast_to(rewards[None, ...], v_grid.shape)
+    if criterion == "initial":
+        pred = v_grid
+    else:
+        pred = refine(
+            v_grid, r, variant=variant, eps=eps, reward_var=var, shrink=shrink, reward_range=None
+        )
+    losses = batch_loss(pred, r, loss)
+    if min_ess > 0:
+        ok = ratio_ess(v_grid, var, eps) >= min_ess
+        ok = ok | ~xp.any(ok, axis=0, keepdims=True)  # never exclude every candidate
+        losses = xp.where(ok, losses, math.inf)
+    return xp.argmin(losses, axis=0), losses
+
+
+def take_beta(grid: Array, index: Array) -> Array:
+    """Gather grid[index[...], ..., b] for a (K, ..., B) grid and an index of shape (...)."""
+    xp = array_namespace(grid, index)
+    idx = xp.broadcast_to(index[None, ..., None], (1, *grid.shape[1:]))
+    return xp.take_along_axis(grid, xp.astype(idx, xp.int64), axis=0)[0]
+
+
+def basis_estimate(
+    v_grid: Array,
+    var_grid: Array | None,
+    rewards: Array,
+    calibration: str = "current",
+    fixed_index: int | None = None,
+    variant: str = "unb",
+    criterion: str = "initial",
+    loss: str = "squared",
+    eps: float = 1e-6,
+    min_ess: float = DEFAULT_MIN_ESS,
+    shrink: bool = False,
+    clip: tuple[float, float] | None = None,
+    refine_values: bool = True,
+    reward_range: RewardRange = (0.0, 1.0),
+) -> tuple[Array, Array]:
+    """BASIS values (..., B) and the chosen beta index (...), for one or many batches.
+
+    ``calibration``: ``current`` chooses beta on this batch; ``previous`` applies the beta
+    chosen on the previous batch along the leading axis (batch t-1 for batch t, the first
+    batch taking the last one's; this keeps Proposition 1's independence); ``fixed`` uses
+    ``fixed_index``. ``refine_values=False`` returns the offline V^ at the chosen beta.
+    """
+    check_choice(calibration, CALIBRATIONS, "calibration")
+    _check_grid(v_grid, rewards, var_grid)
+    xp = array_namespace(v_grid, rewards)
+    var = v_grid * (1 - v_grid) if var_grid is None else var_grid
+    if calibration == "fixed":
+        if fixed_index is None or not -v_grid.shape[0] <= fixed_index < v_grid.shape[0]:
+            raise InputError(
+                f"fixed calibration needs fixed_index in [0, {v_grid.shape[0]}); got {fixed_index}"
+            )
+        check_rewards(rewards, reward_range)
+        index = xp.full(tuple(rewards.shape[:-1]), fixed_index % v_grid.shape[0], dtype=xp.int64)
+    else:
+        index, _ = select_beta(
+            v_grid, rewards, var, criterion=criterion, loss=loss, variant=variant,
+            eps=eps, min_ess=min_ess, shrink=shrink, reward_range=reward_range,
+        )  # fmt: skip
+        if calibration == "previous":
+            if rewards.ndim < 2:
+                raise InputError(
+                    "previous calibration over arrays needs a leading batch axis; use Basis for a stream"
+                )
+            index = xp.roll(index, 1, axis=0)
+    v = take_beta(v_grid, index)
+    if not refine_values:
+        return v, index
+    s2 = take_beta(var, index)
+    out = refine(
+        v,
+        rewards,
+        variant=variant,
+        eps=eps,
+        reward_var=s2,
+        shrink=shrink,
+        clip=clip,
+        reward_range=reward_range,
+    )
+    return out, index
