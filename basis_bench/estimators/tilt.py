@@ -78,7 +78,8 @@ def _binary_moments(ref_rewards: Array, betas: Array, prior: float) -> tuple[Arr
     k = xp.sum(xp.where(seen, ref_rewards, 0.0), axis=1)
     n = xp.sum(xp.astype(seen, ref_rewards.dtype), axis=1)
     p = (k + prior) / (n + 2 * prior)
-    logit = xp.log(p) - xp.log1p(-p)
+    with np.errstate(divide="ignore"):  # p = 0 or 1 (prior 0) gives logit -inf / +inf on purpose
+        logit = xp.log(p) - xp.log1p(-p)
     z = logit[None, :] + 1.0 / betas[:, None]
     # sigmoid(z) = exp(-softplus(-z)) stays exact at z = +-inf (p = 1 or 0 with prior 0).
     v = xp.exp(-xp.logaddexp(xp.zeros_like(z), -z))
