@@ -1,2 +1,3 @@
 """Imports every command module so each registers its commands on the app."""
 
+from basis_bench.cli import evaluate  # noqa: F401

@@ -1,0 +1,483 @@
+"""The paper's value-estimation figures, drawn from the tables `evaluate` and `sensitivity` write.
+
+=========================  =====================  ==========================================
+file (PNG and PDF)         table                  what it shows
+=========================  =====================  ==========================================
+fig2_fixed_beta            fixed_beta.csv         initial V^_beta vs refined V~_beta MSE
+                                                  against a fixed beta, one panel per checkpoint
+fig3a_mse                  summary.csv            MSE per estimator with 95% CI
+fig3b_heterogeneity        by_heterogeneity.csv   MSE by batch heterogeneity s_b
+fig3c_difficulty           by_difficulty.csv      MSE by prompt difficulty (oracle value)
+fig3d_extreme              summary.csv            share of baselines exactly 0 or 1
+fig3_group_sweep           g_sweep.csv            GRPO/RLOO MSE against G, single-rollout lines
+fig5_sensitivity           sensitivity.csv        BASIS MSE against eps, n, B and grid size
+fig_beta_choice            beta_choice.csv        how often calibration chose each beta
+=========================  =====================  ==========================================
+
+The zero baseline (``vanilla``) has an MSE an order of magnitude above the rest; panels
+(a)-(c) leave it out and say so, (d) keeps it. The line plots (b), (c) leave out the
+BASIS-VOP and BASIS-RVG variants so the lines stay readable; (a) and (d) show them. Sizes fit a two-column paper page (6.75 in).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from basis_bench.errors import InputError
+
+PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
+LABELS = {
+    "vanilla": "REINFORCE (b=0)",
+    "reinforce_pp": "REINFORCE++",
+    "grpo": "GRPO",
+    "rloo": "RLOO",
+    "reference_mean": "Reference mean",
+    "offline": "Offline $\\hat V$",
+    "basis": "BASIS",
+    "basis_vop": "BASIS-VOP",
+    "basis_rvg": "BASIS-RVG",
+}
+ORDER = list(LABELS)
+OMITTED = ("vanilla",)
+# Line plots (b), (c) keep to the paper's comparison; VOP and RVG appear in (a) and (d).
+VARIANTS = ("basis_vop", "basis_rvg")
+
+
+def label(estimator: str, rollouts: int | None = None) -> str:
+    """Display name, with G for group estimators: ``GRPO (G=8)``."""
+    name = LABELS.get(estimator, estimator)
+    return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
+
+
+COLOURS = {
+    "basis": "tab:blue",
+    "reinforce_pp": "tab:orange",
+    "grpo": "tab:green",
+    "rloo": "tab:red",
+    "reference_mean": "tab:purple",
+    "offline": "tab:brown",
+    "basis_vop": "tab:cyan",
+    "basis_rvg": "tab:olive",
+    "vanilla": "tab:gray",
+}
+
+
+def _palette(names: Sequence[str]) -> dict[str, Any]:
+    """One fixed colour per estimator, the same in every figure; unknown names get others."""
+    import seaborn as sns
+
+    extra = sorted(set(names) - set(COLOURS))
+    spare = sns.color_palette("dark", n_colors=max(1, len(extra)))
+    return {**COLOURS, **{n: spare[i] for i, n in enumerate(extra)}}
+
+
+def _stage_colours(n: int) -> list[Any]:
+    """Distinguishable colours for ordered checkpoints (early to late)."""
+    import matplotlib as mpl
+    import numpy as np
+
+    return (
+        [mpl.colormaps["viridis"](x) for x in np.linspace(0.05, 0.72, max(n, 1))][:n]
+        if n > 1
+        else [mpl.colormaps["viridis"](0.3)]
+    )
+
+
+def _ordered(df: pl.DataFrame) -> pl.DataFrame:
+    rank = {n: i for i, n in enumerate(ORDER)}
+    return (
+        df.with_columns(
+            pl.col("estimator")
+            .replace_strict(rank, default=len(rank), return_dtype=pl.Int64)
+            .alias("_rank")
+        )
+        .sort(
+            "_rank",
+            "rollouts_per_prompt" if "rollouts_per_prompt" in df.columns else "_rank",
+            maintain_order=True,
+        )
+        .drop("_rank")
+    )
+
+
+def _style() -> None:
+    import matplotlib as mpl
+    import seaborn as sns
+
+    mpl.use("Agg")
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.0)
+    mpl.rcParams.update(
+        {"savefig.bbox": "tight", "figure.dpi": 100, "legend.frameon": False, "pdf.fonttype": 42}
+    )
+
+
+def _save(fig: Any, out: Path, stem: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for ext in ("png", "pdf"):
+        path = out / f"{stem}.{ext}"
+        tmp = out / f".{stem}.tmp.{ext}"
+        fig.savefig(tmp, dpi=200)
+        os.replace(tmp, path)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def _panels(n: int, height: float = 2.4, sharey: bool = False) -> tuple[Any, list[Any]]:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, n, figsize=(PAGE_WIDTH, height), sharey=sharey, squeeze=False, layout="constrained"
+    )
+    return fig, list(axes[0])
+
+
+def _checkpoints(df: pl.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["checkpoint"].to_list()))
+
+
+def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(ncol, len(labels)))
+
+
+def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
+    """Initial vs refined MSE against a fixed beta (beta = inf drawn as dotted levels)."""
+    df = pl.read_csv(results / "fixed_beta.csv")
+    names = _checkpoints(df)
+    fig, axes = _panels(len(names))
+    colours = {"offline": "tab:orange", "basis": "tab:blue"}
+    for ax, name in zip(axes, names, strict=True):
+        d = df.filter(pl.col("checkpoint") == name)
+        fin = d.filter(pl.col("beta").is_finite()).sort("beta")
+        inf = d.filter(~pl.col("beta").is_finite())
+        for col, est, text in (
+            ("initial_mse", "offline", "initial $\\hat V_\\beta$"),
+            ("refined_mse", "basis", "refined $\\tilde V_\\beta$"),
+        ):
+            ax.plot(
+                fin["beta"],
+                fin[col],
+                color=colours[est],
+                marker="o",
+                markersize=2.5,
+                lw=1.2,
+                label=text,
+            )
+            if inf.height:
+                ax.axhline(
+                    float(inf[col][0]),
+                    color=colours[est],
+                    ls=":",
+                    lw=1,
+                    label=f"{text.split()[0]} at $\\beta=\\infty$",
+                )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"checkpoint: {name}")
+        ax.set_xlabel("fixed $\\beta$")
+    axes[0].set_ylabel("MSE against oracle")
+    _legend_below(fig, axes, ncol=4)
+    return _save(fig, out, "fig2_fixed_beta")
+
+
+def fig3a_mse(results: Path, out: Path) -> list[Path]:
+    """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
+    import numpy as np
+
+    df = _ordered(pl.read_csv(results / "summary.csv"))
+    omitted = df.filter(pl.col("estimator").is_in(OMITTED))
+    df = df.filter(~pl.col("estimator").is_in(OMITTED))
+    names = _checkpoints(df)
+    keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
+    fig, axes = _panels(1, height=2.8)
+    ax = axes[0]
+    width = 0.8 / len(names)
+
+    shades = _stage_colours(len(names))
+    for i, name in enumerate(names):
+        d = df.filter(pl.col("checkpoint") == name)
+        lookup = {(r["estimator"], r["rollouts_per_prompt"]): r for r in d.iter_rows(named=True)}
+        rows = [lookup.get(k) for k in keys]
+        mse = np.array([r["mse"] if r else np.nan for r in rows])
+        err = np.array(
+            [
+                [r["mse"] - r["ci_low"], r["ci_high"] - r["mse"]] if r else [np.nan, np.nan]
+                for r in rows
+            ]
+        ).T
+        x = np.arange(len(keys)) + (i - (len(names) - 1) / 2) * width
+        ax.bar(
+            x,
+            mse,
+            width=width,
+            yerr=err,
+            capsize=1.5,
+            color=shades[i],
+            label=name,
+            error_kw={"lw": 0.8},
+        )
+    ax.set_xticks(np.arange(len(keys)), [label(e, g) for e, g in keys], rotation=25, ha="right")
+    ax.set_ylabel("MSE against oracle")
+    note = ", ".join(f"{n}: {m:.3f}" for n, m in omitted.select("checkpoint", "mse").rows())
+    title = "(a) value-estimation MSE (95% CI over repeats)"
+    ax.set_title(title + (f"\nzero baseline omitted (MSE {note})" if note else ""), fontsize=9)
+    ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, out, "fig3a_mse")
+
+
+def _by_bin(
+    results: Path,
+    out: Path,
+    file: str,
+    stem: str,
+    xlabel: str,
+    title: str,
+    tick: Callable[[dict[str, Any]], str],
+) -> list[Path]:
+    df = _ordered(pl.read_csv(results / file)).filter(
+        ~pl.col("estimator").is_in([*OMITTED, *VARIANTS])
+    )
+    names = _checkpoints(df)
+    colours = _palette(df["estimator"].unique().to_list())
+    fig, axes = _panels(len(names), height=2.6)
+    for ax, name in zip(axes, names, strict=True):
+        d = df.filter(pl.col("checkpoint") == name)
+        bins = d.select("bin", "bin_low", "bin_high").unique().sort("bin")
+        for (est, g), part in d.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
+            part = part.sort("bin")
+            main = est == "basis"
+            ax.plot(
+                part["bin"], part["mse"], marker="o", markersize=3.5 if main else 2.5, lw=2 if main else 1.1,
+                zorder=3 if main else 2, color=colours[str(est)], label=label(str(est), int(g)),
+            )  # fmt: skip
+        ax.set_xticks(
+            bins["bin"].to_list(),
+            [tick(r) for r in bins.iter_rows(named=True)],
+            rotation=35,
+            ha="right",
+        )
+        ax.set_yscale("log")
+        ax.set_title(f"checkpoint: {name}")
+    axes[0].set_ylabel("MSE against oracle")
+    axes[len(axes) // 2].set_xlabel(xlabel)
+    fig.suptitle(title, fontsize=9)
+    _legend_below(fig, axes, ncol=4)
+    return _save(fig, out, stem)
+
+
+def fig3b_heterogeneity(results: Path, out: Path) -> list[Path]:
+    """MSE by batch heterogeneity: 500 batches in five equal-width s_b bins."""
+    return _by_bin(
+        results, out, "by_heterogeneity.csv", "fig3b_heterogeneity",
+        "batch heterogeneity $s_b$ (std of oracle values)",
+        "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)",
+        lambda r: f"{r['bin_low']:.2f}–{r['bin_high']:.2f}",
+    )  # fmt: skip
+
+
+def fig3c_difficulty(results: Path, out: Path) -> list[Path]:
+    """MSE by prompt difficulty: oracle value bins [0,.2) ... [.8,1]."""
+    return _by_bin(
+        results, out, "by_difficulty.csv", "fig3c_difficulty",
+        "oracle value of the prompt",
+        "(c) MSE by prompt difficulty",
+        lambda r: f"[{r['bin_low']:.1f}, {r['bin_high']:.1f}" + ("]" if r["bin_high"] >= 1 else ")"),
+    )  # fmt: skip
+
+
+def fig3d_extreme(results: Path, out: Path) -> list[Path]:
+    """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
+    import numpy as np
+
+    df = _ordered(pl.read_csv(results / "summary.csv"))
+    names = _checkpoints(df)
+    keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
+    fig, axes = _panels(1, height=2.6)
+    ax = axes[0]
+    width = 0.8 / len(names)
+    shades = _stage_colours(len(names))
+    for i, name in enumerate(names):
+        d = df.filter(pl.col("checkpoint") == name)
+        lookup = {
+            (r["estimator"], r["rollouts_per_prompt"]): r["extreme_rate"]
+            for r in d.iter_rows(named=True)
+        }
+        x = np.arange(len(keys)) + (i - (len(names) - 1) / 2) * width
+        ax.bar(
+            x, [100 * lookup.get(k, np.nan) for k in keys], width=width, color=shades[i], label=name
+        )
+    ax.set_xticks(np.arange(len(keys)), [label(e, g) for e, g in keys], rotation=25, ha="right")
+    ax.set_ylabel("baselines exactly 0 or 1 (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("(d) uninformative baselines", fontsize=9)
+    ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, out, "fig3d_extreme")
+
+
+def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
+    """GRPO/RLOO MSE against G, with the single-rollout estimators as horizontal lines."""
+    sweep = pl.read_csv(results / "g_sweep.csv")
+    summary = pl.read_csv(results / "summary.csv")
+    single = summary.filter(
+        (pl.col("rollouts_per_prompt") == 1)
+        & pl.col("estimator").is_in(["basis", "reinforce_pp", "reference_mean"])
+    )
+    names = _checkpoints(sweep)
+    colours = _palette(summary["estimator"].unique().to_list())
+    fig, axes = _panels(len(names), height=2.5)
+    for ax, name in zip(axes, names, strict=True):
+        d = sweep.filter(pl.col("checkpoint") == name)
+        for (est,), part in d.group_by("estimator", maintain_order=True):
+            part = part.sort("group_size")
+            ax.errorbar(
+                part["group_size"], part["mse"], yerr=[part["mse"] - part["ci_low"], part["ci_high"] - part["mse"]],
+                marker="o", markersize=3, lw=1.2, capsize=2, color=colours[str(est)], label=label(str(est)),
+            )  # fmt: skip
+        for row in single.filter(pl.col("checkpoint") == name).iter_rows(named=True):
+            what = "cache only" if row["estimator"] == "reference_mean" else "1 rollout"
+            ax.axhline(
+                row["mse"],
+                color=colours[row["estimator"]],
+                ls="--",
+                lw=1,
+                label=f"{label(row['estimator'])} ({what})",
+            )
+        gs = sorted(d["group_size"].unique().to_list())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(gs, [str(g) for g in gs])
+        ax.set_yscale("log")
+        ax.set_title(f"checkpoint: {name}")
+        ax.set_xlabel("rollouts per prompt $G$")
+    axes[0].set_ylabel("MSE against oracle")
+    _legend_below(fig, axes, ncol=3)
+    return _save(fig, out, "fig3_group_sweep")
+
+
+SENSITIVITY_AXES = {
+    "eps": ("active-set threshold $\\epsilon$", True),
+    "n": ("reference samples $n$", True),
+    "batch_size": ("batch size $B$", True),
+    "grid_size": ("candidate betas $K$", True),
+}
+
+
+def fig5_sensitivity(results: Path, out: Path) -> list[Path]:
+    """BASIS's MSE as one knob moves (others at eps=1e-6, n=64, B=64, K=32), per checkpoint."""
+
+    df = pl.read_csv(results / "sensitivity.csv")
+    params = [p for p in SENSITIVITY_AXES if p in df["parameter"].unique().to_list()]
+    names = _checkpoints(df)
+    shades = _stage_colours(len(names))
+    styles = ["-", "--", ":", "-."]
+    estimators = list(dict.fromkeys(df["estimator"].to_list()))
+    fig, axes = _panels(len(params), height=2.3, sharey=True)
+    for ax, param in zip(axes, params, strict=True):
+        for i, name in enumerate(names):
+            for j, est in enumerate(estimators):
+                d = df.filter(
+                    (pl.col("parameter") == param)
+                    & (pl.col("checkpoint") == name)
+                    & (pl.col("estimator") == est)
+                ).sort("value")
+                text = name if len(estimators) == 1 else f"{name}, {label(est)}"
+                ax.plot(
+                    d["value"],
+                    d["mse"],
+                    marker="o",
+                    markersize=3,
+                    lw=1.2,
+                    ls=styles[j % 4],
+                    color=shades[i],
+                    label=text,
+                )
+        xlabel, log = SENSITIVITY_AXES[param]
+        if log:
+            ax.set_xscale("log", base=10 if param == "eps" else 2)
+        if param != "eps":
+            values = sorted(df.filter(pl.col("parameter") == param)["value"].unique().to_list())
+            ax.set_xticks(values, [f"{v:g}" for v in values], rotation=45 if len(values) > 4 else 0)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel("MSE against oracle")
+    fig.suptitle(
+        "BASIS sensitivity (others at defaults: $\\epsilon=10^{-6}$, $n=64$, $B=64$, $K=32$)",
+        fontsize=9,
+    )
+    _legend_below(fig, axes)
+    return _save(fig, out, "fig5_sensitivity")
+
+
+def fig_beta_choice(results: Path, out: Path) -> list[Path]:
+    """Share of repeats in which online calibration chose each beta, per checkpoint."""
+    import numpy as np
+
+    df = pl.read_csv(results / "beta_choice.csv")
+    names = _checkpoints(df)
+    shades = _stage_colours(len(names))
+    fig, axes = _panels(1, height=2.4)
+    ax = axes[0]
+    betas = df.filter(pl.col("checkpoint") == names[0]).sort("beta_index")["beta"].to_list()
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        d = df.filter(pl.col("checkpoint") == name).sort("beta_index")
+        x = d["beta_index"].to_numpy() + (i - (len(names) - 1) / 2) * width
+        ax.bar(x, 100 * d["share"].to_numpy(), width=width, color=shades[i], label=name)
+    idx = np.arange(len(betas))
+    show = idx[:: max(1, len(betas) // 8)].tolist()
+    if len(betas) - 1 not in show:
+        show.append(len(betas) - 1)
+    ax.set_xticks(show, ["$\\infty$" if math.isinf(betas[i]) else f"{betas[i]:.2g}" for i in show])
+    ax.set_xlabel("chosen $\\beta$ (grid order, large to small; $\\infty$ = reference)")
+    ax.set_ylabel("share of batches (%)")
+    ax.set_title("online calibration: chosen $\\beta$ per batch", fontsize=9)
+    ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, out, "fig_beta_choice")
+
+
+FIGURES: dict[str, tuple[str, Callable[[Path, Path], list[Path]]]] = {
+    "fig2_fixed_beta": ("fixed_beta.csv", fig2_fixed_beta),
+    "fig3a_mse": ("summary.csv", fig3a_mse),
+    "fig3b_heterogeneity": ("by_heterogeneity.csv", fig3b_heterogeneity),
+    "fig3c_difficulty": ("by_difficulty.csv", fig3c_difficulty),
+    "fig3d_extreme": ("summary.csv", fig3d_extreme),
+    "fig3_group_sweep": ("g_sweep.csv", fig3_group_sweep),
+    "fig5_sensitivity": ("sensitivity.csv", fig5_sensitivity),
+    "fig_beta_choice": ("beta_choice.csv", fig_beta_choice),
+}
+
+
+def make_figures(
+    results: str | os.PathLike[str], out: str | os.PathLike[str]
+) -> tuple[list[Path], dict[str, str]]:
+    """Draw every figure whose table exists; returns (files written, {figure: why skipped})."""
+    results, out = Path(results), Path(out)
+    if not (results / "summary.csv").exists():
+        raise InputError(
+            f"no evaluate results in {str(results)!r} (summary.csv missing); run `basis-bench evaluate --out {results}` first"
+        )
+    _style()
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    skipped: dict[str, str] = {}
+    for name, (table, draw) in FIGURES.items():
+        if not (results / table).exists():
+            skipped[name] = f"{table} not in {results}" + (
+                " (run `basis-bench sensitivity`)" if table == "sensitivity.csv" else ""
+            )
+            continue
+        written += draw(results, out)
+    return written, skipped

@@ -1,0 +1,248 @@
+"""A documented generative model of RLVR rollouts, written in the rollout-store schema.
+
+The model (all rewards binary, one Bernoulli draw per rollout):
+
+1. Reference values. Each prompt i gets a reference success rate p_i from a Beta
+   mixture (by default hard, medium and easy components, the U-shape typical of maths
+   benchmarks): p_i ~ sum_c w_c Beta(a_c, b_c).
+2. Checkpoints. Training stage s (``early``, ``middle``, ``late``) moves each prompt's
+   log-odds:
+
+       logit V_{i,s} = (1 + kappa_s) logit p_i + d_i delta_s + tau xi_{i,s},
+       xi_{i,s} ~ N(0, 1),   d_i = -1 with probability phi, else +1.
+
+   With kappa = phi = 0 and tau = 0 this is exactly BASIS's tilt model: the binary
+   KL-tilted value has logit V_beta = logit p + 1/beta, so stage s is the tilt with
+   beta = 1/delta_s. The other terms break it on purpose:
+   ``tau`` prompt-level noise (the shift is not shared), ``kappa`` a slope change of the
+   log-odds (learning sharpens easy versus hard prompts; no tilt can express it) and
+   ``phi`` a share of prompts that get worse while the rest improve.
+3. Rollouts. The reference policy gets ``reference_n`` samples per prompt (BASIS's
+   cache), each checkpoint ``checkpoint_n`` (the evaluator's oracle plus its pool).
+
+:data:`SETTINGS` names the presets: ``tilt`` (the model holds up to small noise) and three
+misspecified ones. Every file carries ``simulated: true`` and a ``label`` in its metadata,
+and ``prompts.parquet`` carries the true values (``sim_value_<policy>``) for diagnostics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from basis_bench import __version__
+from basis_bench.errors import InputError
+from basis_bench.store import PROMPTS_FILE, write_parquet_atomic
+
+REFERENCE_POLICY = "reference"
+ROLLOUTS_SUBDIR = "rollouts"
+
+# Log-odds shift per training stage: the tilt 1/beta (beta = 3.3, 1.25, 0.67).
+DEFAULT_STAGES: dict[str, float] = {"early": 0.3, "middle": 0.8, "late": 1.5}
+# (weight, a, b) of the reference-value Beta mixture: hard, medium, easy prompts.
+DEFAULT_MIXTURE: tuple[tuple[float, float, float], ...] = (
+    (0.35, 0.7, 3.0),
+    (0.30, 2.0, 2.0),
+    (0.35, 3.0, 0.7),
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How checkpoints depart from the reference (see the module docstring)."""
+
+    description: str
+    tau: float = 0.0  # prompt-level log-odds noise, independent per stage
+    kappa: float = 0.0  # log-odds slope change at the late stage (scaled by stage progress)
+    phi: float = 0.0  # share of prompts whose drift has the opposite sign
+    misspecified: bool = False
+
+
+SETTINGS: dict[str, Setting] = {
+    "tilt": Setting("BASIS's tilt model holds up to small prompt-level noise", tau=0.1),
+    "noisy": Setting(
+        "misspecified: prompt-level log-odds noise as large as the shift",
+        tau=1.0,
+        misspecified=True,
+    ),
+    "sharpen": Setting(
+        "misspecified: learning rescales the log-odds (easy easier, hard harder)",
+        tau=0.1,
+        kappa=0.6,
+        misspecified=True,
+    ),
+    "forget": Setting(
+        "misspecified: a quarter of the prompts get worse while the rest improve",
+        tau=0.1,
+        phi=0.25,
+        misspecified=True,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Everything that determines a simulated dataset; stored in its metadata."""
+
+    n_prompts: int = 600
+    reference_n: int = 64
+    checkpoint_n: int = 320
+    setting: str = "tilt"
+    stages: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_STAGES))
+    mixture: tuple[tuple[float, float, float], ...] = DEFAULT_MIXTURE
+    seed: int = 0
+
+    def validate(self) -> Setting:
+        """The named setting; an InputError for any impossible size or name."""
+        if self.setting not in SETTINGS:
+            raise InputError(
+                f"unknown setting {self.setting!r}; choose one of {', '.join(SETTINGS)}"
+            )
+        if self.n_prompts < 2:
+            raise InputError(f"need at least 2 prompts; got {self.n_prompts}")
+        if self.reference_n < 1 or self.checkpoint_n < 1:
+            raise InputError("reference_n and checkpoint_n must be at least 1")
+        if not self.stages:
+            raise InputError("give at least one checkpoint stage")
+        if REFERENCE_POLICY in self.stages:
+            raise InputError(f"a checkpoint may not be called {REFERENCE_POLICY!r}")
+        weights = np.array([w for w, _, _ in self.mixture])
+        if np.any(weights <= 0) or any(a <= 0 or b <= 0 for _, a, b in self.mixture):
+            raise InputError("mixture weights and Beta parameters must be positive")
+        return SETTINGS[self.setting]
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    return np.log(p) - np.log1p(-p)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -z))
+
+
+def reference_values(cfg: SimulationConfig, rng: np.random.Generator) -> np.ndarray:
+    """p_i ~ Beta mixture, clipped to [1e-6, 1 - 1e-6] so its log-odds stay finite."""
+    weights = np.array([w for w, _, _ in cfg.mixture])
+    comp = rng.choice(len(cfg.mixture), size=cfg.n_prompts, p=weights / weights.sum())
+    a = np.array([c[1] for c in cfg.mixture])[comp]
+    b = np.array([c[2] for c in cfg.mixture])[comp]
+    return np.clip(rng.beta(a, b), 1e-6, 1 - 1e-6)
+
+
+def checkpoint_values(
+    p_ref: np.ndarray, cfg: SimulationConfig, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """True value of every prompt at every stage (module docstring, step 2).
+
+    ``rng`` draws the drift signs; each stage's noise has its own stream, so adding a
+    stage leaves the other stages' values unchanged.
+    """
+    setting = cfg.validate()
+    sign = np.where(rng.random(p_ref.shape) < setting.phi, -1.0, 1.0)
+    late = max(abs(d) for d in cfg.stages.values()) or 1.0
+    out = {}
+    for name, delta in cfg.stages.items():
+        slope = 1.0 + setting.kappa * abs(delta) / late
+        stage_rng = np.random.default_rng(_stream(cfg.seed, f"noise:{name}"))
+        noise = setting.tau * stage_rng.standard_normal(p_ref.shape)
+        out[name] = _sigmoid(slope * _logit(p_ref) + sign * delta + noise)
+    return out
+
+
+def _rollouts(
+    prompt_ids: list[str], policy: str, values: np.ndarray, n: int, rng: np.random.Generator
+) -> pl.DataFrame:
+    """n Bernoulli(values[i]) rewards per prompt, sample_idx 0..n-1, in store schema."""
+    rewards = (rng.random((len(values), n)) < values[:, None]).astype(np.float64)
+    return pl.DataFrame(
+        {
+            "prompt_id": np.repeat(np.array(prompt_ids), n),
+            "policy": np.full(len(values) * n, policy),
+            "sample_idx": np.tile(np.arange(n, dtype=np.int32), len(values)),
+            "reward": rewards.ravel(),
+        },
+        schema={
+            "prompt_id": pl.String,
+            "policy": pl.String,
+            "sample_idx": pl.Int32,
+            "reward": pl.Float64,
+        },
+    )
+
+
+def _stream(seed: int, name: str) -> np.random.SeedSequence:
+    """An independent random stream per (seed, name), stable across Python runs."""
+    digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    return np.random.SeedSequence([seed, digest])
+
+
+def simulate(cfg: SimulationConfig, out: str | Path) -> Path:
+    """Write a simulated rollouts dataset to ``out`` and return its path.
+
+    Layout: ``out/prompts.parquet`` and ``out/rollouts/<policy>.parquet``, one file per
+    policy; the reference policy is named ``reference`` and recorded as
+    ``reference_policy`` in every file's metadata.
+    """
+    setting = cfg.validate()
+    out = Path(out)
+    rng = np.random.default_rng(_stream(cfg.seed, "values"))
+    p_ref = reference_values(cfg, rng)
+    values = {REFERENCE_POLICY: p_ref, **checkpoint_values(p_ref, cfg, rng)}
+    width = len(str(cfg.n_prompts - 1))
+    prompt_ids = [f"sim-{i:0{width}d}" for i in range(cfg.n_prompts)]
+    policies = [REFERENCE_POLICY, *cfg.stages]
+    label = f"simulated ({cfg.setting}): {setting.description}"
+    meta: dict[str, Any] = {
+        "simulated": True,
+        "label": label,
+        "generator": "basis_bench.simulate",
+        "model": "simulated",
+        "package_version": __version__,
+        "reference_policy": REFERENCE_POLICY,
+        "policies": policies,
+        "seed": cfg.seed,
+        "config": asdict(cfg),
+        "setting_params": asdict(setting),
+    }
+    prompts = pl.DataFrame(
+        {
+            "prompt_id": prompt_ids,
+            "problem": [f"simulated prompt {i}" for i in range(cfg.n_prompts)],
+            "answer": [""] * cfg.n_prompts,
+            **{f"sim_value_{name}": v for name, v in values.items()},
+        }
+    )
+    write_parquet_atomic(prompts, out / PROMPTS_FILE, metadata=meta)
+    for name in policies:
+        n = cfg.reference_n if name == REFERENCE_POLICY else cfg.checkpoint_n
+        df = _rollouts(
+            prompt_ids, name, values[name], n, np.random.default_rng(_stream(cfg.seed, name))
+        )
+        write_parquet_atomic(df, out / ROLLOUTS_SUBDIR / f"{name}.parquet", metadata=meta)
+    return out
+
+
+def parse_stages(spec: Sequence[str]) -> dict[str, float]:
+    """``["early=0.3", "late=1.5"]`` -> {"early": 0.3, "late": 1.5}."""
+    stages: dict[str, float] = {}
+    for item in spec:
+        name, _, value = item.partition("=")
+        try:
+            shift = float(value)
+        except ValueError:
+            shift = float("nan")
+        if not name.strip() or not np.isfinite(shift):
+            raise InputError(f"stage {item!r} must look like NAME=LOGODDS_SHIFT, e.g. late=1.5")
+        stages[name.strip()] = shift
+    return stages
+
+
+def with_overrides(cfg: SimulationConfig, **changes: Any) -> SimulationConfig:
+    """A copy of ``cfg`` with the non-None ``changes`` applied."""
+    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})
