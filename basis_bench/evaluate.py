@@ -73,7 +73,6 @@ DIFFICULTY_REPEATS = 10
 DIFFICULTY_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 G_SWEEP = (2, 4, 8, 16)
 Z_95 = 1.959963984540054
-BASIS_OPTION_NAMES = ("calibration", "criterion", "loss", "eps", "fixed_index", "shrink", "clip")
 
 
 # --------------------------------------------------------------------------- data
@@ -321,7 +320,13 @@ def _accepts(est: Estimator, name: str) -> bool:
 
 
 def estimator_options(est: Estimator, options: dict[str, Any]) -> dict[str, Any]:
-    """The subset of ``options`` that ``est`` accepts (BASIS options go to BASIS-type only)."""
+    """The BASIS options (calibration, criterion, loss, eps, ...) that ``est`` takes.
+
+    They go only to estimators that use the reference cache and accept the keyword, so
+    ``--eps`` reaches BASIS's active-set threshold and never another method's own ``eps``.
+    """
+    if not est.uses_cache:
+        return {}
     return {k: v for k, v in options.items() if _accepts(est, k)}
 
 
@@ -333,6 +338,11 @@ class Series:
     rollouts_per_prompt: int
     batch_mse: list[np.ndarray] = field(default_factory=list)  # (R,) mean sq err per batch
     extreme: list[np.ndarray] = field(default_factory=list)  # (R,) share of 0/1 baselines
+
+    def add(self, sq_err: np.ndarray, extreme: np.ndarray) -> None:
+        """Record a chunk: squared errors (r, B) and 0/1 baseline shares (r,)."""
+        self.batch_mse.append(sq_err.mean(axis=1))
+        self.extreme.append(extreme)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate(self.batch_mse), np.concatenate(self.extreme)
@@ -429,8 +439,7 @@ def replay(
     basis_opts = (
         estimator_options(get("basis"), settings.basis_options) if "basis" in ESTIMATORS else {}
     )
-    pid_dict = pa.array(data.prompt_ids.astype(str), pa.string())
-    est_dict = pa.array([e.name for e in estimators], pa.string())
+    prompt_ids = pa.array(data.prompt_ids.astype(str), pa.string())
 
     for start in range(0, repeats, CHUNK_REPEATS):
         r = min(CHUNK_REPEATS, repeats - start)
@@ -447,50 +456,44 @@ def replay(
         repeat_idx = np.arange(start, start + r)
         first = repeat_idx < DIFFICULTY_REPEATS
         rows: list[pa.Table] = []
-        for j, est in enumerate(estimators):
-            gs = [est.rollouts_per_prompt(g)]
-            if est.group and settings.extras:
-                gs = sweep_gs
-            for gg in gs:
+        for est in estimators:
+            for gg in sweep_gs if est.group and sweep_gs else [est.rollouts_per_prompt(g)]:
                 inp = EstimatorInput(rewards[..., :gg], v_grid, var_grid, tilt.betas, rr)
-                base = np.asarray(est(inp, **options[est.name]), dtype=np.float64)
+                base = np.asarray(est(inp, **options[est.name]), dtype=np.float64)  # (r, B, gg)
                 sq = ((base - oracle[..., None]) ** 2).mean(axis=-1)  # (r, B)
-                ext = ((base == 0) | (base == 1)).mean(axis=(-2, -1))  # (r,)
+                extreme = ((base == 0) | (base == 1)).mean(axis=(-2, -1))  # (r,)
                 key = (est.name, gg)
-                if key in series:
-                    series[key].batch_mse.append(sq.mean(axis=1))
-                    series[key].extreme.append(ext)
-                    if sink is not None:
-                        rows.append(
-                            _estimate_rows(
-                                data,
-                                est,
-                                j,
-                                gg,
-                                repeat_idx,
-                                batch,
-                                base[..., 0],
-                                oracle,
-                                sq,
-                                pid_dict,
-                                est_dict,
-                            )
+                for store in (series, sweep):
+                    if key in store:
+                        store[key].add(sq, extreme)
+                if key not in series:
+                    continue
+                if sink is not None:
+                    rows.append(
+                        _estimate_rows(
+                            data.name,
+                            est.name,
+                            gg,
+                            repeat_idx,
+                            batch,
+                            base[..., 0],
+                            oracle,
+                            sq,
+                            prompt_ids,
                         )
-                    if settings.extras and first.any():
-                        diff_parts.append(
-                            pl.DataFrame(
-                                {
-                                    "estimator": est.name,
-                                    "rollouts_per_prompt": gg,
-                                    "oracle": oracle[first].ravel(),
-                                    "sq_err": sq[first].ravel(),
-                                    "noise": noise[first].ravel(),
-                                }
-                            )
+                    )
+                if settings.extras and first.any():
+                    diff_parts.append(
+                        pl.DataFrame(
+                            {
+                                "estimator": est.name,
+                                "rollouts_per_prompt": gg,
+                                "oracle": oracle[first].ravel(),
+                                "sq_err": sq[first].ravel(),
+                                "noise": noise[first].ravel(),
+                            }
                         )
-                if key in sweep:
-                    sweep[key].batch_mse.append(sq.mean(axis=1))
-                    sweep[key].extreme.append(ext)
+                    )
         if sink is not None and rows:
             sink(pa.concat_tables(rows))
         if settings.extras:
@@ -539,10 +542,10 @@ def _fixed_beta_errors(
 
 ESTIMATES_SCHEMA = pa.schema(
     [
-        ("checkpoint", pa.dictionary(pa.int32(), pa.string())),
+        ("checkpoint", pa.string()),
         ("repeat", pa.int32()),
-        ("prompt_id", pa.dictionary(pa.int32(), pa.string())),
-        ("estimator", pa.dictionary(pa.int32(), pa.string())),
+        ("prompt_id", pa.string()),
+        ("estimator", pa.string()),
         ("rollouts_per_prompt", pa.int16()),
         ("estimate", pa.float64()),
         ("oracle", pa.float64()),
@@ -552,31 +555,24 @@ ESTIMATES_SCHEMA = pa.schema(
 
 
 def _estimate_rows(
-    data: CheckpointData,
-    est: Estimator,
-    est_index: int,
+    checkpoint: str,
+    estimator: str,
     g: int,
     repeat_idx: np.ndarray,
     batch: np.ndarray,
     estimate: np.ndarray,
     oracle: np.ndarray,
     sq: np.ndarray,
-    pid_dict: pa.Array,
-    est_dict: pa.Array,
+    prompt_ids: pa.Array,
 ) -> pa.Table:
+    """One chunk's rows of estimates.parquet: (repeat, prompt) in row-major order."""
     n = batch.size
     return pa.table(
         {
-            "checkpoint": pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(n, np.int32)), pa.array([data.name])
-            ),
+            "checkpoint": pa.repeat(pa.scalar(checkpoint), n),
             "repeat": pa.array(np.repeat(repeat_idx, batch.shape[1]).astype(np.int32)),
-            "prompt_id": pa.DictionaryArray.from_arrays(
-                pa.array(batch.ravel().astype(np.int32)), pid_dict
-            ),
-            "estimator": pa.DictionaryArray.from_arrays(
-                pa.array(np.full(n, est_index, np.int32)), est_dict
-            ),
+            "prompt_id": prompt_ids.take(pa.array(batch.ravel())),
+            "estimator": pa.repeat(pa.scalar(estimator), n),
             "rollouts_per_prompt": pa.array(np.full(n, g, np.int16)),
             "estimate": pa.array(estimate.ravel()),
             "oracle": pa.array(oracle.ravel()),
@@ -889,7 +885,8 @@ def evaluate(
     for name, df in frames.items():
         if df.height:
             _write_csv(df, out / f"{name}.csv")
+    run = json.loads(json.dumps(run, default=str))  # as run.json will read back
     tmp = out / "run.json.tmp"
-    tmp.write_text(json.dumps(run, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.write_text(json.dumps(run, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, out / "run.json")
     return EvaluateResult(out, frames["summary"], run)

@@ -42,6 +42,8 @@ LABELS = {
     "basis": "BASIS",
     "basis_vop": "BASIS-VOP",
     "basis_rvg": "BASIS-RVG",
+    "james_stein": "James-Stein",
+    "apo": "A*-PO",
 }
 ORDER = list(LABELS)
 OMITTED = ("vanilla",)
@@ -65,6 +67,8 @@ COLOURS = {
     "basis_vop": "tab:cyan",
     "basis_rvg": "tab:olive",
     "vanilla": "tab:gray",
+    "james_stein": "tab:pink",
+    "apo": "black",
 }
 
 
@@ -112,9 +116,7 @@ def _style() -> None:
 
     mpl.use("Agg")
     sns.set_theme(context="paper", style="whitegrid", font_scale=1.0)
-    mpl.rcParams.update(
-        {"savefig.bbox": "tight", "figure.dpi": 100, "legend.frameon": False, "pdf.fonttype": 42}
-    )
+    mpl.rcParams.update({"figure.dpi": 100, "legend.frameon": False, "pdf.fonttype": 42})
 
 
 def _save(fig: Any, out: Path, stem: str) -> list[Path]:

@@ -293,24 +293,21 @@ def evaluate(
 
 
 def print_summary(summary: pl.DataFrame, console: Console) -> None:
-    """One rich table per checkpoint: MSE, noise-corrected MSE, CI, extreme rate, change vs REINFORCE++."""
+    """One rich table per checkpoint: rollouts per prompt (G), MSE, noise-corrected MSE, 95% CI
+    half-width, share of baselines exactly 0 or 1 and the change in MSE against REINFORCE++."""
     import polars as pl
+    from rich import box
     from rich.table import Table
 
     for (name,), df in summary.group_by("checkpoint", maintain_order=True):
         base = df.filter(pl.col("estimator") == "reinforce_pp")["mse"]
         ref = float(base[0]) if base.len() else None
-        table = Table(title=f"checkpoint {name}: value-estimation MSE against the oracle")
-        for col in (
-            "estimator",
-            "rollouts",
-            "MSE",
-            "MSE (noise-corr.)",
-            "95% CI",
-            "0/1 baselines",
-            "vs REINFORCE++",
-        ):
-            table.add_column(col, justify="left" if col == "estimator" else "right")
+        table = Table(
+            title=f"checkpoint {name}: value-estimation MSE against the oracle", box=box.SIMPLE_HEAD
+        )
+        table.add_column("estimator", no_wrap=True)
+        for col in ("G", "MSE", "MSE-noise", "±95%", "0/1 base", "vs R++"):
+            table.add_column(col, justify="right", no_wrap=True)
         for row in df.iter_rows(named=True):
             change = f"{100 * (row['mse'] / ref - 1):+.0f}%" if ref else ""
             table.add_row(
@@ -318,7 +315,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
                 str(row["rollouts_per_prompt"]),
                 f"{row['mse']:.5f}",
                 f"{row['mse_noise_corrected']:.5f}",
-                f"[{row['ci_low']:.5f}, {row['ci_high']:.5f}]",
+                f"{(row['ci_high'] - row['ci_low']) / 2:.5f}",
                 f"{100 * row['extreme_rate']:.1f}%",
                 change,
             )

@@ -1,0 +1,414 @@
+"""The replay engine and `basis-bench evaluate` on small simulated datasets."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+
+from basis_bench.cli import main
+from basis_bench.errors import InputError
+from basis_bench.estimators import ESTIMATORS
+from basis_bench.evaluate import (
+    DEFAULT_DATASET,
+    EvaluateConfig,
+    Replay,
+    Series,
+    bin_index,
+    difficulty_table,
+    draw_batches,
+    draw_rollouts,
+    evaluate,
+    heterogeneity_table,
+    open_dataset,
+)
+from basis_bench.simulate import SimulationConfig, simulate
+from basis_bench.store import load_rollouts, write_parquet_atomic
+
+ORACLE_N = 64
+FAST = {"repeats": 200, "oracle_n": ORACLE_N}
+
+
+@pytest.fixture(scope="module")
+def tilt_data(tmp_path_factory):
+    """BASIS's model holds: checkpoints are logit shifts of the reference (small noise)."""
+    root = tmp_path_factory.mktemp("tilt")
+    return simulate(
+        SimulationConfig(n_prompts=300, reference_n=64, checkpoint_n=ORACLE_N + 16, seed=3), root
+    )
+
+
+@pytest.fixture(scope="module")
+def tilt_result(tilt_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tilt-out")
+    return evaluate(EvaluateConfig(rollouts=str(tilt_data), **FAST), out)
+
+
+def write_rewards(root, rewards: dict[str, np.ndarray], metadata=None, prefix="sim-"):
+    """A rollouts dataset from {policy: (P, S) rewards}, one file per policy."""
+    for policy, m in rewards.items():
+        p, s = m.shape
+        df = pl.DataFrame(
+            {
+                "prompt_id": np.repeat([f"{prefix}{i:03d}" for i in range(p)], s),
+                "policy": policy,
+                "sample_idx": np.tile(np.arange(s, dtype=np.int32), p),
+                "reward": m.ravel().astype(float),
+            }
+        )
+        write_parquet_atomic(df, root / f"{policy}.parquet", metadata=metadata)
+    return root
+
+
+def test_basis_beats_grpo8_and_halves_reinforce_pp_where_its_model_holds(tilt_result):
+    s = tilt_result.summary
+    for name in ("early", "middle", "late"):
+        mse = {
+            r["estimator"]: r["mse"]
+            for r in s.filter(pl.col("checkpoint") == name).iter_rows(named=True)
+        }
+        assert mse["basis"] < mse["grpo"], name
+        assert mse["basis"] < 0.5 * mse["reinforce_pp"], name
+
+
+def test_rloo_is_worse_than_grpo_at_every_group_size(tilt_result):
+    sweep = pl.read_csv(tilt_result.out / "g_sweep.csv")
+    assert set(sweep["group_size"]) == {2, 4, 8, 16}
+    wide = sweep.pivot(on="estimator", index=["checkpoint", "group_size"], values="mse")
+    assert (wide["rloo"] > wide["grpo"]).all()
+    summary = tilt_result.summary.filter(pl.col("estimator").is_in(["grpo", "rloo"]))
+    assert set(summary["rollouts_per_prompt"]) == {8}
+
+
+def test_output_files_and_estimate_rows(tilt_result):
+    out = tilt_result.out
+    for name in (
+        "summary",
+        "g_sweep",
+        "by_heterogeneity",
+        "by_difficulty",
+        "beta_choice",
+        "fixed_beta",
+    ):
+        assert (out / f"{name}.csv").stat().st_size > 0
+    est = pl.read_parquet(out / "estimates.parquet")
+    assert est.columns == [
+        "checkpoint", "repeat", "prompt_id", "estimator", "rollouts_per_prompt", "estimate", "oracle", "sq_err",
+    ]  # fmt: skip
+    assert est.height == 3 * FAST["repeats"] * 64 * len(ESTIMATORS)
+    single = est.filter(pl.col("rollouts_per_prompt") == 1)
+    np.testing.assert_allclose(single["sq_err"], (single["estimate"] - single["oracle"]) ** 2)
+    # summary.csv is the mean of the rows; the noise correction subtracts v(1-v)/(oracle_n - 1)
+    s = tilt_result.summary
+    means = est.group_by("checkpoint", "estimator").agg(pl.col("sq_err").mean(), pl.len())
+    joined = s.join(means, on=["checkpoint", "estimator"])
+    np.testing.assert_allclose(joined["mse"], joined["sq_err"], rtol=1e-9)
+    assert (joined["n_estimates"] == joined["len"]).all()
+    basis = est.filter((pl.col("estimator") == "basis") & (pl.col("checkpoint") == "late"))
+    noise = (basis["oracle"] * (1 - basis["oracle"]) / (ORACLE_N - 1)).mean()
+    row = s.filter((pl.col("estimator") == "basis") & (pl.col("checkpoint") == "late")).row(
+        0, named=True
+    )
+    assert row["mse_noise_corrected"] == pytest.approx(row["mse"] - noise, rel=1e-9)
+    assert row["ci_low"] < row["mse"] < row["ci_high"]
+    assert row["extreme_rate"] == 0.0
+    vanilla = s.filter(pl.col("estimator") == "vanilla")
+    assert (vanilla["extreme_rate"] == 1.0).all()
+
+
+def test_beta_choices_and_fixed_beta_curve(tilt_result):
+    betas = pl.read_csv(tilt_result.out / "beta_choice.csv")
+    assert (
+        betas.group_by("checkpoint").agg(pl.col("count").sum())["count"].to_list()
+        == [FAST["repeats"]] * 3
+    )
+    fixed = pl.read_csv(tilt_result.out / "fixed_beta.csv")
+    late = fixed.filter(pl.col("checkpoint") == "late")
+    best = late.sort("initial_mse")["beta"][0]
+    assert 0.3 < best < 1.5  # the simulated late tilt is 1/beta = 1.5, beta ~ 0.67
+
+
+def test_same_seed_same_files_other_seed_other_numbers(tilt_data, tmp_path):
+    cfg = EvaluateConfig(
+        rollouts=str(tilt_data), repeats=30, oracle_n=ORACLE_N, checkpoints=("late",)
+    )
+    a, b = evaluate(cfg, tmp_path / "a"), evaluate(cfg, tmp_path / "b")
+    for f in sorted(a.out.iterdir()):
+        assert f.read_bytes() == (b.out / f.name).read_bytes(), f.name
+    c = evaluate(EvaluateConfig(**{**cfg.__dict__, "seed": 1}), tmp_path / "c")
+    assert not c.summary["mse"].equals(a.summary["mse"])
+
+
+def test_file_order_does_not_matter(tilt_data, tmp_path):
+    df = load_rollouts(tilt_data).filter(pl.col("policy").is_in(["reference", "late"]))
+    shuffled = df.sample(fraction=1.0, shuffle=True, seed=7)
+    half = shuffled.height // 2
+    meta = {"reference_policy": "reference"}
+    write_parquet_atomic(shuffled[half:], tmp_path / "other" / "b" / "0.parquet", metadata=meta)
+    write_parquet_atomic(shuffled[:half], tmp_path / "other" / "a.parquet", metadata=meta)
+    cfg = dict(repeats=30, oracle_n=ORACLE_N, checkpoints=("late",))
+    a = evaluate(EvaluateConfig(rollouts=str(tilt_data), **cfg), tmp_path / "out-a")
+    b = evaluate(EvaluateConfig(rollouts=str(tmp_path / "other"), **cfg), tmp_path / "out-b")
+    for name in (
+        "summary.csv",
+        "by_heterogeneity.csv",
+        "by_difficulty.csv",
+        "g_sweep.csv",
+        "fixed_beta.csv",
+    ):
+        assert (a.out / name).read_bytes() == (b.out / name).read_bytes(), name
+    assert pl.read_parquet(a.out / "estimates.parquet").equals(
+        pl.read_parquet(b.out / "estimates.parquet")
+    )
+
+
+def test_heterogeneity_bins_follow_the_protocol():
+    spread = np.array([0.20, 0.21, 0.22, 0.25, 0.30, 0.24, 0.205])
+    mse = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    rep = Replay(
+        checkpoint="c",
+        series={("x", 1): Series("x", 1, [mse], [np.zeros(7)])},
+        sweep={},
+        batch_noise=np.full(7, 0.5),
+        batch_spread=spread,
+        difficulty=pl.DataFrame(),
+        beta_counts=np.zeros(1, dtype=np.int64),
+        fixed_beta=np.zeros((2, 1)),
+        fixed_beta_n=1,
+        betas=np.array([np.inf]),
+    )
+    t = heterogeneity_table(rep, n_batches=6)  # the 7th batch is beyond the protocol's count
+    np.testing.assert_allclose(t["bin_low"], [0.20, 0.22, 0.24, 0.26, 0.28])
+    np.testing.assert_allclose(t["bin_high"], [0.22, 0.24, 0.26, 0.28, 0.30])
+    # [.20,.22): 0.20, 0.21 | [.22,.24): 0.22 | [.24,.26): 0.25, 0.24 | [.26,.28): - | [.28,.30]: 0.30 (max, closed)
+    assert t["n_batches"].to_list() == [2, 1, 2, 0, 1]
+    np.testing.assert_allclose(t["mse"].to_numpy(), [1.5, 3.0, 5.0, np.nan, 5.0])
+    np.testing.assert_allclose(t["mse_noise_corrected"].to_numpy(), [1.0, 2.5, 4.5, np.nan, 4.5])
+
+
+def test_difficulty_bins_follow_the_protocol():
+    oracle = np.array([0.0, 0.19, 0.2, 0.5, 0.79, 0.8, 1.0, 0.4])
+    sq = np.arange(8.0)
+    rep = Replay(
+        checkpoint="c",
+        series={},
+        sweep={},
+        batch_noise=np.zeros(1),
+        batch_spread=np.zeros(1),
+        difficulty=pl.DataFrame(
+            {
+                "estimator": "x",
+                "rollouts_per_prompt": 1,
+                "oracle": oracle,
+                "sq_err": sq,
+                "noise": 0.0,
+            }
+        ),
+        beta_counts=np.zeros(1, dtype=np.int64),
+        fixed_beta=np.zeros((2, 1)),
+        fixed_beta_n=1,
+        betas=np.array([np.inf]),
+    )
+    t = difficulty_table(rep)
+    assert t["bin_low"].to_list() == [0.0, 0.2, 0.4, 0.6, 0.8]
+    assert t["bin_high"].to_list() == [0.2, 0.4, 0.6, 0.8, 1.0]
+    # [0,.2): 0, .19 | [.2,.4): .2 | [.4,.6): .5, .4 | [.6,.8): .79 | [.8,1]: .8, 1.0
+    assert t["n_estimates"].to_list() == [2, 1, 2, 1, 2]
+    np.testing.assert_allclose(t["mse"], [0.5, 2.0, 5.0, 4.0, 5.5])
+    np.testing.assert_array_equal(
+        bin_index(np.array([0.6, 0.8 - 1e-12]), np.array([0, 0.2, 0.4, 0.6, 0.8, 1])), [3, 3]
+    )
+
+
+def test_difficulty_uses_the_first_ten_repeats(tilt_result):
+    d = pl.read_csv(tilt_result.out / "by_difficulty.csv")
+    counts = d.group_by("checkpoint", "estimator").agg(pl.col("n_estimates").sum())["n_estimates"]
+    assert (counts == 10 * 64).all()
+    h = pl.read_csv(tilt_result.out / "by_heterogeneity.csv")
+    assert (
+        h.group_by("checkpoint", "estimator").agg(pl.col("n_batches").sum())["n_batches"]
+        == FAST["repeats"]
+    ).all()
+
+
+def test_draws_are_without_replacement_and_cover_the_pool():
+    rng = np.random.default_rng(0)
+    batches = draw_batches(rng, 10, 4, 500)
+    assert all(len(set(row)) == 4 for row in batches)
+    assert np.bincount(batches.ravel(), minlength=10).min() > 150  # ~200 each
+    counts = np.array([[3, 5]])
+    cols = draw_rollouts(rng, np.repeat(counts, 400, axis=0), 3, 5)
+    assert (cols[:, 0] < 3).all() and np.all(np.sort(cols[:, 0], axis=-1) == [0, 1, 2])
+    assert all(len(set(c)) == 3 for c in cols[:, 1])
+    first = np.bincount(cols[:, 1, 0], minlength=5)
+    assert first.min() > 50  # every pool column can come first
+
+
+def test_continuous_rewards_evaluate(tmp_path):
+    rng = np.random.default_rng(0)
+    v = rng.beta(2, 2, size=80)
+    data = {
+        "reference": rng.beta(4 * v[:, None] + 0.1, 4 * (1 - v[:, None]) + 0.1, size=(80, 16)),
+        "late": rng.beta(4 * v[:, None] + 1, 4 * (1 - v[:, None]) + 0.1, size=(80, 40)),
+    }
+    write_rewards(tmp_path / "d", data)
+    res = evaluate(
+        EvaluateConfig(
+            rollouts=str(tmp_path / "d"), repeats=20, oracle_n=24, ref_n=16, batch_size=16
+        ),
+        tmp_path / "o",
+    )
+    assert res.summary["mse"].is_finite().all()
+    assert res.summary.filter(pl.col("estimator") == "basis")["extreme_rate"][0] == 0.0
+
+
+def test_reference_from_metadata_and_default_checkpoints(tmp_path):
+    rng = np.random.default_rng(0)
+    data = {
+        name: (rng.random((20, 12)) < 0.5).astype(float) for name in ("base", "step100", "step200")
+    }
+    write_rewards(
+        tmp_path / "d",
+        data,
+        metadata={"reference_policy": "base", "policies": ["base", "step200", "step100"]},
+    )
+    ds = open_dataset(tmp_path / "d")
+    assert ds.reference == "base"
+    assert ds.checkpoints == ["step200", "step100"]
+    res = evaluate(
+        EvaluateConfig(
+            rollouts=str(tmp_path / "d"), repeats=5, oracle_n=4, ref_n=8, batch_size=8, group_size=4
+        ),
+        tmp_path / "o",
+    )
+    assert res.summary["checkpoint"].unique(maintain_order=True).to_list() == ["step200", "step100"]
+    with pytest.raises(InputError, match="reference policy 'nope' not in the dataset"):
+        open_dataset(tmp_path / "d", reference="nope")
+    write_rewards(tmp_path / "e", data)
+    with pytest.raises(InputError, match="cannot tell which policy is the reference"):
+        open_dataset(tmp_path / "e")
+    assert open_dataset(tmp_path / "e", reference="step100").checkpoints == ["base", "step200"]
+
+
+def test_prompts_missing_from_reference_are_dropped_and_counted(tmp_path):
+    rng = np.random.default_rng(0)
+    write_rewards(tmp_path / "d", {"reference": (rng.random((20, 8)) < 0.5).astype(float)})
+    write_rewards(tmp_path / "d", {"late": (rng.random((24, 12)) < 0.5).astype(float)})
+    res = evaluate(
+        EvaluateConfig(
+            rollouts=str(tmp_path / "d"), repeats=5, oracle_n=4, ref_n=8, batch_size=8, group_size=4
+        ),
+        tmp_path / "o",
+    )
+    run = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert run["checkpoints"]["late"] == {"prompts": 20, "dropped_no_reference": 4, "min_pool": 8}
+    assert res.run == run
+    write_rewards(tmp_path / "x", {"reference": np.ones((3, 8))}, prefix="other-")
+    write_rewards(tmp_path / "x", {"late": np.ones((3, 8))})
+    with pytest.raises(InputError, match="none of its prompts is in the reference cache"):
+        evaluate(
+            EvaluateConfig(
+                rollouts=str(tmp_path / "x"), oracle_n=4, ref_n=8, batch_size=2, group_size=2
+            ),
+            tmp_path / "o2",
+        )
+
+
+@pytest.fixture
+def small(tmp_path):
+    rng = np.random.default_rng(0)
+    return write_rewards(
+        tmp_path / "d",
+        {
+            "reference": (rng.random((20, 8)) < 0.5).astype(float),
+            "late": (rng.random((20, 12)) < 0.5).astype(float),
+        },
+    )
+
+
+def run_cli(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["basis-bench", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return exit_info.value.code, capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "args", "message"),
+    [
+        (lambda df: df.drop("sample_idx"), (), "missing column"),
+        (
+            lambda df: df.with_columns(
+                pl.when(pl.int_range(pl.len()) == 3)
+                .then(float("nan"))
+                .otherwise(pl.col("reward"))
+                .alias("reward")
+            ),
+            (),
+            "non-finite reward",
+        ),
+        (None, ("--checkpoint", "early"), "unknown checkpoint(s) 'early'; known: late"),
+        (None, ("--group-size", "9"), "pool is smaller than the group size"),
+        (None, ("--estimators", "basis,nope"), "unknown estimator 'nope'"),
+        (None, ("--ref-n", "9"), "more reference samples than the dataset has"),
+        (None, ("--calibration", "fixed"), "needs --fixed-beta"),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(
+    small, tmp_path, monkeypatch, capsys, mutate, args, message
+):
+    if mutate is not None:
+        path = small / "late.parquet"
+        write_parquet_atomic(mutate(pl.read_parquet(path)), path)
+    code, captured = run_cli(
+        monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
+        "--batch-size", "8", "--repeats", "3", "--out", str(tmp_path / "o"), *args,
+    )  # fmt: skip
+    assert code == 2
+    assert message in " ".join(captured.err.split())
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
+    code, captured = run_cli(
+        monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
+        "--batch-size", "8", "--repeats", "3", "--group-size", "4", "--calibration", "fixed",
+        "--fixed-beta", "inf", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert code == 0
+    assert (
+        "checkpoint late" in captured.out
+        and "reinforce_pp" in captured.out
+        and "basis_vop" in captured.out
+    )
+    run = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert run["config"]["basis_options"] == {"calibration": "fixed", "fixed_index": 32}
+    # with a fixed beta = inf and no refinement, offline equals the reference mean exactly
+    est = pl.read_parquet(tmp_path / "o" / "estimates.parquet")
+    wide = est.filter(pl.col("estimator").is_in(["offline", "reference_mean"])).pivot(
+        on="estimator", index=["repeat", "prompt_id"], values="estimate"
+    )
+    np.testing.assert_array_equal(wide["offline"], wide["reference_mean"])
+
+
+@pytest.mark.skipif(not DEFAULT_DATASET.exists(), reason="default dataset not generated")
+def test_default_dataset_runs_without_rollouts_option(tmp_path):
+    res = evaluate(EvaluateConfig(repeats=5, estimators=("basis", "grpo")), tmp_path)
+    assert res.run["simulated"] is True
+    assert "simulated" in res.run["dataset_label"]
+    assert res.summary.height == 2 * len(res.run["checkpoints"])
+
+
+def test_basis_options_reach_only_cache_estimators_that_take_them():
+    from basis_bench.estimators import get
+    from basis_bench.evaluate import estimator_options
+
+    opts = {"eps": 1e-3, "criterion": "refined"}
+    assert estimator_options(get("basis"), opts) == opts
+    assert estimator_options(get("grpo"), opts) == {}
+    assert estimator_options(get("reference_mean"), opts) == {}
+    if "james_stein" in ESTIMATORS:  # has its own eps, unrelated to BASIS's active set
+        assert estimator_options(get("james_stein"), opts) == {}
