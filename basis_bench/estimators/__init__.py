@@ -31,6 +31,7 @@ from basis_bench.estimators.registry import (
     get,
     register_estimator,
 )
+from basis_bench.estimators.related import SpoTracker, apo_value, james_stein, spo_prior, spo_step
 from basis_bench.estimators.tilt import default_betas, is_binary, tilted_moments, tilted_value
 
 __all__ = [
@@ -39,18 +40,23 @@ __all__ = [
     "BasisOutput",
     "Estimator",
     "EstimatorInput",
+    "SpoTracker",
+    "apo_value",
     "basis_estimate",
     "batch_loss",
     "default_betas",
     "get",
     "grpo",
     "is_binary",
+    "james_stein",
     "ratio_ess",
     "refine",
     "register_estimator",
     "reinforce_pp",
     "rloo",
     "select_beta",
+    "spo_prior",
+    "spo_step",
     "take_beta",
     "tilted_moments",
     "tilted_value",
