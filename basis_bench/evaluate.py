@@ -85,7 +85,7 @@ class Dataset:
     root: Path
     rollouts: pl.DataFrame  # prompt_id, policy, sample_idx, reward; sorted
     reference: str
-    policies: list[str]  # every policy present, metadata order first
+    policies: list[str]  # the reference, then the checkpoints to evaluate (metadata order)
     metadata: list[dict[str, Any]]
 
     @property
@@ -249,8 +249,8 @@ def checkpoint_data(
         raise InputError(f"--ref-n must be at least 1; got {ref_n}")
     df = ds.rollouts
     ids = df.filter(pl.col("policy") == checkpoint)["prompt_id"].unique().sort().to_numpy()
-    ref_ids = set(df.filter(pl.col("policy") == ds.reference)["prompt_id"].unique().to_list())
-    has_ref = np.array([p in ref_ids for p in ids], dtype=bool)
+    ref_ids = df.filter(pl.col("policy") == ds.reference)["prompt_id"].unique().to_numpy()
+    has_ref = np.isin(ids, ref_ids)
     dropped = int((~has_ref).sum())
     ids = ids[has_ref]
     if ids.size == 0:
@@ -357,9 +357,8 @@ class Replay:
     sweep: dict[tuple[str, int], Series]
     batch_noise: np.ndarray  # (R,) mean oracle noise of each batch
     batch_spread: np.ndarray  # (R,) s_b = std of the batch's oracle values
-    difficulty: (
-        pl.DataFrame
-    )  # estimator, rollouts_per_prompt, oracle, sq_err, noise (first repeats)
+    # estimator, rollouts_per_prompt, oracle, sq_err, noise of the first DIFFICULTY_REPEATS
+    difficulty: pl.DataFrame
     beta_counts: np.ndarray  # (K,) how often each beta was chosen
     fixed_beta: np.ndarray  # (2, K) summed squared error of initial and refined values
     fixed_beta_n: int
@@ -439,6 +438,7 @@ def replay(
     basis_opts = (
         estimator_options(get("basis"), settings.basis_options) if "basis" in ESTIMATORS else {}
     )
+    eps_opt = {"eps": basis_opts["eps"]} if "eps" in basis_opts else {}
     prompt_ids = pa.array(data.prompt_ids.astype(str), pa.string())
 
     for start in range(0, repeats, CHUNK_REPEATS):
@@ -502,9 +502,7 @@ def replay(
                 v_grid, var_grid, single, refine_values=False, reward_range=rr, **basis_opts
             )
             beta_counts += np.bincount(np.asarray(idx).ravel(), minlength=k)
-            fixed += _fixed_beta_errors(
-                v_grid, var_grid, single, oracle, basis_opts.get("eps", 1e-6), rr
-            )
+            fixed += _fixed_beta_errors(v_grid, var_grid, single, oracle, rr, **eps_opt)
         if progress is not None:
             progress(r)
 
@@ -527,13 +525,20 @@ def _fixed_beta_errors(
     var_grid: np.ndarray,
     rewards: np.ndarray,
     oracle: np.ndarray,
-    eps: float,
-    rr: tuple[float, float] | None,
+    reward_range: tuple[float, float] | None,
+    **refine_options: Any,
 ) -> np.ndarray:
-    """(2, K) summed squared errors of V^_beta and of its UNB refinement, at every beta."""
+    """(2, K) summed squared errors of V^_beta and of its UNB refinement V~_beta, every beta."""
     r = np.broadcast_to(rewards, v_grid.shape)
     refined = np.asarray(
-        refine(v_grid, r, variant="unb", eps=eps, reward_var=var_grid, reward_range=rr)
+        refine(
+            v_grid,
+            r,
+            variant="unb",
+            reward_var=var_grid,
+            reward_range=reward_range,
+            **refine_options,
+        )
     )
     return np.stack(
         [((v_grid - oracle) ** 2).sum(axis=(1, 2)), ((refined - oracle) ** 2).sum(axis=(1, 2))]
@@ -841,6 +846,8 @@ def evaluate(
             for d in datas
         },
     }
+    if not cfg.write_estimates:  # never leave an earlier run's rows beside this run's tables
+        (out / "estimates.parquet").unlink(missing_ok=True)
     writer = _EstimatesWriter(out / "estimates.parquet", run) if cfg.write_estimates else None
     tables: dict[str, list[pl.DataFrame]] = {
         k: []
