@@ -83,11 +83,11 @@ def main() -> None:
         idx = np.stack([rng.choice(prompts, B, replace=False) for _ in range(args.repeats)])
         rewards = (rng.random(idx.shape) < v_table[-1][idx]).astype(float)
 
-        def vectorised() -> None:
+        def vectorised(idx=idx, rewards=rewards, chunk=chunk) -> None:
             for lo in range(0, args.repeats, chunk):
                 sl = idx[lo : lo + chunk]
                 basis_estimate(
-                    v_table[:, sl], var_table[:, sl], rewards[lo : lo + chunk], min_ess=0
+                    v_table[:, sl], var_table[:, sl], rewards[lo : lo + chunk], min_active=0
                 )
 
         vectorised()  # warm-up: first-touch page faults of the temporaries are not the method's cost
@@ -96,13 +96,19 @@ def main() -> None:
         vec = (time.perf_counter() - start) / args.repeats
         few = 1 if B > 1000 else 5
         py, want = time_per_batch(
-            lambda t: python_loop_basis(v_table[:, idx[t]], var_table[:, idx[t]], rewards[t]), few
+            lambda t, idx=idx, rewards=rewards: python_loop_basis(
+                v_table[:, idx[t]], var_table[:, idx[t]], rewards[t]
+            ),
+            few,
         )
         nl, _ = time_per_batch(
-            lambda t: numpy_loop_basis(v_table[:, idx[t]], var_table[:, idx[t]], rewards[t]), few
+            lambda t, idx=idx, rewards=rewards: numpy_loop_basis(
+                v_table[:, idx[t]], var_table[:, idx[t]], rewards[t]
+            ),
+            few,
         )
         got, _ = basis_estimate(
-            v_table[:, idx[few - 1]], var_table[:, idx[few - 1]], rewards[few - 1], min_ess=0
+            v_table[:, idx[few - 1]], var_table[:, idx[few - 1]], rewards[few - 1], min_active=0
         )
         assert np.allclose(got, want), "the loop and the vectorised code disagree"
         print(

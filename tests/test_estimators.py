@@ -298,12 +298,19 @@ def test_basis_object_matches_the_array_functions():
         basis(["nope"] * 24, rewards)
 
 
-def test_degenerate_betas_are_excluded_by_the_ess_guard():
-    v_grid = np.array([[0.9999, 0.5, 0.5, 0.5], [0.6, 0.5, 0.4, 0.5]])
-    rewards = np.array([1.0, 1, 0, 1])
-    assert E.ratio_ess(v_grid, v_grid * (1 - v_grid))[0] < 1.1
-    index, losses = E.select_beta(v_grid, rewards, criterion="refined", min_ess=2)
-    assert int(index) == 1 and np.isinf(losses[0])
+def test_betas_that_empty_the_active_set_are_excluded():
+    # candidate 0 is an extreme tilt: four of five prompts have s^2 < eps, one prompt carries
+    # the whole ratio and happens to fit these rewards exactly; candidate 1 is a normal tilt.
+    v_grid = np.array([[1 - 1e-9] * 4 + [0.5], [0.7] * 4 + [0.5]])
+    rewards = np.array([1.0, 1, 1, 1, 0.5])
+    assert np.allclose(E.active_fraction(v_grid * (1 - v_grid)), [0.2, 1.0])
+    unguarded, losses = E.select_beta(v_grid, rewards, criterion="refined", min_active=0)
+    assert int(unguarded) == 0 and np.all(np.isfinite(losses))
+    guarded, losses = E.select_beta(v_grid, rewards, criterion="refined")
+    assert int(guarded) == 1 and np.isinf(losses[0])
+    # never exclude every candidate
+    only, _ = E.select_beta(v_grid[:1], rewards, criterion="refined")
+    assert int(only) == 0
 
 
 # ---------------------------------------------------------------- baselines and registry

@@ -17,9 +17,9 @@ arrays and torch tensors alike and keep their dtype and device.
 from basis_bench.estimators.baselines import grpo, reinforce_pp, rloo, vanilla
 from basis_bench.estimators.basis import Basis, BasisOutput
 from basis_bench.estimators.calibrate import (
+    active_fraction,
     basis_estimate,
     batch_loss,
-    ratio_ess,
     select_beta,
     take_beta,
 )
@@ -41,6 +41,7 @@ __all__ = [
     "Estimator",
     "EstimatorInput",
     "SpoTracker",
+    "active_fraction",
     "apo_value",
     "basis_estimate",
     "batch_loss",
@@ -49,7 +50,6 @@ __all__ = [
     "grpo",
     "is_binary",
     "james_stein",
-    "ratio_ess",
     "refine",
     "register_estimator",
     "reinforce_pp",

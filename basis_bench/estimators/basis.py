@@ -17,7 +17,7 @@ from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._checks import Array, RewardRange, check_choice
-from basis_bench.estimators.calibrate import CALIBRATIONS, DEFAULT_MIN_ESS, basis_estimate
+from basis_bench.estimators.calibrate import CALIBRATIONS, DEFAULT_MIN_ACTIVE, basis_estimate
 from basis_bench.estimators.tilt import default_betas, tilted_moments
 
 
@@ -45,7 +45,7 @@ class Basis:
         criterion: str = "initial",
         loss: str = "squared",
         eps: float = 1e-6,
-        min_ess: float = DEFAULT_MIN_ESS,
+        min_active: float = DEFAULT_MIN_ACTIVE,
         shrink: bool = False,
         clip: tuple[float, float] | None = None,
         reward_range: RewardRange = (0.0, 1.0),
@@ -67,7 +67,7 @@ class Basis:
             raise InputError("prompt_ids of the reference cache are not unique")
         self.calibration = calibration
         self.options: dict[str, Any] = dict(
-            variant=variant, criterion=criterion, loss=loss, eps=eps, min_ess=min_ess,
+            variant=variant, criterion=criterion, loss=loss, eps=eps, min_active=min_active,
             shrink=shrink, clip=clip, reward_range=reward_range,
         )  # fmt: skip
         inf = np.flatnonzero(np.isinf(self.betas))

@@ -6,9 +6,12 @@ Each step picks beta_t from a grid by an in-batch loss (two readings of the pape
     refined: L(beta) = mean_i loss(r_i, V~_{i,beta})   V~_i does not use r_i, so in
              expectation L = sigma_i^2 + MSE_i: unbiased, but nearly flat in beta
 
-At extreme beta the BLUE weights a_j V^_j = V^_j^2 / s^2_j differ by orders of magnitude and
-one prompt dominates the calibration ratio S1/S2. Candidates whose ratio has a Kish
-effective sample size (sum c)^2 / sum c^2 below ``min_ess`` are excluded (unless all are).
+At extreme beta (1/beta large) the tilted variances s^2_j = V^_j (1 - V^_j) of most prompts
+fall below eps, the active set empties, a few prompts carry the calibration ratio S1/S2 and
+V~ collapses towards 0 or V^. (For binary rewards the relative weights
+V^_j^2 / s^2_j = odds_j are only scaled by e^{1/beta}, so the ratio degrades through the
+active set, not through the weights.) Candidates at which fewer than ``min_active`` of the
+batch's prompts are active are excluded, unless every candidate is.
 """
 
 from __future__ import annotations
@@ -24,18 +27,14 @@ from basis_bench.estimators.refine import refine
 CRITERIA = ("initial", "refined")
 LOSSES = ("squared", "log")
 CALIBRATIONS = ("current", "previous", "fixed")
-DEFAULT_MIN_ESS = 4.0
+DEFAULT_MIN_ACTIVE = 0.5
 _LOG_CLIP = 1e-6
 
 
-def ratio_ess(v_grid: Array, var_grid: Array, eps: float = 1e-6) -> Array:
-    """Kish effective sample size of the calibration weights c_j = V^_j^2 / s^2_j on the active set."""
-    xp = array_namespace(v_grid)
-    active = var_grid > eps
-    c = xp.where(active, v_grid * v_grid / xp.where(active, var_grid, 1.0), 0.0)
-    total = xp.sum(c, axis=-1)
-    sq = xp.sum(c * c, axis=-1)
-    return xp.where(sq > 0, total * total / xp.where(sq > 0, sq, 1.0), 0.0)
+def active_fraction(var_grid: Array, eps: float = 1e-6) -> Array:
+    """Share of the batch's prompts in the active set {j : s^2_j > eps}, per candidate: (K, ...)."""
+    xp = array_namespace(var_grid)
+    return xp.mean(xp.astype(var_grid > eps, var_grid.dtype), axis=-1)
 
 
 def batch_loss(pred: Array, rewards: Array, loss: str = "squared") -> Array:
@@ -71,7 +70,7 @@ def select_beta(
     loss: str = "squared",
     variant: str = "unb",
     eps: float = 1e-6,
-    min_ess: float = DEFAULT_MIN_ESS,
+    min_active: float = DEFAULT_MIN_ACTIVE,
     shrink: bool = False,
     reward_range: RewardRange = (0.0, 1.0),
 ) -> tuple[Array, Array]:
@@ -93,8 +92,8 @@ def select_beta(
             v_grid, r, variant=variant, eps=eps, reward_var=var, shrink=shrink, reward_range=None
         )
     losses = batch_loss(pred, r, loss)
-    if min_ess > 0:
-        ok = ratio_ess(v_grid, var, eps) >= min_ess
+    if min_active > 0:
+        ok = active_fraction(var, eps) >= min_active
         ok = ok | ~xp.any(ok, axis=0, keepdims=True)  # never exclude every candidate
         losses = xp.where(ok, losses, math.inf)
     return xp.argmin(losses, axis=0), losses
@@ -117,7 +116,7 @@ def basis_estimate(
     criterion: str = "initial",
     loss: str = "squared",
     eps: float = 1e-6,
-    min_ess: float = DEFAULT_MIN_ESS,
+    min_active: float = DEFAULT_MIN_ACTIVE,
     shrink: bool = False,
     clip: tuple[float, float] | None = None,
     refine_values: bool = True,
@@ -144,7 +143,7 @@ def basis_estimate(
     else:
         index, _ = select_beta(
             v_grid, rewards, var, criterion=criterion, loss=loss, variant=variant,
-            eps=eps, min_ess=min_ess, shrink=shrink, reward_range=reward_range,
+            eps=eps, min_active=min_active, shrink=shrink, reward_range=reward_range,
         )  # fmt: skip
         if calibration == "previous":
             if rewards.ndim < 2:
