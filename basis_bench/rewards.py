@@ -1,0 +1,219 @@
+"""Verifiable rewards: math-verify scoring of model responses against a gold answer.
+
+The reward of a response is 1.0 when math-verify judges its final answer equivalent
+to the gold answer (``1/2``, ``0.5`` and ``\\frac{1}{2}`` all match), else 0.0. Scoring
+never raises on model output: a response that cannot be parsed, or whose parsing or
+comparison runs past the time budget, gets reward 0 and a ``verify_status`` that says
+why. Statuses:
+
+``correct``        verified equivalent to the gold answer (reward 1)
+``wrong``          an answer was extracted and it does not match
+``no_answer``      nothing to grade (no ``\\boxed{}`` in ``boxed`` mode, no number in
+                   ``number`` mode, or no parsable expression)
+``timeout``        parsing + verification took longer than ``timeout_s``
+``gold_unparsed``  the gold answer itself could not be parsed (every response of the prompt gets 0)
+``error: <Type>``  math-verify raised; the exception type is kept
+
+The time limit uses SIGALRM (as math-verify itself does), so :func:`score` must run in
+the main thread of a process; :func:`score_many` spreads prompts over worker processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any, Literal
+
+import numpy as np
+from math_verify import parse, verify
+
+AnswerFormat = Literal["any", "boxed", "number"]
+ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("any", "boxed", "number")
+
+# A number literal; a minus sign counts only when it is not a binary minus ("5-3" ends in 3).
+_NUMBER = re.compile(r"(?<![\w)\].])-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How responses are graded.
+
+    ``answer_format="any"`` is math-verify's own extraction: the last ``\\boxed{}`` if
+    there is one, else the last LaTeX or plain expression. ``"boxed"`` grades only the
+    last ``\\boxed{}`` and gives ``no_answer`` to a response without one. ``"number"``
+    grades the last number literal (inside the last ``\\boxed{}`` if there is one): for
+    arithmetic prompts, where "any" would credit a response that merely restates the
+    question ("8 + 6" evaluates to 14). ``timeout_s`` bounds parsing plus verification
+    of one response.
+    """
+
+    answer_format: AnswerFormat = "any"
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ValueError(
+                f"answer_format must be one of {ANSWER_FORMATS}, got {self.answer_format!r}"
+            )
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+
+class _Deadline(BaseException):
+    """Raised from SIGALRM. A BaseException, so math-verify's ``except Exception`` lets it through."""
+
+
+class _DropOwnTimeoutNotice(logging.Filter):
+    """math-verify warns when its own timeout is disabled; ours replaces it, so the notice is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropOwnTimeoutNotice())
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`_Deadline` in the body once ``seconds`` of wall time have passed."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "rewards.score uses SIGALRM for its timeout and must run in a process's main "
+            "thread; use score_many(workers=...) for parallel scoring"
+        )
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise _Deadline
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces matched.
+
+    None when there is none or its braces never close.
+    """
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    open_at = text.find("{", start)
+    if open_at < 0:
+        return None
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1 : i]
+    return None
+
+
+def last_number(text: str) -> str | None:
+    """The last number literal in ``text`` ("1,000" -> "1000"), or None."""
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def _extract(response: str, config: RewardConfig) -> list[Any]:
+    """math-verify's parsed candidates for a response ([] when there is nothing to grade)."""
+    if config.answer_format in ("boxed", "number"):
+        content = last_boxed(response)
+        if config.answer_format == "number":
+            content = last_number(response if content is None else content)
+        if content is None or not content.strip():
+            return []
+        response = "\\boxed{" + content + "}"
+    return parse(response, parsing_timeout=None, raise_on_error=True)
+
+
+def _grade(gold: list[Any], response: str, config: RewardConfig) -> str:
+    """Status of one response against an already-parsed gold answer."""
+    try:
+        with _time_limit(config.timeout_s):
+            target = _extract(response, config)
+            if not target:
+                return "no_answer"
+            ok = verify(gold, target, timeout_seconds=None)
+        return "correct" if ok else "wrong"
+    except _Deadline:
+        return "timeout"
+    except Exception as err:  # math-verify raised on this response: reward 0, reason kept
+        return f"error: {type(err).__name__}"
+
+
+def parse_gold(answer: str, config: RewardConfig = RewardConfig()) -> list[Any] | None:
+    """The gold answer parsed once for all responses of a prompt (None if unparsable)."""
+    try:
+        with _time_limit(config.timeout_s):
+            gold = parse("\\boxed{" + answer + "}", parsing_timeout=None)
+    except _Deadline:
+        return None
+    return gold or None
+
+
+def score(
+    responses: Sequence[str], answer: str, config: RewardConfig = RewardConfig()
+) -> tuple[np.ndarray, list[str]]:
+    """Rewards (float64, 0 or 1) and verify statuses of many responses to one prompt.
+
+    The gold answer is parsed once; identical responses (common when sampling many
+    per prompt) are graded once and the verdict is shared.
+    """
+    if len(responses) == 0:
+        return np.zeros(0), []
+    gold = parse_gold(answer, config)
+    if gold is None:
+        return np.zeros(len(responses)), ["gold_unparsed"] * len(responses)
+    unique, inverse = np.unique(np.asarray(responses, dtype=object), return_inverse=True)
+    verdicts = np.array([_grade(gold, str(r), config) for r in unique], dtype=object)
+    statuses = verdicts[inverse.ravel()]
+    return (statuses == "correct").astype(np.float64), statuses.tolist()
+
+
+def _score_args(args: tuple[Sequence[str], str, RewardConfig]) -> tuple[np.ndarray, list[str]]:
+    return score(*args)
+
+
+def score_many(
+    responses: Sequence[Sequence[str]],
+    answers: Sequence[str],
+    config: RewardConfig = RewardConfig(),
+    pool: ProcessPoolExecutor | None = None,
+) -> list[tuple[np.ndarray, list[str]]]:
+    """:func:`score` for many prompts (``responses[p]`` against ``answers[p]``).
+
+    With a ``pool`` (see :func:`scoring_pool`) prompts are graded in parallel worker
+    processes, each with its own SIGALRM timeout; without one, in this process.
+    """
+    if len(responses) != len(answers):
+        raise ValueError(f"{len(responses)} response groups but {len(answers)} answers")
+    jobs = [(list(r), a, config) for r, a in zip(responses, answers, strict=True)]
+    if pool is None:
+        return [_score_args(job) for job in jobs]
+    return list(pool.map(_score_args, jobs))
+
+
+def scoring_pool(workers: int) -> ProcessPoolExecutor:
+    """Worker processes for :func:`score_many`, started with ``spawn``.
+
+    Spawned rather than forked, so a parent holding CUDA or vLLM state is never copied.
+    """
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
