@@ -230,10 +230,15 @@ def main() -> None:
 
     @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
     def run(config: Any) -> None:
-        opts = settings(config)
-        if config.algorithm.adv_estimator != ESTIMATOR_NAME:
-            raise InputError(f"set algorithm.adv_estimator={ESTIMATOR_NAME} to train with BASIS")
-        BasisVerl.from_rollouts(**opts)  # fail here, in the driver, on a bad cache
+        try:  # a user mistake ends here, in the driver, as one line
+            opts = settings(config)
+            if config.algorithm.adv_estimator != ESTIMATOR_NAME:
+                raise InputError(
+                    f"set algorithm.adv_estimator={ESTIMATOR_NAME} to train with BASIS"
+                )
+            BasisVerl.from_rollouts(**opts)
+        except InputError as exc:
+            raise SystemExit(f"error: {exc}") from None
         main_ppo.auto_set_device(config)
         main_ppo.validate_config(
             config=config,
