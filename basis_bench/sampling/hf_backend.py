@@ -1,0 +1,136 @@
+"""The ``hf`` backend: transformers ``generate``, batched, on CPU or GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from basis_bench.errors import InputError
+from basis_bench.models import (
+    Checkpoint,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    stop_token_ids,
+)
+from basis_bench.prompts import DEFAULT_TEMPLATE, PromptTemplate
+from basis_bench.sampling.base import Progress, Sampler, SamplingConfig
+
+
+def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int]]:
+    """Split ``n_prompts x n`` sequences into generate calls of at most ``batch_size``.
+
+    Each call is (prompts, num_return_sequences). With ``n >= batch_size`` a call
+    holds one prompt and up to ``batch_size`` of its samples; otherwise it holds
+    ``batch_size // n`` prompts (left-padded together) with all ``n`` samples each.
+    Calls come prompt-major, so their outputs concatenate in sample order.
+    """
+    if n >= batch_size:
+        return [
+            (range(p, p + 1), min(batch_size, n - k))
+            for p in range(n_prompts)
+            for k in range(0, n, batch_size)
+        ]
+    per_call = batch_size // n
+    return [(range(s, min(s + per_call, n_prompts)), n) for s in range(0, n_prompts, per_call)]
+
+
+class HFSampler(Sampler):
+    """Batched sampling with transformers: left padding, ``num_return_sequences``,
+    ``torch.manual_seed(seed)`` once per :meth:`sample` call.
+
+    ``batch_size`` is the number of sequences per generate call.
+    """
+
+    backend = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        template: PromptTemplate = DEFAULT_TEMPLATE,
+        batch_size: int = 64,
+        name: str = "model",
+    ) -> None:
+        if batch_size < 1:
+            raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+        super().__init__(
+            tokenizer, stop_token_ids(tokenizer, model.config, model.generation_config), template
+        )
+        self.model = model
+        self.batch_size = batch_size
+        self.name = name
+
+    @classmethod
+    def load(
+        cls,
+        ckpt: Checkpoint,
+        device: str = "auto",
+        template: PromptTemplate = DEFAULT_TEMPLATE,
+        batch_size: int = 64,
+        dtype: str = "auto",
+    ) -> HFSampler:
+        model = load_model(ckpt, resolve_device(device), dtype)
+        return cls(model, load_tokenizer(ckpt), template, batch_size, ckpt.name)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "device": str(self.model.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "batch_size": self.batch_size,
+        }
+
+    def _generate(
+        self,
+        prompt_ids: list[list[int]],
+        config: SamplingConfig,
+        seed: int,
+        on_progress: Progress | None,
+    ) -> Sequence[Sequence[int]]:
+        import torch
+
+        torch.manual_seed(seed)
+        rows: list[Sequence[int]] = []
+        for prompts, reps in plan_calls(len(prompt_ids), config.n, self.batch_size):
+            batch = [prompt_ids[i] for i in prompts]
+            rows.extend(self._generate_call(batch, reps, config))
+            if on_progress is not None:
+                on_progress(len(batch) * reps)
+        return rows
+
+    def _generate_call(
+        self, batch: list[list[int]], reps: int, config: SamplingConfig
+    ) -> list[list[int]]:
+        """One ``generate`` over left-padded prompts, ``reps`` samples each."""
+        import torch
+
+        width = max(len(p) for p in batch)
+        input_ids = torch.full((len(batch), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, p in enumerate(batch):
+            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p) :] = 1
+        sampling: dict[str, Any] = (
+            {
+                "do_sample": True,
+                "temperature": config.temperature,
+                "top_p": config.top_p,
+                "top_k": 0,
+                "min_p": None,
+            }
+            if config.temperature > 0
+            else {"do_sample": False, "temperature": None, "top_p": None}
+        )
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.model.device),
+                attention_mask=attention.to(self.model.device),
+                max_new_tokens=config.max_new_tokens,
+                num_return_sequences=reps,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.stop_ids.tolist(),
+                repetition_penalty=1.0,
+                **sampling,
+            )
+        return out[:, width:].cpu().tolist()
