@@ -63,6 +63,8 @@ from basis_bench.store import (
     reward_matrix,
     rollout_files,
 )
+from basis_bench.tracker_replay import ESTIMATOR_NAME as TRACKER_NAME
+from basis_bench.tracker_replay import replay_tracker
 
 DEFAULT_DATASET = Path(__file__).resolve().parent.parent / "data" / "default"
 REFERENCE_NAME = "reference"
@@ -72,6 +74,7 @@ HETEROGENEITY_BINS = 5
 DIFFICULTY_REPEATS = 10
 DIFFICULTY_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 G_SWEEP = (2, 4, 8, 16)
+TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
 Z_95 = 1.959963984540054
 
 
@@ -760,12 +763,22 @@ class EvaluateConfig:
 
 
 def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
-    """Registered estimators by name (all of them for an empty list), in registry order."""
-    names = list(names)
+    """Registered estimators by name (all of them for an empty list), in registry order.
+
+    The cross-step SPO tracker is not a per-batch estimator; :func:`wants_tracker` says
+    whether it was asked for, and it is skipped here.
+    """
+    names = [n for n in names if n != TRACKER_NAME]
     if not names or names == ["all"]:
         return list(ESTIMATORS.values())
     chosen = [get(n) for n in dict.fromkeys(names)]
     return chosen
+
+
+def wants_tracker(names: Iterable[str]) -> bool:
+    """The SPO tracker runs with ``all`` (or no names) and when named."""
+    names = list(names)
+    return not names or "all" in names or TRACKER_NAME in names
 
 
 @dataclass(frozen=True)
@@ -813,6 +826,7 @@ def evaluate(
     ``progress(checkpoint, done, total)`` is called after each chunk of repeats.
     """
     estimators = resolve_estimators(cfg.estimators)
+    run_tracker = wants_tracker(cfg.estimators)
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -878,6 +892,18 @@ def evaluate(
             tables["by_difficulty"].append(difficulty_table(rep))
             tables["beta_choice"].append(beta_table(rep))
             tables["fixed_beta"].append(fixed_beta_table(rep))
+        if run_tracker:  # its own replay: one tracker per repeat, across the checkpoints in order
+            tables["summary"].append(
+                replay_tracker(
+                    ds.rollouts, ds.reference, ds.checkpoints, batch_size=cfg.batch_size,
+                    repeats=min(cfg.repeats, TRACKER_REPEATS), oracle_n=cfg.oracle_n,
+                    ref_n=cfg.ref_n, seed=cfg.seed,
+                ).select(tables["summary"][0].columns)
+            )  # fmt: skip
+            run["tracker"] = {
+                "checkpoint_order": ds.checkpoints,
+                "repeats": min(cfg.repeats, TRACKER_REPEATS),
+            }
     except BaseException:
         if writer is not None:
             writer.writer.close()

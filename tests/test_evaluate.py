@@ -412,3 +412,19 @@ def test_basis_options_reach_only_cache_estimators_that_take_them():
     assert estimator_options(get("reference_mean"), opts) == {}
     if "james_stein" in ESTIMATORS:  # has its own eps, unrelated to BASIS's active set
         assert estimator_options(get("james_stein"), opts) == {}
+
+
+def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_path):
+    rows = tilt_result.summary.filter(pl.col("estimator") == "spo_tracker")
+    assert sorted(rows["checkpoint"]) == sorted(tilt_result.summary["checkpoint"].unique())
+    assert rows["mse"].is_finite().all() and tilt_result.run["tracker"]["repeats"] == 200
+    named = evaluate(
+        EvaluateConfig(rollouts=str(tilt_data), estimators=("basis", "spo_tracker"), **FAST),
+        tmp_path / "a",
+    )
+    assert set(named.summary["estimator"]) == {"basis", "spo_tracker"}
+    assert named.summary.filter(pl.col("estimator") == "spo_tracker").equals(rows)
+    plain = evaluate(
+        EvaluateConfig(rollouts=str(tilt_data), estimators=("basis",), **FAST), tmp_path / "b"
+    )
+    assert set(plain.summary["estimator"]) == {"basis"} and "tracker" not in plain.run
