@@ -13,6 +13,7 @@ torch and transformers are imported inside the functions, so importing this modu
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ class Checkpoint:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
 
 
-def resolve_checkpoint(ckpt: str | Path) -> Checkpoint:
+def resolve_checkpoint(ckpt: str | os.PathLike[str]) -> Checkpoint:
     """``--ckpt`` -> :class:`Checkpoint`; an unknown path is an :class:`InputError`."""
     text = str(ckpt)
     if text.lower() == SMOLLM2_ALIAS:
@@ -120,7 +121,7 @@ def load_model(ckpt: Checkpoint, device: str = "auto", dtype: str = "auto") -> A
 
 
 def load_policy(
-    ckpt: str | Path | Checkpoint, device: str = "auto", dtype: str = "auto"
+    ckpt: str | os.PathLike[str] | Checkpoint, device: str = "auto", dtype: str = "auto"
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a checkpoint (``--ckpt`` text or a resolved one)."""
     resolved = ckpt if isinstance(ckpt, Checkpoint) else resolve_checkpoint(ckpt)

