@@ -203,6 +203,7 @@ def _hub_records(spec: str) -> pl.DataFrame:
 # --------------------------------------------------------------------------- arithmetic
 
 ARITHMETIC_OPERATIONS = "+-*"
+_ARITHMETIC_BLOCK = 512
 
 
 def _span(value: int | tuple[int, int], name: str, lo: int, hi: int) -> tuple[int, int]:
@@ -229,7 +230,8 @@ def arithmetic_prompts(
     ``operations`` (from "+-*"; usual precedence). Answers are exact integers. With
     one-digit addition SmolLM2-135M is right some of the time, and longer chains and
     more digits push its success rate towards 0, so a range of settings gives prompts
-    of graded difficulty. Deterministic in ``seed``. Grade the responses with
+    of graded difficulty. Deterministic in ``seed``, and the first ``n`` problems do
+    not depend on ``n`` (asking for more extends the list). Grade the responses with
     ``RewardConfig(answer_format="number")``: math-verify's default extraction would
     credit a response that merely restates "8 + 6".
     """
@@ -245,8 +247,9 @@ def arithmetic_prompts(
     rng = np.random.default_rng(seed)
     problems: dict[str, tuple[str, int, int]] = {}
     stalled = 0
+    # Candidates come in fixed-size blocks, so the stream (and every prefix) depends only on the seed.
+    m = _ARITHMETIC_BLOCK
     while len(problems) < n and stalled < 50:
-        m = 2 * (n - len(problems)) + 16
         row_digits = rng.integers(d_lo, d_hi + 1, size=m)
         row_steps = rng.integers(s_lo, s_hi + 1, size=m)
         low = np.where(row_digits > 1, 10 ** (row_digits - 1), 0)[:, None]

@@ -209,6 +209,7 @@ def test_arithmetic_is_deterministic_in_seed_and_respects_operations():
     assert a.equals(arithmetic_prompts(20, digits=2, steps=2, operations="+", seed=0))
     assert not a.equals(arithmetic_prompts(20, digits=2, steps=2, operations="+", seed=1))
     assert all("-" not in p and "*" not in p for p in a["problem"])
+    assert arithmetic_prompts(50, digits=2, steps=2, operations="+", seed=0).head(20).equals(a)
 
 
 def test_arithmetic_bad_settings():
