@@ -1,0 +1,105 @@
+"""`basis-bench train` and `basis-bench train-figures`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from basis_bench.cli import app
+
+
+def _describe(record: dict[str, Any]) -> str:
+    """One progress line per log record."""
+    parts = [f"step {record['step']:>4}"]
+    if "mean_reward" in record:
+        beta = record.get("beta")
+        parts += [
+            f"reward {record['mean_reward']:.3f}",
+            f"beta {beta:.3g}" if beta is not None else "",
+            f"adv {record['adv_mean']:+.3f}±{record['adv_std']:.3f}",
+            f"zero-adv {record['zero_adv_share']:.0%}",
+            f"loss {record['loss']:+.4f}",
+        ]
+    if "eval_accuracy" in record:
+        parts.append(f"[bold]held-out {record['eval_accuracy']:.3f}[/]")
+    parts.append(" ".join(f"{k} {v:.1f}s" for k, v in record.get("seconds", {}).items()))
+    return "  ".join(p for p in parts if p)
+
+
+@app.command()
+def train(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="TOML file of training settings (see experiments/ and docs/training.md); "
+            "'extends = \"base.toml\"' inherits from another file. Not needed with --resume.",
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override one setting, key=value with a TOML value (repeatable): "
+            "--set loss=grpo --set lr=3e-6 --set estimator_options.calibration=previous.",
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            help="Continue a run from its checkpoint directory RUN/checkpoints/step-T: the run's "
+            "own settings (plus --set, e.g. steps=60), optimizer and RNG state; the step count "
+            "goes on from T and log records after T are replaced.",
+        ),
+    ] = None,
+) -> None:
+    """Train a policy with RL on verifiable rewards, with the advantage estimator as a plug-in:
+    sample, score with math-verify, baselines from any registered estimator, then a GPG, GRPO
+    or GSPO update. Logs to RUN/log.jsonl; checkpoints load with `basis-bench oracle --ckpt`."""
+    from basis_bench.errors import InputError
+    from basis_bench.train import make_config, read_config_file, resume_config
+    from basis_bench.train import train as run_training
+
+    overrides = list(set_ or [])
+    if resume is not None:
+        if config is not None:
+            raise InputError("--resume continues a run with its own settings; drop --config")
+        settings = resume_config(resume, overrides)
+    elif config is None:
+        raise InputError("pass --config FILE (or --resume CHECKPOINT)")
+    else:
+        settings = make_config(read_config_file(config), overrides)
+    console = Console(stderr=True)
+    console.print(
+        f"training {settings.model} with {settings.estimator} + {settings.loss}, "
+        f"{settings.rollouts_per_step} rollouts/step, {settings.steps} steps -> {settings.run_dir}",
+        highlight=False,
+    )
+    run_dir = run_training(settings, resume, on_record=lambda r: console.print(_describe(r)))
+    console.print(f"done: {run_dir}")
+
+
+@app.command("train-figures")
+def train_figures(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Training run directories (each with log.jsonl), one per line."),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for the PNG figures and summary CSV.")
+    ] = Path("figures/training"),
+    smooth: Annotated[
+        int,
+        typer.Option("--smooth", help="Steps in the rolling mean of the training reward curve."),
+    ] = 5,
+) -> None:
+    """Learning curves per run (held-out greedy accuracy and training reward against step) and
+    the calibrated beta against step (the paper's Fig. 8)."""
+    from basis_bench.train_figures import plot_training
+
+    for path in plot_training(runs, out, smooth):
+        typer.echo(str(path))

@@ -1,0 +1,127 @@
+"""The three policy losses of the training loop, and the k3 KL penalty.
+
+Shapes: N sampled responses, T response tokens (right-padded). ``logp`` (N, T) are the
+current policy's log-probabilities of the sampled tokens, ``old_logp`` (N, T) the same
+under the policy that sampled them (the sampling-time policy, no gradient), ``mask``
+(N, T) is 1 on response tokens and 0 on padding (prompt tokens never enter these
+tensors), ``advantages`` (N,) one per response.
+
+Token terms are reduced by :func:`reduce` with one of two rules:
+
+    token_mean: sum_{i,t} m_it x_it / D,  D = sum_{i,t} m_it (all tokens weigh the same)
+    seq_mean:   sum_i [sum_t m_it x_it / sum_t m_it] / D,  D = N (all responses weigh the same)
+
+``denominator`` overrides D: a minibatch split into micro-batches passes the whole
+minibatch's D to every micro-batch, so the accumulated gradient is the minibatch's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Aggregation = Literal["token_mean", "seq_mean"]
+AGGREGATIONS: tuple[Aggregation, ...] = ("token_mean", "seq_mean")
+
+
+def denominator(mask: torch.Tensor, agg: Aggregation) -> float:
+    """D of :func:`reduce` for these responses: their token count or their number."""
+    return float(mask.sum()) if agg == "token_mean" else float(mask.shape[0])
+
+
+def reduce(
+    values: torch.Tensor, mask: torch.Tensor, agg: Aggregation, denom: float | None = None
+) -> torch.Tensor:
+    """Masked mean of token terms (N, T) by ``agg`` (see the module docstring).
+
+    Padding never enters, even when its terms are not finite.
+    """
+    masked = torch.where(mask.bool(), values, torch.zeros_like(values))
+    if agg == "token_mean":
+        total = masked.sum()
+    elif agg == "seq_mean":
+        total = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum()
+    else:
+        raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
+    return total / (denominator(mask, agg) if denom is None else denom)
+
+
+def gpg_loss(
+    logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    agg: Aggregation = "token_mean",
+    denom: float | None = None,
+) -> torch.Tensor:
+    """Plain policy gradient (GPG, REINFORCE): L = -reduce_{i,t}(A_i log pi(y_it | x_i, y_i<t)).
+
+    No ratio and no clipping; its gradient is -reduce(A_i grad log pi).
+    """
+    return -reduce(advantages[:, None] * logp, mask, agg, denom)
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    agg: Aggregation = "token_mean",
+    denom: float | None = None,
+) -> torch.Tensor:
+    """PPO clip with a per-token ratio (GRPO):
+
+        rho_it = exp(logp_it - old_logp_it)
+        L = -reduce_{i,t}( min(rho_it A_i, clip(rho_it, 1 - clip_low, 1 + clip_high) A_i) )
+
+    At rho = 1 (the first update on fresh samples) the gradient equals :func:`gpg_loss`'s;
+    over several epochs or minibatches the clip stops a token's ratio from moving further
+    in the direction its advantage favours.
+    """
+    ratio = torch.exp(torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp)))
+    a = advantages[:, None]
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -reduce(torch.minimum(ratio * a, clipped * a), mask, agg, denom)
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    denom: float | None = None,
+) -> torch.Tensor:
+    """PPO clip with a sequence-level ratio (GSPO):
+
+        s_i = exp( sum_t m_it (logp_it - old_logp_it) / sum_t m_it )   (geometric mean ratio)
+        L = -(1/D) sum_i min(s_i A_i, clip(s_i, 1 - clip_low, 1 + clip_high) A_i),  D = N
+
+    The whole response is clipped or not; GSPO's ranges are small (defaults from its paper).
+    """
+    length = mask.sum(-1).clamp(min=1)
+    log_ratio = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
+    ratio = torch.exp(log_ratio.sum(-1) / length)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    terms = torch.minimum(ratio * advantages, clipped * advantages)
+    return -terms.sum() / (float(mask.shape[0]) if denom is None else denom)
+
+
+def kl_k3(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    agg: Aggregation = "token_mean",
+    denom: float | None = None,
+) -> torch.Tensor:
+    """KL(pi || pi_ref) by Schulman's k3 estimator on the sampled tokens:
+
+        k3_it = exp(ref_logp_it - logp_it) - (ref_logp_it - logp_it) - 1  >= 0
+
+    unbiased for the KL when y ~ pi, and never negative (unlike the plain log-ratio).
+    """
+    log_ratio = ref_logp - logp
+    return reduce(torch.exp(log_ratio) - log_ratio - 1.0, mask, agg, denom)
