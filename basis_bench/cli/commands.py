@@ -2,3 +2,4 @@
 
 from basis_bench.cli import evaluate  # noqa: F401
 from basis_bench.cli import oracle  # noqa: F401
+from basis_bench.cli import train  # noqa: F401
