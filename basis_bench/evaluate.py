@@ -171,6 +171,11 @@ def open_dataset(
     Only the reference and the requested checkpoints are read; an unknown checkpoint is an
     InputError that lists the known ones.
     """
+    if root is None and not DEFAULT_DATASET.is_dir():
+        raise InputError(
+            f"the default dataset lives in the repository ({DEFAULT_DATASET} is missing): "
+            "install from a clone with `pip install -e .`, or pass --rollouts DIR"
+        )
     root = Path(root) if root is not None else DEFAULT_DATASET
     files = rollout_files(root)
     if not files:
