@@ -673,6 +673,11 @@ def train(
         raise InputError(
             f"minibatches = {config.minibatches} exceeds the {config.rollouts_per_step} rollouts of a step"
         )
+    if resume is None and (run_dir / LOG_FILE).is_file() and (run_dir / LOG_FILE).stat().st_size:
+        raise InputError(
+            f"{run_dir} already holds a run; continue it with --resume "
+            f"{run_dir}/{CHECKPOINTS_DIR}/step-T, or choose another run_dir"
+        )
     device = resolve_device(config.device)
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
@@ -789,11 +794,6 @@ def train(
             append_jsonl(log_path, r)
         sync_sampler()
     else:
-        if log_path.is_file() and log_path.stat().st_size:
-            raise InputError(
-                f"{run_dir} already holds a run; resume it with --resume {run_dir}/{CHECKPOINTS_DIR}/step-T "
-                "or choose another run_dir"
-            )
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path.write_text("", encoding="utf-8")
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")

@@ -27,6 +27,8 @@ from basis_bench.errors import InputError
 from basis_bench.figures import COLOURS, label
 from basis_bench.train import read_log
 
+BETA_TICKS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+
 
 def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFrame]:
     """A run's configuration and its log as a frame (one row per step record)."""
@@ -67,6 +69,7 @@ def plot_training(
 
     mpl.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if not run_dirs:
         raise InputError("give at least one training run directory")
@@ -74,15 +77,23 @@ def plot_training(
         raise InputError(f"--smooth must be at least 1, got {smooth}")
     runs = [(Path(d), *load_run(d)) for d in run_dirs]
     with_loss = len({c["loss"] for _, c, _ in runs}) > 1
+    names = [run_label(c, with_loss) for _, c, _ in runs]
+    estimators = [c["estimator"] for _, c, _ in runs]
+    unique = len(set(estimators)) == len(estimators)
+    names = [
+        n if names.count(n) == 1 else f"{n} ({p.name})"
+        for n, (p, _, _) in zip(names, runs, strict=True)
+    ]
+    colours = [
+        COLOURS.get(e, f"C{i}") if unique else f"C{i % 10}" for i, e in enumerate(estimators)
+    ]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
     fig, (acc_ax, rew_ax) = plt.subplots(1, 2, figsize=(6.75, 2.6), sharex=True)
     summary = []
-    for i, (path, config, log) in enumerate(runs):
-        name = run_label(config, with_loss)
-        colour = COLOURS.get(config["estimator"], f"C{i % 10}")
+    for (path, _, log), name, colour in zip(runs, names, colours, strict=True):
         evals = log.filter(pl.col("eval_accuracy").is_not_null())
         acc_ax.plot(
             evals["step"], evals["eval_accuracy"], marker="o", ms=3, color=colour, label=name
@@ -94,19 +105,25 @@ def plot_training(
             log.with_columns(pl.lit(str(path)).alias("run"), pl.lit(name).alias("label"))
         )
     acc_ax.set(xlabel="step", ylabel="held-out greedy accuracy")
-    rew_ax.set(xlabel="step", ylabel=f"training reward (mean of {smooth} steps)")
+    rew_ax.set(xlabel="step", ylabel=f"training reward\n(rolling mean of {smooth})")
+    acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     acc_ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
     written.append(_save(fig, out / "learning_curves.png"))
     plt.close(fig)
 
-    with_beta = [(c, log) for _, c, log in runs if log["beta"].is_not_null().any()]
+    with_beta = [
+        (log, name, colour)
+        for (_, _, log), name, colour in zip(runs, names, colours, strict=True)
+        if log["beta"].is_not_null().any()
+    ]
     if with_beta:
         fig, ax = plt.subplots(figsize=(3.4, 2.4))
-        finite = np.concatenate([log["beta"].drop_nulls().to_numpy() for _, log in with_beta])
-        finite = finite[np.isfinite(finite)]
+        betas = np.concatenate([log["beta"].drop_nulls().to_numpy() for log, _, _ in with_beta])
+        finite = betas[np.isfinite(betas)]
+        low = float(finite.min()) if finite.size else 1.0
         top = 2 * float(finite.max()) if finite.size else 100.0
-        for i, (config, log) in enumerate(with_beta):
+        for log, name, colour in with_beta:
             rows = log.filter(pl.col("beta").is_not_null())
             beta = rows["beta"].to_numpy()
             ax.plot(
@@ -114,13 +131,15 @@ def plot_training(
                 np.where(np.isinf(beta), top, beta),
                 marker=".",
                 ms=4,
-                color=COLOURS.get(config["estimator"], f"C{i % 10}"),
-                label=run_label(config, with_loss),
+                color=colour,
+                label=name,
             )
         ax.set_yscale("log")
         ax.axhline(top, color="0.8", lw=0.8, zorder=0)
-        ticks = [t for t in ax.get_yticks() if 0 < t < top / 1.5 and t >= ax.get_ylim()[0]]
+        ticks = [t for t in BETA_TICKS if low / 1.5 <= t <= top / 1.5]
         ax.set_yticks([*ticks, top], [*(f"{t:g}" for t in ticks), "∞"])
+        ax.minorticks_off()
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="step", ylabel=r"calibrated $\beta_t$")
         if len(with_beta) > 1:
             ax.legend(fontsize=7, frameon=False)

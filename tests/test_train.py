@@ -289,6 +289,7 @@ def test_estimator_sees_exactly_its_batch_and_same_seed_same_first_rollouts(
         "loss=grpo",
         "minibatches=2",
         "micro_batch_size=1",
+        "kl_coef=0.1",
         "checkpoint_every=0",
         "eval_every=0",
     )
@@ -298,6 +299,8 @@ def test_estimator_sees_exactly_its_batch_and_same_seed_same_first_rollouts(
     assert RECORDED[0].shape == (4, 1), "4 rollouts per step, one per prompt"
     assert np.array_equal(RECORDED[0].reshape(-1), step["reward"].to_numpy())
     assert not (tmp_path / "cache").exists(), "no reference cache for an estimator without one"
+    kl = read_log(run)[-1]["kl"]
+    assert kl is not None and kl >= 0
     # Same seed as the BASIS run: the same first prompts and responses, whatever the estimator.
     first = rollouts(basis_run, 1)
     assert step.select("prompt_id", "response").equals(first.select("prompt_id", "response"))
@@ -311,6 +314,7 @@ def test_group_estimator_gets_prompt_major_groups(smol_dir, tmp_path):
         tmp_path,
         "estimator=test_train_recording_group",
         "group_size=2",
+        "loss=gspo",
         "steps=1",
         "checkpoint_every=0",
         "eval_every=0",
@@ -320,3 +324,33 @@ def test_group_estimator_gets_prompt_major_groups(smol_dir, tmp_path):
     assert np.array_equal(RECORDED[0].reshape(-1), step["reward"].to_numpy())
     ids = step["prompt_id"].to_list()
     assert ids[0] == ids[1] != ids[2] == ids[3]
+
+
+def test_train_figures_from_logs(tmp_path):
+    import json
+
+    from basis_bench.train import append_jsonl
+    from basis_bench.train_figures import plot_training
+
+    for name, estimator, betas in (("b", "basis", [math.inf, 2.0, 0.5]), ("g", "grpo", None)):
+        run = tmp_path / name
+        run.mkdir()
+        config = {"estimator": estimator, "group_size": 8, "loss": "gpg"}
+        (run / "config.json").write_text(json.dumps(config))
+        append_jsonl(run / "log.jsonl", {"step": 0, "eval_accuracy": 0.25})
+        for t in (1, 2, 3):
+            beta = betas[t - 1] if betas else None
+            record = {"step": t, "mean_reward": 0.1 * t, "beta": beta}
+            append_jsonl(run / "log.jsonl", record | ({"eval_accuracy": 0.5} if t == 3 else {}))
+    assert '"beta": "inf"' in (tmp_path / "b" / "log.jsonl").read_text()
+    written = plot_training([tmp_path / "b", tmp_path / "g"], tmp_path / "figs", smooth=2)
+    assert {p.name for p in written} == {"learning_curves.png", "beta.png", "training_summary.csv"}
+    table = pl.read_csv(tmp_path / "figs" / "training_summary.csv")
+    assert table.filter(pl.col("label") == "GRPO (G=8)")[
+        "eval_accuracy"
+    ].drop_nulls().to_list() == [0.25, 0.5]
+    assert table.filter(pl.col("label") == "BASIS")["beta"].drop_nulls().to_list() == [
+        math.inf,
+        2.0,
+        0.5,
+    ]
