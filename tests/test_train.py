@@ -354,3 +354,21 @@ def test_train_figures_from_logs(tmp_path):
         2.0,
         0.5,
     ]
+
+
+def test_shipped_experiment_configs_are_valid_and_share_the_budget():
+    from basis_bench.estimators import get
+
+    root = Path(__file__).resolve().parent.parent / "experiments"
+    configs = {p: make_config(read_config_file(p)) for p in sorted(root.rglob("*.toml"))}
+    assert len(configs) >= 18
+    for path, config in configs.items():
+        estimator = get(config.estimator)
+        assert config.rollouts_per_step % estimator.rollouts_per_prompt(config.group_size) == 0, (
+            path
+        )
+    for setting in ("cpu_compare", "qwen3_4b_dapo"):
+        budgets = {c.rollouts_per_step for p, c in configs.items() if p.parent.name == setting}
+        assert len(budgets) == 1, f"{setting}: every run samples the same rollouts per step"
+    compare = [c for p, c in configs.items() if p.parent.name == "cpu_compare"]
+    assert len({c.steps for c in compare}) == 1
