@@ -134,7 +134,13 @@ def test_shared_code_checks_the_row_count(tokenizer):
 
 @pytest.fixture(scope="module")
 def hf_sampler():
-    return make_sampler("hf", resolve_checkpoint("smollm2-135m"), device="cpu", batch_size=4)
+    """SmolLM2 on one CPU thread (on a shared CPU, extra OpenMP threads only spin)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield make_sampler("hf", resolve_checkpoint("smollm2-135m"), device="cpu", batch_size=4)
+    torch.set_num_threads(before)
 
 
 @pytest.mark.slow
@@ -180,6 +186,50 @@ def test_hf_left_padding_gives_the_same_greedy_tokens_as_one_at_a_time(hf_sample
         hf_sampler.batch_size = 4
     assert batched.responses == single.responses
     np.testing.assert_array_equal(batched.n_tokens, single.n_tokens)
+
+
+def tokenizer_decode(sampler, rows):
+    return [
+        sampler.tokenizer.decode(sampler._cut_at_stop(np.asarray(r)), skip_special_tokens=True)
+        for r in rows
+    ]
+
+
+@pytest.mark.slow
+def test_hf_prefix_sharing_draws_what_num_return_sequences_draws(hf_sampler):
+    # The sampler runs each prompt once and repeats its KV cache; transformers' own
+    # num_return_sequences recomputes the prompt per sample. Same seed, same tokens.
+    import torch
+
+    model, tokenizer = hf_sampler.model, hf_sampler.tokenizer
+    (ids,) = hf_sampler.prompt_token_ids(PROBLEMS[:1])
+    torch.manual_seed(5)
+    reference = model.generate(
+        input_ids=torch.tensor([ids]),
+        attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+        num_return_sequences=4,
+        max_new_tokens=12,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=hf_sampler.stop_ids.tolist(),
+    )[:, len(ids) :]
+    expected = tokenizer_decode(hf_sampler, reference.tolist())
+    assert (
+        hf_sampler.sample(PROBLEMS[:1], SamplingConfig(n=4, max_new_tokens=12), seed=5).responses
+        == expected
+    )
+
+
+@pytest.mark.slow
+def test_hf_repeated_prompt_cache_gives_identical_greedy_rows(hf_sampler):
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=10)
+    rows = hf_sampler._generate_call(hf_sampler.prompt_token_ids(PROBLEMS), 3, greedy)
+    assert rows[0] == rows[1] == rows[2] and rows[3] == rows[4] == rows[5]
+    single = hf_sampler.sample(PROBLEMS, greedy, seed=0)
+    assert tokenizer_decode(hf_sampler, [rows[0], rows[3]]) == single.responses
 
 
 # --------------------------------------------------------------------------- vllm backend

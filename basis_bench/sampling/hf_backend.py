@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from basis_bench.sampling.base import Progress, Sampler, SamplingConfig
 def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int]]:
     """Split ``n_prompts x n`` sequences into generate calls of at most ``batch_size``.
 
-    Each call is (prompts, num_return_sequences). With ``n >= batch_size`` a call
+    Each call is (prompts, samples per prompt). With ``n >= batch_size`` a call
     holds one prompt and up to ``batch_size`` of its samples; otherwise it holds
     ``batch_size // n`` prompts (left-padded together) with all ``n`` samples each.
     Calls come prompt-major, so their outputs concatenate in sample order.
@@ -36,7 +37,8 @@ def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int
 
 
 class HFSampler(Sampler):
-    """Batched sampling with transformers: left padding, ``num_return_sequences``,
+    """Batched sampling with transformers: prompts left-padded together, the n samples
+    of a prompt drawn from one shared prompt KV cache (see :meth:`_generate_call`),
     ``torch.manual_seed(seed)`` once per :meth:`sample` call.
 
     ``batch_size`` is the number of sequences per generate call.
@@ -58,6 +60,10 @@ class HFSampler(Sampler):
             tokenizer, stop_token_ids(tokenizer, model.config, model.generation_config), template
         )
         self.model = model
+        # transformers renamed past_key_values to cache (5.x); use whichever this one takes.
+        params = inspect.signature(model.forward).parameters
+        self._cache_name = "cache" if "cache" in params else "past_key_values"
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.batch_size = batch_size
         self.name = name
 
@@ -102,8 +108,15 @@ class HFSampler(Sampler):
     def _generate_call(
         self, batch: list[list[int]], reps: int, config: SamplingConfig
     ) -> list[list[int]]:
-        """One ``generate`` over left-padded prompts, ``reps`` samples each."""
+        """One ``generate`` over left-padded prompts, ``reps`` samples each.
+
+        Prefix sharing: each prompt (all but its last token) runs through the model
+        once and its KV cache is repeated ``reps`` times before sampling starts. The
+        samples are those of ``num_return_sequences=reps`` (same RNG draws, equal up to
+        float rounding) without recomputing the prompt for every sample.
+        """
         import torch
+        from transformers import DynamicCache
 
         width = max(len(p) for p in batch)
         input_ids = torch.full((len(batch), width), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -111,6 +124,7 @@ class HFSampler(Sampler):
         for i, p in enumerate(batch):
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p) :] = 1
+        input_ids, attention = input_ids.to(self.model.device), attention.to(self.model.device)
         sampling: dict[str, Any] = (
             {
                 "do_sample": True,
@@ -122,15 +136,28 @@ class HFSampler(Sampler):
             if config.temperature > 0
             else {"do_sample": False, "temperature": None, "top_p": None}
         )
+        shared: dict[str, Any] = {}
         with torch.inference_mode():
+            if width > 1:
+                cache = DynamicCache()
+                self.model(
+                    input_ids=input_ids[:, :-1],
+                    attention_mask=attention[:, :-1],
+                    position_ids=(attention[:, :-1].cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True,
+                    **{self._cache_name: cache},
+                    **self._last_logits_only,
+                )
+                cache.batch_repeat_interleave(reps)
+                shared = {self._cache_name: cache}
             out = self.model.generate(
-                input_ids=input_ids.to(self.model.device),
-                attention_mask=attention.to(self.model.device),
+                input_ids=input_ids.repeat_interleave(reps, dim=0),
+                attention_mask=attention.repeat_interleave(reps, dim=0),
                 max_new_tokens=config.max_new_tokens,
-                num_return_sequences=reps,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.stop_ids.tolist(),
                 repetition_penalty=1.0,
+                **shared,
                 **sampling,
             )
         return out[:, width:].cpu().tolist()
