@@ -53,9 +53,10 @@ def _finish(df: pl.DataFrame, what: str) -> pl.DataFrame:
     """Attach prompt ids, drop repeated problems, validate against the prompts schema."""
     if df.height == 0:
         raise InputError(f"{what}: no prompts")
+    df = df.unique(subset="problem", keep="first", maintain_order=True)
     df = df.with_columns(
         pl.col("problem").map_elements(prompt_id, return_dtype=pl.String).alias("prompt_id")
-    ).unique(subset="prompt_id", keep="first", maintain_order=True)
+    )
     front = ["prompt_id", "problem", "answer"]
     return conform_prompts(df.select(front + [c for c in df.columns if c not in front]), what)
 
@@ -92,7 +93,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
                         f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
                     )
                 rows.append(row)
-        df = pl.DataFrame(rows, infer_schema_length=None)
+        df = _frame(rows, path)
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -100,7 +101,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
             raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from err
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise InputError(f"{path}: expected a JSON list of objects")
-        df = pl.DataFrame(data, infer_schema_length=None)
+        df = _frame(data, path)
     else:
         raise InputError(
             f"{path}: unsupported prompt file type {suffix!r}; use .jsonl, .json or .parquet"
@@ -108,6 +109,14 @@ def read_records(path: str | Path) -> pl.DataFrame:
     if df.height == 0:
         raise InputError(f"{path}: the prompt file is empty")
     return df
+
+
+def _frame(rows: list[dict[str, Any]], path: Path) -> pl.DataFrame:
+    """JSON objects -> frame; a field whose type changes between rows is an InputError."""
+    try:
+        return pl.DataFrame(rows, infer_schema_length=None)
+    except Exception as err:
+        raise InputError(f"{path}: rows do not share one set of field types ({err})") from err
 
 
 def math_prompts(df: pl.DataFrame, what: str = "MATH") -> pl.DataFrame:

@@ -41,8 +41,25 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
 
 
+# One torch thread in the CLI subprocesses and in this process: runs compare bitwise,
+# and on a shared CPU extra OpenMP threads only spin (5-10x slower sampling).
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def run_cli(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env=ONE_THREAD
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def parts(out: Path, policy: str) -> list[Path]:
@@ -253,6 +270,15 @@ def test_shard_out_of_range(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_out_must_be_a_directory(tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = run_cli(
+        ["oracle", "--ckpt", "smollm2-135m", "--policy", "p", "--prompts", "arithmetic:n=2",
+         "--out", str(tmp_path / "file")]
+    )  # fmt: skip
+    assert_one_line_error(result, "is a file")
+
+
 # --------------------------------------------------------------------------- resumption
 
 
@@ -269,6 +295,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tiny_model, tmp_
         [*CLI, *tiny_args(tiny_model, resumed)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=ONE_THREAD,
     )
     deadline = time.monotonic() + 240
     while not parts(resumed, "tiny") and job.poll() is None and time.monotonic() < deadline:

@@ -107,6 +107,15 @@ def test_malformed_jsonl_line_reports_its_line_number(tmp_path):
         load_prompt_source(str(path))
 
 
+def test_rows_with_clashing_field_types(tmp_path):
+    path = write_jsonl(
+        tmp_path / "mixed.jsonl",
+        [{"problem": "a", "answer": [1]}, {"problem": "b", "answer": {"k": 1}}],
+    )
+    with pytest.raises(InputError, match="field types"):
+        load_prompt_source(str(path))
+
+
 @pytest.mark.parametrize("content", ["", "\n\n  \n"])
 def test_empty_prompt_file(tmp_path, content):
     path = tmp_path / "empty.jsonl"

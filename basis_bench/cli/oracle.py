@@ -221,6 +221,8 @@ def oracle(
     metadata = base_metadata(
         {"source": prompts, "levels": level_list, "limit": limit, "n_prompts": table.height}
     )
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; give a directory")
     out.mkdir(parents=True, exist_ok=True)
     todo, done = pending_chunks(table, out, job, identity)
     write_prompts_table(table, out, metadata)
