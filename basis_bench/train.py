@@ -786,7 +786,7 @@ def train(
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         if basis is not None and state.get("basis_previous_index") is not None:
-            basis._previous = int(state["basis_previous_index"])
+            basis.previous_index = int(state["basis_previous_index"])
         start = int(state["step"]) + 1
         kept = [r for r in read_log(run_dir) if r["step"] < start]  # drop steps being redone
         log_path.write_text("", encoding="utf-8")
@@ -837,7 +837,7 @@ def train(
             step,
             {
                 "config": dataclasses.asdict(config),
-                "basis_previous_index": None if basis is None else basis._previous,
+                "basis_previous_index": None if basis is None else basis.previous_index,
             },
         )
 

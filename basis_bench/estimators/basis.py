@@ -71,7 +71,9 @@ class Basis:
             shrink=shrink, clip=clip, reward_range=reward_range,
         )  # fmt: skip
         inf = np.flatnonzero(np.isinf(self.betas))
-        self._previous = int(inf[0]) if inf.size else 0
+        # The grid index that ``previous`` calibration applies to the next batch; public so a
+        # training loop can save and restore it with its checkpoints.
+        self.previous_index = int(inf[0]) if inf.size else 0
 
     def columns(self, prompt_ids: Sequence[str]) -> np.ndarray:
         """Cache rows of the batch's prompts; unknown prompts are an error."""
@@ -103,7 +105,7 @@ class Basis:
             )
             chosen = int(index)
         else:
-            chosen = self._previous if self.calibration == "previous" else 0
+            chosen = self.previous_index if self.calibration == "previous" else 0
             values, index = basis_estimate(
                 v_grid, var_grid, rewards, calibration="fixed", fixed_index=chosen, **self.options
             )
@@ -116,5 +118,5 @@ class Basis:
                     refine_values=False,
                     **self.options,
                 )
-                self._previous = int(now)
+                self.previous_index = int(now)
         return BasisOutput(values, float(self.betas[chosen]), chosen)
