@@ -15,7 +15,7 @@ import torch
 
 from basis_bench import losses
 from basis_bench.errors import InputError
-from basis_bench.estimators import EstimatorInput, grpo, register_estimator
+from basis_bench.estimators import ESTIMATORS, EstimatorInput, grpo, register_estimator
 from basis_bench.train import (
     make_config,
     normalise_advantages,
@@ -150,18 +150,28 @@ def test_config_files_overrides_and_errors(tmp_path):
 RECORDED: list[np.ndarray] = []
 
 
-@register_estimator("test_train_recording")
 def _recording(batch: EstimatorInput) -> np.ndarray:
     """The batch mean (REINFORCE++), recording the rewards it was given."""
     RECORDED.append(np.array(batch.rewards, copy=True))
     return np.broadcast_to(batch.rewards.mean(), batch.rewards.shape)
 
 
-@register_estimator("test_train_recording_group", group=True)
 def _recording_group(batch: EstimatorInput) -> np.ndarray:
     """GRPO's group mean, recording the rewards it was given."""
     RECORDED.append(np.array(batch.rewards, copy=True))
     return grpo(batch.rewards)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recording_estimators():
+    """Register the recording estimators for this module only: pytest imports every test
+    module before running any, so a registration at import time would leak into the
+    registry-wide tests of other modules."""
+    register_estimator("test_train_recording")(_recording)
+    register_estimator("test_train_recording_group", group=True)(_recording_group)
+    yield
+    for name in ("test_train_recording", "test_train_recording_group"):
+        ESTIMATORS.pop(name, None)
 
 
 @pytest.fixture(scope="module")

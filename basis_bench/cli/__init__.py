@@ -32,8 +32,10 @@ def main() -> None:
     try:
         app()
     except InputError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
-        Console(stderr=True).print("[yellow]interrupted[/]: completed parts are kept; rerun to resume")
+        Console(stderr=True, soft_wrap=True).print(
+            "[yellow]interrupted[/]: completed parts are kept; rerun to resume"
+        )
         sys.exit(130)

@@ -149,7 +149,7 @@ def _build() -> tuple[type, type]:
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             output = super()._generate_and_score_completions(inputs)
-            if not self.model.training:
+            if self.model is None or not self.model.training:
                 return output
             assert self._basis_rewards is not None
             rewards = total_rewards(self._basis_rewards, self.reward_weights)
@@ -159,7 +159,7 @@ def _build() -> tuple[type, type]:
             start = self.accelerator.process_index * n
             local = output["advantages"]
             output["advantages"] = advantages[start : start + n].to(local)
-            logged = self._logs["advantages"]
+            logged: Any = self._logs["advantages"]  # a deque in TRL; typed as a Collection
             for _ in range(min(len(advantages), len(logged))):
                 logged.pop()
             logged.extend(advantages.tolist())
