@@ -117,6 +117,11 @@ def load_model(ckpt: Checkpoint, device: str = "auto", dtype: str = "auto") -> A
     model: Any = AutoModelForCausalLM.from_pretrained(
         str(ckpt.directory), dtype=chosen, **ckpt.hf_kwargs()
     )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if ckpt.gguf_file and quantizer is not None:
+        # GGUF weights are dequantized to plain tensors, but transformers keeps the quantizer
+        # flag, which refuses training and save_pretrained: drop it.
+        quantizer.remove_quantization_config(model)
     return model.to(device).eval()
 
 

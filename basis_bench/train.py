@@ -301,18 +301,10 @@ class Rollouts:
 
 
 def sample_rollouts(sampler: Any, problems: Sequence[str], config: Any, seed: int) -> Rollouts:
-    """What ``Sampler.sample`` does, but keeping the sampled token ids that the loss scores
-    (re-tokenising decoded text would not give back the same tokens)."""
-    prompt_tokens = sampler.prompt_token_ids(problems)
-    rows = sampler._generate(prompt_tokens, config, seed, None)
-    cut = [sampler._cut_at_stop(np.asarray(r, dtype=np.int64)) for r in rows]
-    ended = [len(r) > 0 and bool(np.isin(r[-1], sampler.stop_ids)) for r in cut]
-    finish = [
-        "stop" if e or len(r) < config.max_new_tokens else "length"
-        for e, r in zip(ended, cut, strict=True)
-    ]
-    texts = list(sampler.tokenizer.batch_decode(cut, skip_special_tokens=True))
-    return Rollouts(prompt_tokens, cut, texts, finish)
+    """The step's rollouts, keeping the sampled token ids that the loss scores."""
+    tokens = sampler.sample_tokens(problems, config, seed)
+    texts = list(sampler.tokenizer.batch_decode(tokens.response_ids, skip_special_tokens=True))
+    return Rollouts(tokens.prompt_ids, tokens.response_ids, texts, tokens.finish_reasons)
 
 
 def token_logprobs(
@@ -359,13 +351,10 @@ def token_logprobs(
 
 
 def trainable(model: Any) -> Any:
-    """The model with a GGUF load's quantizer flag dropped: transformers dequantizes GGUF
-    weights to plain float tensors but keeps the flag, which refuses ``save_pretrained``."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        if str(quantizer.quantization_config.quant_method.value) != "gguf":
-            raise InputError("cannot train a quantized model; load it in float32 or bfloat16")
-        quantizer.remove_quantization_config(model)
+    """The model, refused if it is quantized (a GGUF load is already dequantized by
+    :func:`basis_bench.models.load_model`)."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise InputError("cannot train a quantized model; load it in float32 or bfloat16")
     return model
 
 

@@ -11,11 +11,19 @@ from __future__ import annotations
 from basis_bench.errors import InputError
 from basis_bench.models import Checkpoint
 from basis_bench.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.sampling.base import Progress, Sampler, Samples, SamplingConfig
+from basis_bench.sampling.base import Progress, Sampler, Samples, SamplingConfig, TokenSamples
 
 BACKENDS = ("hf", "vllm")
 
-__all__ = ["BACKENDS", "Progress", "Sampler", "Samples", "SamplingConfig", "make_sampler"]
+__all__ = [
+    "BACKENDS",
+    "Progress",
+    "Sampler",
+    "Samples",
+    "SamplingConfig",
+    "TokenSamples",
+    "make_sampler",
+]
 
 
 def make_sampler(

@@ -64,6 +64,17 @@ class Samples:
     """``stop`` (ended with a stop token) or ``length`` (hit max_new_tokens)."""
 
 
+@dataclass(frozen=True)
+class TokenSamples:
+    """Sampled responses as token ids, prompt-major like :class:`Samples`."""
+
+    prompt_ids: list[list[int]]
+    """Token ids of each problem's prompt (one per problem, not per sample)."""
+    response_ids: list[np.ndarray]
+    """Each response up to and including its first stop token."""
+    finish_reasons: list[str]
+
+
 class Sampler(ABC):
     """Samples responses from one policy. Subclasses implement :meth:`_generate`."""
 
@@ -81,6 +92,34 @@ class Sampler(ABC):
         plain = getattr(self.tokenizer, "chat_template", None) is None
         return list(self.tokenizer(texts, add_special_tokens=plain)["input_ids"])
 
+    def sample_tokens(
+        self,
+        problems: Sequence[str],
+        config: SamplingConfig,
+        seed: int,
+        on_progress: Progress | None = None,
+    ) -> TokenSamples:
+        """``config.n`` responses to each problem as token ids, reproducible for a given
+        ``seed`` (on the same backend, device and batch size). A training loop scores
+        these ids; re-tokenising decoded text would not give back the same tokens.
+        """
+        prompt_ids = self.prompt_token_ids(problems)
+        rows = self._generate(prompt_ids, config, seed, on_progress)
+        expected = len(problems) * config.n
+        if len(rows) != expected:
+            raise RuntimeError(
+                f"{self.backend} backend returned {len(rows)} sequences, expected {expected}"
+            )
+        cut = [self._cut_at_stop(np.asarray(r, dtype=np.int64)) for r in rows]
+        finish = [
+            "stop"
+            if (len(r) > 0 and bool(np.isin(r[-1], self.stop_ids)))
+            or len(r) < config.max_new_tokens
+            else "length"
+            for r in cut
+        ]
+        return TokenSamples(prompt_ids, cut, finish)
+
     def sample(
         self,
         problems: Sequence[str],
@@ -88,27 +127,20 @@ class Sampler(ABC):
         seed: int,
         on_progress: Progress | None = None,
     ) -> Samples:
-        """``config.n`` responses to each problem, reproducible for a given ``seed``
+        """``config.n`` responses to each problem, decoded, reproducible for a given ``seed``
         (on the same backend, device and batch size).
         """
-        rows = self._generate(self.prompt_token_ids(problems), config, seed, on_progress)
-        expected = len(problems) * config.n
-        if len(rows) != expected:
-            raise RuntimeError(
-                f"{self.backend} backend returned {len(rows)} sequences, expected {expected}"
-            )
-        cut = [self._cut_at_stop(np.asarray(r, dtype=np.int64)) for r in rows]
-        lengths = np.fromiter((len(r) for r in cut), dtype=np.int32, count=len(cut))
-        ended = np.fromiter(
-            (len(r) > 0 and bool(np.isin(r[-1], self.stop_ids)) for r in cut),
-            dtype=bool,
-            count=len(cut),
-        )
-        finished = ended | (lengths < config.max_new_tokens)
+        tokens = self.sample_tokens(problems, config, seed, on_progress)
         return Samples(
-            responses=list(self.tokenizer.batch_decode(cut, skip_special_tokens=True)),
-            n_tokens=lengths,
-            finish_reasons=np.where(finished, "stop", "length").tolist(),
+            responses=list(
+                self.tokenizer.batch_decode(tokens.response_ids, skip_special_tokens=True)
+            ),
+            n_tokens=np.fromiter(
+                (len(r) for r in tokens.response_ids),
+                dtype=np.int32,
+                count=len(tokens.response_ids),
+            ),
+            finish_reasons=tokens.finish_reasons,
         )
 
     def _cut_at_stop(self, row: np.ndarray) -> np.ndarray:
