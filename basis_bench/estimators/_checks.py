@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
@@ -42,3 +44,23 @@ def check_choice(value: str, allowed: tuple[str, ...], name: str) -> None:
     """A string option must be one of its documented values."""
     if value not in allowed:
         raise InputError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+
+class PromptIndex:
+    """Prompt id -> row of a per-prompt table (the reference cache), with clear errors."""
+
+    def __init__(self, prompt_ids: Sequence[str]) -> None:
+        self.rows = {pid: i for i, pid in enumerate(prompt_ids)}
+        if len(self.rows) != len(prompt_ids):
+            raise InputError("prompt_ids of the reference cache are not unique")
+
+    def __call__(self, prompt_ids: Sequence[str]) -> np.ndarray:
+        """Rows of a batch's prompts; prompts missing from the cache are an error."""
+        missing = [p for p in prompt_ids if p not in self.rows]
+        if missing:
+            raise InputError(
+                f"{len(missing)} prompt(s) of the batch are not in the reference cache, e.g. {missing[0]!r}"
+            )
+        return np.fromiter(
+            (self.rows[p] for p in prompt_ids), dtype=np.int64, count=len(prompt_ids)
+        )

@@ -16,7 +16,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array, RewardRange, check_choice
+from basis_bench.estimators._checks import Array, PromptIndex, RewardRange, check_choice
 from basis_bench.estimators.calibrate import CALIBRATIONS, DEFAULT_MIN_ACTIVE, basis_estimate
 from basis_bench.estimators.tilt import default_betas, tilted_moments
 
@@ -62,9 +62,7 @@ class Basis:
                 raise InputError("fixed calibration needs fixed_beta")
             self.betas = np.asarray([fixed_beta], dtype=np.float64)
         self.v_table, self.var_table = tilted_moments(ref, self.betas, prior=prior)
-        self.index = {pid: i for i, pid in enumerate(prompt_ids)}
-        if len(self.index) != len(prompt_ids):
-            raise InputError("prompt_ids of the reference cache are not unique")
+        self.columns = PromptIndex(prompt_ids)
         self.calibration = calibration
         self.options: dict[str, Any] = dict(
             variant=variant, criterion=criterion, loss=loss, eps=eps, min_active=min_active,
@@ -74,17 +72,6 @@ class Basis:
         # The grid index that ``previous`` calibration applies to the next batch; public so a
         # training loop can save and restore it with its checkpoints.
         self.previous_index = int(inf[0]) if inf.size else 0
-
-    def columns(self, prompt_ids: Sequence[str]) -> np.ndarray:
-        """Cache rows of the batch's prompts; unknown prompts are an error."""
-        missing = [p for p in prompt_ids if p not in self.index]
-        if missing:
-            raise InputError(
-                f"{len(missing)} prompt(s) of the batch are not in the reference cache, e.g. {missing[0]!r}"
-            )
-        return np.fromiter(
-            (self.index[p] for p in prompt_ids), dtype=np.int64, count=len(prompt_ids)
-        )
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> BasisOutput:
         """Baselines for one batch: rewards (B,), one per prompt in ``prompt_ids``."""

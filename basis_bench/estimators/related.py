@@ -28,7 +28,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array, RewardRange, check_rewards
+from basis_bench.estimators._checks import Array, PromptIndex, RewardRange, check_rewards
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.tilt import is_binary
 
@@ -298,9 +298,7 @@ class SpoTracker:
             raise InputError(
                 f"ref_rewards must be ({len(prompt_ids)}, n) to match prompt_ids; got {ref.shape}"
             )
-        self.index = {pid: i for i, pid in enumerate(prompt_ids)}
-        if len(self.index) != len(prompt_ids):
-            raise InputError("prompt_ids of the reference cache are not unique")
+        self._columns = PromptIndex(prompt_ids)
         self.decay = decay
         self.alpha, self.beta = spo_prior(ref, decay=decay, prior=prior, weight=weight)
 
@@ -308,16 +306,6 @@ class SpoTracker:
         """Current posterior means of the given prompts (no update)."""
         cols = self._columns(prompt_ids)
         return self.alpha[cols] / (self.alpha[cols] + self.beta[cols])
-
-    def _columns(self, prompt_ids: Sequence[str]) -> np.ndarray:
-        missing = [p for p in prompt_ids if p not in self.index]
-        if missing:
-            raise InputError(
-                f"{len(missing)} prompt(s) of the batch are not in the reference cache, e.g. {missing[0]!r}"
-            )
-        return np.fromiter(
-            (self.index[p] for p in prompt_ids), dtype=np.int64, count=len(prompt_ids)
-        )
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> Array:
         """Baselines (B,) for one batch, then the update; keeps the rewards' array type."""
