@@ -126,7 +126,9 @@ def _save(fig: Any, out: Path, stem: str) -> list[Path]:
     for ext in ("png", "pdf"):
         path = out / f"{stem}.{ext}"
         tmp = out / f".{stem}.tmp.{ext}"
-        fig.savefig(tmp, dpi=200)
+        # No creation date in the PDF: the same results give byte-identical figure files.
+        metadata = {"CreationDate": None} if ext == "pdf" else None
+        fig.savefig(tmp, dpi=200, metadata=metadata)
         os.replace(tmp, path)
         paths.append(path)
     plt.close(fig)
