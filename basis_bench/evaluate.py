@@ -57,9 +57,9 @@ from basis_bench.estimators import (
 )
 from basis_bench.store import (
     METADATA_KEY,
-    ROLLOUT_COLUMNS,
-    conform_rollouts,
     dataset_metadata,
+    file_policies,
+    load_rollouts,
     reward_matrix,
     rollout_files,
 )
@@ -104,31 +104,6 @@ class Dataset:
     def label(self) -> str:
         labels = sorted({str(m["label"]) for m in self.metadata if "label" in m})
         return "; ".join(labels) if labels else str(self.root)
-
-
-def _file_policies(path: Path) -> list[str]:
-    names = pq.read_schema(path).names
-    missing = [c for c in ROLLOUT_COLUMNS if c not in names]
-    if missing:
-        raise InputError(
-            f"{path}: missing column(s) {missing}; required are {list(ROLLOUT_COLUMNS)}"
-        )
-    col = pl.scan_parquet(path).select(pl.col("policy").cast(pl.String)).unique().collect()
-    return [p for p in col["policy"].to_list() if p is not None]
-
-
-def _read_rewards(files: Sequence[Path], policies: Sequence[str]) -> pl.DataFrame:
-    """The four schema columns of the given policies, validated and sorted.
-
-    Only the required columns are read, so text columns such as ``response`` never load.
-    """
-    casts = [pl.col(c).cast(t, strict=False) for c, t in ROLLOUT_COLUMNS.items()]
-    frames = [
-        pl.scan_parquet(f).select(casts).filter(pl.col("policy").is_in(list(policies))).collect()
-        for f in files
-    ]
-    df = conform_rollouts(pl.concat(frames), what=str(Path(files[0]).parent))
-    return df.sort(["policy", "prompt_id", "sample_idx"])
 
 
 def resolve_reference(
@@ -180,7 +155,7 @@ def open_dataset(
     files = rollout_files(root)
     if not files:
         raise InputError(f"no rollouts Parquet files under {str(root)!r}")
-    present = sorted({p for f in files for p in _file_policies(f)})
+    present = sorted({p for f in files for p in file_policies(f)})
     metadata = dataset_metadata(root)
     ordered: list[str] = []
     for m in metadata:
@@ -196,7 +171,7 @@ def open_dataset(
         )
     if not wanted:
         raise InputError(f"{root}: no checkpoint policies besides the reference {ref!r}")
-    df = _read_rewards(files, [ref, *wanted])
+    df = load_rollouts(root, [ref, *wanted], optional=())  # rewards only, never the texts
     return Dataset(root, df, ref, [ref, *wanted], metadata)
 
 

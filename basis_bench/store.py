@@ -138,30 +138,54 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in root.rglob("*.parquet") if p.name != PROMPTS_FILE)
 
 
+def _rollout_file_columns(path: Path) -> list[str]:
+    """Column names of one rollouts file (schema only); missing required columns are an error."""
+    names = pq.read_schema(path).names
+    missing = [c for c in ROLLOUT_COLUMNS if c not in names]
+    if missing:
+        raise InputError(
+            f"{path}: missing column(s) {missing}; required are {list(ROLLOUT_COLUMNS)}"
+        )
+    return names
+
+
+def file_policies(path: str | os.PathLike[str]) -> list[str]:
+    """The distinct policies of one rollouts file, reading only its policy column."""
+    path = Path(path)
+    _rollout_file_columns(path)
+    col = pl.scan_parquet(path).select(pl.col("policy").cast(pl.String)).unique().collect()
+    return [p for p in col["policy"].to_list() if p is not None]
+
+
 def load_rollouts(
-    root: str | os.PathLike[str], policies: Iterable[str] | None = None
+    root: str | os.PathLike[str],
+    policies: Iterable[str] | None = None,
+    optional: Iterable[str] | None = None,
 ) -> pl.DataFrame:
     """Read and validate every rollouts file under ``root``, optionally only some policies.
 
-    The result is sorted by (policy, prompt_id, sample_idx), so it does not depend on
-    file names or order.
+    ``optional``: which optional columns to read beside the four required ones (None:
+    every one present). Only the selected columns and policies are read, so a caller that
+    needs rewards alone never loads the ``response`` texts. The result is sorted by
+    (policy, prompt_id, sample_idx), so it does not depend on file names or order.
     """
     files = rollout_files(root)
     if not files:
         raise InputError(f"no rollouts Parquet files under {str(root)!r}")
+    extra = list(OPTIONAL_ROLLOUT_COLUMNS) if optional is None else list(optional)
+    unknown = [c for c in extra if c not in OPTIONAL_ROLLOUT_COLUMNS]
+    if unknown:
+        raise InputError(
+            f"unknown optional rollouts column(s) {unknown}; known: {list(OPTIONAL_ROLLOUT_COLUMNS)}"
+        )
     wanted = list(policies) if policies is not None else None
     frames = []
     for f in files:
-        df = pl.read_parquet(f)
-        missing = [c for c in ROLLOUT_COLUMNS if c not in df.columns]
-        if missing:
-            raise InputError(
-                f"{f}: missing column(s) {missing}; required are {list(ROLLOUT_COLUMNS)}"
-            )
+        names = _rollout_file_columns(f)
+        lf = pl.scan_parquet(f).select([*ROLLOUT_COLUMNS, *(c for c in extra if c in names)])
         if wanted is not None:
-            df = df.filter(pl.col("policy").is_in(wanted))
-        keep = [c for c in (*ROLLOUT_COLUMNS, *OPTIONAL_ROLLOUT_COLUMNS) if c in df.columns]
-        frames.append(_conform(df.select(keep), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
+            lf = lf.filter(pl.col("policy").cast(pl.String).is_in(wanted))
+        frames.append(_conform(lf.collect(), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
     out = pl.concat(frames, how="diagonal_relaxed")
     return conform_rollouts(out, what=str(root)).sort(["policy", "prompt_id", "sample_idx"])
 
