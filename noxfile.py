@@ -57,4 +57,6 @@ def figures(session: nox.Session) -> None:
     install(session, extras="dev")
     session.run("basis-bench", "evaluate", "--estimators", "all", "--out", "results/default")
     session.run("basis-bench", "sensitivity", "--out", "results/default")
-    session.run("basis-bench", "figures", "--results", "results/default", "--out", "figures/default")
+    session.run(
+        "basis-bench", "figures", "--results", "results/default", "--out", "figures/default"
+    )

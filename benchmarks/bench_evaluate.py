@@ -26,7 +26,7 @@ from pathlib import Path
 
 def child(data: str, repeats: int, out: str, trace: bool) -> dict[str, float]:
     """One evaluate run in this process; returns its measurements."""
-    from basis_bench.evaluate import EvaluateConfig, evaluate, open_dataset
+    from basis_bench.bench.evaluate import EvaluateConfig, evaluate, open_dataset
 
     if trace:
         tracemalloc.start()
@@ -61,7 +61,7 @@ def main() -> None:
         return
 
     from basis_bench.estimators import ESTIMATORS
-    from basis_bench.simulate import SimulationConfig, simulate
+    from basis_bench.rollouts.simulate import SimulationConfig, simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         data = simulate(

@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from basis_bench.models import resolve_checkpoint
-from basis_bench.prompts import arithmetic_prompts
-from basis_bench.sampling import SamplingConfig
-from basis_bench.sampling.hf_backend import HFSampler
+from basis_bench.rollouts.models import resolve_checkpoint
+from basis_bench.rollouts.prompts import arithmetic_prompts
+from basis_bench.rollouts.sampling import SamplingConfig
+from basis_bench.rollouts.sampling.hf import HFSampler
 
 
 def measure(

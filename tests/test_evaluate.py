@@ -9,10 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from basis_bench.cli import main
-from basis_bench.errors import InputError
-from basis_bench.estimators import ESTIMATORS
-from basis_bench.evaluate import (
+from basis_bench.bench.evaluate import (
     DEFAULT_DATASET,
     EvaluateConfig,
     Replay,
@@ -25,8 +22,11 @@ from basis_bench.evaluate import (
     heterogeneity_table,
     open_dataset,
 )
-from basis_bench.simulate import SimulationConfig, simulate
-from basis_bench.store import load_rollouts, write_parquet_atomic
+from basis_bench.cli import main
+from basis_bench.errors import InputError
+from basis_bench.estimators import ESTIMATORS
+from basis_bench.rollouts.simulate import SimulationConfig, simulate
+from basis_bench.rollouts.store import load_rollouts, write_parquet_atomic
 
 ORACLE_N = 64
 FAST = {"repeats": 200, "oracle_n": ORACLE_N}
@@ -403,8 +403,8 @@ def test_default_dataset_runs_without_rollouts_option(tmp_path):
 
 
 def test_basis_options_reach_only_cache_estimators_that_take_them():
+    from basis_bench.bench.evaluate import estimator_options
     from basis_bench.estimators import get
-    from basis_bench.evaluate import estimator_options
 
     opts = {"eps": 1e-3, "criterion": "refined"}
     assert estimator_options(get("basis"), opts) == opts

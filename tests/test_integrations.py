@@ -17,7 +17,12 @@ import torch
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Basis
-from basis_bench.integrations import basis_from_rollouts, prompt_key, prompt_text, reference_cache
+from basis_bench.integrations.keys import (
+    basis_from_rollouts,
+    prompt_key,
+    prompt_text,
+    reference_cache,
+)
 from basis_bench.integrations.trl import basis_advantages, total_rewards
 from basis_bench.integrations.verl import (
     BasisVerl,
@@ -25,7 +30,7 @@ from basis_bench.integrations.verl import (
     sequence_rewards,
     settings,
 )
-from basis_bench.store import PROMPTS_FILE, write_parquet_atomic
+from basis_bench.rollouts.store import PROMPTS_FILE, write_parquet_atomic
 
 RNG = np.random.default_rng(11)
 PROBLEMS = [f"What is {i} + {i}?" for i in range(12)]
@@ -241,7 +246,7 @@ def test_real_verl_compute_advantage_uses_basis(rollouts: Path) -> None:
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo import core_algos, ray_trainer
 
-    from basis_bench.integrations import verl as adapter_module
+    from basis_bench.integrations.keys import verl as adapter_module
 
     adapter = BasisVerl.from_rollouts(rollouts)
     adapter_module.install(adapter)

@@ -15,9 +15,9 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from basis_bench.cli import app
+from basis_bench.cli.app import app
 from basis_bench.errors import InputError
-from basis_bench.oracle import (
+from basis_bench.rollouts.oracle import (
     OracleJob,
     Shard,
     pending_chunks,
@@ -25,9 +25,9 @@ from basis_bench.oracle import (
     run_identity,
     write_prompts_table,
 )
-from basis_bench.prompts import arithmetic_prompts
-from basis_bench.sampling import SamplingConfig
-from basis_bench.store import (
+from basis_bench.rollouts.prompts import arithmetic_prompts
+from basis_bench.rollouts.sampling import SamplingConfig
+from basis_bench.rollouts.store import (
     OPTIONAL_ROLLOUT_COLUMNS,
     PROMPTS_FILE,
     ROLLOUT_COLUMNS,
@@ -73,7 +73,7 @@ def tiny_model(tmp_path_factory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from basis_bench.models import load_tokenizer, resolve_checkpoint
+    from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
 
     tokenizer = load_tokenizer(resolve_checkpoint("smollm2-135m"))
     directory = tmp_path_factory.mktemp("tiny-llama")
@@ -357,7 +357,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
     path = tmp_path / "rollouts" / "p" / "part-000000.parquet"
     path.parent.mkdir(parents=True)
     meta = {"run": identity, "chunk": {"digest": plan_chunks(prompts, 1)[0].digest()}}
-    from basis_bench.store import write_parquet_atomic
+    from basis_bench.rollouts.store import write_parquet_atomic
 
     write_parquet_atomic(pl.DataFrame({"x": [1]}), path, meta)
     todo, done = pending_chunks(prompts, tmp_path, job, identity)

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from basis_bench.errors import InputError
-from basis_bench.prompts import (
+from basis_bench.rollouts.prompts import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
     DEFAULT_INSTRUCTION,
@@ -24,7 +24,7 @@ from basis_bench.prompts import (
     prompt_id,
     read_records,
 )
-from basis_bench.store import conform_prompts
+from basis_bench.rollouts.store import conform_prompts
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 
@@ -259,7 +259,7 @@ def test_parse_levels():
 
 @pytest.fixture(scope="module")
 def smol_tokenizer():
-    from basis_bench.models import load_tokenizer, resolve_checkpoint
+    from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
 
     return load_tokenizer(resolve_checkpoint("smollm2-135m"))
 

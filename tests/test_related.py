@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 import torch
 
+from basis_bench.bench.trajectory import replay_tracker, tracker_prompts
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
     ESTIMATORS,
@@ -22,7 +23,6 @@ from basis_bench.estimators import (
     tilted_moments,
 )
 from basis_bench.estimators.related import hermite_weights
-from basis_bench.tracker_replay import replay_tracker, tracker_prompts
 
 RNG = np.random.default_rng(7)
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from basis_bench.rewards import (
+from basis_bench.rollouts.rewards import (
     RewardConfig,
     last_boxed,
     last_number,

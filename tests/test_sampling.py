@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from basis_bench.errors import InputError
-from basis_bench.models import load_tokenizer, resolve_checkpoint
-from basis_bench.prompts import DEFAULT_TEMPLATE
-from basis_bench.sampling import SamplingConfig, make_sampler
-from basis_bench.sampling.base import Sampler
-from basis_bench.sampling.hf_backend import plan_calls
+from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
+from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE
+from basis_bench.rollouts.sampling import SamplingConfig, make_sampler
+from basis_bench.rollouts.sampling.base import Sampler
+from basis_bench.rollouts.sampling.hf import plan_calls
 
 
 def _vllm_import_error() -> str | None:

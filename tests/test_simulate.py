@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from basis_bench.errors import InputError
-from basis_bench.simulate import (
+from basis_bench.rollouts.simulate import (
     SETTINGS,
     SimulationConfig,
     checkpoint_values,
@@ -15,7 +15,7 @@ from basis_bench.simulate import (
     reference_values,
     simulate,
 )
-from basis_bench.store import dataset_metadata, load_prompts, load_rollouts, read_metadata
+from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts, read_metadata
 
 
 def _logit(p):

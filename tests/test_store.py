@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from basis_bench.errors import InputError
-from basis_bench.store import (
+from basis_bench.rollouts.store import (
     conform_prompts,
     dataset_metadata,
     load_prompts,

@@ -13,10 +13,10 @@ import polars as pl
 import pytest
 import torch
 
-from basis_bench import losses
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS, EstimatorInput, grpo, register_estimator
-from basis_bench.train import (
+from basis_bench.train import losses
+from basis_bench.train.loop import (
     make_config,
     normalise_advantages,
     parse_override,
@@ -177,8 +177,8 @@ def recording_estimators():
 @pytest.fixture(scope="module")
 def smol_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M as a plain HF directory: dequantized once, then each run loads it in <1 s."""
-    from basis_bench.models import load_policy
-    from basis_bench.train import trainable
+    from basis_bench.rollouts.models import load_policy
+    from basis_bench.train.loop import trainable
 
     path = tmp_path_factory.mktemp("smol")
     model, tokenizer = load_policy("smollm2-135m", device="cpu")
@@ -222,11 +222,11 @@ def basis_run(smol_dir, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_token_logprobs_mask_prompt_and_padding_and_sampling_follows_the_seed(smol_dir):
-    from basis_bench.models import load_policy
-    from basis_bench.prompts import PromptTemplate
-    from basis_bench.sampling import SamplingConfig
-    from basis_bench.sampling.hf_backend import HFSampler
-    from basis_bench.train import sample_rollouts, token_logprobs
+    from basis_bench.rollouts.models import load_policy
+    from basis_bench.rollouts.prompts import PromptTemplate
+    from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.train.loop import sample_rollouts, token_logprobs
 
     torch.set_num_threads(1)
     model, tok = load_policy(smol_dir, device="cpu")
@@ -251,7 +251,7 @@ def test_token_logprobs_mask_prompt_and_padding_and_sampling_follows_the_seed(sm
 
 @pytest.mark.slow
 def test_run_moves_parameters_logs_and_writes_loadable_checkpoints(basis_run, smol_dir):
-    from basis_bench.models import load_policy, resolve_checkpoint
+    from basis_bench.rollouts.models import load_policy, resolve_checkpoint
 
     log = read_log(basis_run)
     assert [r["step"] for r in log] == [0, 1, 2]
@@ -339,8 +339,8 @@ def test_group_estimator_gets_prompt_major_groups(smol_dir, tmp_path):
 def test_train_figures_from_logs(tmp_path):
     import json
 
-    from basis_bench.train import append_jsonl
-    from basis_bench.train_figures import plot_training
+    from basis_bench.train.figures import plot_training
+    from basis_bench.train.loop import append_jsonl
 
     for name, estimator, betas in (("b", "basis", [math.inf, 2.0, 0.5]), ("g", "grpo", None)):
         run = tmp_path / name

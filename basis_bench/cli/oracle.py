@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from basis_bench.cli import app
+from basis_bench.cli.app import app
 
 
 class _PromptsColumn(ProgressColumn):
@@ -166,8 +166,8 @@ def oracle(
     them to --out as one Parquet part per chunk of prompts. Rerun the same command to
     resume: complete parts are skipped."""
     from basis_bench.errors import InputError
-    from basis_bench.models import resolve_checkpoint
-    from basis_bench.oracle import (
+    from basis_bench.rollouts.models import resolve_checkpoint
+    from basis_bench.rollouts.oracle import (
         OracleJob,
         Shard,
         base_metadata,
@@ -176,9 +176,9 @@ def oracle(
         run_identity,
         write_prompts_table,
     )
-    from basis_bench.prompts import PromptTemplate, load_prompt_source, parse_levels
-    from basis_bench.rewards import ANSWER_FORMATS, RewardConfig, scoring_pool
-    from basis_bench.sampling import BACKENDS, SamplingConfig, make_sampler
+    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source, parse_levels
+    from basis_bench.rollouts.rewards import ANSWER_FORMATS, RewardConfig, scoring_pool
+    from basis_bench.rollouts.sampling import BACKENDS, SamplingConfig, make_sampler
 
     console = Console(stderr=True)
     if backend not in BACKENDS:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array, RewardRange, check_rewards
+from basis_bench.estimators._array import Array, RewardRange, check_rewards
 
 
 def vanilla(rewards: Array, reward_range: RewardRange = None) -> Array:

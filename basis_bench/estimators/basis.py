@@ -16,7 +16,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array, PromptIndex, RewardRange, check_choice
+from basis_bench.estimators._array import Array, PromptIndex, RewardRange, check_choice
 from basis_bench.estimators.calibrate import CALIBRATIONS, DEFAULT_MIN_ACTIVE, basis_estimate
 from basis_bench.estimators.tilt import default_betas, tilted_moments
 

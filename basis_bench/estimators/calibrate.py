@@ -21,7 +21,7 @@ import math
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array, RewardRange, check_choice, check_rewards
+from basis_bench.estimators._array import Array, RewardRange, check_choice, check_rewards
 from basis_bench.estimators.refine import refine
 
 CRITERIA = ("initial", "refined")

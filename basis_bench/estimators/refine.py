@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from array_api_compat import array_namespace
 
-from basis_bench.estimators._checks import (
+from basis_bench.estimators._array import (
     Array,
     RewardRange,
     check_choice,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array, RewardRange
+from basis_bench.estimators._array import Array, RewardRange
 from basis_bench.estimators.baselines import grpo, reinforce_pp, rloo, vanilla
 from basis_bench.estimators.calibrate import basis_estimate
 

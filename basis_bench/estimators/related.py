@@ -10,7 +10,7 @@
                  cached reference rewards (beta = 0.5 as A*-PO's stage-1 beta_1).
     SpoTracker   (Xu & Ding 2025, SPO): a Beta(alpha, beta) posterior per prompt, initialised from
                  the reference cache and decayed each time the prompt is seen; stateful across steps,
-                 so it is not in the one-step registry (see basis_bench.tracker_replay).
+                 so it is not in the one-step registry (see basis_bench.bench.trajectory).
 
 PVPO's static reference baseline is the plain offline mean of the reference rollouts, which is
 the registered ``reference_mean`` up to its smoothing, (k + a)/(n + 2a) instead of k/n, a shift of
@@ -28,7 +28,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array, PromptIndex, RewardRange, check_rewards
+from basis_bench.estimators._array import Array, PromptIndex, RewardRange, check_rewards
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.tilt import is_binary
 

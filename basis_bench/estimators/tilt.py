@@ -21,7 +21,7 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._checks import Array
+from basis_bench.estimators._array import Array
 
 DEFAULT_GRID_SIZE = 32
 BETA_RANGE = (0.05, 50.0)

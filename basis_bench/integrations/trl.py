@@ -15,7 +15,7 @@ Prompts are keyed by content (:func:`basis_bench.integrations.prompt_key` of the
 
 Usage::
 
-    from basis_bench.integrations import basis_from_rollouts
+    from basis_bench.integrations.keys import basis_from_rollouts
     from basis_bench.integrations.trl import BasisGRPOConfig, BasisGRPOTrainer
 
     trainer = BasisGRPOTrainer(
@@ -35,7 +35,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Basis, BasisOutput
-from basis_bench.integrations import prompt_key
+from basis_bench.integrations.keys import prompt_key
 
 SCALES = ("none", "batch")
 SCALE_EPS = 1e-4  # TRL's epsilon in advantages / (std + eps)

@@ -31,7 +31,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Basis, BasisOutput
-from basis_bench.integrations import DEFAULT_PROMPT_FORMAT, basis_from_rollouts, prompt_key
+from basis_bench.integrations.keys import DEFAULT_PROMPT_FORMAT, basis_from_rollouts, prompt_key
 
 ESTIMATOR_NAME = "basis"
 CONFIG_KEY = "basis"  # the +basis.* block of the verl config

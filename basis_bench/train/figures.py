@@ -1,6 +1,6 @@
 """Figures of training runs: learning curves per estimator and the calibrated beta (Fig. 8).
 
-Reads each run's ``config.json`` and ``log.jsonl`` (written by :mod:`basis_bench.train`):
+Reads each run's ``config.json`` and ``log.jsonl`` (written by :mod:`basis_bench.train.loop`):
 
 ==================  ==========================================================================
 learning_curves     held-out greedy accuracy (left) and training mean reward, rolling mean
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench.bench.figures import COLOURS, label
 from basis_bench.errors import InputError
-from basis_bench.figures import COLOURS, label
-from basis_bench.train import read_log
+from basis_bench.train.loop import read_log
 
 BETA_TICKS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
 

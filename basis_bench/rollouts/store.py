@@ -9,16 +9,23 @@ Layout of a rollouts dataset ``DIR``::
 Every Parquet file under ``DIR`` other than ``prompts.parquet`` is a rollouts file,
 so anyone's rollouts in this schema evaluate. Sampling metadata (model, sampling
 parameters, dataset, seed, package version, ``simulated``) travels as JSON in each
-file's key-value metadata under the key ``basis_bench``. Files are written to a
-temporary name and renamed when complete, so a crash never leaves a half file under
-a ``.parquet`` name.
+file's key-value metadata under the key ``basis_bench``. Every file goes through
+:func:`atomic_write` (unique temporary name, fsync, rename), so a crash never leaves a
+half file under a final name.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import os
-from collections.abc import Iterable, Mapping
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
@@ -99,28 +106,90 @@ def conform_prompts(df: pl.DataFrame, what: str = "prompts") -> pl.DataFrame:
     return df
 
 
-def write_parquet_atomic(
-    df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
-) -> Path:
-    """Write ``df`` to ``path`` via a temporary file and an atomic rename.
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a unique temporary path beside ``path``; on success fsync it and rename it onto
+    ``path``, on error remove it.
 
-    ``metadata`` is stored as JSON under the ``basis_bench`` key of the file's
-    key-value metadata. The file is fsynced before the rename, so after a crash a
-    ``.parquet`` file is either complete or absent.
+    The temporary name is unique per writer (``tempfile``), so two writers of one path never
+    share a file, and a reader sees the old complete file or the new complete file, never a
+    torn one. The one writer every output of the package goes through.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through :func:`atomic_write`."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_parquet_atomic(
+    df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
+) -> Path:
+    """Write ``df`` to ``path`` through :func:`atomic_write` (zstd Parquet).
+
+    ``metadata`` is stored as JSON under the ``basis_bench`` key of the file's
+    key-value metadata. After a crash a ``.parquet`` file is either complete or absent.
+    """
     table = df.to_arrow()
     if metadata is not None:
         kv = dict(table.schema.metadata or {})
         kv[METADATA_KEY.encode()] = json.dumps(dict(metadata), sort_keys=True, default=str).encode()
         table = table.replace_schema_metadata(kv)
-    pq.write_table(table, tmp, compression="zstd")
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    with atomic_write(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return Path(path)
+
+
+PROVENANCE_PACKAGES = ("numpy", "polars", "pyarrow", "torch", "transformers", "math-verify")
+
+
+def provenance() -> dict[str, Any]:
+    """Where a result came from: package version, git commit (when run from a clone, with a
+    ``-dirty`` suffix for uncommitted changes), UTC date, argv, python and library versions.
+    Recorded in every run.json and training config.json."""
+    from basis_bench import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    commit = None
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(
+                ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=40"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    versions: dict[str, str | None] = {}
+    for name in PROVENANCE_PACKAGES:
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "basis_bench": __version__,
+        "git_commit": commit,
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "argv": list(sys.argv),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.estimators.related import SPO_DECAY, spo_prior, spo_step
-from basis_bench.store import reward_matrix
+from basis_bench.rollouts.store import reward_matrix
 
 ESTIMATOR_NAME = "spo_tracker"
 Z_95 = 1.959963984540054
@@ -92,7 +92,7 @@ def replay_tracker(
 ) -> pl.DataFrame:
     """Replay the SPO tracker over ``checkpoints`` in order; one summary row per checkpoint.
 
-    ``rollouts`` is a frame in the store's schema (e.g. :func:`basis_bench.store.load_rollouts`).
+    ``rollouts`` is a frame in the store's schema (e.g. :func:`basis_bench.rollouts.store.load_rollouts`).
     Columns, as in ``evaluate``'s summary.csv: checkpoint, estimator, rollouts_per_prompt, mse,
     mse_noise_corrected (minus the oracle's own variance), ci_low, ci_high (normal 95% over
     repeats), extreme_rate (share of baselines exactly 0 or 1), n_estimates.

@@ -3,15 +3,21 @@
 - ``hf``: transformers, batched with left padding and ``num_return_sequences``; CPU or GPU.
 - ``vllm``: ``vllm.LLM`` with ``SamplingParams(n, seed, ...)``; GPUs, tensor parallel.
 
-Both share every step except the generate call (see :mod:`basis_bench.sampling.base`).
+Both share every step except the generate call (see :mod:`basis_bench.rollouts.sampling.base`).
 """
 
 from __future__ import annotations
 
 from basis_bench.errors import InputError
-from basis_bench.models import Checkpoint
-from basis_bench.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.sampling.base import Progress, Sampler, Samples, SamplingConfig, TokenSamples
+from basis_bench.rollouts.models import Checkpoint
+from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
+from basis_bench.rollouts.sampling.base import (
+    Progress,
+    Sampler,
+    Samples,
+    SamplingConfig,
+    TokenSamples,
+)
 
 BACKENDS = ("hf", "vllm")
 
@@ -38,7 +44,7 @@ def make_sampler(
     """Load ``ckpt`` on the named backend. ``batch_size`` and ``device`` apply to ``hf``;
     ``tensor_parallel_size`` to ``vllm`` (which always runs on the visible GPUs)."""
     if backend == "hf":
-        from basis_bench.sampling.hf_backend import HFSampler
+        from basis_bench.rollouts.sampling.hf import HFSampler
 
         return HFSampler.load(ckpt, device, template, batch_size, dtype)
     if backend == "vllm":
@@ -48,7 +54,7 @@ def make_sampler(
             raise InputError(
                 f"--tensor-parallel-size must be at least 1, got {tensor_parallel_size}"
             )
-        from basis_bench.sampling.vllm_backend import VLLMSampler
+        from basis_bench.rollouts.sampling.vllm import VLLMSampler
 
         return VLLMSampler(ckpt, template, tensor_parallel_size, dtype)
     raise InputError(f"--backend must be one of {BACKENDS}, got {backend!r}")

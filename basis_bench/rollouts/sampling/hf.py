@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.models import (
+from basis_bench.rollouts.models import (
     Checkpoint,
     load_model,
     load_tokenizer,
     resolve_device,
     stop_token_ids,
 )
-from basis_bench.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.sampling.base import Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
+from basis_bench.rollouts.sampling.base import Progress, Sampler, SamplingConfig
 
 
 def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int]]:

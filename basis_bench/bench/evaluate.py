@@ -44,6 +44,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench import __version__
+from basis_bench.bench.trajectory import ESTIMATOR_NAME as TRACKER_NAME
+from basis_bench.bench.trajectory import replay_tracker
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
     ESTIMATORS,
@@ -55,7 +57,7 @@ from basis_bench.estimators import (
     refine,
     tilted_moments,
 )
-from basis_bench.store import (
+from basis_bench.rollouts.store import (
     METADATA_KEY,
     dataset_metadata,
     file_policies,
@@ -63,10 +65,8 @@ from basis_bench.store import (
     reward_matrix,
     rollout_files,
 )
-from basis_bench.tracker_replay import ESTIMATOR_NAME as TRACKER_NAME
-from basis_bench.tracker_replay import replay_tracker
 
-DEFAULT_DATASET = Path(__file__).resolve().parent.parent / "data" / "default"
+DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "data" / "default"
 REFERENCE_NAME = "reference"
 CHUNK_REPEATS = 256
 HETEROGENEITY_BATCHES = 500

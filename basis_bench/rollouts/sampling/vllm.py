@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.models import Checkpoint, load_tokenizer, stop_token_ids
-from basis_bench.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.sampling.base import Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.models import Checkpoint, load_tokenizer, stop_token_ids
+from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
+from basis_bench.rollouts.sampling.base import Progress, Sampler, SamplingConfig
 
 
 class VLLMSampler(Sampler):

@@ -38,7 +38,7 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
-from basis_bench.store import PROMPTS_FILE, write_parquet_atomic
+from basis_bench.rollouts.store import PROMPTS_FILE, write_parquet_atomic
 
 REFERENCE_POLICY = "reference"
 ROLLOUTS_SUBDIR = "rollouts"
@@ -201,7 +201,7 @@ def simulate(cfg: SimulationConfig, out: str | Path) -> Path:
     meta: dict[str, Any] = {
         "simulated": True,
         "label": label,
-        "generator": "basis_bench.simulate",
+        "generator": "basis_bench.rollouts.simulate",
         "model": "simulated",
         "package_version": __version__,
         "reference_policy": REFERENCE_POLICY,

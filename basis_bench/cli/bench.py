@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from basis_bench.cli import app
+from basis_bench.cli.app import app
 from basis_bench.errors import InputError
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ def simulate(
         typer.Option(
             "--setting",
             help="Generative setting: tilt (BASIS's model holds up to small noise), noisy, sharpen or "
-            "forget (misspecified; see basis_bench/simulate.py).",
+            "forget (misspecified; see basis_bench/rollouts/simulate.py).",
         ),
     ] = "tilt",
     stage: Annotated[
@@ -180,8 +180,8 @@ def simulate(
     seed: SeedOpt = 0,
 ) -> None:
     """Write a simulated rollouts dataset (labelled simulated in its metadata)."""
-    from basis_bench.simulate import SimulationConfig, parse_stages, with_overrides
-    from basis_bench.simulate import simulate as run_simulation
+    from basis_bench.rollouts.simulate import SimulationConfig, parse_stages, with_overrides
+    from basis_bench.rollouts.simulate import simulate as run_simulation
 
     cfg = with_overrides(
         SimulationConfig(),
@@ -249,8 +249,8 @@ def evaluate(
     ] = True,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3)."""
-    from basis_bench.evaluate import EvaluateConfig
-    from basis_bench.evaluate import evaluate as run_evaluate
+    from basis_bench.bench.evaluate import EvaluateConfig
+    from basis_bench.bench.evaluate import evaluate as run_evaluate
 
     console = Console()
     cfg = EvaluateConfig(
@@ -356,8 +356,8 @@ def sensitivity(
     loss: LossOpt = None,
 ) -> None:
     """Sensitivity of BASIS to eps, cache size n, batch size B and grid size (the paper's Fig. 5)."""
-    from basis_bench.sensitivity import SensitivityConfig
-    from basis_bench.sensitivity import sensitivity as run_sensitivity
+    from basis_bench.bench.sensitivity import SensitivityConfig
+    from basis_bench.bench.sensitivity import sensitivity as run_sensitivity
 
     console = Console()
     cfg = SensitivityConfig(
@@ -415,7 +415,7 @@ def figures(
     ] = Path("figures"),
 ) -> None:
     """Plot the paper's Fig. 2, Fig. 3(a)-(d), Fig. 5 and the G sweep from evaluate's tables."""
-    from basis_bench.figures import make_figures
+    from basis_bench.bench.figures import make_figures
 
     console = Console()
     written, skipped = make_figures(results, out)

@@ -31,8 +31,8 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rewards import last_boxed
-from basis_bench.store import conform_prompts
+from basis_bench.rollouts.rewards import last_boxed
+from basis_bench.rollouts.store import conform_prompts
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 

@@ -12,7 +12,7 @@ In the spirit of cleanrl, the whole algorithm is :func:`train`, read top to bott
    (BASIS variants through :class:`~basis_bench.estimators.Basis`, which also reports the
    calibrated beta_t); advantages A = r - b, optionally normalised.
 5. **update**: ``epochs`` passes over ``minibatches`` minibatches of the step's responses,
-   one AdamW step each on the ``loss`` (gpg | grpo | gspo, :mod:`basis_bench.losses`) plus
+   one AdamW step each on the ``loss`` (gpg | grpo | gspo, :mod:`basis_bench.train.losses`) plus
    ``kl_coef`` times the k3 KL to the frozen reference, after clipping the gradient norm.
 
 Before step 1 the run measures held-out greedy accuracy (step 0) and, for estimators that
@@ -53,7 +53,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.prompts import DEFAULT_INSTRUCTION
+from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 
 LOSS_NAMES = ("gpg", "grpo", "gspo")
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
@@ -97,7 +97,7 @@ class TrainConfig:
     eval_limit: int = 0
     instruction: str = DEFAULT_INSTRUCTION
     system_prompt: str = ""
-    answer_format: str = "any"  # any | boxed | number (see basis_bench.rewards)
+    answer_format: str = "any"  # any | boxed | number (see basis_bench.rollouts.rewards)
     verify_timeout: float = 5.0
     reward_workers: int = 0  # processes grading responses (0: in this process)
     # rollouts
@@ -133,8 +133,8 @@ class TrainConfig:
 
     def check(self) -> None:
         """Settings that are wrong on their own (the estimator's needs are checked in train)."""
-        from basis_bench.losses import AGGREGATIONS
-        from basis_bench.rewards import ANSWER_FORMATS
+        from basis_bench.rollouts.rewards import ANSWER_FORMATS
+        from basis_bench.train.losses import AGGREGATIONS
 
         choices = {
             "loss": LOSS_NAMES,
@@ -352,7 +352,7 @@ def token_logprobs(
 
 def trainable(model: Any) -> Any:
     """The model, refused if it is quantized (a GGUF load is already dequantized by
-    :func:`basis_bench.models.load_model`)."""
+    :func:`basis_bench.rollouts.models.load_model`)."""
     if getattr(model, "hf_quantizer", None) is not None:
         raise InputError("cannot train a quantized model; load it in float32 or bfloat16")
     return model
@@ -388,7 +388,7 @@ def rollout_frame(
     finish: Sequence[str],
 ) -> pl.DataFrame:
     """Rollouts in the store's schema; sample_idx numbers the rows (a prompt may recur)."""
-    from basis_bench.store import conform_rollouts
+    from basis_bench.rollouts.store import conform_rollouts
 
     frame = pl.DataFrame(
         {
@@ -423,7 +423,7 @@ def reference_cache(
     grading settings, so any run that shares them reuses it and a killed build resumes.
     ``sampler_of_reference`` is only called when some chunk is missing.
     """
-    from basis_bench.oracle import (
+    from basis_bench.rollouts.oracle import (
         OracleJob,
         base_metadata,
         pending_chunks,
@@ -431,8 +431,8 @@ def reference_cache(
         run_identity,
         write_prompts_table,
     )
-    from basis_bench.sampling import SamplingConfig
-    from basis_bench.store import load_rollouts, reward_matrix
+    from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.rollouts.store import load_rollouts, reward_matrix
 
     job = OracleJob(
         policy="reference",
@@ -558,7 +558,7 @@ def update_policy(
     """
     import torch
 
-    from basis_bench import losses
+    from basis_bench.train import losses
 
     n = len(responses)
     adv = torch.as_tensor(advantages, dtype=torch.float32, device=policy.device)
@@ -639,12 +639,17 @@ def train(
     import torch
 
     from basis_bench import estimators as E
-    from basis_bench.models import load_model, load_tokenizer, resolve_checkpoint, resolve_device
-    from basis_bench.prompts import PromptTemplate, load_prompt_source
-    from basis_bench.rewards import RewardConfig, score_many, scoring_pool
-    from basis_bench.sampling import SamplingConfig
-    from basis_bench.sampling.hf_backend import HFSampler
-    from basis_bench.store import write_parquet_atomic
+    from basis_bench.rollouts.models import (
+        load_model,
+        load_tokenizer,
+        resolve_checkpoint,
+        resolve_device,
+    )
+    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
+    from basis_bench.rollouts.rewards import RewardConfig, score_many, scoring_pool
+    from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.rollouts.store import write_parquet_atomic
 
     config.check()
     run_dir = Path(config.run_dir)
@@ -701,7 +706,7 @@ def train(
     if config.backend == "vllm":
         # In-process engine: apply_model runs our weight copy directly, nothing is pickled.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from basis_bench.sampling.vllm_backend import VLLMSampler
+        from basis_bench.rollouts.sampling.vllm import VLLMSampler
 
         sampler: Any = VLLMSampler(
             reference_ckpt,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.prompts import PromptTemplate, build_prompt
+from basis_bench.rollouts.prompts import PromptTemplate, build_prompt
 
 Progress = Callable[[int], None]
 """Called with the number of sequences just finished."""

@@ -36,9 +36,9 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
-from basis_bench.rewards import RewardConfig, score_many
-from basis_bench.sampling import Progress, Sampler, SamplingConfig
-from basis_bench.store import (
+from basis_bench.rollouts.rewards import RewardConfig, score_many
+from basis_bench.rollouts.sampling import Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.store import (
     PROMPTS_FILE,
     conform_rollouts,
     load_prompts,

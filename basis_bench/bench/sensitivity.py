@@ -24,9 +24,7 @@ from typing import Any
 
 import polars as pl
 
-from basis_bench.errors import InputError
-from basis_bench.estimators import default_betas
-from basis_bench.evaluate import (
+from basis_bench.bench.evaluate import (
     ReplaySettings,
     Tilt,
     _write_csv,
@@ -36,6 +34,8 @@ from basis_bench.evaluate import (
     resolve_estimators,
     summary_table,
 )
+from basis_bench.errors import InputError
+from basis_bench.estimators import default_betas
 
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {
     "eps": (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2),

@@ -1,0 +1,1 @@
+"""A compact single-rollout RLVR training loop with the advantage estimator as a plug-in."""
