@@ -60,13 +60,14 @@ from basis_bench.estimators import (
 from basis_bench.rollouts.store import (
     METADATA_KEY,
     dataset_metadata,
+    default_dataset,
     file_policies,
     load_rollouts,
     reward_matrix,
     rollout_files,
 )
 
-DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "data" / "default"
+DEFAULT_DATASET = default_dataset()
 REFERENCE_NAME = "reference"
 CHUNK_REPEATS = 256
 HETEROGENEITY_BATCHES = 500

@@ -154,6 +154,11 @@ def write_parquet_atomic(
     return Path(path)
 
 
+def default_dataset() -> Path:
+    """The shipped default rollouts dataset (``data/default`` of the source tree)."""
+    return Path(__file__).resolve().parents[2] / "data" / "default"
+
+
 PROVENANCE_PACKAGES = ("numpy", "polars", "pyarrow", "torch", "transformers", "math-verify")
 
 
