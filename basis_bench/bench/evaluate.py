@@ -142,7 +142,7 @@ def open_dataset(
     reference: str | None = None,
     checkpoints: Sequence[str] | None = None,
 ) -> Dataset:
-    """Load a rollouts directory (default: the dataset shipped in data/default).
+    """Load a rollouts directory (default: the dataset shipped in basis_bench/data/default).
 
     Only the reference and the requested checkpoints are read; an unknown checkpoint is an
     InputError that lists the known ones.

@@ -20,7 +20,7 @@ RolloutsOpt = Annotated[
     typer.Option(
         "--rollouts",
         help="Rollouts directory in the store schema (docs/schema.md). Default: the simulated "
-        "dataset shipped in data/default.",
+        "dataset shipped in basis_bench/data/default.",
     ),
 ]
 CheckpointOpt = Annotated[

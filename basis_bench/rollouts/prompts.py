@@ -64,6 +64,25 @@ def _finish(df: pl.DataFrame, what: str) -> pl.DataFrame:
 # --------------------------------------------------------------------------- files
 
 
+def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSONL file; a malformed line is an InputError naming its number."""
+    rows: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
+            if not isinstance(row, dict):
+                raise InputError(
+                    f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
+                )
+            rows.append(row)
+    return rows
+
+
 def read_records(path: str | Path) -> pl.DataFrame:
     """Rows of a JSONL, JSON (a list of objects) or Parquet file.
 
@@ -79,21 +98,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
         except Exception as err:
             raise InputError(f"{path}: not a readable Parquet file ({err})") from err
     elif suffix in (".jsonl", ".ndjson"):
-        rows: list[dict[str, Any]] = []
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise InputError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
-                if not isinstance(row, dict):
-                    raise InputError(
-                        f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
-                    )
-                rows.append(row)
-        df = _frame(rows, path)
+        df = _frame(_jsonl_rows(path), path)
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -26,6 +26,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
+from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,9 @@ def write_parquet_atomic(
 
 
 def default_dataset() -> Path:
-    """The shipped default rollouts dataset (``data/default`` of the source tree)."""
-    return Path(__file__).resolve().parents[2] / "data" / "default"
+    """The shipped default rollouts dataset: package data (``basis_bench/data/default``), so a
+    wheel install runs the main job outside a clone."""
+    return Path(str(importlib_resources.files("basis_bench") / "data" / "default"))
 
 
 PROVENANCE_PACKAGES = ("numpy", "polars", "pyarrow", "torch", "transformers", "math-verify")
