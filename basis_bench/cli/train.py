@@ -61,8 +61,8 @@ def train(
     sample, score with math-verify, baselines from any registered estimator, then a GPG, GRPO
     or GSPO update. Logs to RUN/log.jsonl; checkpoints load with `basis-bench oracle --ckpt`."""
     from basis_bench.errors import InputError
-    from basis_bench.train.loop import make_config, read_config_file, resume_config
-    from basis_bench.train.loop import train as run_training
+    from basis_bench.train import make_config, read_config_file, resume_config
+    from basis_bench.train import train as run_training
 
     overrides = list(set_ or [])
     if resume is not None:
@@ -99,7 +99,8 @@ def train_figures(
 ) -> None:
     """Learning curves per run (held-out greedy accuracy and training reward against step) and
     the calibrated beta against step (the paper's Fig. 8)."""
+    from basis_bench.bench.figures import COLOURS, label
     from basis_bench.train.figures import plot_training
 
-    for path in plot_training(runs, out, smooth):
+    for path in plot_training(runs, out, smooth, label=label, colours=COLOURS):
         typer.echo(str(path))

@@ -13,13 +13,26 @@ Token terms are reduced by :func:`reduce` with one of two rules:
 
 ``denominator`` overrides D: a minibatch split into micro-batches passes the whole
 minibatch's D to every micro-batch, so the accumulated gradient is the minibatch's.
+
+The training loop picks its loss by name from :data:`POLICY_LOSSES`, a registry in the
+style of verl's policy-loss registry; every entry has one signature, ``loss(logp, old_logp,
+advantages, mask, settings, denom)``. Add your own with::
+
+    @register_policy_loss("my_loss")
+    def my_loss(logp, old_logp, advantages, mask, settings: LossSettings, denom): ...
+
+and select it with ``loss = "my_loss"``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from basis_bench.errors import InputError
 
 Aggregation = Literal["token_mean", "seq_mean"]
 AGGREGATIONS: tuple[Aggregation, ...] = ("token_mean", "seq_mean")
@@ -125,3 +138,105 @@ def kl_k3(
     """
     log_ratio = ref_logp - logp
     return reduce(torch.exp(log_ratio) - log_ratio - 1.0, mask, agg, denom)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss settings of a run: the aggregation and the PPO clip range."""
+
+    agg: Aggregation = "token_mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+
+
+PolicyLossFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossSettings, "float | None"],
+    torch.Tensor,
+]
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss; ``agg`` fixes its aggregation (None: the run's ``loss_agg``)."""
+
+    name: str
+    fn: PolicyLossFn
+    agg: Aggregation | None = None
+
+    def aggregation(self, configured: Aggregation) -> Aggregation:
+        """The aggregation this loss uses when the run asks for ``configured``."""
+        return configured if self.agg is None else self.agg
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(
+    name: str, *, agg: Aggregation | None = None
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register ``fn(logp, old_logp, advantages, mask, settings, denom)`` as ``name``.
+
+    ``agg`` fixes the aggregation whatever the run's ``loss_agg`` (GSPO: per sequence).
+    """
+
+    def wrap(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, agg)
+        return fn
+
+    return wrap
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The registered policy loss called ``name``; a clear error lists the known ones."""
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise InputError(
+            f"unknown policy loss {name!r}; registered: {', '.join(POLICY_LOSSES)}"
+        ) from None
+
+
+@register_policy_loss("gpg")
+def _gpg(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+    denom: float | None = None,
+) -> torch.Tensor:
+    """Plain policy gradient (the sampling-time log-probs are not needed)."""
+    return gpg_loss(logp, advantages, mask, settings.agg, denom)
+
+
+@register_policy_loss("grpo")
+def _grpo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+    denom: float | None = None,
+) -> torch.Tensor:
+    """PPO clip with a per-token ratio."""
+    return grpo_loss(
+        logp, old_logp, advantages, mask, settings.clip_low, settings.clip_high, settings.agg, denom
+    )
+
+
+@register_policy_loss("gspo", agg="seq_mean")
+def _gspo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+    denom: float | None = None,
+) -> torch.Tensor:
+    """PPO clip with a sequence-level ratio (always per sequence)."""
+    return gspo_loss(logp, old_logp, advantages, mask, settings.clip_low, settings.clip_high, denom)

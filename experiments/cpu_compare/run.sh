@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The CPU comparison, one run after another (~35-40 minutes on one busy core), then the
-# figures. The reference cache in runs/cache is built by the first run and reused.
+# The CPU comparison, one run after another, then the figures. The reference cache in
+# runs/cache is built by the first run and reused.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 for name in basis reinforce_pp vanilla grpo_g8; do

@@ -1,0 +1,118 @@
+"""Checkpoints: a Hugging Face model directory plus ``trainer_state.pt`` beside it.
+
+``RUN/checkpoints/step-T/`` holds ``save_pretrained`` model + tokenizer (``basis-bench
+oracle --ckpt DIR`` loads it) and the trainer state: step, optimizer, RNG states, the
+estimator's state and the run's configuration, from which ``--resume`` continues. A
+checkpoint is written as ``step-T.partial`` and renamed when complete; resume refuses a
+``.partial`` folder. The trainer state is plain data (dicts, lists, numbers, strings,
+tensors) and is read with ``torch.load(weights_only=True)``, so a checkpoint cannot run
+code when it is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from basis_bench.errors import InputError
+from basis_bench.train.config import TrainConfig, config_dict, make_config
+from basis_bench.train.setup import CHECKPOINTS_DIR, Run
+
+TRAINER_STATE = "trainer_state.pt"
+PARTIAL = ".partial"
+
+# Types beyond torch's weights-only defaults that a trainer state may hold. The state is
+# written as plain data, so none are needed today; add a type here, not weights_only=False.
+SAFE_GLOBALS: list[Any] = []
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    """``RUN/checkpoints/step-T`` (T zero-padded to six digits)."""
+    return run_dir / CHECKPOINTS_DIR / f"step-{step:06d}"
+
+
+def save_checkpoint(
+    path: Path, policy: Any, tokenizer: Any, optimizer: Any, step: int, extra: dict[str, Any]
+) -> Path:
+    """``save_pretrained`` model + tokenizer and ``trainer_state.pt`` (optimizer, step, RNG
+    states, estimator state, config), written beside and renamed into place when complete."""
+    import torch
+
+    tmp = path.with_name(path.name + PARTIAL)
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rng, **extra}
+    torch.save(state, tmp / TRAINER_STATE)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def save_run_checkpoint(run: Run, step: int) -> Path:
+    """Step ``step``'s checkpoint of a run: policy, optimizer, RNG, estimator state, config."""
+    extra = {"config": config_dict(run.config), **run.estimator.state_dict()}
+    models = run.models
+    return save_checkpoint(
+        checkpoint_dir(run.run_dir, step),
+        models.policy,
+        models.tokenizer,
+        models.optimizer,
+        step,
+        extra,
+    )
+
+
+def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    """The trainer state saved with a checkpoint (``--resume`` needs it)."""
+    import pickle
+
+    import torch
+
+    if Path(checkpoint).name.endswith(PARTIAL):
+        raise InputError(
+            f"--resume {checkpoint}: an unfinished checkpoint (the run stopped while writing "
+            f"it); resume from a complete RUN/{CHECKPOINTS_DIR}/step-T instead"
+        )
+    path = Path(checkpoint) / TRAINER_STATE
+    if not path.is_file():
+        raise InputError(
+            f"--resume {checkpoint}: no {TRAINER_STATE} there; pass a checkpoint directory "
+            f"written by basis-bench train (RUN/{CHECKPOINTS_DIR}/step-T)"
+        )
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            state: dict[str, Any] = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise InputError(
+            f"--resume {checkpoint}: {TRAINER_STATE} holds more than plain data, which is "
+            f"not loaded ({err})"
+        ) from err
+    return state
+
+
+def resume_config(checkpoint: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainConfig:
+    """The run's own configuration from a checkpoint, ``run_dir`` set to the directory that
+    holds it (so a moved run resumes in place), then ``overrides`` (e.g. ``steps=60``)."""
+    values = dict(load_trainer_state(checkpoint)["config"])
+    values["run_dir"] = str(Path(checkpoint).resolve().parent.parent)
+    return make_config(values, overrides)
+
+
+def restore(run: Run, checkpoint: str | os.PathLike[str]) -> int:
+    """Load a checkpoint's optimizer, RNG and estimator state into ``run``; the next step."""
+    import torch
+
+    state = load_trainer_state(checkpoint)
+    run.models.optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    run.estimator.load_state_dict(state)
+    return int(state["step"]) + 1

@@ -1,0 +1,411 @@
+"""Everything a run needs before its first step, built from a :class:`TrainConfig`.
+
+:func:`setup` returns a :class:`Run`: the torch runtime (threads, seed, device), the
+training and held-out prompts, the policy, its tokenizer, the frozen reference and the
+optimizer, the sampler, and the step estimator from :func:`make_estimator` (after the
+reference cache, for estimators that use it). Nothing here runs a training step.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import polars as pl
+
+from basis_bench.errors import InputError
+from basis_bench.train.config import BASIS_FAMILY, TrainConfig
+
+LOG_FILE = "log.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+# --------------------------------------------------------------------------- torch runtime
+
+
+def torch_runtime(config: TrainConfig) -> str:
+    """The one place that sets torch's threads and seed; returns the resolved device."""
+    import torch
+
+    from basis_bench.rollouts.models import resolve_device
+
+    device = resolve_device(config.device)
+    if config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
+    torch.manual_seed(config.seed)
+    return device
+
+
+def autocast_dtype(autocast: str) -> Any:
+    """The torch dtype of the forward-pass precision ``autocast``; None for "none"."""
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(autocast)
+
+
+def vllm_dtype(config: TrainConfig) -> str:
+    """vLLM's weights dtype: the autocast precision, bfloat16 when there is none."""
+    return "bfloat16" if config.autocast == "none" else config.autocast
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Data:
+    """Training and held-out prompts, the chat template, grading settings and worker pool."""
+
+    train_set: pl.DataFrame
+    eval_set: pl.DataFrame
+    template: Any  # PromptTemplate
+    reward: Any  # RewardConfig
+    pool: Any = None  # grading processes, or None to grade in this process
+
+
+def load_data(config: TrainConfig) -> Data:
+    """Training prompts and held-out prompts (minus any training prompt)."""
+    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
+    from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
+
+    train_set = load_prompt_source(config.train_prompts, limit=config.train_limit or None)
+    eval_set = load_prompt_source(config.eval_prompts, limit=config.eval_limit or None)
+    eval_set = eval_set.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
+    if eval_set.height == 0:
+        raise InputError("eval_prompts has no prompt outside train_prompts")
+    return Data(
+        train_set,
+        eval_set,
+        PromptTemplate(config.instruction, config.system_prompt or None),
+        RewardConfig(config.answer_format, config.verify_timeout),  # type: ignore[arg-type]
+        scoring_pool(config.reward_workers) if config.reward_workers else None,
+    )
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass
+class Models:
+    """The trained policy, its tokenizer, the frozen reference (only with a KL term) and
+    the optimizer; ``reference_ckpt`` is the configured model, ``policy_ckpt`` where the
+    policy was loaded from (the checkpoint when resuming)."""
+
+    policy: Any
+    tokenizer: Any
+    reference: Any
+    optimizer: Any
+    reference_ckpt: Any
+    policy_ckpt: Any
+    device: str
+
+
+def trainable(model: Any) -> Any:
+    """The model, refused if it is quantized (a GGUF load is already dequantized by
+    :func:`basis_bench.rollouts.models.load_model`)."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise InputError("cannot train a quantized model; load it in float32 or bfloat16")
+    return model
+
+
+def load_models(
+    config: TrainConfig, device: str, resume: str | os.PathLike[str] | None = None
+) -> Models:
+    """Policy (from the checkpoint when resuming), frozen reference, AdamW."""
+    import torch
+
+    from basis_bench.rollouts.models import load_model, load_tokenizer, resolve_checkpoint
+
+    reference_ckpt = resolve_checkpoint(config.model)
+    policy_ckpt = resolve_checkpoint(resume) if resume is not None else reference_ckpt
+    policy = trainable(load_model(policy_ckpt, device, config.dtype))
+    tokenizer = load_tokenizer(policy_ckpt)
+    if config.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    reference = None
+    if config.kl_coef > 0:
+        reference = load_model(reference_ckpt, device, config.dtype).requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    )
+    return Models(policy, tokenizer, reference, optimizer, reference_ckpt, policy_ckpt, device)
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+def make_sampler(config: TrainConfig, models: Models, template: Any) -> Any:
+    """The live policy (hf), or a vLLM engine that gets the policy's weights after updates."""
+    if config.backend == "vllm":
+        # In-process engine: apply_model runs our weight copy directly, nothing is pickled.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from basis_bench.rollouts.sampling.vllm import VLLMSampler
+
+        return VLLMSampler(
+            models.reference_ckpt,
+            template,
+            dtype=vllm_dtype(config),
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            max_model_len=config.vllm_max_model_len or None,
+        )
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    return HFSampler(
+        models.policy,
+        models.tokenizer,
+        template,
+        config.sample_batch_size,
+        models.policy_ckpt.name,
+    )
+
+
+def sync_sampler(backend: str, sampler: Any, policy: Any) -> None:
+    """vLLM: copy the policy's current weights into the engine (HF samples the policy itself)."""
+    if backend == "vllm":
+        weights = list(policy.state_dict().items())
+        sampler.llm.apply_model(lambda model: model.load_weights(weights))
+        sampler.llm.reset_prefix_cache()
+
+
+def reference_sampler(
+    config: TrainConfig, models: Models, sampler: Any, template: Any, resumed: bool
+) -> Any:
+    """A sampler of the reference policy for the cache (only built when it is missing)."""
+    if not resumed or config.backend == "vllm":  # still the reference's weights
+        return sampler
+    from basis_bench.rollouts.models import load_model, load_tokenizer
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    ref = models.reference or load_model(models.reference_ckpt, models.device, config.dtype)
+    return HFSampler(ref, load_tokenizer(models.reference_ckpt), template, config.sample_batch_size)
+
+
+# --------------------------------------------------------------------------- reference cache
+
+
+def reference_cache(
+    config: TrainConfig,
+    prompts: pl.DataFrame,
+    template: Any,
+    reward_config: Any,
+    sampler_of_reference: Callable[[], Any],
+    pool: Any = None,
+) -> np.ndarray:
+    """(P, n) reference rewards of the training prompts, sampled once and reused.
+
+    The cache is an oracle-pipeline rollouts dataset (policy ``reference``) in
+    ``cache_dir/ref-<hash>``, the hash covering model, prompts, template, sampling and
+    grading settings, so any run that shares them reuses it and a killed build resumes.
+    ``sampler_of_reference`` is only called when some chunk is missing.
+    """
+    from basis_bench.rollouts.oracle import (
+        OracleJob,
+        base_metadata,
+        pending_chunks,
+        run_chunks,
+        run_identity,
+        write_prompts_table,
+    )
+    from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.rollouts.store import load_rollouts, reward_matrix
+
+    job = OracleJob(
+        policy="reference",
+        sampling=SamplingConfig(
+            n=config.ref_samples,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_new_tokens=config.max_new_tokens,
+        ),
+        reward=reward_config,
+    )
+    identity = run_identity(
+        job,
+        model={"name": config.model},
+        template={"instruction": template.instruction, "system": template.system},
+    )
+    key = json.dumps({**identity, "prompts": prompts["prompt_id"].to_list()}, sort_keys=True)
+    out = Path(config.cache_dir) / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    out.mkdir(parents=True, exist_ok=True)
+    metadata = base_metadata({"source": config.train_prompts, "n_prompts": prompts.height})
+    todo, _ = pending_chunks(prompts, out, job, identity)
+    write_prompts_table(prompts, out, metadata)
+    if todo:
+        run_chunks(todo, sampler_of_reference(), out, job, identity, metadata, pool)
+    return reward_matrix(
+        load_rollouts(out, ["reference"]), "reference", prompts["prompt_id"].to_list()
+    )
+
+
+# --------------------------------------------------------------------------- the estimator
+
+
+@dataclass
+class Estimate:
+    """Baselines b (B_p, G) of one step, and BASIS's calibrated beta and its grid index."""
+
+    baselines: np.ndarray
+    beta: float | None = None
+    beta_index: int | None = None
+
+
+class StepEstimator(Protocol):
+    """What the loop calls each step: (prompt ids, rewards (B_p, G)) -> :class:`Estimate`,
+    with a state that checkpoints carry."""
+
+    def __call__(self, prompt_ids: list[str], rewards: np.ndarray) -> Estimate: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class BasisBaselines:
+    """A BASIS variant through :class:`~basis_bench.estimators.Basis` (reports beta_t)."""
+
+    basis: Any  # estimators.Basis
+
+    def __call__(self, prompt_ids: list[str], rewards: np.ndarray) -> Estimate:
+        out = self.basis(prompt_ids, rewards[:, 0])
+        return Estimate(np.asarray(out.baselines)[:, None], out.beta, out.beta_index)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"basis_previous_index": self.basis.previous_index}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("basis_previous_index") is not None:
+            self.basis.previous_index = int(state["basis_previous_index"])
+
+
+@dataclass
+class RegistryBaselines:
+    """Any other registered estimator, by its uniform call; ``table`` (an
+    :class:`~basis_bench.estimators.Basis` used only for its tilt tables) fills in the
+    reference cache's values for estimators that use it."""
+
+    estimator: Any  # estimators.Estimator
+    options: dict[str, Any]
+    table: Any = None
+
+    def __call__(self, prompt_ids: list[str], rewards: np.ndarray) -> Estimate:
+        from basis_bench.estimators import EstimatorInput
+
+        inputs = EstimatorInput(rewards)
+        if self.table is not None:
+            cols = self.table.columns(prompt_ids)
+            inputs = EstimatorInput(
+                rewards,
+                self.table.v_table[:, cols],
+                self.table.var_table[:, cols],
+                self.table.betas,
+            )
+        return Estimate(np.asarray(self.estimator(inputs, **self.options), dtype=np.float64))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"basis_previous_index": None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+def make_estimator(
+    config: TrainConfig,
+    prompt_ids: Sequence[str] = (),
+    ref_rewards: np.ndarray | None = None,
+) -> StepEstimator:
+    """The one place that turns ``config.estimator`` + ``config.estimator_options`` into the
+    step's baselines. ``prompt_ids`` and ``ref_rewards`` (P, n) are the training prompts and
+    their reference-cache rewards, needed by estimators that use the cache.
+
+    BASIS variants: ``Basis(prompt_ids, ref_rewards, **{variant defaults, options})``, which
+    also reports the calibrated beta. Any other estimator: ``est(EstimatorInput(rewards,
+    v_grid, var_grid, betas), **options)``, the tilt tables filled in when it uses the cache.
+    """
+    from basis_bench import estimators as E
+
+    estimator = E.get(config.estimator)
+    if estimator.uses_cache and ref_rewards is None:
+        raise InputError(f"estimator {estimator.name!r} needs the reference cache's rewards")
+    if estimator.name in BASIS_FAMILY:
+        options = {**estimator.defaults, **config.estimator_options}
+        unknown = set(options) - set(inspect.signature(E.Basis).parameters)
+        if unknown:
+            raise InputError(f"estimator_options {sorted(unknown)} are not options of Basis")
+        return BasisBaselines(E.Basis(list(prompt_ids), ref_rewards, **options))
+    table = E.Basis(list(prompt_ids), ref_rewards) if estimator.uses_cache else None
+    return RegistryBaselines(estimator, dict(config.estimator_options), table)
+
+
+def batch_shape(config: TrainConfig) -> tuple[int, int]:
+    """(rollouts per prompt G', prompts per step B_p) for this estimator's rollout budget."""
+    from basis_bench import estimators as E
+
+    estimator = E.get(config.estimator)
+    group = estimator.rollouts_per_prompt(config.group_size)
+    if estimator.group and group < 2:
+        raise InputError(f"estimator {estimator.name!r} needs group_size >= 2, got {group}")
+    if config.rollouts_per_step % group:
+        raise InputError(
+            f"rollouts_per_step = {config.rollouts_per_step} is not a multiple of the "
+            f"{group} rollouts per prompt that {estimator.name!r} takes"
+        )
+    if config.minibatches > config.rollouts_per_step:
+        raise InputError(
+            f"minibatches = {config.minibatches} exceeds the "
+            f"{config.rollouts_per_step} rollouts of a step"
+        )
+    return group, config.rollouts_per_step // group
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Run:
+    """Everything the loop touches: settings, directory, data, models, sampler, estimator."""
+
+    config: TrainConfig
+    run_dir: Path
+    group: int  # rollouts per prompt G'
+    prompts_per_step: int  # B_p
+    data: Data
+    models: Models
+    sampler: Any
+    estimator: StepEstimator
+
+
+def setup(config: TrainConfig, resume: str | os.PathLike[str] | None = None) -> Run:
+    """Check the settings against the estimator, then load data, models, sampler, cache."""
+    from basis_bench import estimators as E
+
+    config.check()
+    run_dir = Path(config.run_dir)
+    group, prompts_per_step = batch_shape(config)
+    log = run_dir / LOG_FILE
+    if resume is None and log.is_file() and log.stat().st_size:
+        raise InputError(
+            f"{run_dir} already holds a run; continue it with --resume "
+            f"{run_dir}/{CHECKPOINTS_DIR}/step-T, or choose another run_dir"
+        )
+    device = torch_runtime(config)
+    data = load_data(config)
+    models = load_models(config, device, resume)
+    sampler = make_sampler(config, models, data.template)
+    ref_rewards = None
+    if E.get(config.estimator).uses_cache:
+        of_reference = functools.partial(
+            reference_sampler, config, models, sampler, data.template, resume is not None
+        )
+        ref_rewards = reference_cache(
+            config, data.train_set, data.template, data.reward, of_reference, data.pool
+        )
+    estimator = make_estimator(config, data.train_set["prompt_id"].to_list(), ref_rewards)
+    return Run(config, run_dir, group, prompts_per_step, data, models, sampler, estimator)

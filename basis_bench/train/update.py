@@ -1,0 +1,224 @@
+"""The policy update of one step: token log-probabilities of the sampled responses, then
+``epochs`` x ``minibatches`` AdamW steps on a registered policy loss (+ the k3 KL).
+
+A step whose loss, gradient norm or weights are not finite stops the run with
+:class:`NonFiniteError` before the bad values reach a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from basis_bench.errors import InputError
+from basis_bench.train.config import TrainConfig
+from basis_bench.train.setup import autocast_dtype
+
+
+class NonFiniteError(InputError):
+    """The loss, the gradient or the weights went NaN or infinite; the run stops."""
+
+
+def token_logprobs(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[np.ndarray],
+    pad_id: int,
+    temperature: float,
+    autocast: str = "none",
+) -> tuple[Any, Any]:
+    """log pi(y_t | x, y_<t) of each sampled response token: (N, T) and its mask (N, T).
+
+    Prompts are left-padded to one width W and responses right-padded after them, so every
+    response starts at column W as in generation; position ids count real tokens only.
+    Only the last T + 1 positions go through the LM head (prompt logits are never needed),
+    and the logits are divided by the sampling temperature.
+    """
+    import torch
+
+    n, width = len(prompts), max(len(p) for p in prompts)
+    t = max(1, max(len(r) for r in responses))
+    ids = torch.full((n, width + t), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width + t), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        ids[i, width - len(p) : width] = torch.as_tensor(p, dtype=torch.long)
+        ids[i, width : width + len(r)] = torch.as_tensor(r, dtype=torch.long)
+        attention[i, width - len(p) : width + len(r)] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    device = model.device
+    ids, attention, positions = ids.to(device), attention.to(device), positions.to(device)
+    precision = autocast_dtype(autocast)
+    with torch.autocast(device.type, dtype=precision, enabled=precision is not None):
+        out = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=t + 1,
+        )
+    logits = out.logits[:, :-1].float() / temperature
+    targets = ids[:, width:]
+    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+    return logp, attention[:, width:].to(logp.dtype)
+
+
+def frozen_logprobs(
+    model: Any,
+    prompt_tokens: Sequence[Sequence[int]],
+    responses: Sequence[np.ndarray],
+    config: TrainConfig,
+    pad_id: int,
+) -> Any:
+    """Token log-probs (N, T_max) of all responses under ``model``, without gradient."""
+    import torch
+
+    n, width = len(responses), max(1, max(len(r) for r in responses))
+    out = torch.zeros((n, width), device=model.device)
+    with torch.no_grad():
+        for start in range(0, n, config.micro_batch_size):
+            idx = list(range(start, min(start + config.micro_batch_size, n)))
+            logp, _ = token_logprobs(
+                model,
+                [prompt_tokens[i] for i in idx],
+                [responses[i] for i in idx],
+                pad_id,
+                config.temperature,
+                config.autocast,
+            )
+            out[idx, : logp.shape[1]] = logp
+    return out
+
+
+def _check_finite(step: int, what: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise NonFiniteError(
+            f"step {step}: the {what} is {value}; the run stops before the optimizer step, "
+            "so the weights and checkpoints stay finite (a smaller lr or max_grad_norm, or "
+            "autocast = none, usually helps)"
+        )
+
+
+def _check_weights(step: int, policy: Any) -> None:
+    import torch
+
+    finite = torch.stack([torch.isfinite(p).all() for p in policy.parameters()]).all()
+    if not bool(finite):
+        raise NonFiniteError(
+            f"step {step}: the optimizer step left non-finite weights; the run stops before "
+            "they reach a checkpoint (a smaller lr usually helps)"
+        )
+
+
+@dataclass
+class UpdateBatch:
+    """The step's N responses as the loss sees them, with the fixed log-probs: sampling-time
+    (``old_logp``, only when the policy moves within the step) and the reference's (only
+    with a KL term), both (N, T_max)."""
+
+    prompt_tokens: Sequence[Sequence[int]]  # per response
+    responses: Sequence[np.ndarray]
+    advantages: Any  # (N,) tensor on the policy's device
+    pad_id: int
+    old_logp: Any = None
+    ref_logp: Any = None
+
+
+def _minibatch_step(
+    policy: Any,
+    batch: UpdateBatch,
+    minibatch: np.ndarray,
+    config: TrainConfig,
+    step: int,
+) -> tuple[float, float, float]:
+    """The gradient of one minibatch, accumulated over micro-batches with the minibatch's
+    denominator, then clipped. Returns (loss, KL, gradient norm before clipping)."""
+    import torch
+
+    from basis_bench.train import losses
+
+    policy_loss = losses.get_policy_loss(config.loss)
+    settings = losses.LossSettings(
+        policy_loss.aggregation(config.loss_agg),  # type: ignore[arg-type]
+        config.clip_low,
+        config.clip_high,
+    )
+    lengths = [len(batch.responses[i]) for i in minibatch]
+    denom = float(sum(lengths)) if settings.agg == "token_mean" else float(len(minibatch))
+    total = kl_total = 0.0
+    for part in np.array_split(minibatch, -(-len(minibatch) // config.micro_batch_size)):
+        logp, mask = token_logprobs(
+            policy,
+            [batch.prompt_tokens[i] for i in part],
+            [batch.responses[i] for i in part],
+            batch.pad_id,
+            config.temperature,
+            config.autocast,
+        )
+        width = logp.shape[1]
+        old = batch.old_logp[part, :width] if batch.old_logp is not None else logp.detach()
+        loss = policy_loss.fn(logp, old, batch.advantages[part], mask, settings, denom)
+        if batch.ref_logp is not None:
+            kl = losses.kl_k3(logp, batch.ref_logp[part, :width], mask, settings.agg, denom)
+            loss = loss + config.kl_coef * kl
+            kl_total += float(kl.detach())
+        loss.backward()
+        total += float(loss.detach())
+    _check_finite(step, "loss", total)
+    norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
+    _check_finite(step, "gradient norm", norm)
+    return total, kl_total, norm
+
+
+def update_policy(
+    policy: Any,
+    optimizer: Any,
+    reference: Any,
+    prompt_tokens: Sequence[Sequence[int]],
+    responses: Sequence[np.ndarray],
+    advantages: np.ndarray,
+    config: TrainConfig,
+    rng: np.random.Generator,
+    pad_id: int,
+    step: int = 0,
+) -> dict[str, float | None]:
+    """``epochs`` passes over ``minibatches`` shuffled minibatches of the N responses, one
+    AdamW step each on loss + kl_coef * KL, the gradient accumulated over micro-batches
+    with the minibatch's denominator (so micro-batching never changes the step).
+    """
+    import torch
+
+    # Sampling-time log-probs are needed once the policy moves within the step; for a single
+    # update they equal the detached current ones (the ratio is exactly 1).
+    several = config.epochs * config.minibatches > 1
+    batch = UpdateBatch(
+        prompt_tokens,
+        responses,
+        torch.as_tensor(advantages, dtype=torch.float32, device=policy.device),
+        pad_id,
+        frozen_logprobs(policy, prompt_tokens, responses, config, pad_id) if several else None,
+        frozen_logprobs(reference, prompt_tokens, responses, config, pad_id)
+        if reference is not None
+        else None,
+    )
+    totals: list[float] = []
+    kls: list[float] = []
+    norms: list[float] = []
+    for _ in range(config.epochs):
+        for minibatch in np.array_split(rng.permutation(len(responses)), config.minibatches):
+            optimizer.zero_grad(set_to_none=True)
+            total, kl_total, norm = _minibatch_step(policy, batch, minibatch, config, step)
+            optimizer.step()
+            _check_weights(step, policy)
+            totals.append(total)
+            kls.append(kl_total)
+            norms.append(norm)
+    optimizer.zero_grad(set_to_none=True)
+    return {
+        "loss": float(np.mean(totals)),
+        "kl": float(np.mean(kls)) if reference is not None else None,
+        "grad_norm": float(np.mean(norms)),
+    }

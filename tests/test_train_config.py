@@ -1,0 +1,285 @@
+"""The training subsystem without a real model: configuration and its validation, the
+step's prompts and advantages, make_estimator, the update on a tiny torch model (micro-
+batching, the non-finite stop), checkpoint loading rules, figures and shipped configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from basis_bench.errors import InputError
+from basis_bench.train import make_config, make_estimator, parse_override, read_config_file, train
+from basis_bench.train.config import FLOAT_RANGES, TrainConfig
+from basis_bench.train.loop import normalise_advantages, step_prompt_indices
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_config_files_overrides_and_errors(tmp_path):
+    (tmp_path / "base.toml").write_text('steps = 7\nloss = "grpo"\nlr = 1\n')
+    (tmp_path / "run.toml").write_text('extends = "base.toml"\nsteps = 9\n')
+    values = read_config_file(tmp_path / "run.toml")
+    config = make_config(values, ["estimator=rloo", "estimator_options.x=2", "clip_high=0.28"])
+    assert (config.steps, config.loss, config.lr, config.estimator) == (9, "grpo", 1.0, "rloo")
+    assert config.estimator_options == {"x": 2} and config.clip_high == 0.28
+    assert parse_override('instruction="a = b"') == ("instruction", "a = b")
+    with pytest.raises(InputError, match="unknown config key"):
+        make_config({"stepz": 3})
+    with pytest.raises(InputError, match="must be int"):
+        make_config({}, ["steps=many"])
+    with pytest.raises(InputError, match="loss must be one of"):
+        make_config({}, ["loss=ppo"])
+    with pytest.raises(InputError, match="does not exist"):
+        read_config_file(tmp_path / "missing.toml")
+
+
+def test_every_float_setting_is_validated():
+    hints = typing.get_type_hints(TrainConfig)
+    floats = {f.name for f in dataclasses.fields(TrainConfig) if hints[f.name] is float}
+    assert floats == set(FLOAT_RANGES), "a float setting without a range would skip validation"
+    for key in floats:
+        for bad in ("inf", "-inf", "nan"):
+            with pytest.raises(InputError, match=f"{key} must be a finite number"):
+                make_config({}, [f"{key}={bad}"])
+    with pytest.raises(InputError, match="lr must be a finite number > 0, got inf"):
+        make_config({}, ["lr=inf"])
+    for override in ("lr=0", "temperature=-1", "top_p=1.5", "clip_low=1", "kl_coef=-0.1"):
+        with pytest.raises(InputError):
+            make_config({}, [override])
+    assert make_config({}, ["top_p=1", "clip_low=0", "kl_coef=0"]).top_p == 1.0
+
+
+def test_settings_that_depend_on_the_estimator_are_refused_before_loading():
+    bad = make_config({}, ["estimator=grpo", "group_size=8", "rollouts_per_step=12"])
+    with pytest.raises(InputError, match="not a multiple"):
+        train(bad)
+    with pytest.raises(InputError, match="unknown estimator"):
+        train(make_config({}, ["estimator=nope"]))
+    with pytest.raises(InputError, match="needs group_size >= 2"):
+        train(make_config({}, ["estimator=grpo", "group_size=1"]))
+    with pytest.raises(InputError, match="minibatches = 32 exceeds"):
+        train(make_config({}, ["minibatches=32"]))
+
+
+def test_a_run_directory_is_not_overwritten(tmp_path):
+    (tmp_path / "log.jsonl").write_text('{"step": 0}\n')
+    with pytest.raises(InputError, match="already holds a run"):
+        train(make_config({}, [f'run_dir="{tmp_path}"', "estimator=vanilla"]))
+
+
+# ---------------------------------------------------------------- loop pieces
+
+
+def test_prompts_cover_each_epoch_once_and_resume_needs_no_replay():
+    steps = [step_prompt_indices(10, 4, t, seed=3) for t in range(1, 6)]
+    flat = np.concatenate(steps)
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+    assert not np.array_equal(flat[:10], flat[10:20]), "each epoch is a fresh permutation"
+    assert np.array_equal(step_prompt_indices(10, 4, 4, seed=3), steps[3])
+
+
+def test_advantage_normalisations():
+    rewards = np.array([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    adv = rewards - rewards.mean(axis=1, keepdims=True)
+    group = normalise_advantages(adv, rewards, "group_std")
+    assert np.allclose(group, adv / (rewards.std(axis=1, ddof=1, keepdims=True) + 1e-6))
+    white = normalise_advantages(adv + 0.3, rewards, "batch_whiten")
+    assert abs(white.mean()) < 1e-9 and white.std() == pytest.approx(1.0, abs=1e-5)
+    scaled = normalise_advantages(adv + 0.3, rewards, "batch_std")
+    assert np.allclose(scaled * (adv + 0.3).std(), adv + 0.3, atol=1e-5)
+    with pytest.raises(InputError, match="G >= 2"):
+        normalise_advantages(adv[:, :1], rewards[:, :1], "group_std")
+
+
+# ---------------------------------------------------------------- make_estimator
+
+
+def test_make_estimator_basis_reports_beta_and_registry_estimators_get_their_batch():
+    rng = np.random.default_rng(0)
+    ids = [f"p{i}" for i in range(6)]
+    ref = (rng.random((6, 8)) < 0.4).astype(float)
+    rewards = np.array([[1.0], [0.0], [1.0], [0.0]])
+    basis = make_estimator(make_config({}, ["estimator=basis"]), ids, ref)
+    out = basis(ids[:4], rewards)
+    assert out.baselines.shape == (4, 1) and out.beta is not None and out.beta_index is not None
+    basis.load_state_dict({"basis_previous_index": 3})
+    assert basis.state_dict() == {"basis_previous_index": 3}
+
+    rpp = make_estimator(make_config({}, ["estimator=reinforce_pp"]))
+    out = rpp(ids[:4], rewards)
+    assert np.allclose(out.baselines, 0.5) and out.beta is None
+
+    cached = make_estimator(make_config({}, ["estimator=reference_mean"]), ids, ref)
+    assert cached(ids[:4], rewards).baselines.shape == (4, 1)
+
+    with pytest.raises(InputError, match="not options of Basis"):
+        make_estimator(make_config({}, ["estimator_options.bogus=1"]), ids, ref)
+    with pytest.raises(InputError, match="needs the reference cache"):
+        make_estimator(make_config({}, ["estimator=basis"]))
+
+
+# ---------------------------------------------------------------- the update, tiny model
+
+
+class TinyLM(torch.nn.Module):
+    """A bigram language model with the keyword interface token_logprobs calls."""
+
+    def __init__(self, vocab: int = 11) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(vocab, 8)
+        self.head = torch.nn.Linear(8, vocab)
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep):
+        logits = self.head(self.emb(input_ids))
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:])
+
+
+PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+RESPONSES = [np.array([3, 4]), np.array([5, 6, 7]), np.array([8]), np.array([9, 2])]
+
+
+def _update(config, advantages, model=None):
+    from basis_bench.train.update import update_policy
+
+    model = model or TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    stats = update_policy(
+        model,
+        optimizer,
+        None,
+        PROMPTS,
+        RESPONSES,
+        np.asarray(advantages, dtype=float),
+        config,
+        np.random.default_rng(0),
+        0,
+        step=7,
+    )
+    return model, stats
+
+
+@pytest.mark.parametrize("loss", ["gpg", "grpo", "gspo"])
+def test_micro_batching_never_changes_the_step(loss):
+    adv = [1.0, -0.5, 0.25, -1.0]
+    whole, a = _update(make_config({}, [f"loss={loss}", "micro_batch_size=4"]), adv)
+    parts, b = _update(make_config({}, [f"loss={loss}", "micro_batch_size=1"]), adv)
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    for p, q in zip(whole.parameters(), parts.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_a_non_finite_loss_stops_the_run_before_the_weights_move():
+    from basis_bench.train.update import NonFiniteError
+
+    model = TinyLM()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(NonFiniteError, match="step 7: the loss is nan"):
+        _update(make_config({}, []), [1.0, math.nan, 0.0, 0.0], model)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
+def test_non_finite_weights_stop_the_run():
+    from basis_bench.train.update import NonFiniteError, _check_weights
+
+    model = TinyLM()
+    _check_weights(1, model)
+    with torch.no_grad():
+        model.head.bias[0] = math.inf
+    with pytest.raises(NonFiniteError, match="non-finite weights"):
+        _check_weights(1, model)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tmp_path):
+    from basis_bench.train.checkpoint import TRAINER_STATE, load_trainer_state, resume_config
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    config = dataclasses.asdict(make_config({}, ["steps=5"]))
+    state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "config": config}
+    torch.save(state, ckpt / TRAINER_STATE)
+    assert load_trainer_state(ckpt)["step"] == 2
+    resumed = resume_config(ckpt, ["steps=9"])
+    assert resumed.steps == 9 and resumed.run_dir == str((tmp_path / "run").resolve())
+
+    partial = ckpt.with_name("step-000004.partial")
+    partial.mkdir()
+    torch.save(state, partial / TRAINER_STATE)
+    with pytest.raises(InputError, match="unfinished checkpoint"):
+        load_trainer_state(partial)
+    with pytest.raises(InputError, match=r"no trainer_state\.pt"):
+        load_trainer_state(tmp_path)
+
+    torch.save({**state, "extra": SimpleNamespace(code=1)}, ckpt / TRAINER_STATE)
+    with pytest.raises(InputError, match="more than plain data"):
+        load_trainer_state(ckpt)
+
+
+# ---------------------------------------------------------------- figures and shipped configs
+
+
+def test_train_figures_from_logs(tmp_path):
+    from basis_bench.bench.figures import COLOURS, label
+    from basis_bench.train.figures import plot_training
+    from basis_bench.train.loop import append_jsonl
+
+    for name, estimator, betas in (("b", "basis", [math.inf, 2.0, 0.5]), ("g", "grpo", None)):
+        run = tmp_path / name
+        run.mkdir()
+        config = {"estimator": estimator, "group_size": 8, "loss": "gpg"}
+        (run / "config.json").write_text(json.dumps(config))
+        append_jsonl(run / "log.jsonl", {"step": 0, "eval_accuracy": 0.25})
+        for t in (1, 2, 3):
+            beta = betas[t - 1] if betas else None
+            record = {"step": t, "mean_reward": 0.1 * t, "beta": beta}
+            append_jsonl(run / "log.jsonl", record | ({"eval_accuracy": 0.5} if t == 3 else {}))
+    assert '"beta": "inf"' in (tmp_path / "b" / "log.jsonl").read_text()
+    runs = [tmp_path / "b", tmp_path / "g"]
+    written = plot_training(runs, tmp_path / "figs", smooth=2, label=label, colours=COLOURS)
+    assert {p.name for p in written} == {"learning_curves.png", "beta.png", "training_summary.csv"}
+    assert not list((tmp_path / "figs").glob(".*")), "no temporary file left behind"
+    table = pl.read_csv(tmp_path / "figs" / "training_summary.csv")
+    grpo = table.filter(pl.col("label") == "GRPO (G=8)")
+    assert grpo["eval_accuracy"].drop_nulls().to_list() == [0.25, 0.5]
+    assert table.filter(pl.col("label") == "BASIS")["beta"].drop_nulls().to_list() == [
+        math.inf,
+        2.0,
+        0.5,
+    ]
+    plain = pl.read_csv(plot_training(runs, tmp_path / "plain")[-1])
+    assert set(plain["label"]) == {"basis", "grpo (G=8)"}
+
+
+def test_shipped_experiment_configs_are_valid_and_share_the_budget():
+    from basis_bench.estimators import get
+
+    root = Path(__file__).resolve().parent.parent / "experiments"
+    configs = {p: make_config(read_config_file(p)) for p in sorted(root.rglob("*.toml"))}
+    assert len(configs) >= 18
+    for path, config in configs.items():
+        estimator = get(config.estimator)
+        assert config.rollouts_per_step % estimator.rollouts_per_prompt(config.group_size) == 0, (
+            path
+        )
+    for setting in ("cpu_compare", "qwen3_4b_dapo"):
+        budgets = {c.rollouts_per_step for p, c in configs.items() if p.parent.name == setting}
+        assert len(budgets) == 1, f"{setting}: every run samples the same rollouts per step"
+    compare = [c for p, c in configs.items() if p.parent.name == "cpu_compare"]
+    assert len({c.steps for c in compare}) == 1

@@ -1,0 +1,217 @@
+"""Short real CPU runs of SmolLM2 through `train` (marked slow): parameters move, logs and
+checkpoints are written, resume continues the step count and reproduces the run, the
+estimator sees exactly its batch, the seed fixes the first rollouts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from basis_bench.estimators import ESTIMATORS, EstimatorInput, grpo, register_estimator
+from basis_bench.train import make_config, read_log, resume_config, train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: the runs also set cpu_threads = 1; this covers the direct loads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- short real runs
+
+RECORDED: list[np.ndarray] = []
+
+
+def _recording(batch: EstimatorInput) -> np.ndarray:
+    """The batch mean (REINFORCE++), recording the rewards it was given."""
+    RECORDED.append(np.array(batch.rewards, copy=True))
+    return np.broadcast_to(batch.rewards.mean(), batch.rewards.shape)
+
+
+def _recording_group(batch: EstimatorInput) -> np.ndarray:
+    """GRPO's group mean, recording the rewards it was given."""
+    RECORDED.append(np.array(batch.rewards, copy=True))
+    return grpo(batch.rewards)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def recording_estimators():
+    """Register the recording estimators for this module only: pytest imports every test
+    module before running any, so a registration at import time would leak into the
+    registry-wide tests of other modules."""
+    register_estimator("test_train_recording")(_recording)
+    register_estimator("test_train_recording_group", group=True)(_recording_group)
+    yield
+    for name in ("test_train_recording", "test_train_recording_group"):
+        ESTIMATORS.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def smol_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M as a plain HF directory: dequantized once, then each run loads it in <1 s."""
+    from basis_bench.rollouts.models import load_policy
+    from basis_bench.train.setup import trainable
+
+    path = tmp_path_factory.mktemp("smol")
+    model, tokenizer = load_policy("smollm2-135m", device="cpu")
+    trainable(model).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny(smol_dir: Path, root: Path, *overrides: str):
+    """A few-second configuration: 8 training prompts, 4 rollouts/step, 8 new tokens."""
+    base = {
+        "model": str(smol_dir),
+        "device": "cpu",
+        "cpu_threads": 1,
+        "run_dir": str(root / "run"),
+        "cache_dir": str(root / "cache"),
+        "train_prompts": "arithmetic:n=8,digits=1,steps=1,ops=+,seed=0",
+        "eval_prompts": "arithmetic:n=4,digits=1,steps=1,ops=+,seed=1",
+        "instruction": "Answer with the number only.",
+        "answer_format": "number",
+        "rollouts_per_step": 4,
+        "ref_samples": 4,
+        "max_new_tokens": 8,
+        "steps": 2,
+        "eval_every": 2,
+        "checkpoint_every": 1,
+        "lr": 1e-4,
+        "seed": 0,
+    }
+    return make_config(base, list(overrides))
+
+
+def rollouts(run_dir: Path, step: int) -> pl.DataFrame:
+    return pl.read_parquet(run_dir / "rollouts" / f"train-{step:06d}.parquet")
+
+
+@pytest.fixture(scope="module")
+def basis_run(smol_dir, tmp_path_factory) -> Path:
+    return train(tiny(smol_dir, tmp_path_factory.mktemp("a"), "estimator=basis"))
+
+
+def test_token_logprobs_mask_prompt_and_padding_and_sampling_follows_the_seed(smol_dir):
+    from basis_bench.rollouts.models import load_policy
+    from basis_bench.rollouts.prompts import PromptTemplate
+    from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.train.loop import sample_rollouts
+    from basis_bench.train.update import token_logprobs
+
+    model, tok = load_policy(smol_dir, device="cpu")
+    prompts = [[1, 504, 2111, 314], [1, 27]]
+    responses = [np.array([253, 1097, 2]), np.array([30, 31, 32, 33, 34])]
+    logp, mask = token_logprobs(model, prompts, responses, tok.pad_token_id, temperature=0.7)
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        ids = torch.tensor([p + r.tolist()])
+        with torch.no_grad():
+            alone = torch.log_softmax(model(ids).logits[0].float() / 0.7, -1)
+        expected = alone[len(p) - 1 : -1].gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
+        assert torch.allclose(logp[i, : len(r)], expected, atol=1e-4)
+
+    sampler = HFSampler(model, tok, PromptTemplate())
+    config = SamplingConfig(n=2, max_new_tokens=6)
+    a, b, c = (sample_rollouts(sampler, ["What is 2 + 3?"], config, s) for s in (11, 11, 12))
+    assert [r.tolist() for r in a.response_tokens] == [r.tolist() for r in b.response_tokens]
+    assert a.responses != c.responses
+    assert a.responses == tok.batch_decode(a.response_tokens, skip_special_tokens=True)
+
+
+def test_run_moves_parameters_logs_and_writes_loadable_checkpoints(basis_run, smol_dir):
+    from basis_bench.rollouts.models import load_policy, resolve_checkpoint
+
+    log = read_log(basis_run)
+    assert [r["step"] for r in log] == [0, 1, 2]
+    assert "eval_accuracy" in log[0] and "eval_accuracy" in log[2]
+    for key in ("mean_reward", "beta", "adv_mean", "adv_std", "zero_adv_share", "response_tokens"):
+        assert key in log[1]
+    assert set(log[1]["seconds"]) >= {"sample", "reward", "estimate", "update"}
+    assert log[1]["beta"] is not None, "BASIS reports its calibrated beta"
+    assert log[1]["adv_std"] > 0, "the seed was chosen so that step 1 has something to learn"
+    ckpt = basis_run / "checkpoints" / "step-000001"
+    assert resolve_checkpoint(ckpt).gguf_file is None  # what `oracle --ckpt DIR` resolves
+    trained, _ = load_policy(ckpt, device="cpu")
+    base, _ = load_policy(smol_dir, device="cpu")
+    pairs = zip(trained.parameters(), base.parameters(), strict=True)
+    assert any(not torch.equal(a, b) for a, b in pairs)
+    assert (basis_run / "eval" / "greedy-000002.parquet").is_file()
+    recorded = json.loads((basis_run / "config.json").read_text())
+    assert recorded["estimator"] == "basis" and recorded["steps"] == 2
+    assert {"git_commit", "date_utc", "versions", "argv"} <= set(recorded["provenance"])
+
+
+def test_resume_continues_the_step_count_and_reproduces_the_run(basis_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(basis_run, copy)
+    resume = copy / "checkpoints" / "step-000001"
+    config = resume_config(resume, ["eval_every=0", "checkpoint_every=0"])
+    assert config.run_dir == str(copy.resolve()) and config.steps == 2
+    train(config, resume=resume)
+    assert [r["step"] for r in read_log(copy)] == [0, 1, 2]
+    # Step 2 again, from step 1's weights and the same seed: the same rollouts and update.
+    again, first = read_log(copy)[2], read_log(basis_run)[2]
+    assert rollouts(copy, 2)["response"].to_list() == rollouts(basis_run, 2)["response"].to_list()
+    assert again["loss"] == pytest.approx(first["loss"], rel=1e-4, abs=1e-7)
+    assert again["grad_norm"] == pytest.approx(first["grad_norm"], rel=1e-3, abs=1e-7)
+
+
+def test_estimator_sees_exactly_its_batch_and_same_seed_same_first_rollouts(
+    basis_run, smol_dir, tmp_path
+):
+    RECORDED.clear()
+    config = tiny(
+        smol_dir,
+        tmp_path,
+        "estimator=test_train_recording",
+        "steps=1",
+        "loss=grpo",
+        "minibatches=2",
+        "micro_batch_size=1",
+        "kl_coef=0.1",
+        "checkpoint_every=0",
+        "eval_every=0",
+    )
+    run = train(config)
+    assert len(RECORDED) == 1
+    step = rollouts(run, 1)
+    assert RECORDED[0].shape == (4, 1), "4 rollouts per step, one per prompt"
+    assert np.array_equal(RECORDED[0].reshape(-1), step["reward"].to_numpy())
+    assert not (tmp_path / "cache").exists(), "no reference cache for an estimator without one"
+    kl = read_log(run)[-1]["kl"]
+    assert kl is not None and kl >= 0
+    # Same seed as the BASIS run: the same first prompts and responses, whatever the estimator.
+    first = rollouts(basis_run, 1)
+    assert step.select("prompt_id", "response").equals(first.select("prompt_id", "response"))
+
+
+def test_group_estimator_gets_prompt_major_groups(smol_dir, tmp_path):
+    RECORDED.clear()
+    config = tiny(
+        smol_dir,
+        tmp_path,
+        "estimator=test_train_recording_group",
+        "group_size=2",
+        "loss=gspo",
+        "steps=1",
+        "checkpoint_every=0",
+        "eval_every=0",
+    )
+    step = rollouts(train(config), 1)
+    assert len(RECORDED) == 1 and RECORDED[0].shape == (2, 2), "4 rollouts = 2 prompts x G=2"
+    assert np.array_equal(RECORDED[0].reshape(-1), step["reward"].to_numpy())
+    ids = step["prompt_id"].to_list()
+    assert ids[0] == ids[1] != ids[2] == ids[3]
