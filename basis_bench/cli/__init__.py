@@ -5,7 +5,7 @@ simulate), ``oracle`` and ``train``. Heavy imports (torch, transformers, vllm) s
 the command bodies, so `--help` is instant.
 """
 
-from basis_bench.cli import bench, oracle, train  # noqa: F401  (each registers its commands)
+from basis_bench.cli import bench, importer, oracle, train  # noqa: F401  (each registers its commands)
 from basis_bench.cli.app import app, main
 
 __all__ = ["app", "main"]

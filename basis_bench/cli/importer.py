@@ -1,0 +1,194 @@
+"""`basis-bench import`: rollouts researchers already have (counts, evaluator JSONL, GRPO
+accuracy histories, long tables) written as a rollouts dataset."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from basis_bench.cli.app import app
+
+
+@app.command("import")
+def import_(
+    fmt: Annotated[
+        str,
+        typer.Argument(
+            metavar="FORMAT",
+            help="counts | eval-jsonl | acc-history | long (docs/schema.md, 'Importing').",
+        ),
+    ],
+    sources: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="SRC...",
+            help="Source files (.csv/.tsv/.parquet/.jsonl tables; .jsonl for eval-jsonl; a JSON "
+            "map for acc-history). Several files are read as one table; for eval-jsonl the same "
+            "problem in several files (e.g. one per seed) gets its samples appended in file order.",
+        ),
+    ],
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            help="Policy name written in the 'policy' column. acc-history: the prefix of the "
+            "visit policies (--policy visit gives visit-000, visit-001, ...). long: if the source "
+            "has a --policy-col column, only this policy's rows are imported.",
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Dataset directory (created; other policies are kept).")
+    ],
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Overwrite the policy if --out already holds it.")
+    ] = False,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", help="counts, acc-history: seed of the synthetic order of the rewards."
+        ),
+    ] = 0,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference",
+            help="Mark this policy as the dataset's reference (BASIS's cache) in the metadata.",
+        ),
+    ] = False,
+    label: Annotated[
+        str | None,
+        typer.Option("--label", help="Dataset label stored in the metadata (evaluate prints it)."),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            help="A prompts table (prompt_id, problem, answer[, level, subject]; .parquet/.csv/"
+            ".jsonl) merged into DIR/prompts.parquet.",
+        ),
+    ] = None,
+    id_col: Annotated[
+        str | None,
+        typer.Option(
+            "--id-col", help="Problem id column/field. Default: prompt_id (idx for eval-jsonl)."
+        ),
+    ] = None,
+    id_format: Annotated[
+        str | None,
+        typer.Option(
+            "--id-format",
+            help="Turn source ids into prompt ids: fixed text around {} or {:0Nd}, e.g. "
+            "math500_{:03d} maps 7 to math500_007.",
+        ),
+    ] = None,
+    n_col: Annotated[str, typer.Option("--n-col", help="counts: samples column.")] = "n",
+    correct_col: Annotated[
+        str, typer.Option("--correct-col", help="counts: correct-samples column.")
+    ] = "n_correct",
+    problem_col: Annotated[
+        str | None,
+        typer.Option(
+            "--problem-col",
+            help="Problem text column/field (writes prompts.parquet when present). Default: "
+            "problem (question for eval-jsonl).",
+        ),
+    ] = None,
+    answer_col: Annotated[
+        str | None,
+        typer.Option(
+            "--answer-col", help="Gold answer column/field. Default: answer (gt for eval-jsonl)."
+        ),
+    ] = None,
+    score_field: Annotated[
+        str, typer.Option("--score-field", help="eval-jsonl: the per-sample scores list.")
+    ] = "score",
+    response_field: Annotated[
+        str,
+        typer.Option("--response-field", help="eval-jsonl: the responses list, kept when present."),
+    ] = "code",
+    rollouts_per_visit: Annotated[
+        int | None,
+        typer.Option(
+            "--rollouts-per-visit", help="acc-history: rollouts per example per visit (G)."
+        ),
+    ] = None,
+    policy_col: Annotated[str, typer.Option("--policy-col", help="long: policy column.")] = (
+        "policy"
+    ),
+    sample_col: Annotated[
+        str, typer.Option("--sample-col", help="long: sample index column.")
+    ] = "sample_idx",
+    reward_col: Annotated[str, typer.Option("--reward-col", help="long: reward column.")] = (
+        "reward"
+    ),
+) -> None:
+    """Import existing multi-sample evaluation results into a rollouts dataset at --out
+    (one policy per run; rerun with other sources and --policy to add more)."""
+    import polars as pl
+
+    from basis_bench.errors import InputError
+    from basis_bench.rollouts.importers import (
+        ImportOptions,
+        import_sources,
+        read_table,
+        write_import,
+    )
+    from basis_bench.rollouts.store import conform_prompts
+
+    console = Console(stderr=True)
+    start = time.perf_counter()
+    opt = ImportOptions(
+        id_col=id_col,
+        n_col=n_col,
+        correct_col=correct_col,
+        problem_col=problem_col,
+        answer_col=answer_col,
+        score_field=score_field,
+        response_field=response_field,
+        policy_col=policy_col,
+        sample_col=sample_col,
+        reward_col=reward_col,
+        rollouts_per_visit=rollouts_per_visit,
+        id_format=id_format,
+        seed=seed,
+    )
+    extra = None
+    if prompts is not None:
+        table, _ = read_table(prompts)
+        extra = conform_prompts(table.drop("_loc"), what=str(prompts))
+    result = import_sources(fmt, sources, policy, opt)
+    if extra is not None:
+        missing = result.rollouts.filter(~pl.col("prompt_id").is_in(extra["prompt_id"].implode()))
+        if missing.height:
+            raise InputError(
+                f"--prompts {prompts} lacks prompt {missing['prompt_id'][0]!r} "
+                f"({missing['prompt_id'].n_unique()} missing); check --id-col/--id-format"
+            )
+    report = write_import(
+        result, out, replace=replace, reference=reference, label=label, prompts=extra
+    )
+    seconds = time.perf_counter() - start
+    rows = result.rollouts
+    names = (
+        ", ".join(result.policies)
+        if len(result.policies) <= 4
+        else (f"{result.policies[0]} .. {result.policies[-1]} ({len(result.policies)} policies)")
+    )
+    console.print(
+        f"imported {rows.height:,} rollouts ({rows['prompt_id'].n_unique():,} prompts, mean reward "
+        f"{float(rows['reward'].to_numpy().mean()):.4f}) as {names} -> {out}"
+        + (" (replaced)" if report.replaced else "")
+        + (", prompts.parquet" if report.prompts_written else "")
+        + f" in {seconds:.2f}s",
+        highlight=False,
+    )
+    if result.order == "synthetic":
+        console.print(
+            "[yellow]order: synthetic[/]: rewards were expanded from counts in a seeded random "
+            "order (statistically faithful; sample_idx is not a generation order)",
+            highlight=False,
+        )
