@@ -845,27 +845,13 @@ class WriteReport:
     prompts_written: bool
 
 
-def write_import(
-    result: Imported,
-    out: str | os.PathLike[str],
-    *,
-    replace: bool = False,
-    reference: bool = False,
-    label: str | None = None,
-    prompts: pl.DataFrame | None = None,
-) -> WriteReport:
-    """Publish ``result`` into the dataset ``out`` (created), policy by policy.
-
-    An ``out`` that already holds one of the policies is refused unless ``replace``; with
-    ``replace`` the old files of those policies are removed (a file that also holds other
-    policies is refused, never rewritten). Parts are staged under non-Parquet names and
-    renamed into place only after all of them are complete.
-    """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; give a directory")
+def _files_to_replace(
+    out: Path, policies: Sequence[str], replace: bool
+) -> tuple[list[str], list[Path]]:
+    """The policies of ``policies`` that ``out`` already holds, and their files to remove;
+    refused without ``replace``, and for a file shared with other policies."""
     held = existing_policies(out)
-    clash = [p for p in result.policies if p in held]
+    clash = [p for p in policies if p in held]
     if clash and not replace:
         raise InputError(
             f"{out} already holds policy {', '.join(map(repr, clash))}; "
@@ -874,22 +860,18 @@ def write_import(
     to_remove: list[Path] = []
     for p in clash:
         for f in held[p]:
-            others = [q for q in file_policies(f) if q not in result.policies]
+            others = [q for q in file_policies(f) if q not in policies]
             if others:
                 raise InputError(
                     f"{f} holds policy {p!r} together with {', '.join(map(repr, others))}; "
                     "--replace only removes files of the replaced policies alone: remove it by hand"
                 )
             to_remove.append(f)
-    table = prompts if prompts is not None else result.prompts
-    if prompts is not None and result.prompts is not None:  # sources' texts fill the gaps
-        table = pl.concat(
-            [
-                prompts,
-                result.prompts.filter(~pl.col("prompt_id").is_in(prompts["prompt_id"].implode())),
-            ],
-            how="diagonal_relaxed",
-        )
+    return clash, to_remove
+
+
+def _import_metadata(result: Imported, label: str | None, reference: bool) -> dict[str, Any]:
+    """The ``basis_bench`` metadata every part of an import carries."""
     base: dict[str, Any] = {
         "kind": "import",
         "format": result.format,
@@ -913,6 +895,18 @@ def write_import(
         if len(result.policies) != 1:
             raise InputError("--reference marks one policy; this import writes several")
         base["reference_policy"] = result.policies[0]
+    return base
+
+
+def _publish(
+    result: Imported,
+    out: Path,
+    base: dict[str, Any],
+    table: pl.DataFrame | None,
+    to_remove: list[Path],
+) -> list[Path]:
+    """Stage every part, then rename them all into place; an interruption takes back what
+    it had put in place and leaves no staged file."""
     out.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[Path, Path]] = []
     published: list[Path] = []
@@ -931,10 +925,44 @@ def write_import(
             os.replace(stage, final)
             published.append(final)
     except BaseException:
-        for path in published:  # an interrupted publish: take back what it put in place
+        for path in published:
             path.unlink(missing_ok=True)
         raise
     finally:
         for stage, _ in staged:
             stage.unlink(missing_ok=True)
+    return published
+
+
+def write_import(
+    result: Imported,
+    out: str | os.PathLike[str],
+    *,
+    replace: bool = False,
+    reference: bool = False,
+    label: str | None = None,
+    prompts: pl.DataFrame | None = None,
+) -> WriteReport:
+    """Publish ``result`` into the dataset ``out`` (created), policy by policy.
+
+    An ``out`` that already holds one of the policies is refused unless ``replace``; with
+    ``replace`` the old files of those policies are removed (a file that also holds other
+    policies is refused, never rewritten). Parts are staged under non-Parquet names and
+    renamed into place only after all of them are complete.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; give a directory")
+    clash, to_remove = _files_to_replace(out, result.policies, replace)
+    table = prompts if prompts is not None else result.prompts
+    if prompts is not None and result.prompts is not None:  # sources' texts fill the gaps
+        table = pl.concat(
+            [
+                prompts,
+                result.prompts.filter(~pl.col("prompt_id").is_in(prompts["prompt_id"].implode())),
+            ],
+            how="diagonal_relaxed",
+        )
+    base = _import_metadata(result, label, reference)
+    published = _publish(result, out, base, table, to_remove)
     return WriteReport(published, clash, table is not None)
