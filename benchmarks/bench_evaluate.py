@@ -26,7 +26,9 @@ from pathlib import Path
 
 def child(data: str, repeats: int, out: str, trace: bool) -> dict[str, float]:
     """One evaluate run in this process; returns its measurements."""
-    from basis_bench.bench.evaluate import EvaluateConfig, evaluate, open_dataset
+    from basis_bench.bench.config import EvaluateConfig
+    from basis_bench.bench.dataset import open_dataset
+    from basis_bench.bench.run import evaluate
 
     if trace:
         tracemalloc.start()

@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from basis_bench import estimators as E
 from basis_bench.errors import InputError
@@ -350,19 +352,41 @@ def test_registry_lookup_and_registration():
     with pytest.raises(InputError, match=r"unknown estimator 'nope'.*basis"):
         E.get("nope")
 
-    @E.register_estimator("test_constant_half")
-    def half(batch, **_):
-        """Always one half."""
-        return batch.rewards * 0 + 0.5
+    with E.registry.temporary():
 
-    try:
+        @E.register_estimator("test_constant_half")
+        def half(batch):
+            """Always one half."""
+            return batch.rewards * 0 + 0.5
+
         est = E.get("test_constant_half")
         assert est.description == "Always one half." and not est.group
         assert np.allclose(est(E.EstimatorInput(np.ones((2, 3, 1)))), 0.5)
         with pytest.raises(ValueError, match="already registered"):
             E.register_estimator("test_constant_half")(half)
-    finally:
-        del E.ESTIMATORS["test_constant_half"]
+    assert "test_constant_half" not in E.ESTIMATORS
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    b=st.integers(min_value=2, max_value=12),
+    variant=st.sampled_from(["unb", "vop", "rvg"]),
+    shrink=st.booleans(),
+)
+def test_refine_is_permutation_equivariant(data, b, variant, shrink):
+    """Reordering the prompts of a batch reorders the refined values and changes nothing else."""
+    unit = st.floats(min_value=0.01, max_value=0.99, allow_nan=False)
+    v = np.array(data.draw(st.lists(unit, min_size=b, max_size=b)))
+    r = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=b, max_size=b)))
+    perm = np.array(data.draw(st.permutations(range(b))))
+    out = E.refine(v, r, variant=variant, shrink=shrink)
+    np.testing.assert_allclose(
+        E.refine(v[perm], r[perm], variant=variant, shrink=shrink),
+        out[perm],
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
 # ---------------------------------------------------------------- bad input

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
@@ -385,7 +386,10 @@ def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
         and "basis_vop" in captured.out
     )
     run = json.loads((tmp_path / "o" / "run.json").read_text())
-    assert run["config"]["basis_options"] == {"calibration": "fixed", "fixed_index": 32}
+    assert run["config"]["basis_options"] == {"calibration": "fixed", "fixed_beta": math.inf}
+    assert run["estimator_options"]["basis"]["fixed_beta"] == math.inf
+    assert run["estimator_options"]["grpo"] == {}
+    assert set(run["provenance"]) >= {"git_commit", "date_utc", "argv", "versions"}
     # with a fixed beta = inf and no refinement, offline equals the reference mean exactly
     est = pl.read_parquet(tmp_path / "o" / "estimates.parquet")
     wide = est.filter(pl.col("estimator").is_in(["offline", "reference_mean"])).pivot(
@@ -402,16 +406,62 @@ def test_default_dataset_runs_without_rollouts_option(tmp_path):
     assert res.summary.height == 2 * len(res.run["checkpoints"])
 
 
-def test_basis_options_reach_only_cache_estimators_that_take_them():
-    from basis_bench.bench.evaluate import estimator_options
+def test_each_estimator_gets_only_its_own_options_object():
+    from basis_bench.bench.run import resolve_options
+    from basis_bench.estimators import ApoOptions, BasisOptions, JamesSteinOptions, NoOptions, get
+
+    names = ("basis", "basis_vop", "grpo", "reference_mean", "james_stein", "apo")
+    opts, beta = resolve_options(
+        [get(n) for n in names],
+        {"eps": 1e-3, "criterion": "refined"},
+        {"james_stein": {"eps": 1e-4}, "apo": {"beta": 2.0}, "basis_vop": {"shrink": True}},
+    )
+    assert opts["basis"] == BasisOptions(eps=1e-3, criterion="refined")
+    assert opts["basis_vop"] == BasisOptions(
+        eps=1e-3, criterion="refined", variant="vop", shrink=True
+    )
+    assert opts["grpo"] == NoOptions() and opts["reference_mean"] == NoOptions()
+    # james_stein has its own eps, unrelated to BASIS's active set
+    assert opts["james_stein"] == JamesSteinOptions(eps=1e-4)
+    assert opts["apo"] == ApoOptions(beta=2.0)
+    assert beta == opts["basis"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"apo": {"eps": 1.0}}, "unknown option(s) eps for estimator 'apo'; valid: beta"),
+        ({"grpo": {"x": 1}}, "for estimator 'grpo'; valid: (none"),
+        ({"nope": {}}, "unknown estimator 'nope'"),
+        ({"basis": {"eps": float("nan")}}, "basis.eps must be finite"),
+    ],
+)
+def test_bad_estimator_options_are_clear_errors(extra, message):
+    from basis_bench.bench.run import resolve_options
     from basis_bench.estimators import get
 
-    opts = {"eps": 1e-3, "criterion": "refined"}
-    assert estimator_options(get("basis"), opts) == opts
-    assert estimator_options(get("grpo"), opts) == {}
-    assert estimator_options(get("reference_mean"), opts) == {}
-    if "james_stein" in ESTIMATORS:  # has its own eps, unrelated to BASIS's active set
-        assert estimator_options(get("james_stein"), opts) == {}
+    with pytest.raises(InputError) as err:
+        resolve_options([get("basis"), get("apo"), get("grpo")], {}, extra)
+    assert message in str(err.value)
+
+
+def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
+    code, _ = run_cli(
+        monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
+        "--batch-size", "8", "--repeats", "3", "--estimators", "apo,basis", "--option", "apo.beta=2",
+        "--eps", "1e-3", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert code == 0
+    run = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert run["estimator_options"] == {
+        "apo": {"beta": 2.0},
+        "basis": {**run["estimator_options"]["basis"], "eps": 1e-3},
+    }
+    code, captured = run_cli(
+        monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--option", "apo.nope=1",
+        "--out", str(tmp_path / "p"),
+    )  # fmt: skip
+    assert code == 2 and "valid: beta" in captured.err
 
 
 def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_path):

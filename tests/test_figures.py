@@ -5,8 +5,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from basis_bench.bench.evaluate import EvaluateConfig, evaluate
+from basis_bench.bench.config import EvaluateConfig
 from basis_bench.bench.figures import FIGURES, make_figures
+from basis_bench.bench.run import evaluate
 from basis_bench.bench.sensitivity import SensitivityConfig, sensitivity
 from basis_bench.errors import InputError
 from basis_bench.rollouts.simulate import SimulationConfig, simulate

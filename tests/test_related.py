@@ -139,7 +139,7 @@ def test_registered_apo_binary_is_exact() -> None:
     est = ESTIMATORS["apo"]
     assert est.uses_cache and not est.group and est.defaults == {}
     np.testing.assert_allclose(est(batch)[:, 0], apo_value(ref, 0.5), rtol=1e-12)
-    np.testing.assert_allclose(est(batch, apo_beta=2.0)[:, 0], apo_value(ref, 2.0), rtol=1e-12)
+    np.testing.assert_allclose(est(batch, beta=2.0)[:, 0], apo_value(ref, 2.0), rtol=1e-12)
 
 
 def test_registered_apo_continuous_from_grid() -> None:

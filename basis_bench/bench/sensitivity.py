@@ -18,50 +18,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
-from basis_bench.bench.evaluate import (
-    ReplaySettings,
-    Tilt,
-    _write_csv,
-    checkpoint_data,
-    open_dataset,
-    replay,
-    resolve_estimators,
-    summary_table,
-)
+from basis_bench.bench.config import DEFAULT_VALUES, SensitivityConfig
+from basis_bench.bench.dataset import CheckpointData, checkpoint_data, open_dataset
+from basis_bench.bench.replay import ReplaySettings, replay
+from basis_bench.bench.run import resolve_estimators, resolve_options
+from basis_bench.bench.tables import summary_table, write_csv
 from basis_bench.errors import InputError
-from basis_bench.estimators import default_betas
-
-DEFAULT_VALUES: dict[str, tuple[float, ...]] = {
-    "eps": (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
-    "n": (8, 16, 32, 64),
-    "batch_size": (16, 32, 64, 128, 256),
-    "grid_size": (8, 16, 32, 64),
-}
-
-
-@dataclass(frozen=True)
-class SensitivityConfig:
-    """Options of ``basis-bench sensitivity`` (see its --help); the defaults are Fig. 5's."""
-
-    rollouts: str | None = None
-    checkpoints: tuple[str, ...] = ()
-    reference: str | None = None
-    estimators: tuple[str, ...] = ("basis",)
-    parameters: tuple[str, ...] = tuple(DEFAULT_VALUES)
-    batch_size: int = 64
-    repeats: int = 200
-    oracle_n: int = 256
-    ref_n: int = 64
-    eps: float = 1e-6
-    grid_size: int = 32
-    seed: int = 0
-    basis_options: dict[str, Any] = field(default_factory=dict)
+from basis_bench.estimators import Estimator, TiltTable, default_betas
 
 
 def _settings(cfg: SensitivityConfig) -> list[tuple[str, float]]:
@@ -72,6 +40,34 @@ def _settings(cfg: SensitivityConfig) -> list[tuple[str, float]]:
             f"unknown sensitivity parameter(s) {unknown}; choose from {', '.join(DEFAULT_VALUES)}"
         )
     return [(p, v) for p in cfg.parameters for v in DEFAULT_VALUES[p]]
+
+
+def _point(
+    cfg: SensitivityConfig,
+    full: CheckpointData,
+    estimators: list[Estimator],
+    param: str,
+    value: float,
+) -> pl.DataFrame | None:
+    """summary.csv rows of one point of the sweep, or None where the data cannot support it."""
+    n = int(value) if param == "n" else cfg.ref_n
+    b = int(value) if param == "batch_size" else cfg.batch_size
+    k = int(value) if param == "grid_size" else cfg.grid_size
+    eps = float(value) if param == "eps" else cfg.eps
+    if n > full.cache.shape[1] or b > full.n_prompts:
+        return None
+    data = replace(full, cache=full.cache[:, :n])
+    options, beta_options = resolve_options(
+        estimators, {**cfg.basis_options, "eps": eps}, cfg.estimator_options
+    )
+    settings = ReplaySettings(
+        batch_size=b, repeats=cfg.repeats, group_size=1, seed=cfg.seed, options=options,
+        beta_options=beta_options, extras=False,
+    )  # fmt: skip
+    rep = replay(data, TiltTable.from_cache(data.cache, default_betas(k)), estimators, settings)
+    return summary_table(rep, b).with_columns(
+        pl.lit(param).alias("parameter"), pl.lit(float(value)).alias("value")
+    )
 
 
 def sensitivity(
@@ -99,28 +95,9 @@ def sensitivity(
                 f"--ref-n {cfg.ref_n} exceeds the {full.cache.shape[1]} cached reference samples"
             )
         for done, (param, value) in enumerate(points, start=1):
-            n = int(value) if param == "n" else cfg.ref_n
-            b = int(value) if param == "batch_size" else cfg.batch_size
-            k = int(value) if param == "grid_size" else cfg.grid_size
-            eps = float(value) if param == "eps" else cfg.eps
-            if n <= full.cache.shape[1] and b <= full.n_prompts:
-                data = replace(full, cache=full.cache[:, :n])
-                settings = ReplaySettings(
-                    batch_size=b,
-                    repeats=cfg.repeats,
-                    group_size=1,
-                    seed=cfg.seed,
-                    basis_options={**cfg.basis_options, "eps": eps},
-                    extras=False,
-                )
-                rep = replay(
-                    data, Tilt.from_cache(data.cache, default_betas(k)), estimators, settings
-                )
-                rows.append(
-                    summary_table(rep, b).with_columns(
-                        pl.lit(param).alias("parameter"), pl.lit(float(value)).alias("value")
-                    )
-                )
+            row = _point(cfg, full, estimators, param, value)
+            if row is not None:
+                rows.append(row)
             if progress is not None:
                 progress(name, done, len(points))
     df = pl.concat(rows).select(
@@ -128,5 +105,5 @@ def sensitivity(
     )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_csv(df, out / "sensitivity.csv")
+    write_csv(df, out / "sensitivity.csv")
     return df

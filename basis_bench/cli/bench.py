@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -10,120 +9,50 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
-from basis_bench.errors import InputError
+from basis_bench.cli.options import (
+    EVALUATE,
+    RESULTS_DIR,
+    SENSITIVITY,
+    BatchOpt,
+    CalibrationOpt,
+    CheckpointOpt,
+    CriterionOpt,
+    EpsOpt,
+    EstimatorOptionOpt,
+    FixedBetaOpt,
+    GridOpt,
+    LossOpt,
+    OracleOpt,
+    ReferenceOpt,
+    RefNOpt,
+    ResultsOutOpt,
+    RolloutsOpt,
+    SeedOpt,
+    basis_options,
+    estimator_options,
+    split_names,
+)
 
 if TYPE_CHECKING:
     import polars as pl
 
-RolloutsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--rollouts",
-        help="Rollouts directory in the store schema (docs/schema.md). Default: the simulated "
-        "dataset shipped in basis_bench/data/default.",
-    ),
-]
-CheckpointOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--checkpoint",
-        help="Checkpoint policy to evaluate; repeat for several. Default: every policy except the reference.",
-    ),
-]
-ReferenceOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--reference",
-        help="Reference policy whose first --ref-n samples form BASIS's cache. Default: the "
-        "'reference_policy' in the files' metadata, else the policy named 'reference'.",
-    ),
-]
-BatchOpt = Annotated[int, typer.Option("--batch-size", help="Prompts per batch draw (B).")]
-OracleOpt = Annotated[
-    int,
-    typer.Option(
-        "--oracle-n",
-        help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out oracle value.",
-    ),
-]
-RefNOpt = Annotated[
-    int, typer.Option("--ref-n", help="Reference samples per prompt in BASIS's offline cache (n).")
-]
-SeedOpt = Annotated[
-    int, typer.Option("--seed", help="Random seed: the same seed writes the same files.")
-]
-CalibrationOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--calibration",
-        help="How BASIS picks beta: current (on this batch), previous (on the previous batch), "
-        "fixed (--fixed-beta). Default: the estimator's own.",
-    ),
-]
-CriterionOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--criterion",
-        help="In-batch loss BASIS minimises over beta: initial (of the offline V^) or refined (of V~). "
-        "Default: the estimator's own.",
-    ),
-]
-LossOpt = Annotated[
-    str | None,
-    typer.Option("--loss", help="Calibration loss: squared or log. Default: the estimator's own."),
-]
-GridOpt = Annotated[
-    int,
-    typer.Option(
-        "--grid-size",
-        help="Finite candidate betas (log-spaced in [0.05, 50]); beta = inf is always added.",
-    ),
-]
 
+def _load_plugins(console: Console) -> None:
+    """Import the estimator plug-ins now, turning a broken one into one warning line."""
+    import warnings
 
-def _basis_options(
-    calibration: str | None,
-    criterion: str | None,
-    loss: str | None,
-    eps: float | None,
-    fixed_beta: float | None,
-    grid_size: int,
-) -> dict[str, Any]:
-    """BASIS options the user set; unset ones keep the estimator's defaults."""
-    from basis_bench.estimators import default_betas
+    from basis_bench.estimators import PluginWarning, load_plugins
 
-    opts: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "calibration": calibration,
-            "criterion": criterion,
-            "loss": loss,
-            "eps": eps,
-        }.items()
-        if v is not None
-    }
-    if calibration == "fixed":
-        if fixed_beta is None or not fixed_beta > 0:
-            raise InputError(
-                "--calibration fixed needs --fixed-beta, a positive beta of the grid (or inf)"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PluginWarning)
+        load_plugins()
+    for w in caught:
+        if issubclass(w.category, PluginWarning):
+            Console(stderr=True, soft_wrap=True).print(
+                f"[yellow]warning:[/] {w.message}", highlight=False
             )
-        betas = default_betas(grid_size)
-        finite = math.isfinite(fixed_beta)
-        distance = [
-            abs(math.log(b / fixed_beta))
-            if finite and math.isfinite(b)
-            else (0.0 if b == fixed_beta else math.inf)
-            for b in betas
-        ]
-        opts["fixed_index"] = min(range(len(betas)), key=lambda i: (distance[i], i))
-    elif fixed_beta is not None:
-        raise InputError("--fixed-beta only applies with --calibration fixed")
-    return opts
-
-
-def _split(names: str) -> tuple[str, ...]:
-    items = tuple(n.strip() for n in names.split(",") if n.strip())
-    return () if items in ((), ("all",)) else items
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _progress(console: Console) -> Any:
@@ -205,59 +134,48 @@ def evaluate(
     reference: ReferenceOpt = None,
     estimators: Annotated[
         str,
-        typer.Option("--estimators", help="Comma-separated registered estimator names, or 'all'."),
+        typer.Option(
+            "--estimators",
+            help="Comma-separated registered estimator names (plug-ins included), or 'all'.",
+        ),
     ] = "all",
-    batch_size: BatchOpt = 64,
+    batch_size: BatchOpt = EVALUATE.batch_size,
     repeats: Annotated[
         int, typer.Option("--repeats", help="Batch draws (repeats) per checkpoint.")
-    ] = 1000,
+    ] = EVALUATE.repeats,
     group_size: Annotated[
         int, typer.Option("--group-size", help="Rollouts per prompt (G) for GRPO and RLOO.")
-    ] = 8,
-    oracle_n: OracleOpt = 256,
-    ref_n: RefNOpt = 64,
-    seed: SeedOpt = 0,
-    out: Annotated[
-        Path,
-        typer.Option(
-            "--out", help="Directory for estimates.parquet, summary.csv and the other tables."
-        ),
-    ] = Path("results/value-estimation"),
+    ] = EVALUATE.group_size,
+    oracle_n: OracleOpt = EVALUATE.oracle_n,
+    ref_n: RefNOpt = EVALUATE.ref_n,
+    seed: SeedOpt = EVALUATE.seed,
+    out: ResultsOutOpt = RESULTS_DIR,
     calibration: CalibrationOpt = None,
     criterion: CriterionOpt = None,
     loss: LossOpt = None,
-    eps: Annotated[
-        float | None,
-        typer.Option(
-            "--eps",
-            help="Active-set threshold of BASIS's refinement. Default: the estimator's own.",
-        ),
-    ] = None,
-    grid_size: GridOpt = 32,
-    fixed_beta: Annotated[
-        float | None,
-        typer.Option(
-            "--fixed-beta", help="Beta for --calibration fixed (nearest grid value; inf allowed)."
-        ),
-    ] = None,
+    eps: EpsOpt = None,
+    grid_size: GridOpt = EVALUATE.grid_size,
+    fixed_beta: FixedBetaOpt = None,
+    option: EstimatorOptionOpt = None,
     write_estimates: Annotated[
         bool,
         typer.Option(
             "--estimates/--no-estimates",
             help="Write the per-estimate rows (estimates.parquet); the tables are written either way.",
         ),
-    ] = True,
+    ] = EVALUATE.write_estimates,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3)."""
-    from basis_bench.bench.evaluate import EvaluateConfig
-    from basis_bench.bench.evaluate import evaluate as run_evaluate
+    from basis_bench.bench.config import EvaluateConfig
+    from basis_bench.bench.run import evaluate as run_evaluate
 
     console = Console()
+    _load_plugins(console)
     cfg = EvaluateConfig(
         rollouts=str(rollouts) if rollouts is not None else None,
         checkpoints=tuple(checkpoint or ()),
         reference=reference,
-        estimators=_split(estimators),
+        estimators=split_names(estimators),
         batch_size=batch_size,
         repeats=repeats,
         group_size=group_size,
@@ -265,7 +183,8 @@ def evaluate(
         ref_n=ref_n,
         seed=seed,
         grid_size=grid_size,
-        basis_options=_basis_options(calibration, criterion, loss, eps, fixed_beta, grid_size),
+        basis_options=basis_options(calibration, criterion, loss, eps, fixed_beta),
+        estimator_options=estimator_options(option),
         write_estimates=write_estimates,
     )
     with _progress(console) as bar:
@@ -330,41 +249,44 @@ def sensitivity(
     estimators: Annotated[
         str,
         typer.Option("--estimators", help="Comma-separated single-rollout estimators to sweep."),
-    ] = "basis",
+    ] = ",".join(SENSITIVITY.estimators),
     parameters: Annotated[
         str,
         typer.Option(
             "--parameters", help="Knobs to vary one at a time: any of eps,n,batch_size,grid_size."
         ),
-    ] = "eps,n,batch_size,grid_size",
-    batch_size: BatchOpt = 64,
+    ] = ",".join(SENSITIVITY.parameters),
+    batch_size: BatchOpt = SENSITIVITY.batch_size,
     repeats: Annotated[
         int, typer.Option("--repeats", help="Batch draws per setting and checkpoint.")
-    ] = 200,
-    oracle_n: OracleOpt = 256,
-    ref_n: RefNOpt = 64,
+    ] = SENSITIVITY.repeats,
+    oracle_n: OracleOpt = SENSITIVITY.oracle_n,
+    ref_n: RefNOpt = SENSITIVITY.ref_n,
     eps: Annotated[
         float, typer.Option("--eps", help="Active-set threshold while another knob varies.")
-    ] = 1e-6,
-    grid_size: GridOpt = 32,
-    seed: SeedOpt = 0,
-    out: Annotated[Path, typer.Option("--out", help="Directory for sensitivity.csv.")] = Path(
-        "results/value-estimation"
-    ),
+    ] = SENSITIVITY.eps,
+    grid_size: GridOpt = SENSITIVITY.grid_size,
+    seed: SeedOpt = SENSITIVITY.seed,
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for sensitivity.csv.")
+    ] = RESULTS_DIR,
     calibration: CalibrationOpt = None,
     criterion: CriterionOpt = None,
     loss: LossOpt = None,
+    fixed_beta: FixedBetaOpt = None,
+    option: EstimatorOptionOpt = None,
 ) -> None:
     """Sensitivity of BASIS to eps, cache size n, batch size B and grid size (the paper's Fig. 5)."""
-    from basis_bench.bench.sensitivity import SensitivityConfig
+    from basis_bench.bench.config import SensitivityConfig
     from basis_bench.bench.sensitivity import sensitivity as run_sensitivity
 
     console = Console()
+    _load_plugins(console)
     cfg = SensitivityConfig(
         rollouts=str(rollouts) if rollouts is not None else None,
         checkpoints=tuple(checkpoint or ()),
         reference=reference,
-        estimators=_split(estimators) or ("basis",),
+        estimators=split_names(estimators) or SENSITIVITY.estimators,
         parameters=tuple(p.strip() for p in parameters.split(",") if p.strip()),
         batch_size=batch_size,
         repeats=repeats,
@@ -373,7 +295,8 @@ def sensitivity(
         eps=eps,
         grid_size=grid_size,
         seed=seed,
-        basis_options=_basis_options(calibration, criterion, loss, None, None, grid_size),
+        basis_options=basis_options(calibration, criterion, loss, None, fixed_beta),
+        estimator_options=estimator_options(option),
     )
     with _progress(console) as bar:
         tasks: dict[str, Any] = {}
@@ -409,7 +332,7 @@ def figures(
         typer.Option(
             "--results", help="Directory written by `evaluate` (and `sensitivity` for Fig. 5)."
         ),
-    ] = Path("results/value-estimation"),
+    ] = RESULTS_DIR,
     out: Annotated[
         Path, typer.Option("--out", help="Directory for the PNG and PDF figures.")
     ] = Path("figures"),

@@ -1,8 +1,15 @@
-"""Input checks shared by the estimators: one clear ValueError per user mistake."""
+"""Array plumbing shared by the estimators: input checks (one clear InputError per user
+mistake), and the only place that moves arrays between numpy and other array-API
+namespaces (:func:`to_numpy`, :func:`asarray_like`), so device and dtype handling is
+written once.
+
+Checks belong at the public boundary (a public function, ``Estimator.__call__``,
+``Basis.__call__``); the private kernels behind them trust their inputs, so a batch of
+GPU tensors is synchronised with the host once per call, not once per step.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,21 +53,18 @@ def check_choice(value: str, allowed: tuple[str, ...], name: str) -> None:
         raise InputError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
 
-class PromptIndex:
-    """Prompt id -> row of a per-prompt table (the reference cache), with clear errors."""
+def to_numpy(x: Any, dtype: Any = None) -> np.ndarray:
+    """``x`` (numpy, torch on any device, a sequence, a scalar) as a numpy array."""
+    if hasattr(x, "detach"):
+        x = x.detach()
+    if hasattr(x, "cpu"):
+        x = x.cpu()
+    return np.asarray(x, dtype=dtype)
 
-    def __init__(self, prompt_ids: Sequence[str]) -> None:
-        self.rows = {pid: i for i, pid in enumerate(prompt_ids)}
-        if len(self.rows) != len(prompt_ids):
-            raise InputError("prompt_ids of the reference cache are not unique")
 
-    def __call__(self, prompt_ids: Sequence[str]) -> np.ndarray:
-        """Rows of a batch's prompts; prompts missing from the cache are an error."""
-        missing = [p for p in prompt_ids if p not in self.rows]
-        if missing:
-            raise InputError(
-                f"{len(missing)} prompt(s) of the batch are not in the reference cache, e.g. {missing[0]!r}"
-            )
-        return np.fromiter(
-            (self.rows[p] for p in prompt_ids), dtype=np.int64, count=len(prompt_ids)
-        )
+def asarray_like(values: Any, like: Array) -> Array:
+    """``values`` (numpy) as an array of ``like``'s namespace, dtype and device."""
+    xp = array_namespace(like)
+    if isinstance(like, np.ndarray):
+        return xp.asarray(values, dtype=like.dtype)
+    return xp.asarray(values, dtype=like.dtype, device=like.device)

@@ -1,9 +1,14 @@
-"""BASIS as a stateful object for training loops: cache + grid in, baselines out.
+"""BASIS as a stateful object for training loops, and its registered one-step estimators.
 
-Built once from the reference cache (prompt ids and their n cached rewards), it precomputes
-the (K, P) table of tilted values and variances, then each step gathers the batch's
-columns, calibrates beta (``current``, ``previous`` or ``fixed``) and refines. With
-``previous``, the first step uses beta = inf: the initial policy is the reference policy.
+:class:`Basis` is built once from the reference cache (prompt ids and their n cached
+rewards) into a :class:`~basis_bench.estimators.table.TiltTable`; each step gathers the
+batch's columns, calibrates beta (``current``, ``previous`` or ``fixed``) and refines.
+With ``previous``, the first step uses beta = inf: the initial policy is the reference
+policy.
+
+Registered here: ``reference_mean`` (beta = inf, no refinement), ``offline`` (V^ at the
+calibrated beta), ``basis`` (UNB), ``basis_vop`` and ``basis_rvg``, all reading
+:class:`~basis_bench.estimators.options.BasisOptions` except ``reference_mean``.
 """
 
 from __future__ import annotations
@@ -13,12 +18,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, PromptIndex, RewardRange, check_choice
-from basis_bench.estimators.calibrate import CALIBRATIONS, DEFAULT_MIN_ACTIVE, basis_estimate
-from basis_bench.estimators.tilt import default_betas, tilted_moments
+from basis_bench.estimators._array import Array, RewardRange, check_rewards
+from basis_bench.estimators.calibrate import estimate_with
+from basis_bench.estimators.options import (
+    DEFAULT_PRIOR,
+    BasisOptions,
+    NoOptions,
+    options_from_mapping,
+)
+from basis_bench.estimators.registry import EstimatorInput, register_estimator
+from basis_bench.estimators.table import TiltTable, inf_index, nearest_beta_index
+
+BASIS_FAMILY = ("offline", "basis", "basis_vop", "basis_rvg")
 
 
 @dataclass(frozen=True)
@@ -31,79 +44,133 @@ class BasisOutput:
 
 
 class Basis:
-    """Single-rollout baselines b_i = V~_{i, beta_t} for a stream of training batches."""
+    """Single-rollout baselines b_i = V~_{i, beta_t} for a stream of training batches.
+
+    ``options`` is a :class:`BasisOptions` or a ``{key: value}`` mapping of its fields; the
+    same keys may also be passed as keywords (``Basis(ids, ref, eps=1e-4)``). With
+    ``calibration="fixed"`` the grid is ``[fixed_beta]`` itself. ``betas`` and ``prior``
+    shape the tilt table; ``table`` may be given instead of building it from the cache.
+    """
 
     def __init__(
         self,
         prompt_ids: Sequence[str],
         ref_rewards: Array,
         betas: Sequence[float] | np.ndarray | None = None,
-        prior: float = 0.5,
-        calibration: str = "current",
-        fixed_beta: float | None = None,
-        variant: str = "unb",
-        criterion: str = "initial",
-        loss: str = "squared",
-        eps: float = 1e-6,
-        min_active: float = DEFAULT_MIN_ACTIVE,
-        shrink: bool = False,
-        clip: tuple[float, float] | None = None,
+        prior: float = DEFAULT_PRIOR,
+        options: BasisOptions | dict[str, Any] | None = None,
         reward_range: RewardRange = (0.0, 1.0),
+        **option_values: Any,
     ) -> None:
-        check_choice(calibration, CALIBRATIONS, "calibration")
-        ref = np.asarray(ref_rewards, dtype=np.float64)
-        if ref.ndim != 2 or ref.shape[0] != len(prompt_ids):
-            raise InputError(
-                f"ref_rewards must be ({len(prompt_ids)}, n) to match prompt_ids; got {ref.shape}"
-            )
-        self.betas = np.asarray(default_betas() if betas is None else betas, dtype=np.float64)
-        if calibration == "fixed":
-            if fixed_beta is None:
-                raise InputError("fixed calibration needs fixed_beta")
-            self.betas = np.asarray([fixed_beta], dtype=np.float64)
-        self.v_table, self.var_table = tilted_moments(ref, self.betas, prior=prior)
-        self.columns = PromptIndex(prompt_ids)
-        self.calibration = calibration
-        self.options: dict[str, Any] = dict(
-            variant=variant, criterion=criterion, loss=loss, eps=eps, min_active=min_active,
-            shrink=shrink, clip=clip, reward_range=reward_range,
-        )  # fmt: skip
-        inf = np.flatnonzero(np.isinf(self.betas))
+        opts = options if isinstance(options, BasisOptions) else BasisOptions()
+        values = {**(options if isinstance(options, dict) else {}), **option_values}
+        self.options = options_from_mapping(BasisOptions, values, "Basis", opts)
+        if self.options.calibration == "fixed":
+            betas = [self.options.fixed_beta]  # type: ignore[list-item]
+        self.table = TiltTable.from_cache(ref_rewards, betas, prior, prompt_ids)
+        self.reward_range = reward_range
+        inf = self.table.inf_index
         # The grid index that ``previous`` calibration applies to the next batch; public so a
         # training loop can save and restore it with its checkpoints.
-        self.previous_index = int(inf[0]) if inf.size else 0
+        self.previous_index = inf if inf is not None else 0
+
+    @property
+    def calibration(self) -> str:
+        return self.options.calibration
+
+    @property
+    def betas(self) -> np.ndarray:
+        return self.table.betas
+
+    @property
+    def v_table(self) -> np.ndarray:
+        return self.table.values
+
+    @property
+    def var_table(self) -> np.ndarray:
+        return self.table.variances
+
+    @property
+    def columns(self) -> Any:
+        return self.table.index
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> BasisOutput:
         """Baselines for one batch: rewards (B,), one per prompt in ``prompt_ids``."""
-        xp = array_namespace(rewards)
         if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
             raise InputError(
                 f"rewards must be ({len(prompt_ids)},), one per prompt id; got {tuple(rewards.shape)}"
             )
-        cols = self.columns(prompt_ids)
-        kw: dict[str, Any] = {"dtype": rewards.dtype}
-        if not isinstance(rewards, np.ndarray):
-            kw["device"] = rewards.device
-        v_grid = xp.asarray(self.v_table[:, cols], **kw)
-        var_grid = xp.asarray(self.var_table[:, cols], **kw)
+        check_rewards(rewards, self.reward_range)
+        v_grid, var_grid = self.table.gather(self.table.columns(prompt_ids), like=rewards)
         if self.calibration == "current":
-            values, index = basis_estimate(
-                v_grid, var_grid, rewards, calibration="current", **self.options
-            )
-            chosen = int(index)
-        else:
-            chosen = self.previous_index if self.calibration == "previous" else 0
-            values, index = basis_estimate(
-                v_grid, var_grid, rewards, calibration="fixed", fixed_index=chosen, **self.options
-            )
-            if self.calibration == "previous":
-                _, now = basis_estimate(
-                    v_grid,
-                    var_grid,
-                    rewards,
-                    calibration="current",
-                    refine_values=False,
-                    **self.options,
-                )
-                self.previous_index = int(now)
+            values, index = estimate_with(v_grid, var_grid, rewards, self.options)
+            return BasisOutput(values, float(self.betas[int(index)]), int(index))
+        chosen = self.previous_index if self.calibration == "previous" else 0
+        values, _ = estimate_with(v_grid, var_grid, rewards, self.options, "fixed", chosen)
+        if self.calibration == "previous":
+            offline = _offline(self.options)
+            _, now = estimate_with(v_grid, var_grid, rewards, offline, "current")
+            self.previous_index = int(now)
         return BasisOutput(values, float(self.betas[chosen]), chosen)
+
+
+def _offline(opts: BasisOptions) -> BasisOptions:
+    """The same options without refinement (only the calibrated beta is wanted)."""
+    from dataclasses import replace
+
+    return replace(opts, refine=False)
+
+
+def _grids(batch: EstimatorInput) -> tuple[Array, Array | None, np.ndarray]:
+    """The input's grids and its betas; cache estimators need the beta grid."""
+    assert batch.v_grid is not None  # the registry checked uses_cache
+    if batch.betas is None:
+        raise InputError("this estimator needs the beta grid (betas) in its input")
+    return batch.v_grid, batch.var_grid, batch.betas
+
+
+def basis_values(batch: EstimatorInput, options: BasisOptions) -> tuple[Array, Array]:
+    """BASIS values (..., B) and beta indices (...) of a checked single-rollout input.
+
+    ``calibration="fixed"`` uses the grid value nearest to ``options.fixed_beta``.
+    """
+    if options.calibration == "fixed":
+        v_grid, var_grid, betas = _grids(batch)
+        fixed = nearest_beta_index(betas, options.fixed_beta)  # type: ignore[arg-type]
+        return estimate_with(v_grid, var_grid, batch.rewards[..., 0], options, "fixed", fixed)
+    assert batch.v_grid is not None
+    return estimate_with(batch.v_grid, batch.var_grid, batch.rewards[..., 0], options)
+
+
+def calibrated_index(batch: EstimatorInput, options: BasisOptions) -> Array:
+    """The beta index BASIS's calibration chooses for each batch (...), no refinement."""
+    return basis_values(batch, _offline(options))[1]
+
+
+@register_estimator("reference_mean", uses_cache=True)
+def _reference_mean(batch: EstimatorInput, options: NoOptions) -> Array:
+    """Smoothed reference success rate (beta = inf, no refinement)."""
+    v_grid, _, betas = _grids(batch)
+    inf = inf_index(betas)
+    if inf is None:
+        raise InputError("reference_mean needs beta = inf in the grid")
+    return v_grid[inf, ..., None]
+
+
+def _basis(batch: EstimatorInput, options: BasisOptions) -> Array:
+    return basis_values(batch, options)[0][..., None]
+
+
+for _name, _text, _defaults in (
+    (
+        "offline",
+        "Offline tilted value V^ at the calibrated beta, no refinement.",
+        {"refine": False},
+    ),
+    ("basis", "BASIS (UNB): unbiased BLUE refinement at the calibrated beta.", {"variant": "unb"}),
+    ("basis_vop", "BASIS-VOP: variance-optimised shrinkage refinement.", {"variant": "vop"}),
+    ("basis_rvg", "BASIS-RVG: ratio-average value-guided refinement.", {"variant": "rvg"}),
+):
+    register_estimator(
+        _name, uses_cache=True, description=_text, options=BasisOptions, defaults=_defaults
+    )(_basis)

@@ -22,16 +22,32 @@ from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, check_choice, check_rewards
-from basis_bench.estimators.refine import refine
+from basis_bench.estimators.options import (
+    CALIBRATIONS,
+    CRITERIA,
+    DEFAULT_EPS,
+    DEFAULT_MIN_ACTIVE,
+    LOSSES,
+    BasisOptions,
+)
+from basis_bench.estimators.refine import _refine
 
-CRITERIA = ("initial", "refined")
-LOSSES = ("squared", "log")
-CALIBRATIONS = ("current", "previous", "fixed")
-DEFAULT_MIN_ACTIVE = 0.5
+__all__ = [
+    "CALIBRATIONS",
+    "CRITERIA",
+    "DEFAULT_MIN_ACTIVE",
+    "LOSSES",
+    "active_fraction",
+    "basis_estimate",
+    "batch_loss",
+    "estimate_with",
+    "select_beta",
+    "take_beta",
+]
 _LOG_CLIP = 1e-6
 
 
-def active_fraction(var_grid: Array, eps: float = 1e-6) -> Array:
+def active_fraction(var_grid: Array, eps: float = DEFAULT_EPS) -> Array:
     """Share of the batch's prompts in the active set {j : s^2_j > eps}, per candidate: (K, ...)."""
     xp = array_namespace(var_grid)
     return xp.mean(xp.astype(var_grid > eps, var_grid.dtype), axis=-1)
@@ -69,7 +85,7 @@ def select_beta(
     criterion: str = "initial",
     loss: str = "squared",
     variant: str = "unb",
-    eps: float = 1e-6,
+    eps: float = DEFAULT_EPS,
     min_active: float = DEFAULT_MIN_ACTIVE,
     shrink: bool = False,
     reward_range: RewardRange = (0.0, 1.0),
@@ -80,20 +96,30 @@ def select_beta(
     rewards: (..., B). Ties go to the earlier candidate.
     """
     check_choice(criterion, CRITERIA, "calibration criterion")
+    check_choice(loss, LOSSES, "loss")
     _check_grid(v_grid, rewards, var_grid)
     check_rewards(rewards, reward_range)
-    xp = array_namespace(v_grid, rewards)
     var = v_grid * (1 - v_grid) if var_grid is None else var_grid
+    opts = BasisOptions(
+        criterion=criterion, loss=loss, variant=variant, eps=eps, min_active=min_active,
+        shrink=shrink,
+    )  # fmt: skip
+    return _select_beta(v_grid, var, rewards, opts)
+
+
+def _select_beta(
+    v_grid: Array, var: Array, rewards: Array, opts: BasisOptions
+) -> tuple[Array, Array]:
+    """The kernel of :func:`select_beta`: inputs checked, ``var`` given."""
+    xp = array_namespace(v_grid, rewards)
     r = xp.broadcast_to(rewards[None, ...], v_grid.shape)
-    if criterion == "initial":
+    if opts.criterion == "initial":
         pred = v_grid
     else:
-        pred = refine(
-            v_grid, r, variant=variant, eps=eps, reward_var=var, shrink=shrink, reward_range=None
-        )
-    losses = batch_loss(pred, r, loss)
-    if min_active > 0:
-        ok = active_fraction(var, eps) >= min_active
+        pred = _refine(v_grid, r, opts.variant, opts.eps, var, opts.shrink)
+    losses = batch_loss(pred, r, opts.loss)
+    if opts.min_active > 0:
+        ok = active_fraction(var, opts.eps) >= opts.min_active
         ok = ok | ~xp.any(ok, axis=0, keepdims=True)  # never exclude every candidate
         losses = xp.where(ok, losses, math.inf)
     return xp.argmin(losses, axis=0), losses
@@ -115,7 +141,7 @@ def basis_estimate(
     variant: str = "unb",
     criterion: str = "initial",
     loss: str = "squared",
-    eps: float = 1e-6,
+    eps: float = DEFAULT_EPS,
     min_active: float = DEFAULT_MIN_ACTIVE,
     shrink: bool = False,
     clip: tuple[float, float] | None = None,
@@ -131,6 +157,28 @@ def basis_estimate(
     """
     check_choice(calibration, CALIBRATIONS, "calibration")
     _check_grid(v_grid, rewards, var_grid)
+    check_rewards(rewards, reward_range)
+    opts = BasisOptions(
+        variant=variant, criterion=criterion, loss=loss, eps=eps, min_active=min_active,
+        shrink=shrink, clip=clip, refine=refine_values,
+    )  # fmt: skip
+    return estimate_with(v_grid, var_grid, rewards, opts, calibration, fixed_index)
+
+
+def estimate_with(
+    v_grid: Array,
+    var_grid: Array | None,
+    rewards: Array,
+    opts: BasisOptions,
+    calibration: str | None = None,
+    fixed_index: int | None = None,
+) -> tuple[Array, Array]:
+    """:func:`basis_estimate` with its options as a :class:`BasisOptions`, on checked rewards.
+
+    ``calibration`` overrides ``opts.calibration``; ``fixed`` needs the grid index
+    ``fixed_index`` (callers map ``opts.fixed_beta`` onto their grid).
+    """
+    calibration = opts.calibration if calibration is None else calibration
     xp = array_namespace(v_grid, rewards)
     var = v_grid * (1 - v_grid) if var_grid is None else var_grid
     if calibration == "fixed":
@@ -138,13 +186,9 @@ def basis_estimate(
             raise InputError(
                 f"fixed calibration needs fixed_index in [0, {v_grid.shape[0]}); got {fixed_index}"
             )
-        check_rewards(rewards, reward_range)
         index = xp.full(tuple(rewards.shape[:-1]), fixed_index % v_grid.shape[0], dtype=xp.int64)
     else:
-        index, _ = select_beta(
-            v_grid, rewards, var, criterion=criterion, loss=loss, variant=variant,
-            eps=eps, min_active=min_active, shrink=shrink, reward_range=reward_range,
-        )  # fmt: skip
+        index, _ = _select_beta(v_grid, var, rewards, opts)
         if calibration == "previous":
             if rewards.ndim < 2:
                 raise InputError(
@@ -152,17 +196,7 @@ def basis_estimate(
                 )
             index = xp.roll(index, 1, axis=0)
     v = take_beta(v_grid, index)
-    if not refine_values:
+    if not opts.refine:
         return v, index
     s2 = take_beta(var, index)
-    out = refine(
-        v,
-        rewards,
-        variant=variant,
-        eps=eps,
-        reward_var=s2,
-        shrink=shrink,
-        clip=clip,
-        reward_range=reward_range,
-    )
-    return out, index
+    return _refine(v, rewards, opts.variant, opts.eps, s2, opts.shrink, opts.clip), index

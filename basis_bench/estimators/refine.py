@@ -25,8 +25,9 @@ from basis_bench.estimators._array import (
     check_rewards,
     check_same_shape,
 )
+from basis_bench.estimators.options import DEFAULT_EPS, VARIANTS
 
-VARIANTS = ("unb", "vop", "rvg")
+__all__ = ["VARIANTS", "refine"]
 
 
 def _loo(terms: Array) -> Array:
@@ -52,7 +53,7 @@ def refine(
     v_init: Array,
     rewards: Array,
     variant: str = "unb",
-    eps: float = 1e-6,
+    eps: float = DEFAULT_EPS,
     reward_var: Array | None = None,
     shrink: bool = False,
     clip: tuple[float, float] | None = None,
@@ -69,10 +70,22 @@ def refine(
     check_choice(variant, VARIANTS, "refinement variant")
     check_same_shape(v_init, rewards, "v_init and rewards")
     check_rewards(rewards, reward_range)
-    xp = array_namespace(v_init, rewards)
     var = v_init * (1 - v_init) if reward_var is None else reward_var
     check_same_shape(v_init, var, "v_init and reward_var")
+    return _refine(v_init, rewards, variant, eps, var, shrink, clip)
 
+
+def _refine(
+    v_init: Array,
+    rewards: Array,
+    variant: str,
+    eps: float,
+    var: Array,
+    shrink: bool = False,
+    clip: tuple[float, float] | None = None,
+) -> Array:
+    """The kernel of :func:`refine`: inputs already checked, ``var`` given."""
+    xp = array_namespace(v_init, rewards)
     active = var > eps
     safe_var = xp.where(active, var, 1.0)
     n_others = _loo(xp.astype(active, v_init.dtype))

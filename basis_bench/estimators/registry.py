@@ -1,25 +1,40 @@
 """Name -> estimator registry, in the style of verl's advantage-estimator registry.
 
-Every registered estimator has one uniform call, ``est(batch, **options)``, that maps an
+Every registered estimator has one uniform call, ``est(batch, options)``, that maps an
 :class:`EstimatorInput` to baselines of shape (..., B, G), one per rollout, so the
-benchmark and the training loop can treat them alike. Register your own with::
+benchmark and the training loop can treat them alike. ``options`` is an instance of the
+estimator's own options dataclass (:mod:`basis_bench.estimators.options`), never another
+estimator's. Register your own with::
 
-    @register_estimator("my_baseline", group=False, uses_cache=True)
-    def my_baseline(batch: EstimatorInput, **options) -> Array: ...
+    @register_estimator("my_baseline", uses_cache=True, options=MyOptions)
+    def my_baseline(batch: EstimatorInput, options: MyOptions) -> Array: ...
+
+The registry holds no estimators of its own: each module of the package registers its
+estimators when imported (``basis_bench.estimators`` imports them all), and third-party
+packages join through the entry point group ``basis_bench.estimators`` (see
+:func:`load_plugins`). ``Estimator.__call__`` validates the input once; the registered
+function may trust it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
-import numpy as np
-
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange
-from basis_bench.estimators.baselines import grpo, reinforce_pp, rloo, vanilla
-from basis_bench.estimators.calibrate import basis_estimate
+from basis_bench.estimators._array import Array, RewardRange, check_rewards
+from basis_bench.estimators.options import NoOptions, as_dict, options_from_mapping
+
+ENTRY_POINT_GROUP = "basis_bench.estimators"
+
+
+class PluginWarning(UserWarning):
+    """A third-party estimator package could not be loaded."""
 
 
 @dataclass(frozen=True)
@@ -39,25 +54,49 @@ class EstimatorInput:
     reward_range: RewardRange = (0.0, 1.0)
 
 
-EstimatorFn = Callable[..., Array]
+EstimatorFn = Callable[[EstimatorInput, Any], Array]
 
 
 @dataclass(frozen=True)
 class Estimator:
-    """A registered value estimator: its function, what data it needs and its defaults."""
+    """A registered value estimator: its function, what data it needs and its options."""
 
     name: str
     fn: EstimatorFn
     group: bool
     uses_cache: bool
     description: str
-    defaults: dict[str, Any] = field(default_factory=dict)
+    options_class: type = NoOptions
+    default_options: Any = field(default_factory=NoOptions)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """This estimator's own option values that differ from its class's defaults."""
+        base = as_dict(self.options_class())
+        return {k: v for k, v in as_dict(self.default_options).items() if base[k] != v}
 
     def rollouts_per_prompt(self, group_size: int) -> int:
         """Rollouts each prompt needs per step: G for group estimators, else 1."""
         return group_size if self.group else 1
 
-    def __call__(self, batch: EstimatorInput, **options: Any) -> Array:
+    def parse_options(self, values: Any = None) -> Any:
+        """This estimator's options: its defaults updated by ``values`` (a mapping, or an
+        instance of its options class, returned as is)."""
+        if values is None:
+            return self.default_options
+        if isinstance(values, self.options_class):
+            return values
+        if not isinstance(values, Mapping):
+            raise InputError(
+                f"options of {self.name!r} must be a {self.options_class.__name__} or a mapping; "
+                f"got {type(values).__name__}"
+            )
+        return options_from_mapping(
+            self.options_class, values, f"estimator {self.name!r}", self.default_options
+        )
+
+    def check_input(self, batch: EstimatorInput) -> None:
+        """The public-boundary checks: the data the estimator needs, finite rewards in range."""
         if self.uses_cache and batch.v_grid is None:
             raise InputError(
                 f"estimator {self.name!r} needs the reference cache (v_grid) in its input"
@@ -66,10 +105,22 @@ class Estimator:
             raise InputError(
                 f"estimator {self.name!r} takes one rollout per prompt; got G={batch.rewards.shape[-1]}"
             )
-        return self.fn(batch, **{**self.defaults, **options})
+        check_rewards(batch.rewards, batch.reward_range)
+
+    def __call__(self, batch: EstimatorInput, options: Any = None, /, **overrides: Any) -> Array:
+        """Baselines (..., B, G); ``options`` an options object or mapping, ``overrides``
+        single keys on top (``est(batch, eps=1e-4)``)."""
+        opts = self.parse_options(options)
+        if overrides:
+            opts = options_from_mapping(
+                self.options_class, overrides, f"estimator {self.name!r}", opts
+            )
+        self.check_input(batch)
+        return self.fn(batch, opts)
 
 
 ESTIMATORS: dict[str, Estimator] = {}
+_plugins_loaded = False
 
 
 def register_estimator(
@@ -78,28 +129,93 @@ def register_estimator(
     group: bool = False,
     uses_cache: bool = False,
     description: str | None = None,
-    **defaults: Any,
+    options: type = NoOptions,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: register ``fn(batch, **options) -> (..., B, G)`` under ``name``.
+    """Decorator: register ``fn(batch, options) -> (..., B, G)`` under ``name``.
 
-    ``defaults`` are options passed to ``fn`` on every call (a call's options override
-    them), so one function can back several named variants. The description defaults to
-    the first line of ``fn``'s docstring.
+    ``options`` is the estimator's options dataclass (:class:`NoOptions` for none; such an
+    estimator may also be written ``fn(batch)``);
+    ``defaults`` are values of its fields that this name fixes, so one function can back
+    several named variants (``basis_vop`` is BASIS with ``variant="vop"``). The
+    description defaults to the first line of ``fn``'s docstring.
     """
+    default_options: Any = options_from_mapping(
+        options, dict(defaults or {}), f"estimator {name!r}"
+    )
 
     def wrap(fn: EstimatorFn) -> EstimatorFn:
         if name in ESTIMATORS:
             raise ValueError(f"estimator {name!r} is already registered")
         doc = (fn.__doc__ or "").strip().splitlines()
         text = description if description is not None else (doc[0] if doc else "")
-        ESTIMATORS[name] = Estimator(name, fn, group, uses_cache, text, dict(defaults))
+        call = _batch_only(fn) if options is NoOptions else fn
+        ESTIMATORS[name] = Estimator(name, call, group, uses_cache, text, options, default_options)
         return fn
 
     return wrap
 
 
+def _batch_only(fn: Callable[..., Array]) -> EstimatorFn:
+    """An estimator without options may be written ``fn(batch)``; it then gets no options."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature: call as registered
+        return fn
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params):
+        return fn
+    return lambda batch, options: fn(batch)
+
+
+@contextmanager
+def temporary() -> Iterator[dict[str, Estimator]]:
+    """Registrations made inside the block are removed when it ends (for tests)."""
+    saved = dict(ESTIMATORS)
+    try:
+        yield ESTIMATORS
+    finally:
+        ESTIMATORS.clear()
+        ESTIMATORS.update(saved)
+
+
+def load_plugins(force: bool = False) -> list[str]:
+    """Import the third-party estimator packages (entry point group ``basis_bench.estimators``).
+
+    Each entry point names a module whose import registers its estimators with
+    :func:`register_estimator` (``my_estimators = "my_pkg.estimators"``). A plug-in that fails to load is named in a :class:`PluginWarning` and
+    skipped. Runs once per process unless ``force``; returns the names loaded now.
+    """
+    global _plugins_loaded
+    if _plugins_loaded and not force:
+        return []
+    _plugins_loaded = True
+    loaded = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:
+            warnings.warn(
+                f"estimator plug-in {ep.name!r} ({ep.value}) failed to load and is skipped: "
+                f"{type(exc).__name__}: {exc}",
+                PluginWarning,
+                stacklevel=2,
+            )
+            continue
+        loaded.append(ep.name)
+    return loaded
+
+
+def available() -> dict[str, Estimator]:
+    """Every registered estimator, plug-ins included, in registration order."""
+    load_plugins()
+    return dict(ESTIMATORS)
+
+
 def get(name: str) -> Estimator:
     """The registered estimator called ``name``; a clear error lists the known ones."""
+    if name not in ESTIMATORS:
+        load_plugins()
     try:
         return ESTIMATORS[name]
     except KeyError:
@@ -108,63 +224,7 @@ def get(name: str) -> Estimator:
         ) from None
 
 
-def _single(batch: EstimatorInput) -> Array:
-    return batch.rewards[..., 0]
-
-
-@register_estimator("vanilla")
-def _vanilla(batch: EstimatorInput) -> Array:
-    """REINFORCE: zero baseline."""
-    return vanilla(batch.rewards, batch.reward_range)
-
-
-@register_estimator("reinforce_pp")
-def _reinforce_pp(batch: EstimatorInput) -> Array:
-    """REINFORCE++: mean of all B rewards in the batch."""
-    return reinforce_pp(_single(batch), batch.reward_range)[..., None]
-
-
-@register_estimator("grpo", group=True)
-def _grpo(batch: EstimatorInput) -> Array:
-    """GRPO(G): mean of the prompt's G rewards."""
-    return grpo(batch.rewards, batch.reward_range)
-
-
-@register_estimator("rloo", group=True)
-def _rloo(batch: EstimatorInput) -> Array:
-    """RLOO(G): mean of the prompt's other G - 1 rewards."""
-    return rloo(batch.rewards, batch.reward_range)
-
-
-@register_estimator("reference_mean", uses_cache=True)
-def _reference_mean(batch: EstimatorInput) -> Array:
-    """Smoothed reference success rate (beta = inf, no refinement)."""
-    assert batch.v_grid is not None
-    if batch.betas is None:
-        raise InputError("reference_mean needs the beta grid (betas) in its input")
-    betas = np.asarray(batch.betas.cpu() if hasattr(batch.betas, "cpu") else batch.betas)
-    inf = np.flatnonzero(np.isinf(betas))
-    if inf.size == 0:
-        raise InputError("reference_mean needs beta = inf in the grid")
-    return batch.v_grid[int(inf[0]), ..., None]
-
-
-def _basis(batch: EstimatorInput, **options: Any) -> Array:
-    assert batch.v_grid is not None
-    values, _ = basis_estimate(
-        batch.v_grid, batch.var_grid, _single(batch), reward_range=batch.reward_range, **options
-    )
-    return values[..., None]
-
-
-for _name, _text, _opts in (
-    (
-        "offline",
-        "Offline tilted value V^ at the calibrated beta, no refinement.",
-        {"refine_values": False},
-    ),
-    ("basis", "BASIS (UNB): unbiased BLUE refinement at the calibrated beta.", {"variant": "unb"}),
-    ("basis_vop", "BASIS-VOP: variance-optimised shrinkage refinement.", {"variant": "vop"}),
-    ("basis_rvg", "BASIS-RVG: ratio-average value-guided refinement.", {"variant": "rvg"}),
-):
-    register_estimator(_name, uses_cache=True, description=_text, **_opts)(_basis)
+def parse_options(name: str, values: Any = None) -> Any:
+    """The options object of estimator ``name`` from ``{key: value}`` (validated; an unknown
+    key is an InputError naming the valid ones), over the estimator's own defaults."""
+    return get(name).parse_options(values)

@@ -22,19 +22,41 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, PromptIndex, RewardRange, check_rewards
+from basis_bench.estimators._array import (
+    Array,
+    RewardRange,
+    asarray_like,
+    check_rewards,
+    to_numpy,
+)
+from basis_bench.estimators.options import (
+    APO_BETA,
+    JS_EPS,
+    SPO_DECAY,
+    ApoOptions,
+    JamesSteinOptions,
+    SpoOptions,
+)
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
+from basis_bench.estimators.table import PromptIndex, inf_index
 from basis_bench.estimators.tilt import is_binary
 
-APO_BETA = 0.5  # A*-PO's beta_1 for the offline value (TRL's A2POConfig default too)
-SPO_DECAY = 0.875  # SPO's lower clip of the forgetting factor rho; its prior weight is 1/(1 - rho)
-JS_EPS = 1e-6  # the epsilon in the official JSPO code's lambda denominator
+__all__ = [
+    "APO_BETA",
+    "JS_EPS",
+    "SPO_DECAY",
+    "SpoTracker",
+    "apo_value",
+    "hermite_weights",
+    "james_stein",
+    "spo_prior",
+    "spo_step",
+]
 
 
 # --------------------------------------------------------------------------- James-Stein
@@ -46,13 +68,21 @@ def james_stein(rewards: Array, eps: float = JS_EPS, reward_range: RewardRange =
     Every statistic of prompt i comes from the other B - 1 groups (batch totals minus prompt i's
     own term), so b_ik never uses r_ik and the policy gradient stays unbiased.
     """
-    xp = array_namespace(rewards)
+    _check_js_shape(rewards)
+    check_rewards(rewards, reward_range)
+    return _james_stein_kernel(rewards, eps)
+
+
+def _check_js_shape(rewards: Array) -> None:
     if rewards.ndim < 2 or rewards.shape[-1] < 2 or rewards.shape[-2] < 2:
         raise InputError(
             "james_stein needs (..., B, G) rewards with B >= 2 prompts and G >= 2 rollouts each; "
             f"got shape {tuple(rewards.shape)}"
         )
-    check_rewards(rewards, reward_range)
+
+
+def _james_stein_kernel(rewards: Array, eps: float) -> Array:
+    xp = array_namespace(rewards)
     b, g = rewards.shape[-2], rewards.shape[-1]
     means = xp.mean(rewards, axis=-1)  # (..., B)
     # Centre on the batch mean first: the leave-one-out variance below is a difference of sums.
@@ -69,10 +99,11 @@ def james_stein(rewards: Array, eps: float = JS_EPS, reward_range: RewardRange =
     return (1 - lam)[..., None] * rloo + (lam * other_mean)[..., None]
 
 
-@register_estimator("james_stein", group=True)
-def _james_stein(batch: EstimatorInput, js_eps: float = JS_EPS) -> Array:
+@register_estimator("james_stein", group=True, options=JamesSteinOptions)
+def _james_stein(batch: EstimatorInput, options: JamesSteinOptions) -> Array:
     """James-Stein (G): RLOO shrunk towards the other prompts' mean (Zeng et al. 2025)."""
-    return james_stein(batch.rewards, eps=js_eps, reward_range=batch.reward_range)
+    _check_js_shape(batch.rewards)
+    return _james_stein_kernel(batch.rewards, options.eps)
 
 
 # --------------------------------------------------------------------------- A*-PO
@@ -168,32 +199,28 @@ def hermite_weights(
     return a, c
 
 
-@register_estimator("apo", uses_cache=True)
-def _apo(batch: EstimatorInput, apo_beta: float = APO_BETA) -> Array:
+@register_estimator("apo", uses_cache=True, options=ApoOptions)
+def _apo(batch: EstimatorInput, options: ApoOptions) -> Array:
     """A*-PO: offline soft value beta log E_ref[e^{r/beta}], beta = 0.5 (Brantley et al. 2025)."""
-    beta = _check_beta(apo_beta)
+    beta = options.beta
     assert batch.v_grid is not None
     if batch.betas is None or batch.var_grid is None:
         raise InputError("apo needs the beta grid (betas) and var_grid in its input")
-    check_rewards(batch.rewards, batch.reward_range)
     xp = array_namespace(batch.v_grid)
-    betas = np.asarray(batch.betas.cpu() if hasattr(batch.betas, "cpu") else batch.betas)
-    inf = np.flatnonzero(np.isinf(betas))
-    if inf.size == 0:
+    betas = to_numpy(batch.betas)
+    inf = inf_index(betas)
+    if inf is None:
         raise InputError("apo needs beta = inf in the grid (the reference mean)")
     v, var = batch.v_grid, batch.var_grid
     if bool(xp.all(xp.abs(var - v * (1 - v)) <= 1e-12)):
         # Binary cache: the table is the smoothed-rate closed form, so V^* is exact from p.
-        return _binary_soft_value(v[int(inf[0]), ...], beta)[..., None]
+        return _binary_soft_value(v[inf, ...], beta)[..., None]
     a, c = hermite_weights(betas, beta)
-    kw: dict[str, Any] = {"dtype": v.dtype}
-    if not isinstance(v, np.ndarray):
-        kw["device"] = v.device
     shape = (len(a),) + (1,) * (v.ndim - 1)
-    wa = xp.reshape(xp.asarray(a, **kw), shape)
-    wc = xp.reshape(xp.asarray(c, **kw), shape)
+    wa = xp.reshape(asarray_like(a, v), shape)
+    wc = xp.reshape(asarray_like(c, v), shape)
     log_mgf = xp.sum(wa * v + wc * var, axis=0)
-    value = v[int(inf[0]), ...] if math.isinf(beta) else beta * log_mgf
+    value = v[inf, ...] if math.isinf(beta) else beta * log_mgf
     return value[..., None]
 
 
@@ -292,8 +319,11 @@ class SpoTracker:
         decay: float = SPO_DECAY,
         prior: float = 0.5,
         weight: float | None = None,
+        options: SpoOptions | None = None,
     ) -> None:
-        ref = np.asarray(ref_rewards, dtype=np.float64)
+        if options is not None:  # the typed form; the keywords stay for callers of old
+            decay, prior, weight = options.decay, options.prior, options.weight
+        ref = to_numpy(ref_rewards, dtype=np.float64)
         if ref.ndim != 2 or ref.shape[0] != len(prompt_ids):
             raise InputError(
                 f"ref_rewards must be ({len(prompt_ids)}, n) to match prompt_ids; got {ref.shape}"
@@ -309,14 +339,10 @@ class SpoTracker:
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> Array:
         """Baselines (B,) for one batch, then the update; keeps the rewards' array type."""
-        xp = array_namespace(rewards)
         if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
             raise InputError(
                 f"rewards must be ({len(prompt_ids)},), one per prompt id; got {tuple(rewards.shape)}"
             )
-        r = np.asarray(rewards.cpu() if hasattr(rewards, "cpu") else rewards, dtype=np.float64)
+        r = to_numpy(rewards, dtype=np.float64)
         out = spo_step(self.alpha, self.beta, self._columns(prompt_ids), r, self.decay)
-        kw: dict[str, Any] = {"dtype": rewards.dtype}
-        if not isinstance(rewards, np.ndarray):
-            kw["device"] = rewards.device
-        return xp.asarray(out, **kw)
+        return asarray_like(out, rewards)

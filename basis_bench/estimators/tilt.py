@@ -21,9 +21,9 @@ import numpy as np
 from array_api_compat import array_namespace
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array
+from basis_bench.estimators._array import Array, asarray_like, to_numpy
+from basis_bench.estimators.options import DEFAULT_GRID_SIZE, DEFAULT_PRIOR
 
-DEFAULT_GRID_SIZE = 32
 BETA_RANGE = (0.05, 50.0)
 
 
@@ -47,18 +47,15 @@ def is_binary(ref_rewards: Array) -> bool:
 
 def _as_betas(beta: Any, like: Array) -> tuple[Array, bool]:
     """Betas as a 1-d array in ``like``'s namespace, and whether a scalar was given."""
-    xp = array_namespace(like)
     scalar = np.ndim(beta) == 0
-    arr = np.atleast_1d(np.asarray(beta.cpu() if hasattr(beta, "cpu") else beta, dtype=np.float64))
+    arr = np.atleast_1d(to_numpy(beta, dtype=np.float64))
     if arr.size == 0:
         raise InputError("the beta grid is empty; give at least one beta")
     if np.any(np.isnan(arr)) or np.any(arr <= 0):
         raise InputError(
             f"betas must be positive (inf allowed); got {arr[(arr <= 0) | np.isnan(arr)][:3]}"
         )
-    device = getattr(like, "device", None)
-    kwargs = {"device": device} if device is not None and not isinstance(like, np.ndarray) else {}
-    return xp.asarray(arr, dtype=like.dtype, **kwargs), scalar
+    return asarray_like(arr, like), scalar
 
 
 def _check_cache(ref_rewards: Array) -> None:
@@ -105,7 +102,7 @@ def _continuous_moments(ref_rewards: Array, betas: Array) -> tuple[Array, Array]
 
 
 def tilted_moments(
-    ref_rewards: Array, beta: Any, prior: float = 0.5, binary: bool | None = None
+    ref_rewards: Array, beta: Any, prior: float = DEFAULT_PRIOR, binary: bool | None = None
 ) -> tuple[Array, Array]:
     """Offline value V^_beta and reward variance for each prompt and beta.
 
@@ -129,7 +126,7 @@ def tilted_moments(
 
 
 def tilted_value(
-    ref_rewards: Array, beta: Any, prior: float = 0.5, binary: bool | None = None
+    ref_rewards: Array, beta: Any, prior: float = DEFAULT_PRIOR, binary: bool | None = None
 ) -> Array:
     """V^_beta = sum_m r_m e^{r_m/beta} / sum_m e^{r_m/beta} per prompt: (P,) or (K, P).
 

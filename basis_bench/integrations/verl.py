@@ -30,21 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Basis, BasisOutput
+from basis_bench.estimators import Basis, BasisOptions, BasisOutput
+from basis_bench.estimators.options import field_names
 from basis_bench.integrations.keys import DEFAULT_PROMPT_FORMAT, basis_from_rollouts, prompt_key
 
 ESTIMATOR_NAME = "basis"
 CONFIG_KEY = "basis"  # the +basis.* block of the verl config
-BASIS_OPTIONS = (
-    "calibration",
-    "fixed_beta",
-    "variant",
-    "criterion",
-    "loss",
-    "eps",
-    "shrink",
-    "prior",
-)
+# Every field of BasisOptions, plus the tilt table's prior: the list is written once, there.
+BASIS_OPTIONS = (*field_names(BasisOptions), "prior")
 
 Tensor = Any  # torch.Tensor; torch is imported by verl, never here
 

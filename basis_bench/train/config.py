@@ -24,7 +24,6 @@ from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 BACKENDS = ("hf", "vllm")
 AUTOCASTS = ("none", "bfloat16", "float16")
-BASIS_FAMILY = ("basis", "basis_vop", "basis_rvg")  # served by estimators.Basis (reports beta)
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.train.config import BASIS_FAMILY, TrainConfig
+from basis_bench.train.config import TrainConfig
 
 LOG_FILE = "log.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
@@ -268,52 +267,22 @@ class StepEstimator(Protocol):
 
 
 @dataclass
-class BasisBaselines:
-    """A BASIS variant through :class:`~basis_bench.estimators.Basis` (reports beta_t)."""
+class StepBaselines:
+    """A registered estimator for a stream of steps (:func:`estimators.make_step_estimator`):
+    BASIS variants keep their ``previous`` calibration state, which checkpoints carry."""
 
-    basis: Any  # estimators.Basis
+    step: Any  # estimators.StepEstimator
 
     def __call__(self, prompt_ids: list[str], rewards: np.ndarray) -> Estimate:
-        out = self.basis(prompt_ids, rewards[:, 0])
-        return Estimate(np.asarray(out.baselines)[:, None], out.beta, out.beta_index)
+        out = self.step(prompt_ids, rewards)
+        return Estimate(np.asarray(out.baselines, dtype=np.float64), out.beta, out.beta_index)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"basis_previous_index": self.basis.previous_index}
+        return {"basis_previous_index": self.step.previous_index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("basis_previous_index") is not None:
-            self.basis.previous_index = int(state["basis_previous_index"])
-
-
-@dataclass
-class RegistryBaselines:
-    """Any other registered estimator, by its uniform call; ``table`` (an
-    :class:`~basis_bench.estimators.Basis` used only for its tilt tables) fills in the
-    reference cache's values for estimators that use it."""
-
-    estimator: Any  # estimators.Estimator
-    options: dict[str, Any]
-    table: Any = None
-
-    def __call__(self, prompt_ids: list[str], rewards: np.ndarray) -> Estimate:
-        from basis_bench.estimators import EstimatorInput
-
-        inputs = EstimatorInput(rewards)
-        if self.table is not None:
-            cols = self.table.columns(prompt_ids)
-            inputs = EstimatorInput(
-                rewards,
-                self.table.v_table[:, cols],
-                self.table.var_table[:, cols],
-                self.table.betas,
-            )
-        return Estimate(np.asarray(self.estimator(inputs, **self.options), dtype=np.float64))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"basis_previous_index": None}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        return None
+            self.step.previous_index = int(state["basis_previous_index"])
 
 
 def make_estimator(
@@ -323,25 +292,22 @@ def make_estimator(
 ) -> StepEstimator:
     """The one place that turns ``config.estimator`` + ``config.estimator_options`` into the
     step's baselines. ``prompt_ids`` and ``ref_rewards`` (P, n) are the training prompts and
-    their reference-cache rewards, needed by estimators that use the cache.
-
-    BASIS variants: ``Basis(prompt_ids, ref_rewards, **{variant defaults, options})``, which
-    also reports the calibrated beta. Any other estimator: ``est(EstimatorInput(rewards,
-    v_grid, var_grid, betas), **options)``, the tilt tables filled in when it uses the cache.
+    their reference-cache rewards, needed by estimators that use the cache. The options are
+    validated against the estimator's options dataclass (an unknown key names the valid ones).
     """
     from basis_bench import estimators as E
 
     estimator = E.get(config.estimator)
     if estimator.uses_cache and ref_rewards is None:
         raise InputError(f"estimator {estimator.name!r} needs the reference cache's rewards")
-    if estimator.name in BASIS_FAMILY:
-        options = {**estimator.defaults, **config.estimator_options}
-        unknown = set(options) - set(inspect.signature(E.Basis).parameters)
-        if unknown:
-            raise InputError(f"estimator_options {sorted(unknown)} are not options of Basis")
-        return BasisBaselines(E.Basis(list(prompt_ids), ref_rewards, **options))
-    table = E.Basis(list(prompt_ids), ref_rewards) if estimator.uses_cache else None
-    return RegistryBaselines(estimator, dict(config.estimator_options), table)
+    return StepBaselines(
+        E.make_step_estimator(
+            estimator.name,
+            config.estimator_options,
+            prompt_ids=list(prompt_ids) if estimator.uses_cache else None,
+            ref_rewards=ref_rewards if estimator.uses_cache else None,
+        )
+    )
 
 
 def batch_shape(config: TrainConfig) -> tuple[int, int]:

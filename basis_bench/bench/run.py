@@ -1,0 +1,253 @@
+"""``basis-bench evaluate``: replay every checkpoint, write the tables and run.json.
+
+Protocol (the paper's section 5.1 and appendix A), per checkpoint: split the samples into
+oracle, pool and cache (:mod:`basis_bench.bench.dataset`), replay repeated batch draws
+through every estimator (:mod:`basis_bench.bench.replay`), and summarise them
+(:mod:`basis_bench.bench.tables`). The cross-step SPO tracker has its own replay
+(:mod:`basis_bench.bench.trajectory`).
+
+Options reach estimators typed: ``basis_options`` (the CLI's --calibration, --eps, ...)
+go to every estimator whose options class is
+:class:`~basis_bench.estimators.BasisOptions`, ``estimator_options`` carry
+``{estimator: {key: value}}`` for any estimator, validated against its dataclass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from basis_bench import __version__
+from basis_bench.bench.config import EvaluateConfig
+from basis_bench.bench.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
+from basis_bench.bench.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
+from basis_bench.bench.tables import (
+    beta_table,
+    difficulty_table,
+    fixed_beta_table,
+    g_sweep_table,
+    heterogeneity_table,
+    summary_table,
+    write_csv,
+)
+from basis_bench.bench.trajectory import ESTIMATOR_NAME as TRACKER_NAME
+from basis_bench.bench.trajectory import replay_tracker
+from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
+from basis_bench.rollouts.store import METADATA_KEY, atomic_write, provenance, write_text_atomic
+
+TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
+TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
+
+
+def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
+    """Registered estimators by name (all of them, plug-ins included, for an empty list or
+    ``all``), in registry order.
+
+    The cross-step SPO tracker is not a per-batch estimator; :func:`wants_tracker` says
+    whether it was asked for, and it is skipped here.
+    """
+    names = [n for n in names if n != TRACKER_NAME]
+    if not names or names == ["all"]:
+        return list(available().values())
+    return [get(n) for n in dict.fromkeys(names)]
+
+
+def wants_tracker(names: Iterable[str]) -> bool:
+    """The SPO tracker runs with ``all`` (or no names) and when named."""
+    names = list(names)
+    return not names or "all" in names or TRACKER_NAME in names
+
+
+def resolve_options(
+    estimators: Iterable[Estimator],
+    basis_options: Mapping[str, Any],
+    estimator_options: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, Any], BasisOptions]:
+    """Each estimator's options object, and the BASIS options of the extras.
+
+    ``basis_options`` go to every estimator with :class:`BasisOptions`; an estimator's own
+    ``estimator_options`` entry overrides them. A name in ``estimator_options`` that is not
+    registered, or a key its options class lacks, is an InputError.
+    """
+    for name in estimator_options:
+        get(name)
+    options: dict[str, Any] = {}
+    for est in estimators:
+        shared = basis_options if est.options_class is BasisOptions else {}
+        options[est.name] = est.parse_options({**shared, **estimator_options.get(est.name, {})})
+    beta = get("basis").parse_options({**basis_options, **estimator_options.get("basis", {})})
+    return options, beta
+
+
+@dataclass(frozen=True)
+class EvaluateResult:
+    out: Path
+    summary: pl.DataFrame
+    run: dict[str, Any]
+
+
+class _EstimatesWriter:
+    """Streams chunks of estimates into one Parquet file, renamed into place when closed."""
+
+    def __init__(self, path: Path, metadata: dict[str, Any]) -> None:
+        self._atomic = atomic_write(path)
+        tmp = self._atomic.__enter__()
+        schema = ESTIMATES_SCHEMA.with_metadata(
+            {METADATA_KEY: json.dumps(metadata, sort_keys=True, default=str)}
+        )
+        self.writer = pq.ParquetWriter(tmp, schema, compression="zstd")
+
+    def __call__(self, table: pa.Table) -> None:
+        self.writer.write_table(table.replace_schema_metadata(self.writer.schema.metadata))
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Finish the file (or, after ``error``, remove it and keep any earlier one)."""
+        self.writer.close()
+        if error is None:
+            self._atomic.__exit__(None, None, None)
+        else:
+            self._atomic.__exit__(type(error), error, error.__traceback__)
+
+
+def _run_record(
+    cfg: EvaluateConfig, ds: Dataset, estimators: list[Estimator], options: Mapping[str, Any],
+    betas: Any, datas: list[CheckpointData],
+) -> dict[str, Any]:  # fmt: skip
+    return {
+        "package_version": __version__,
+        "provenance": provenance(),
+        "rollouts": str(ds.root),
+        "dataset_label": ds.label,
+        "simulated": ds.simulated,
+        "reference": ds.reference,
+        "config": {**asdict(cfg), "rollouts": str(ds.root)},
+        "estimators": [e.name for e in estimators],
+        "estimator_options": {name: asdict(opts) for name, opts in options.items()},
+        "betas": [float(x) for x in betas],
+        "chunk_repeats": CHUNK_REPEATS,
+        "estimates": "one row per (repeat, prompt, estimator); for group estimators sq_err is the mean "
+        "over the G rollouts' baselines and estimate is the first rollout's baseline",
+        "checkpoints": {
+            d.name: {
+                "prompts": d.n_prompts,
+                "dropped_no_reference": d.dropped_no_reference,
+                "min_pool": int(d.pool_count.min()),
+            }
+            for d in datas
+        },
+    }
+
+
+def _replay_all(
+    cfg: EvaluateConfig,
+    datas: list[CheckpointData],
+    estimators: list[Estimator],
+    settings: ReplaySettings,
+    writer: _EstimatesWriter | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> dict[str, list[pl.DataFrame]]:
+    """Every checkpoint's replay, summarised into the tables (one frame per checkpoint)."""
+    betas = default_betas(cfg.grid_size)
+    tables: dict[str, list[pl.DataFrame]] = {k: [] for k in TABLES}
+    for d in datas:
+        done = 0
+
+        def tick(n: int, name: str = d.name) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(name, done, cfg.repeats)
+
+        rep = replay(d, TiltTable.from_cache(d.cache, betas), estimators, settings, writer, tick)
+        tables["summary"].append(summary_table(rep, cfg.batch_size))
+        tables["g_sweep"].append(g_sweep_table(rep, cfg.batch_size))
+        tables["by_heterogeneity"].append(heterogeneity_table(rep))
+        tables["by_difficulty"].append(difficulty_table(rep))
+        tables["beta_choice"].append(beta_table(rep))
+        tables["fixed_beta"].append(fixed_beta_table(rep))
+    return tables
+
+
+def _tracker(cfg: EvaluateConfig, ds: Dataset, columns: list[str]) -> pl.DataFrame:
+    """The SPO tracker's summary rows: one tracker per repeat, across the checkpoints in order."""
+    return replay_tracker(
+        ds.rollouts, ds.reference, ds.checkpoints, batch_size=cfg.batch_size,
+        repeats=min(cfg.repeats, TRACKER_REPEATS), oracle_n=cfg.oracle_n, ref_n=cfg.ref_n,
+        seed=cfg.seed,
+    ).select(columns)  # fmt: skip
+
+
+def evaluate(
+    cfg: EvaluateConfig,
+    out: str | os.PathLike[str],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> EvaluateResult:
+    """Run the benchmark and write its files to ``out``.
+
+    Files: estimates.parquet, summary.csv, g_sweep.csv, by_heterogeneity.csv,
+    by_difficulty.csv, beta_choice.csv, fixed_beta.csv and run.json (settings, each
+    estimator's options, dataset label, prompts per checkpoint, prompts dropped for lack of
+    a reference sample, provenance). ``progress(checkpoint, done, total)`` is called after
+    each chunk of repeats.
+    """
+    estimators = resolve_estimators(cfg.estimators)
+    options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
+    ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    has_group = any(e.group for e in estimators)
+    settings = ReplaySettings(
+        cfg.batch_size, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
+    )
+    min_pool = cfg.group_size if has_group else 1
+    datas = [checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, min_pool) for c in ds.checkpoints]
+    run = _run_record(cfg, ds, estimators, options, default_betas(cfg.grid_size), datas)
+    if not cfg.write_estimates:  # never leave an earlier run's rows beside this run's tables
+        (out / "estimates.parquet").unlink(missing_ok=True)
+    writer = _EstimatesWriter(out / "estimates.parquet", run) if cfg.write_estimates else None
+    try:
+        tables = _replay_all(cfg, datas, estimators, settings, writer, progress)
+        if wants_tracker(cfg.estimators):
+            tables["summary"].append(_tracker(cfg, ds, tables["summary"][0].columns))
+            run["tracker"] = {
+                "checkpoint_order": ds.checkpoints,
+                "repeats": min(cfg.repeats, TRACKER_REPEATS),
+            }
+    except BaseException as exc:
+        if writer is not None:
+            writer.close(exc)
+        raise
+    if writer is not None:
+        writer.close()
+    frames = {k: _concat(v) for k, v in tables.items()}
+    for name, df in frames.items():
+        if df.height:
+            write_csv(df, out / f"{name}.csv")
+    run = json.loads(json.dumps(run, default=str))  # as run.json will read back
+    write_text_atomic(out / "run.json", json.dumps(run, indent=2, sort_keys=True) + "\n")
+    return EvaluateResult(out, frames["summary"], run)
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    kept = [t for t in frames if t.height]
+    return pl.concat(kept) if kept else pl.DataFrame()
+
+
+__all__ = [
+    "TABLES",
+    "TRACKER_REPEATS",
+    "EvaluateConfig",
+    "EvaluateResult",
+    "evaluate",
+    "resolve_estimators",
+    "resolve_options",
+    "wants_tracker",
+]

@@ -1,0 +1,179 @@
+"""The benchmark's tables, from one checkpoint's :class:`~basis_bench.bench.replay.Replay`.
+
+summary.csv (MSE with a normal 95% CI over repeats), g_sweep.csv, by_heterogeneity.csv
+(batches binned by the spread of their oracle values), by_difficulty.csv (estimates binned
+by oracle value), beta_choice.csv and fixed_beta.csv (the paper's Fig. 2). Because pool
+and oracle samples are disjoint, E (b - oracle)^2 = MSE + Var(oracle), so
+``mse_noise_corrected`` subtracts the oracle's noise. :func:`write_csv` is the one CSV
+writer of the benchmark (atomic, 10 significant digits).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from basis_bench.bench.replay import Replay, Series
+from basis_bench.rollouts.store import atomic_write
+
+HETEROGENEITY_BATCHES = 500
+HETEROGENEITY_BINS = 5
+DIFFICULTY_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+Z_95 = 1.959963984540054
+
+
+def write_csv(df: pl.DataFrame, path: str | os.PathLike[str]) -> None:
+    """``df`` as CSV at ``path``, written atomically (floats to 10 digits)."""
+    with atomic_write(path) as tmp:
+        df.write_csv(tmp, float_precision=10)
+
+
+def _series_row(s: Series, noise: np.ndarray, batch_size: int) -> dict[str, Any]:
+    mse_r, ext_r = s.arrays()
+    n = len(mse_r)
+    mse = float(mse_r.mean())
+    half = Z_95 * float(mse_r.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+    return {
+        "estimator": s.estimator,
+        "rollouts_per_prompt": s.rollouts_per_prompt,
+        "mse": mse,
+        "mse_noise_corrected": mse - float(noise.mean()),
+        "ci_low": mse - half,
+        "ci_high": mse + half,
+        "extreme_rate": float(ext_r.mean()),
+        "n_estimates": n * batch_size,
+    }
+
+
+def summary_table(rep: Replay, batch_size: int) -> pl.DataFrame:
+    """summary.csv rows: MSE over all (repeat, prompt) estimates with a normal 95% CI over repeats."""
+    rows = [
+        {"checkpoint": rep.checkpoint, **_series_row(s, rep.batch_noise, batch_size)}
+        for s in rep.series.values()
+    ]
+    return pl.DataFrame(rows)
+
+
+def g_sweep_table(rep: Replay, batch_size: int) -> pl.DataFrame:
+    """g_sweep.csv rows: group estimators at each G the pool allows."""
+    rows = [
+        {"checkpoint": rep.checkpoint, **_series_row(s, rep.batch_noise, batch_size)}
+        for s in rep.sweep.values()
+    ]
+    return (
+        pl.DataFrame(rows).rename({"rollouts_per_prompt": "group_size"}) if rows else pl.DataFrame()
+    )
+
+
+def bin_index(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bin of each value for edges e_0 < ... < e_m: [e_i, e_{i+1}), the last bin closed."""
+    return np.clip(np.searchsorted(edges[1:-1], values, side="right"), 0, len(edges) - 2)
+
+
+def heterogeneity_edges(spread: np.ndarray, bins: int = HETEROGENEITY_BINS) -> np.ndarray:
+    """Equal-width edges from the observed min to max of s_b (one bin when all are equal)."""
+    lo, hi = float(spread.min()), float(spread.max())
+    return np.linspace(lo, hi, bins + 1) if hi > lo else np.array([lo, hi])
+
+
+def heterogeneity_table(rep: Replay, n_batches: int = HETEROGENEITY_BATCHES) -> pl.DataFrame:
+    """by_heterogeneity.csv: the first ``n_batches`` batches binned by s_b = std of their oracle values.
+
+    MSE is averaged over the prompts of a batch, then over the batches of a bin.
+    """
+    spread = rep.batch_spread[:n_batches]
+    edges = heterogeneity_edges(spread)
+    bins = bin_index(spread, edges)
+    noise = rep.batch_noise[:n_batches]
+    rows = []
+    for s in rep.series.values():
+        mse_r = s.arrays()[0][:n_batches]
+        for i in range(len(edges) - 1):
+            m = bins == i
+            rows.append(
+                {
+                    "checkpoint": rep.checkpoint,
+                    "estimator": s.estimator,
+                    "rollouts_per_prompt": s.rollouts_per_prompt,
+                    "bin": i,
+                    "bin_low": float(edges[i]),
+                    "bin_high": float(edges[i + 1]),
+                    "n_batches": int(m.sum()),
+                    "mse": float(mse_r[m].mean()) if m.any() else math.nan,
+                    "mse_noise_corrected": float((mse_r[m] - noise[m]).mean())
+                    if m.any()
+                    else math.nan,
+                }
+            )
+    return pl.DataFrame(rows)
+
+
+def difficulty_table(rep: Replay) -> pl.DataFrame:
+    """by_difficulty.csv: estimates of the first 10 repeats binned by oracle value
+    ([0,.2) [.2,.4) [.4,.6) [.6,.8) [.8,1]); MSE over the estimates in each bin."""
+    edges = np.asarray(DIFFICULTY_EDGES)
+    d = rep.difficulty.with_columns(
+        pl.Series("bin", bin_index(rep.difficulty["oracle"].to_numpy(), edges))
+    )
+    grid = (
+        d.select("estimator", "rollouts_per_prompt")
+        .unique(maintain_order=True)
+        .join(pl.DataFrame({"bin": np.arange(len(edges) - 1)}), how="cross")
+    )
+    agg = d.group_by("estimator", "rollouts_per_prompt", "bin").agg(
+        pl.len().alias("n_estimates"),
+        pl.col("sq_err").mean().alias("mse"),
+        (pl.col("sq_err") - pl.col("noise")).mean().alias("mse_noise_corrected"),
+    )
+    out = grid.join(agg, on=["estimator", "rollouts_per_prompt", "bin"], how="left").with_columns(
+        pl.col("n_estimates").fill_null(0),
+        pl.col("bin").map_elements(lambda i: edges[i], return_dtype=pl.Float64).alias("bin_low"),
+        pl.col("bin")
+        .map_elements(lambda i: edges[i + 1], return_dtype=pl.Float64)
+        .alias("bin_high"),
+    )
+    return out.select(
+        pl.lit(rep.checkpoint).alias("checkpoint"),
+        "estimator",
+        "rollouts_per_prompt",
+        "bin",
+        "bin_low",
+        "bin_high",
+        pl.col("n_estimates").cast(pl.Int64),
+        "mse",
+        "mse_noise_corrected",
+    )
+
+
+def beta_table(rep: Replay) -> pl.DataFrame:
+    """beta_choice.csv: how often online calibration chose each beta (one choice per repeat)."""
+    total = max(int(rep.beta_counts.sum()), 1)
+    return pl.DataFrame(
+        {
+            "checkpoint": rep.checkpoint,
+            "beta_index": np.arange(len(rep.betas)),
+            "beta": rep.betas,
+            "count": rep.beta_counts,
+            "share": rep.beta_counts / total,
+        }
+    )
+
+
+def fixed_beta_table(rep: Replay) -> pl.DataFrame:
+    """fixed_beta.csv (Fig. 2): MSE of the initial V^_beta and refined V~_beta at each fixed beta."""
+    mse = rep.fixed_beta / rep.fixed_beta_n
+    noise = float(rep.batch_noise.mean())
+    return pl.DataFrame(
+        {
+            "checkpoint": rep.checkpoint,
+            "beta": rep.betas,
+            "initial_mse": mse[0],
+            "refined_mse": mse[1],
+            "initial_mse_noise_corrected": mse[0] - noise,
+            "refined_mse_noise_corrected": mse[1] - noise,
+        }
+    )

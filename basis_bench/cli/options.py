@@ -1,0 +1,138 @@
+"""Every option shared by the benchmark commands, declared once.
+
+Defaults come from the config dataclasses (:mod:`basis_bench.bench.config`); the BASIS options' help text
+comes from :class:`~basis_bench.estimators.BasisOptions`' field metadata, so neither is
+written twice. Commands write ``name: SomeOpt = DEFAULTS.name``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
+from basis_bench.errors import InputError
+from basis_bench.estimators.options import BasisOptions, TableOptions, field_help
+
+EVALUATE = EvaluateConfig()
+SENSITIVITY = SensitivityConfig()
+RESULTS_DIR = Path("results/value-estimation")
+
+
+def _basis(name: str, suffix: str = " Default: the estimator's own.") -> str:
+    return field_help(BasisOptions, name) + suffix
+
+
+RolloutsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--rollouts",
+        help="Rollouts directory in the store schema (docs/schema.md). Default: the simulated "
+        "dataset shipped in basis_bench/data/default.",
+    ),
+]
+CheckpointOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--checkpoint",
+        help="Checkpoint policy to evaluate; repeat for several. Default: every policy except the reference.",
+    ),
+]
+ReferenceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference",
+        help="Reference policy whose first --ref-n samples form BASIS's cache. Default: the "
+        "'reference_policy' in the files' metadata, else the policy named 'reference'.",
+    ),
+]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="Prompts per batch draw (B).")]
+OracleOpt = Annotated[
+    int,
+    typer.Option(
+        "--oracle-n",
+        help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out oracle value.",
+    ),
+]
+RefNOpt = Annotated[
+    int, typer.Option("--ref-n", help="Reference samples per prompt in BASIS's offline cache (n).")
+]
+SeedOpt = Annotated[
+    int, typer.Option("--seed", help="Random seed: the same seed writes the same files.")
+]
+GridOpt = Annotated[int, typer.Option("--grid-size", help=field_help(TableOptions, "grid_size"))]
+CalibrationOpt = Annotated[str | None, typer.Option("--calibration", help=_basis("calibration"))]
+CriterionOpt = Annotated[str | None, typer.Option("--criterion", help=_basis("criterion"))]
+LossOpt = Annotated[str | None, typer.Option("--loss", help=_basis("loss"))]
+EpsOpt = Annotated[float | None, typer.Option("--eps", help=_basis("eps"))]
+FixedBetaOpt = Annotated[float | None, typer.Option("--fixed-beta", help=_basis("fixed_beta", ""))]
+EstimatorOptionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--option",
+        help="One estimator's option as ESTIMATOR.KEY=VALUE (e.g. apo.beta=1.0, "
+        "james_stein.eps=1e-4, basis_vop.shrink=true); repeat. Overrides the BASIS options above.",
+    ),
+]
+ResultsOutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out", help="Directory for estimates.parquet, summary.csv and the other tables."
+    ),
+]
+
+
+def split_names(names: str) -> tuple[str, ...]:
+    """Comma-separated estimator names; ``all`` (or nothing) is the empty tuple."""
+    items = tuple(n.strip() for n in names.split(",") if n.strip())
+    return () if items in ((), ("all",)) else items
+
+
+def basis_options(
+    calibration: str | None = None,
+    criterion: str | None = None,
+    loss: str | None = None,
+    eps: float | None = None,
+    fixed_beta: float | None = None,
+) -> dict[str, Any]:
+    """The BASIS options the user set (unset ones keep each estimator's defaults), checked."""
+    opts: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "calibration": calibration,
+            "criterion": criterion,
+            "loss": loss,
+            "eps": eps,
+            "fixed_beta": fixed_beta,
+        }.items()
+        if v is not None
+    }
+    if calibration == "fixed" and fixed_beta is None:
+        raise InputError(
+            "--calibration fixed needs --fixed-beta, a positive beta of the grid (or inf)"
+        )
+    if fixed_beta is not None and calibration != "fixed":
+        raise InputError("--fixed-beta only applies with --calibration fixed")
+    BasisOptions(**opts)  # one clear error for a bad value, before any data is read
+    return opts
+
+
+def estimator_options(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """``ESTIMATOR.KEY=VALUE`` items as ``{estimator: {key: value}}``; values parse as TOML
+    (numbers, true/false, [low, high]) and fall back to a bare string."""
+    out: dict[str, dict[str, Any]] = {}
+    for text in items or ():
+        key, sep, raw = text.partition("=")
+        name, dot, option = key.strip().partition(".")
+        if not sep or not dot or not name or not option:
+            raise InputError(f"--option expects ESTIMATOR.KEY=VALUE, got {text!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        out.setdefault(name, {})[option] = value
+    return out

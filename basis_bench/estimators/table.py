@@ -1,0 +1,106 @@
+"""The offline tilt table: every cached prompt's tilted value and variance at every beta.
+
+Built once from the reference cache (``tilted_moments`` over the beta grid), it is what
+BASIS, the value benchmark and the training loop index by batch: :class:`PromptIndex`
+maps prompt ids to columns, :meth:`TiltTable.gather` returns a batch's (K, ..., B) grids
+in the rewards' own namespace, dtype and device, ready for an
+:class:`~basis_bench.estimators.registry.EstimatorInput`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from basis_bench.errors import InputError
+from basis_bench.estimators._array import Array, asarray_like, to_numpy
+from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.estimators.tilt import default_betas, tilted_moments
+
+
+class PromptIndex:
+    """Prompt id -> row of a per-prompt table (the reference cache), with clear errors."""
+
+    def __init__(self, prompt_ids: Sequence[str]) -> None:
+        self.rows = {pid: i for i, pid in enumerate(prompt_ids)}
+        if len(self.rows) != len(prompt_ids):
+            raise InputError("prompt_ids of the reference cache are not unique")
+
+    def __call__(self, prompt_ids: Sequence[str]) -> np.ndarray:
+        """Rows of a batch's prompts; prompts missing from the cache are an error."""
+        missing = [p for p in prompt_ids if p not in self.rows]
+        if missing:
+            raise InputError(
+                f"{len(missing)} prompt(s) of the batch are not in the reference cache, e.g. {missing[0]!r}"
+            )
+        return np.fromiter(
+            (self.rows[p] for p in prompt_ids), dtype=np.int64, count=len(prompt_ids)
+        )
+
+
+@dataclass(frozen=True)
+class TiltTable:
+    """Tilted values and variances of P cached prompts at K betas (numpy, float64)."""
+
+    betas: np.ndarray  # (K,)
+    values: np.ndarray  # (K, P)
+    variances: np.ndarray  # (K, P)
+    index: PromptIndex | None = None  # prompt id -> column, when built with ids
+
+    @classmethod
+    def from_cache(
+        cls,
+        ref_rewards: Array,
+        betas: Sequence[float] | np.ndarray | None = None,
+        prior: float = DEFAULT_PRIOR,
+        prompt_ids: Sequence[str] | None = None,
+    ) -> TiltTable:
+        """The table of a (P, n) reference cache (NaN = missing sample); default grid
+        :func:`~basis_bench.estimators.tilt.default_betas`."""
+        ref = to_numpy(ref_rewards, dtype=np.float64)
+        if prompt_ids is not None and (ref.ndim != 2 or ref.shape[0] != len(prompt_ids)):
+            raise InputError(
+                f"ref_rewards must be ({len(prompt_ids)}, n) to match prompt_ids; got {ref.shape}"
+            )
+        grid = np.asarray(default_betas() if betas is None else betas, dtype=np.float64)
+        v, var = tilted_moments(ref, grid, prior=prior)
+        index = PromptIndex(prompt_ids) if prompt_ids is not None else None
+        return cls(grid, np.asarray(v), np.asarray(var), index)
+
+    @property
+    def inf_index(self) -> int | None:
+        """Grid index of beta = inf (the reference mean), or None when the grid lacks it."""
+        return inf_index(self.betas)
+
+    def columns(self, prompt_ids: Sequence[str]) -> np.ndarray:
+        """Columns of a batch's prompts (the table must have been built with prompt ids)."""
+        if self.index is None:
+            raise InputError("this tilt table was built without prompt ids")
+        return self.index(prompt_ids)
+
+    def gather(self, cols: np.ndarray, like: Array | None = None) -> tuple[Array, Array]:
+        """(v_grid, var_grid), each (K, *cols.shape), as arrays like ``like`` (default numpy)."""
+        v, var = self.values[:, cols], self.variances[:, cols]
+        if like is None:
+            return v, var
+        return asarray_like(v, like), asarray_like(var, like)
+
+
+def inf_index(betas: Array) -> int | None:
+    """Index of the first beta = inf in a grid, or None."""
+    inf = np.flatnonzero(np.isinf(to_numpy(betas)))
+    return int(inf[0]) if inf.size else None
+
+
+def nearest_beta_index(betas: Array, beta: float) -> int:
+    """Grid index nearest to ``beta`` on the log scale (inf matches only inf; ties: first)."""
+    grid = to_numpy(betas, dtype=np.float64)
+    finite = math.isfinite(beta)
+    distance = [
+        abs(math.log(b / beta)) if finite and math.isfinite(b) else (0.0 if b == beta else math.inf)
+        for b in grid
+    ]
+    return min(range(len(grid)), key=lambda i: (distance[i], i))
