@@ -445,3 +445,31 @@ def test_real_math500_counts_import_equals_samples_and_evaluates(tmp_path):
     assert set(summary["checkpoint"]) == {"qwen2.5-7b-simplerl-zoo"}
     assert set(summary["estimator"]) == {"basis", "grpo", "reinforce_pp"}
     assert summary["mse"].is_finite().all()
+
+
+def test_evaluate_says_once_that_counts_order_is_synthetic(tmp_path):
+    rows = "\n".join(f"p{i},40,{i % 41}" for i in range(40))
+    src = write(tmp_path / "c.csv", "prompt_id,n,n_correct\n" + rows + "\n")
+    ds = tmp_path / "ds"
+    invoke("counts", str(src), "--policy", "reference", "--out", str(ds))
+    invoke("counts", str(src), "--policy", "ckpt", "--out", str(ds))
+    args = ["--rollouts", str(ds), "--ref-n", "16", "--oracle-n", "16", "--batch-size", "8"]
+    result = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            *args,
+            "--estimators",
+            "basis",
+            "--repeats",
+            "3",
+            "--out",
+            str(tmp_path / "e"),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count("order: synthetic") == 1
+    assert "ckpt, reference" in result.output
+    run = json.loads((tmp_path / "e" / "run.json").read_text())
+    assert run["synthetic_order_policies"] == ["ckpt", "reference"]

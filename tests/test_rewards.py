@@ -155,7 +155,9 @@ def test_score_refuses_to_run_outside_the_main_thread():
 def test_score_many_in_worker_processes_matches_inline():
     groups = [["\\boxed{1}", "2", "\\boxed{1}"], ["\\boxed{0.5}", "nothing"], [PATHOLOGICAL]]
     answers = ["1", "\\frac{1}{2}", "8"]
-    config = RewardConfig(timeout_s=3.0)  # generous: a loaded CI machine must not time out the easy ones
+    config = RewardConfig(
+        timeout_s=3.0
+    )  # generous: a loaded CI machine must not time out the easy ones
     inline = score_many(groups, answers, config)
     with scoring_pool(2) as pool:
         pooled = score_many(groups, answers, config, pool)

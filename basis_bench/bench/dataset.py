@@ -56,6 +56,12 @@ class Dataset:
         return any(m.get("simulated") for m in self.metadata)
 
     @property
+    def synthetic_order(self) -> list[str]:
+        """Policies whose rewards were expanded from counts (``order: synthetic``): exchangeable
+        given the prompt, so replay is faithful, but sample_idx is not a generation order."""
+        return sorted({str(m["policy"]) for m in self.metadata if m.get("order") == "synthetic"})
+
+    @property
     def label(self) -> str:
         labels = sorted({str(m["label"]) for m in self.metadata if "label" in m})
         return "; ".join(labels) if labels else str(self.root)

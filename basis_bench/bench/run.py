@@ -127,6 +127,7 @@ def _run_record(
         "rollouts": str(ds.root),
         "dataset_label": ds.label,
         "simulated": ds.simulated,
+        "synthetic_order_policies": ds.synthetic_order,
         "reference": ds.reference,
         "config": {**asdict(cfg), "rollouts": str(ds.root)},
         "estimators": [e.name for e in estimators],

@@ -199,6 +199,13 @@ def evaluate(
     run = result.run
     if run["simulated"]:
         console.print(f"[yellow]dataset is simulated[/]: {run['dataset_label']}", highlight=False)
+    if run["synthetic_order_policies"]:
+        console.print(
+            f"note: order: synthetic: rewards of {', '.join(run['synthetic_order_policies'])} were "
+            "expanded from counts in a seeded random order; samples are exchangeable given the "
+            "prompt, so the replay is statistically faithful, but sample_idx is not a generation order",
+            highlight=False,
+        )
     for name, info in run["checkpoints"].items():
         if info["dropped_no_reference"]:
             console.print(
