@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
+from rich.progress import Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from basis_bench.cli import app
@@ -34,6 +34,27 @@ class _SamplesColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         return Text(f"{int(task.completed):,}/{int(task.total or 0):,} samples")
+
+
+class _PromptsColumn(ProgressColumn):
+    """Prompts whose samples are scored and written (a part is written per chunk)."""
+
+    def __init__(self, n_prompts: int) -> None:
+        super().__init__()
+        self.n_prompts = n_prompts
+
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.fields.get('prompts', 0)}/{self.n_prompts} prompts")
+
+
+class _SamplesPerSecondColumn(ProgressColumn):
+    """Finished samples per second since sampling started."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed
+        if not elapsed or not task.completed:
+            return Text("-- samples/s")
+        return Text(f"{task.completed / elapsed:,.2f} samples/s")
 
 
 class _TokensPerSecondColumn(ProgressColumn):
@@ -71,9 +92,15 @@ class _ProgressSink:
         self.progress, self.task = progress, task
         self.tokens = 0
 
+        self.prompts = 0
+
     def __call__(self, finished: int, tokens: int) -> None:
         self.tokens += tokens
         self.progress.update(self.task, advance=finished, tokens=self.tokens)  # type: ignore[arg-type]
+
+    def part_written(self, n_prompts: int) -> None:
+        self.prompts += n_prompts
+        self.progress.update(self.task, prompts=self.prompts)  # type: ignore[arg-type]
 
 
 @app.command()
@@ -297,15 +324,17 @@ def oracle(
     try:
         with Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
             _SamplesColumn(),
+            _PromptsColumn(total // n),
+            _SamplesPerSecondColumn(),
             _TokensPerSecondColumn(),
             _EtaColumn(),
             console=console,
         ) as progress:
-            task = progress.add_task(f"{policy} on {backend}", total=total, tokens=0)
+            task = progress.add_task(f"{policy} on {backend}", total=total, tokens=0, prompts=0)
+            sink = _ProgressSink(progress, task)
             report = run_chunks(
-                todo, sampler, out, job, identity, metadata, pool, _ProgressSink(progress, task)
+                todo, sampler, out, job, identity, metadata, pool, sink, sink.part_written
             )
     finally:
         if pool is not None:
