@@ -8,8 +8,11 @@ torch thread count. Tokens count each response up to and including its stop toke
 so padding is not output. ``rows/step`` is the cost side: forward rows per generated
 token (1.00 = no padding; the old path's figure is its rows x steps over tokens).
 
-Engines run one after the other for each setting, so both see the same load;
-``--repeats`` alternates them again and keeps each one's best round.
+Engines run one after the other for each setting; ``--repeats`` alternates them again
+and keeps each one's best round. On a shared machine the two may still see different
+load, so tokens per CPU-second of this process are printed too (with one thread,
+other load barely moves them); ``--engines`` runs one engine alone, e.g. to run both
+side by side in two processes.
 
     python benchmarks/bench_sampling.py                               # the full grid
     python benchmarks/bench_sampling.py --max-new-tokens 256 --threads 1
@@ -127,7 +130,8 @@ def main() -> None:
     )
     header = (
         f"{'thr':>3} {'max_new':>7} {'engine':<10} {'samples/s':>9} {'tokens/s':>9} "
-        f"{'x samples/s':>11} {'x tokens/s':>10} {'mean len':>8} {'at cap':>6} {'rows/tok':>8}"
+        f"{'x samples/s':>11} {'x tokens/s':>10} {'tokens/CPU-s':>12} {'x':>6} "
+        f"{'mean len':>8} {'at cap':>6} {'rows/tok':>8}"
     )
     print(header)
     for (threads, max_new, engine), r in results.items():
@@ -135,9 +139,11 @@ def main() -> None:
         sps, tps = r["samples"] / r["wall"], r["tokens"] / r["wall"]
         up_s = sps / (base["samples"] / base["wall"]) if base else float("nan")
         up_t = tps / (base["tokens"] / base["wall"]) if base else float("nan")
+        tpc = r["tokens"] / r["cpu"]
+        up_c = tpc / (base["tokens"] / base["cpu"]) if base else float("nan")
         print(
             f"{threads:>3} {max_new:>7} {engine:<10} {sps:>9.2f} {tps:>9.1f} {up_s:>10.2f}x "
-            f"{up_t:>9.2f}x {r['mean_len']:>8.1f} {r['at_cap']:>6.0%} "
+            f"{up_t:>9.2f}x {tpc:>12.1f} {up_c:>5.2f}x {r['mean_len']:>8.1f} {r['at_cap']:>6.0%} "
             f"{r['rows'] / r['tokens']:>8.2f}"
         )
 

@@ -224,7 +224,15 @@ def decode(
         kv = DynamicCache()
         out = model(input_ids=ids, use_cache=True, **{cache_arg: kv}, **keep_last)
         stats.prefill_tokens += ids.shape[1]
-        layers = kv.layers
+        layers: list[Any] = list(kv.layers)
+        expected = (1, kv_heads, ids.shape[1], head_dim)
+        if len(layers) != config.num_hidden_layers or any(
+            tuple(getattr(layer, "keys", torch.empty(0)).shape) != expected for layer in layers
+        ):
+            raise NotImplementedError(
+                f"{type(model).__name__}: continuous batching needs one full-attention KV "
+                f"cache {expected} per layer; use HFSampler(..., engine='generate')"
+            )
         return _Prompt(
             [layer.keys[0] for layer in layers],
             [layer.values[0] for layer in layers],
