@@ -1,18 +1,22 @@
-"""Tokens per second of the `hf` sampling backend on CPU, SmolLM2-135M, by batch size.
+"""Samples/s and generated tokens/s of the `hf` backend on CPU, SmolLM2-135M: plain
+`generate` (the old path, ``engine="generate"``) against continuous batching
+(``engine="continuous"``), in the same run, on the same prompts and seed.
 
-Batch size B is the number of sequences per `generate` call. B = 1 is one prompt at a
-time (the baseline); for larger B a call holds B // n prompts, left-padded together,
-with n samples each via num_return_sequences (the oracle's shape). Tokens count the
-generated tokens up to and including each response's stop token, so the work padded
-sequences do after they finish is not counted as output.
+The workload is the oracle's: ``--n`` samples per prompt at T = 1.0 (no top-k or
+top-p), ``--batch-size`` sequences at once, for each ``--max-new-tokens`` and each
+torch thread count. Tokens count each response up to and including its stop token,
+so padding is not output. ``rows/step`` is the cost side: forward rows per generated
+token (1.00 = no padding; the old path's figure is its rows x steps over tokens).
 
-Shared CPUs make wall time swing with other people's load. Sizes are run round-robin
---repeats times, so each size sees several moments, and two rates are reported per
-size, each from its best round: tokens per wall-clock second, and tokens per CPU-second
-of this process (all its threads; with --threads 1 other load barely moves it).
+Engines run one after the other for each setting; ``--repeats`` alternates them again
+and keeps each one's best round. On a shared machine the two may still see different
+load, so tokens per CPU-second of this process are printed too (with one thread,
+other load barely moves them); ``--engines`` runs one engine alone, e.g. to run both
+side by side in two processes.
 
-    python benchmarks/bench_sampling.py                      # 1, 16, 64, 256
-    python benchmarks/bench_sampling.py --batch-sizes 1,64 --max-new-tokens 32
+    python benchmarks/bench_sampling.py                               # the full grid
+    python benchmarks/bench_sampling.py --max-new-tokens 256 --threads 1
+    python benchmarks/bench_sampling.py --max-new-tokens 1024 --prompts arithmetic:n=1,digits=1-2,steps=1-2,seed=5
 """
 
 from __future__ import annotations
@@ -21,93 +25,126 @@ import argparse
 import os
 import time
 
+import numpy as np
 import torch
 
 from basis_bench.rollouts.models import resolve_checkpoint
-from basis_bench.rollouts.prompts import arithmetic_prompts
+from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate, load_prompt_source
 from basis_bench.rollouts.sampling import SamplingConfig
-from basis_bench.rollouts.sampling.hf import HFSampler
+from basis_bench.rollouts.sampling.hf import ENGINES, HFSampler, plan_calls
+
+
+def old_rows(sampler: HFSampler, lengths: np.ndarray, n: int, max_new: int) -> int:
+    """Rows x steps that plain ``generate`` ran: each call runs until its longest
+    response ends (or max_new), with every row in it."""
+    per_prompt = lengths.reshape(-1, n)
+    rows = 0
+    k_of_prompt: dict[int, int] = {}
+    for prompts, reps in plan_calls(per_prompt.shape[0], n, sampler.batch_size):
+        chunk = []
+        for p in prompts:
+            k = k_of_prompt.get(p, 0)
+            chunk.extend(per_prompt[p, k : k + reps])
+            k_of_prompt[p] = k + reps
+        rows += len(chunk) * min(max(chunk), max_new)
+    return rows
 
 
 def measure(
-    sampler: HFSampler, problems: list[str], batch_size: int, n: int, max_new_tokens: int
-) -> tuple[int, float, float]:
-    """(generated tokens, wall seconds, CPU seconds) of ``problems`` x ``n`` samples at
-    ``batch_size`` (fixed seed: the same tokens every round)."""
-    sampler.batch_size = batch_size
+    sampler: HFSampler, engine: str, problems: list[str], n: int, max_new: int
+) -> dict[str, float]:
+    sampler.engine = engine
+    config = SamplingConfig(n=n, temperature=1.0, top_p=1.0, max_new_tokens=max_new)
     wall, cpu = time.perf_counter(), time.process_time()
-    out = sampler.sample(problems, SamplingConfig(n=n, max_new_tokens=max_new_tokens), seed=0)
-    return int(out.n_tokens.sum()), time.perf_counter() - wall, time.process_time() - cpu
+    out = sampler.sample(problems, config, seed=0)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    tokens = int(out.n_tokens.sum())
+    if engine == "continuous":
+        rows = sampler.last_stats.row_steps + len(out.n_tokens)  # + first tokens
+    else:
+        rows = old_rows(sampler, out.n_tokens, n, max_new)
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "tokens": tokens,
+        "samples": len(out.n_tokens),
+        "rows": rows,
+        "mean_len": float(out.n_tokens.mean()),
+        "at_cap": float(np.mean(np.asarray(out.finish_reasons) == "length")),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--batch-sizes", default="1,16,64,256", help="sequences per call")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--samples-per-prompt", type=int, default=16, help="n in a batched call")
+    parser.add_argument("--prompts", default="arithmetic:n=4,digits=1-2,steps=1-2,seed=5")
+    parser.add_argument("--n", type=int, default=64, help="samples per prompt")
+    parser.add_argument("--max-new-tokens", default="1024,256,64")
+    parser.add_argument("--threads", default="1,2", help="torch threads, comma-separated")
+    parser.add_argument("--engines", default="generate,continuous")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds; each engine's best counts")
     parser.add_argument(
-        "--baseline-sequences", type=int, default=8, help="sequences timed at batch size 1"
-    )
-    parser.add_argument("--repeats", type=int, default=2, help="round-robin rounds; best counts")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's). On shared CPUs use 1: threads beyond the "
-        "free cores make OpenMP spin and can slow sampling 5-10x.",
+        "--instruction",
+        default=DEFAULT_TEMPLATE.instruction,
+        help="appended to each problem (default: the oracle's step-by-step instruction)",
     )
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    engines = args.engines.split(",")
+    assert all(e in ENGINES for e in engines), f"--engines: choose from {ENGINES}"
 
     start = time.perf_counter()
-    sampler = HFSampler.load(resolve_checkpoint("smollm2-135m"), device="cpu")
-    print(
-        f"model loaded in {time.perf_counter() - start:.1f} s; torch threads "
-        f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    sampler = HFSampler.load(
+        resolve_checkpoint("smollm2-135m"),
+        device="cpu",
+        template=PromptTemplate(instruction=args.instruction),
+        batch_size=args.batch_size,
     )
-    problems = arithmetic_prompts(max(sizes), digits=(1, 2), steps=(1, 2), seed=0)
-    texts = problems["problem"].to_list()
-    measure(sampler, texts[:1], 1, 1, 4)  # warm-up: first-call overheads
-
-    workloads = {}
-    for size in sizes:
-        if size == 1:
-            k = args.baseline_sequences
-            workloads[size] = (f"{k} prompts x 1, one at a time", texts[:k], 1)
-        else:
-            n = min(args.samples_per_prompt, size)
-            workloads[size] = (f"{size // n} prompts x {n} samples", texts[: size // n], n)
-    best_wall: dict[int, float] = {}
-    best_cpu: dict[int, float] = {}
-    for round_ in range(args.repeats):
-        for size, (_, batch, n) in workloads.items():
-            tokens, wall, cpu = measure(sampler, batch, size, n, args.max_new_tokens)
-            best_wall[size] = max(best_wall.get(size, 0.0), tokens / wall)
-            best_cpu[size] = max(best_cpu.get(size, 0.0), tokens / cpu)
-            print(
-                f"  round {round_ + 1} batch {size}: {tokens} tokens, {wall:.1f} s wall, "
-                f"{cpu:.1f} CPU-s (load {os.getloadavg()[0]:.1f})",
-                flush=True,
-            )
+    problems = load_prompt_source(args.prompts)["problem"].to_list()
+    print(
+        f"model loaded in {time.perf_counter() - start:.1f} s; {len(problems)} prompts x "
+        f"{args.n}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    results: dict[tuple[int, int, str], dict[str, float]] = {}
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        for max_new in (int(m) for m in args.max_new_tokens.split(",")):
+            for round_ in range(args.repeats):
+                for engine in engines:
+                    r = measure(sampler, engine, problems, args.n, max_new)
+                    key = (threads, max_new, engine)
+                    if key not in results or r["wall"] < results[key]["wall"]:
+                        results[key] = r
+                    print(
+                        f"  threads {threads} max_new {max_new} {engine:<10} round {round_ + 1}: "
+                        f"{r['samples']} samples, {r['tokens']} tokens, {r['wall']:.1f} s wall, "
+                        f"{r['cpu']:.1f} CPU-s, load {os.getloadavg()[0]:.1f}",
+                        flush=True,
+                    )
 
     print(
         f"\nhf backend, SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to float32), CPU, "
-        f"max_new_tokens={args.max_new_tokens}, best of {args.repeats} rounds"
+        f"{args.prompts} x n={args.n}, T=1.0, batch {args.batch_size}, best of {args.repeats}"
     )
-    print(
-        f"{'batch':>5}  {'workload':<32} {'tokens/s':>9} {'speed-up':>9} "
-        f"{'tokens/CPU-s':>13} {'speed-up':>9}"
+    header = (
+        f"{'thr':>3} {'max_new':>7} {'engine':<10} {'samples/s':>9} {'tokens/s':>9} "
+        f"{'x samples/s':>11} {'x tokens/s':>10} {'tokens/CPU-s':>12} {'x':>6} "
+        f"{'mean len':>8} {'at cap':>6} {'rows/tok':>8}"
     )
-    for size, (shape, _, _) in workloads.items():
-        wall_up = best_wall[size] / best_wall[1] if 1 in best_wall else float("nan")
-        cpu_up = best_cpu[size] / best_cpu[1] if 1 in best_cpu else float("nan")
+    print(header)
+    for (threads, max_new, engine), r in results.items():
+        base = results.get((threads, max_new, "generate"))
+        sps, tps = r["samples"] / r["wall"], r["tokens"] / r["wall"]
+        up_s = sps / (base["samples"] / base["wall"]) if base else float("nan")
+        up_t = tps / (base["tokens"] / base["wall"]) if base else float("nan")
+        tpc = r["tokens"] / r["cpu"]
+        up_c = tpc / (base["tokens"] / base["cpu"]) if base else float("nan")
         print(
-            f"{size:>5}  {shape:<32} {best_wall[size]:>9.1f} {wall_up:>8.1f}x "
-            f"{best_cpu[size]:>13.1f} {cpu_up:>8.1f}x"
+            f"{threads:>3} {max_new:>7} {engine:<10} {sps:>9.2f} {tps:>9.1f} {up_s:>10.2f}x "
+            f"{up_t:>9.2f}x {tpc:>12.1f} {up_c:>5.2f}x {r['mean_len']:>8.1f} {r['at_cap']:>6.0%} "
+            f"{r['rows'] / r['tokens']:>8.2f}"
         )
 
 

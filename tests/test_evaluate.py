@@ -138,6 +138,11 @@ def test_same_seed_same_files_other_seed_other_numbers(tilt_data, tmp_path):
     )
     a, b = evaluate(cfg, tmp_path / "a"), evaluate(cfg, tmp_path / "b")
     for f in sorted(a.out.iterdir()):
+        if f.name == "run.json":  # its provenance holds the date and argv
+            ra, rb = (json.loads(p.read_text()) for p in (f, b.out / f.name))
+            assert {**ra, "provenance": None} == {**rb, "provenance": None}
+            assert ra["provenance"]["git_commit"] == rb["provenance"]["git_commit"]
+            continue
         assert f.read_bytes() == (b.out / f.name).read_bytes(), f.name
     c = evaluate(EvaluateConfig(**{**cfg.__dict__, "seed": 1}), tmp_path / "c")
     assert not c.summary["mse"].equals(a.summary["mse"])

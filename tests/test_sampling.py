@@ -129,6 +129,44 @@ def test_shared_code_checks_the_row_count(tokenizer):
         ScriptedRows(tokenizer, [[1]]).sample(["q"], SamplingConfig(n=2, max_new_tokens=4), seed=0)
 
 
+# --------------------------------------------------------------------------- sampling rule
+
+
+def test_draw_tokens_follows_softmax_of_logits_over_temperature():
+    import torch
+
+    from basis_bench.rollouts.sampling.continuous import draw_tokens
+
+    probs = np.array([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = torch.tensor(np.log(probs + 1e-300), dtype=torch.float32) * 0.5  # T = 0.5 undoes it
+    u = torch.tensor(np.random.default_rng(0).random(20_000))
+    picked = np.asarray(draw_tokens(logits.expand(len(u), -1), 0.5, 1.0, u))
+    counts = np.bincount(picked, minlength=5)
+    assert counts[4] == 0  # a token of zero probability is never drawn
+    # Chi-square, 3 degrees of freedom: 16.3 is the 0.1% point; a sampler that ignored
+    # the temperature (probabilities ~ sqrt(p)) lands in the hundreds.
+    expected = probs[:4] * len(u)
+    assert ((counts[:4] - expected) ** 2 / expected).sum() < 16.3
+    # The ends of [0, 1): the first token, and the last one with positive probability.
+    ends = torch.tensor([0.0, 1 - 1e-12, 1.0], dtype=torch.float64)
+    assert draw_tokens(logits.expand(3, -1), 1.0, 1.0, ends) == [0, 3, 3]
+
+
+def test_draw_tokens_keeps_transformers_top_p_nucleus():
+    import torch
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from basis_bench.rollouts.sampling.continuous import draw_tokens
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1)) * 2
+    for top_p in (0.3, 0.8, 0.95):
+        kept = torch.isfinite(TopPLogitsWarper(top_p)(None, logits.clone()))
+        u = torch.linspace(0, 1 - 1e-9, 400, dtype=torch.float64)
+        for row in range(logits.shape[0]):
+            drawn = set(draw_tokens(logits[row].expand(len(u), -1), 1.0, top_p, u))
+            assert drawn == set(torch.nonzero(kept[row]).flatten().tolist())
+
+
 # --------------------------------------------------------------------------- hf backend
 
 
@@ -143,13 +181,25 @@ def hf_sampler():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def generate_sampler(hf_sampler):
+    """The old path, plain transformers ``generate``, on the same model."""
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    return HFSampler(hf_sampler.model, hf_sampler.tokenizer, DEFAULT_TEMPLATE, 4, engine="generate")
+
+
 @pytest.mark.slow
 def test_hf_sampling_counts_seeds_and_finish_reasons(hf_sampler):
     config = SamplingConfig(n=3, max_new_tokens=16)
-    seen: list[int] = []
-    first = hf_sampler.sample(PROBLEMS, config, seed=7, on_progress=seen.append)
+    finished: list[int] = []
+    tokens: list[int] = []
+    first = hf_sampler.sample(
+        PROBLEMS, config, seed=7, on_progress=lambda k, t: (finished.append(k), tokens.append(t))
+    )
     assert len(first.responses) == 6 and first.n_tokens.shape == (6,)
-    assert seen == [3, 3] and sum(seen) == 6  # batch 4 holds one prompt's 3 samples per call
+    assert sum(finished) == 6 and sum(tokens) == first.n_tokens.sum()
+    assert len(finished) > 2  # reported as sequences finish, not once at the end
     assert first.n_tokens.dtype == np.int32
     assert ((first.n_tokens >= 1) & (first.n_tokens <= 16)).all()
     length = np.asarray(first.finish_reasons) == "length"
@@ -166,26 +216,169 @@ def test_hf_sampling_counts_seeds_and_finish_reasons(hf_sampler):
 
 
 @pytest.mark.slow
-def test_hf_splits_many_samples_of_one_prompt_over_calls(hf_sampler):
-    seen: list[int] = []
-    out = hf_sampler.sample(
-        PROBLEMS[:1], SamplingConfig(n=6, max_new_tokens=8), seed=0, on_progress=seen.append
+def test_hf_stop_tokens_end_responses(hf_sampler):
+    # Asked for only the answer, most responses stop early; those that stop end with a
+    # stop id and hold no other, and only those that ran to max_new_tokens do not.
+    from basis_bench.rollouts.prompts import PromptTemplate
+
+    hf_sampler.template = PromptTemplate(instruction="Give only the final answer.")
+    try:
+        out = hf_sampler.sample_tokens(
+            ["What is 2 + 3?"], SamplingConfig(n=4, max_new_tokens=24), seed=1
+        )
+    finally:
+        hf_sampler.template = DEFAULT_TEMPLATE
+    stop = set(hf_sampler.stop_ids.tolist())
+    assert "stop" in out.finish_reasons
+    for ids, reason in zip(out.response_ids, out.finish_reasons, strict=True):
+        assert not stop & set(ids[:-1].tolist())
+        assert (int(ids[-1]) in stop) == (reason == "stop")
+        assert reason == "stop" or len(ids) == 24
+
+
+def plain_generate(sampler, problem: str, max_new_tokens: int, **sampling) -> list[int]:
+    """One prompt through transformers ``generate`` alone (no batching, no padding)."""
+    import torch
+
+    (ids,) = sampler.prompt_token_ids([problem])
+    out = sampler.model.generate(
+        input_ids=torch.tensor([ids]),
+        attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        pad_token_id=sampler.tokenizer.pad_token_id,
+        eos_token_id=sampler.stop_ids.tolist(),
+        **sampling,
     )
-    assert seen == [4, 2]
-    assert len(out.responses) == 6
+    return sampler._cut_at_stop(out[0, len(ids) :].numpy()).tolist()
+
+
+GREEDY_PROBLEMS = [
+    *PROBLEMS,
+    "What is 12 * 7 - 5?",
+    "Write the word 'cat' backwards.",
+    "Name a prime number greater than 10.",
+]
 
 
 @pytest.mark.slow
-def test_hf_left_padding_gives_the_same_greedy_tokens_as_one_at_a_time(hf_sampler):
-    config = SamplingConfig(n=1, temperature=0.0, max_new_tokens=12)
-    batched = hf_sampler.sample(PROBLEMS, config, seed=0)
-    hf_sampler.batch_size = 1
+def test_hf_greedy_matches_plain_generate_token_for_token(hf_sampler):
+    # Five prompts of different lengths through 2 slots: rows leave and are refilled,
+    # and every row attends over a width set by the longest; none of it changes a token.
+    hf_sampler.batch_size = 2
     try:
-        single = hf_sampler.sample(PROBLEMS, config, seed=0)
+        out = hf_sampler.sample_tokens(
+            GREEDY_PROBLEMS, SamplingConfig(n=1, temperature=0.0, max_new_tokens=40), seed=0
+        )
     finally:
         hf_sampler.batch_size = 4
-    assert batched.responses == single.responses
-    np.testing.assert_array_equal(batched.n_tokens, single.n_tokens)
+    for problem, ids in zip(GREEDY_PROBLEMS, out.response_ids, strict=True):
+        assert ids.tolist() == plain_generate(hf_sampler, problem, 40, do_sample=False)
+    assert len({len(ids) for ids in out.response_ids}) > 1  # some stopped before others
+
+
+@pytest.mark.slow
+def test_hf_finished_sequences_leave_the_batch(hf_sampler):
+    config = SamplingConfig(n=5, max_new_tokens=40)
+    out = hf_sampler.sample(PROBLEMS, config, seed=3)
+    stats = hf_sampler.last_stats
+    # Each forward row makes one token (first tokens come from the prompt's own pass):
+    # no row is ever spent on a finished sequence or on padding.
+    assert stats.row_steps == out.n_tokens.sum() - len(out.n_tokens)
+    assert max(stats.rows_per_step) == 4
+    assert stats.rows_per_step[-1] < 4  # the batch shrinks once nothing waits
+    assert stats.prefill_tokens == sum(len(p) for p in hf_sampler.prompt_token_ids(PROBLEMS))
+    # ... whereas generate keeps a call's rows until its longest response ends.
+    assert stats.steps < out.n_tokens.max() * -(-len(out.n_tokens) // 4)
+
+
+@pytest.mark.slow
+def test_hf_samples_do_not_depend_on_scheduling(hf_sampler):
+    # Sample k of prompt p draws from its own random stream, so the batch size and the
+    # other prompts change only float rounding in its logits, which almost never
+    # changes a token. (Exact equality is guaranteed only for the same batch size.)
+    config = SamplingConfig(n=4, max_new_tokens=24)
+    together = hf_sampler.sample(PROBLEMS, config, seed=11)
+    hf_sampler.batch_size = 3
+    try:
+        other_batch = hf_sampler.sample(PROBLEMS, config, seed=11)
+    finally:
+        hf_sampler.batch_size = 4
+    alone = hf_sampler.sample(PROBLEMS[1:], config, seed=11)
+    same = sum(a == b for a, b in zip(together.responses, other_batch.responses, strict=True))
+    assert same >= 7
+    # Prompt 1 alone is prompt index 0 of its call, so it draws other streams: it must
+    # not reproduce the joint run (which would mean the streams ignore the prompt index).
+    assert alone.responses != together.responses[4:]
+
+
+ARITHMETIC = "arithmetic:n=6,digits=1,steps=1,seed=3"
+
+
+def sample_stats(responses: list[str], n_tokens: np.ndarray, answers: list[str], n: int):
+    from basis_bench.rollouts.rewards import RewardConfig, score
+
+    rewards = np.concatenate(
+        [
+            score(responses[p * n : (p + 1) * n], a, RewardConfig(answer_format="number"))[0]
+            for p, a in enumerate(answers)
+        ]
+    )
+    return rewards, n_tokens.astype(float)
+
+
+def z_score(a: np.ndarray, b: np.ndarray) -> float:
+    se = np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    return float(abs(a.mean() - b.mean()) / se) if se > 0 else 0.0
+
+
+@pytest.mark.slow
+def test_hf_samples_the_distribution_generate_samples(hf_sampler, generate_sampler):
+    """Same mean reward and mean length as plain ``generate`` at T = 1.0, within Monte
+    Carlo error: two-sample z-tests on 6 easy arithmetic prompts x 40 samples each.
+
+    |z| < 3.5 would fail a correct sampler about 1 time in 2,000 (per statistic). The
+    same test run against the continuous sampler at T = 0.5 must reject it: that shows
+    the test has the power to catch a biased sampler, not that it passes anything.
+    """
+    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
+
+    table = load_prompt_source(ARITHMETIC)
+    problems, answers = table["problem"].to_list(), table["answer"].to_list()
+    n, template = 40, PromptTemplate(instruction="Give only the final answer.")
+    stats = {}
+    for name, sampler, temperature in (
+        ("continuous", hf_sampler, 1.0),
+        ("generate", generate_sampler, 1.0),
+        ("continuous T=0.5", hf_sampler, 0.5),
+    ):
+        sampler.template, sampler.batch_size = template, 64
+        try:
+            out = sampler.sample(
+                problems, SamplingConfig(n=n, temperature=temperature, max_new_tokens=24), seed=5
+            )
+        finally:
+            sampler.template, sampler.batch_size = DEFAULT_TEMPLATE, 4
+        stats[name] = sample_stats(out.responses, out.n_tokens, answers, n)
+    new, old, biased = stats["continuous"], stats["generate"], stats["continuous T=0.5"]
+    assert 0.05 < new[0].mean() < 0.95  # rewards vary, so the reward test means something
+    assert z_score(new[0], old[0]) < 3.5, (new[0].mean(), old[0].mean())
+    assert z_score(new[1], old[1]) < 3.5, (new[1].mean(), old[1].mean())
+    # Measured (6 x 40, seed 5): z = 0.8 (reward) and 0.2 (length) against generate; at
+    # T = 0.7 already 3.9 and 4.6; the check uses T = 0.5, further off, for margin.
+    assert max(z_score(biased[0], old[0]), z_score(biased[1], old[1])) > 3.5
+
+
+@pytest.mark.slow
+def test_hf_generate_engine_splits_many_samples_of_one_prompt_over_calls(generate_sampler):
+    seen: list[int] = []
+    out = generate_sampler.sample(
+        PROBLEMS[:1],
+        SamplingConfig(n=6, max_new_tokens=8),
+        seed=0,
+        on_progress=lambda k, t: seen.append(k),
+    )
+    assert seen == [4, 2]
+    assert len(out.responses) == 6
 
 
 def tokenizer_decode(sampler, rows):
@@ -196,13 +389,15 @@ def tokenizer_decode(sampler, rows):
 
 
 @pytest.mark.slow
-def test_hf_prefix_sharing_draws_what_num_return_sequences_draws(hf_sampler):
-    # The sampler runs each prompt once and repeats its KV cache; transformers' own
+def test_hf_generate_engine_prefix_sharing_draws_what_num_return_sequences_draws(
+    generate_sampler,
+):
+    # The old path runs each prompt once and repeats its KV cache; transformers' own
     # num_return_sequences recomputes the prompt per sample. Same seed, same tokens.
     import torch
 
-    model, tokenizer = hf_sampler.model, hf_sampler.tokenizer
-    (ids,) = hf_sampler.prompt_token_ids(PROBLEMS[:1])
+    model, tokenizer = generate_sampler.model, generate_sampler.tokenizer
+    (ids,) = generate_sampler.prompt_token_ids(PROBLEMS[:1])
     torch.manual_seed(5)
     reference = model.generate(
         input_ids=torch.tensor([ids]),
@@ -214,22 +409,18 @@ def test_hf_prefix_sharing_draws_what_num_return_sequences_draws(hf_sampler):
         top_p=1.0,
         top_k=0,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=hf_sampler.stop_ids.tolist(),
+        eos_token_id=generate_sampler.stop_ids.tolist(),
     )[:, len(ids) :]
-    expected = tokenizer_decode(hf_sampler, reference.tolist())
-    assert (
-        hf_sampler.sample(PROBLEMS[:1], SamplingConfig(n=4, max_new_tokens=12), seed=5).responses
-        == expected
-    )
+    expected = tokenizer_decode(generate_sampler, reference.tolist())
+    out = generate_sampler.sample(PROBLEMS[:1], SamplingConfig(n=4, max_new_tokens=12), seed=5)
+    assert out.responses == expected
 
 
-@pytest.mark.slow
-def test_hf_repeated_prompt_cache_gives_identical_greedy_rows(hf_sampler):
-    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=10)
-    rows = hf_sampler._generate_call(hf_sampler.prompt_token_ids(PROBLEMS), 3, greedy)
-    assert rows[0] == rows[1] == rows[2] and rows[3] == rows[4] == rows[5]
-    single = hf_sampler.sample(PROBLEMS, greedy, seed=0)
-    assert tokenizer_decode(hf_sampler, [rows[0], rows[3]]) == single.responses
+def test_hf_rejects_an_unknown_engine():
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    with pytest.raises(InputError, match="engine must be one of"):
+        HFSampler.__init__(object.__new__(HFSampler), None, None, engine="vllm")
 
 
 # --------------------------------------------------------------------------- vllm backend

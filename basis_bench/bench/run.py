@@ -213,7 +213,11 @@ def evaluate(
     run = _run_record(cfg, ds, estimators, options, default_betas(cfg.grid_size), datas)
     if not cfg.write_estimates:  # never leave an earlier run's rows beside this run's tables
         (out / "estimates.parquet").unlink(missing_ok=True)
-    writer = _EstimatesWriter(out / "estimates.parquet", run) if cfg.write_estimates else None
+    # Provenance (date, argv) lives in run.json only, so the same seed writes the same Parquet.
+    reproducible = {k: v for k, v in run.items() if k != "provenance"}
+    writer = (
+        _EstimatesWriter(out / "estimates.parquet", reproducible) if cfg.write_estimates else None
+    )
     try:
         tables = _replay_all(cfg, datas, estimators, settings, writer, progress)
         if wants_tracker(cfg.estimators):

@@ -8,32 +8,99 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.progress import Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from basis_bench.cli.app import app
 
+MAX_NEW_TOKENS = {"arithmetic": 256, "default": 3072}
+"""--max-new-tokens when not given, by prompt source: generated arithmetic is answered
+in tens of tokens (256 leaves room for step-by-step working); MATH-style files and hub
+datasets need thousands."""
 
-class _PromptsColumn(ProgressColumn):
-    """Prompts done out of the total (the task counts samples, ``n`` per prompt)."""
 
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
+def default_max_new_tokens(prompts: str) -> int:
+    """The --max-new-tokens default for a --prompts source."""
+    kind = prompts.partition(":")[0]
+    return MAX_NEW_TOKENS.get(kind, MAX_NEW_TOKENS["default"])
+
+
+# The task counts finished samples; its ``tokens`` field counts generated tokens
+# (finished or not), advanced after every decode step.
+
+
+class _SamplesColumn(ProgressColumn):
+    """Samples done out of the total."""
 
     def render(self, task: Task) -> Text:
-        total = int(task.total or 0) // self.n
-        return Text(f"{int(task.completed) // self.n}/{total} prompts")
+        return Text(f"{int(task.completed):,}/{int(task.total or 0):,} samples")
+
+
+class _PromptsColumn(ProgressColumn):
+    """Prompts whose samples are scored and written (a part is written per chunk)."""
+
+    def __init__(self, n_prompts: int) -> None:
+        super().__init__()
+        self.n_prompts = n_prompts
+
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.fields.get('prompts', 0)}/{self.n_prompts} prompts")
 
 
 class _SamplesPerSecondColumn(ProgressColumn):
-    """Samples per second since the start (model loading excluded)."""
+    """Finished samples per second since sampling started."""
 
     def render(self, task: Task) -> Text:
         elapsed = task.elapsed
         if not elapsed or not task.completed:
             return Text("-- samples/s")
         return Text(f"{task.completed / elapsed:,.2f} samples/s")
+
+
+class _TokensPerSecondColumn(ProgressColumn):
+    """Generated tokens per second since sampling started (model loading excluded)."""
+
+    def render(self, task: Task) -> Text:
+        tokens, elapsed = task.fields.get("tokens", 0), task.elapsed
+        if not elapsed or not tokens:
+            return Text("-- tokens/s")
+        return Text(f"{tokens / elapsed:,.1f} tokens/s")
+
+
+class _EtaColumn(ProgressColumn):
+    """Time left at the samples/s so far. Sequences leave the batch as they finish and
+    waiting ones take their place, so after the first few the rate is steady; the
+    first estimates lean short (short answers finish first)."""
+
+    max_refresh = 1.0
+
+    def render(self, task: Task) -> Text:
+        elapsed, done, total = task.elapsed, task.completed, float(task.total or 0)
+        if task.finished:
+            return Text("ETA 0:00:00")
+        if not elapsed or not done:
+            return Text("ETA --:--:--")
+        left = (total - done) * elapsed / done
+        hours, rest = divmod(int(left), 3600)
+        return Text(f"ETA {hours}:{rest // 60:02d}:{rest % 60:02d}")
+
+
+class _ProgressSink:
+    """The sampler's progress callback: finished samples and tokens into the task."""
+
+    def __init__(self, progress: Progress, task: object) -> None:
+        self.progress, self.task = progress, task
+        self.tokens = 0
+
+        self.prompts = 0
+
+    def __call__(self, finished: int, tokens: int) -> None:
+        self.tokens += tokens
+        self.progress.update(self.task, advance=finished, tokens=self.tokens)  # type: ignore[arg-type]
+
+    def part_written(self, n_prompts: int) -> None:
+        self.prompts += n_prompts
+        self.progress.update(self.task, prompts=self.prompts)  # type: ignore[arg-type]
 
 
 @app.command()
@@ -89,8 +156,15 @@ def oracle(
         ),
     ] = 16,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", help="Most tokens per response.")
-    ] = 1024,
+        int | None,
+        typer.Option(
+            "--max-new-tokens",
+            help="Most tokens per response. Default by --prompts source: "
+            f"{MAX_NEW_TOKENS['arithmetic']} for arithmetic:..., "
+            f"{MAX_NEW_TOKENS['default']} for files and hf: datasets (MATH-style).",
+            show_default=False,
+        ),
+    ] = None,
     temperature: Annotated[
         float, typer.Option("--temperature", help="Sampling temperature (0 = greedy, needs --n 1).")
     ] = 1.0,
@@ -103,7 +177,11 @@ def oracle(
         ),
     ] = 0,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", help="hf backend: sequences per generate call.")
+        int,
+        typer.Option(
+            "--batch-size",
+            help="hf backend: sequences decoded together (a finished one is replaced at once).",
+        ),
     ] = 64,
     levels: Annotated[
         str | None, typer.Option("--levels", help="Keep only these MATH levels, e.g. 3-5 or 3,5.")
@@ -193,6 +271,8 @@ def oracle(
         raise InputError(f"--verify-timeout must be positive, got {verify_timeout}")
     if score_workers < 0:
         raise InputError(f"--score-workers must be >= 0, got {score_workers}")
+    if max_new_tokens is None:
+        max_new_tokens = default_max_new_tokens(prompts)
     job = OracleJob(
         policy=policy,
         sampling=SamplingConfig(
@@ -228,7 +308,8 @@ def oracle(
     write_prompts_table(table, out, metadata)
     console.print(
         f"{table.height} prompts from {prompts}; shard {job.shard}: "
-        f"{len(todo) + len(done)} chunk(s), {len(done)} already complete",
+        f"{len(todo) + len(done)} chunk(s), {len(done)} already complete; "
+        f"at most {max_new_tokens} new tokens per response",
         highlight=False,
     )
     if not todo:
@@ -243,23 +324,17 @@ def oracle(
     try:
         with Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            _PromptsColumn(n),
+            _SamplesColumn(),
+            _PromptsColumn(total // n),
             _SamplesPerSecondColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            _TokensPerSecondColumn(),
+            _EtaColumn(),
             console=console,
         ) as progress:
-            task = progress.add_task(f"{policy} on {backend}", total=total)
+            task = progress.add_task(f"{policy} on {backend}", total=total, tokens=0, prompts=0)
+            sink = _ProgressSink(progress, task)
             report = run_chunks(
-                todo,
-                sampler,
-                out,
-                job,
-                identity,
-                metadata,
-                pool,
-                lambda k: progress.advance(task, k),
+                todo, sampler, out, job, identity, metadata, pool, sink, sink.part_written
             )
     finally:
         if pool is not None:

@@ -24,7 +24,7 @@ import hashlib
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -263,8 +263,10 @@ def run_chunks(
     metadata: Mapping[str, Any],
     pool: ProcessPoolExecutor | None = None,
     on_progress: Progress | None = None,
+    on_part: Callable[[int], None] | None = None,
 ) -> OracleReport:
-    """Sample, score and write each chunk as one part (atomically, one at a time)."""
+    """Sample, score and write each chunk as one part (atomically, one at a time).
+    ``on_part`` is called with the chunk's number of prompts once its part is written."""
     report = OracleReport()
     for chunk in chunks:
         rows = sample_chunk(chunk, sampler, job, pool, on_progress)
@@ -284,6 +286,8 @@ def run_chunks(
         report.parts_written += 1
         report.rollouts_written += rows.height
         report.reward_sum += float(rows["reward"].sum())
+        if on_part is not None:
+            on_part(chunk.prompts.height)
     return report
 
 

@@ -1,6 +1,7 @@
 """Sampling responses from a policy, behind one interface with two backends.
 
-- ``hf``: transformers, batched with left padding and ``num_return_sequences``; CPU or GPU.
+- ``hf``: transformers with continuous batching over the KV cache (or plain ``generate``,
+  ``engine="generate"``); CPU or GPU.
 - ``vllm``: ``vllm.LLM`` with ``SamplingParams(n, seed, ...)``; GPUs, tensor parallel.
 
 Both share every step except the generate call (see :mod:`basis_bench.rollouts.sampling.base`).

@@ -18,8 +18,10 @@ import numpy as np
 from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import PromptTemplate, build_prompt
 
-Progress = Callable[[int], None]
-"""Called with the number of sequences just finished."""
+Progress = Callable[[int, int], None]
+"""Called as sampling advances with (sequences just finished, tokens just generated).
+The ``hf`` backend calls it after every decode step, so tokens/s can be shown before
+the first sequence finishes; a backend may also call it once per batch."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class Sampler(ABC):
         on_progress: Progress | None = None,
     ) -> TokenSamples:
         """``config.n`` responses to each problem as token ids, reproducible for a given
-        ``seed`` (on the same backend, device and batch size). A training loop scores
+        ``seed`` (on the same backend, device, batch size and thread count). A training loop scores
         these ids; re-tokenising decoded text would not give back the same tokens.
         """
         prompt_ids = self.prompt_token_ids(problems)
@@ -128,7 +130,7 @@ class Sampler(ABC):
         on_progress: Progress | None = None,
     ) -> Samples:
         """``config.n`` responses to each problem, decoded, reproducible for a given ``seed``
-        (on the same backend, device and batch size).
+        (on the same backend, device, batch size and thread count).
         """
         tokens = self.sample_tokens(problems, config, seed, on_progress)
         return Samples(

@@ -1,10 +1,22 @@
-"""The ``hf`` backend: transformers ``generate``, batched, on CPU or GPU."""
+"""The ``hf`` backend: transformers models on CPU or GPU.
+
+Two engines draw from the same distribution:
+
+- ``continuous`` (default): continuous batching over the model's KV cache
+  (:mod:`basis_bench.rollouts.sampling.continuous`); a sequence leaves the batch when it
+  finishes and a waiting one takes its place, so the cost follows the tokens generated.
+- ``generate``: transformers ``generate`` over left-padded prompts, each call padded
+  until its longest sequence ends. Kept as the reference the tests and the benchmark
+  compare against.
+"""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.models import (
@@ -16,6 +28,9 @@ from basis_bench.rollouts.models import (
 )
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.sampling.continuous import DecodeStats, decode
+
+ENGINES = ("continuous", "generate")
 
 
 def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int]]:
@@ -37,11 +52,20 @@ def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int
 
 
 class HFSampler(Sampler):
-    """Batched sampling with transformers: prompts left-padded together, the n samples
-    of a prompt drawn from one shared prompt KV cache (see :meth:`_generate_call`),
-    ``torch.manual_seed(seed)`` once per :meth:`sample` call.
+    """Batched sampling with transformers.
 
-    ``batch_size`` is the number of sequences per generate call.
+    ``engine="continuous"``: ``batch_size`` sequences decode together; each prompt runs
+    through the model once and its KV is shared by its samples; sample k of prompt p
+    draws its randomness from its own stream (seed, p, k), so it does not depend on
+    the batch size or on the other prompts beyond float rounding (see
+    :func:`~basis_bench.rollouts.sampling.continuous.decode`).
+
+    ``engine="generate"``: ``batch_size`` sequences per ``generate`` call, prompts
+    left-padded together, the n samples of a prompt drawn from one shared prompt KV
+    cache (see :meth:`_generate_call`), ``torch.manual_seed(seed)`` once per call of
+    :meth:`sample`.
+
+    :attr:`last_stats` holds what the last continuous decode computed.
     """
 
     backend = "hf"
@@ -53,9 +77,12 @@ class HFSampler(Sampler):
         template: PromptTemplate = DEFAULT_TEMPLATE,
         batch_size: int = 64,
         name: str = "model",
+        engine: str = "continuous",
     ) -> None:
         if batch_size < 1:
             raise InputError(f"--batch-size must be at least 1, got {batch_size}")
+        if engine not in ENGINES:
+            raise InputError(f"hf engine must be one of {ENGINES}, got {engine!r}")
         super().__init__(
             tokenizer, stop_token_ids(tokenizer, model.config, model.generation_config), template
         )
@@ -66,6 +93,8 @@ class HFSampler(Sampler):
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.batch_size = batch_size
         self.name = name
+        self.engine = engine
+        self.last_stats = DecodeStats()
 
     @classmethod
     def load(
@@ -75,9 +104,10 @@ class HFSampler(Sampler):
         template: PromptTemplate = DEFAULT_TEMPLATE,
         batch_size: int = 64,
         dtype: str = "auto",
+        engine: str = "continuous",
     ) -> HFSampler:
         model = load_model(ckpt, resolve_device(device), dtype)
-        return cls(model, load_tokenizer(ckpt), template, batch_size, ckpt.name)
+        return cls(model, load_tokenizer(ckpt), template, batch_size, ckpt.name, engine)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -85,6 +115,7 @@ class HFSampler(Sampler):
             "device": str(self.model.device),
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "batch_size": self.batch_size,
+            "engine": self.engine,
         }
 
     def _generate(
@@ -94,15 +125,33 @@ class HFSampler(Sampler):
         seed: int,
         on_progress: Progress | None,
     ) -> Sequence[Sequence[int]]:
+        if self.engine == "continuous":
+            self.last_stats = DecodeStats()
+            return decode(
+                self.model,
+                prompt_ids,
+                config.n,
+                slots=self.batch_size,
+                max_new_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                stop_ids=self.stop_ids.tolist(),
+                seed=seed,
+                cache_arg=self._cache_name,
+                last_logits_only=bool(self._last_logits_only),
+                on_step=on_progress,
+                stats=self.last_stats,
+            )
         import torch
 
         torch.manual_seed(seed)
         rows: list[Sequence[int]] = []
         for prompts, reps in plan_calls(len(prompt_ids), config.n, self.batch_size):
             batch = [prompt_ids[i] for i in prompts]
-            rows.extend(self._generate_call(batch, reps, config))
+            out = self._generate_call(batch, reps, config)
+            rows.extend(out)
             if on_progress is not None:
-                on_progress(len(batch) * reps)
+                on_progress(len(out), sum(len(self._cut_at_stop(np.asarray(r))) for r in out))
         return rows
 
     def _generate_call(

@@ -96,5 +96,5 @@ class VLLMSampler(Sampler):
             list(c.token_ids) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)
         ]
         if on_progress is not None:
-            on_progress(len(rows))
+            on_progress(len(rows), sum(len(r) for r in rows))
         return rows
