@@ -121,7 +121,7 @@ def test_make_estimator_basis_reports_beta_and_registry_estimators_get_their_bat
     cached = make_estimator(make_config({}, ["estimator=reference_mean"]), ids, ref)
     assert cached(ids[:4], rewards).baselines.shape == (4, 1)
 
-    with pytest.raises(InputError, match="not options of Basis"):
+    with pytest.raises(InputError, match="not options of estimator 'basis'; it takes betas"):
         make_estimator(make_config({}, ["estimator_options.bogus=1"]), ids, ref)
     with pytest.raises(InputError, match="needs the reference cache"):
         make_estimator(make_config({}, ["estimator=basis"]))

@@ -214,7 +214,7 @@ def reference_cache(
         write_prompts_table,
     )
     from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.rollouts.store import load_rollouts, reward_matrix
+    from basis_bench.rollouts.store import claim_output_dir, load_rollouts, reward_matrix
 
     job = OracleJob(
         policy="reference",
@@ -233,7 +233,7 @@ def reference_cache(
     )
     key = json.dumps({**identity, "prompts": prompts["prompt_id"].to_list()}, sort_keys=True)
     out = Path(config.cache_dir) / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "rollouts", simulated=False, option="cache_dir")
     metadata = base_metadata({"source": config.train_prompts, "n_prompts": prompts.height})
     todo, _ = pending_chunks(prompts, out, job, identity)
     write_prompts_table(prompts, out, metadata)
@@ -334,14 +334,40 @@ def make_estimator(
     estimator = E.get(config.estimator)
     if estimator.uses_cache and ref_rewards is None:
         raise InputError(f"estimator {estimator.name!r} needs the reference cache's rewards")
+    check_estimator_options(config)
     if estimator.name in BASIS_FAMILY:
         options = {**estimator.defaults, **config.estimator_options}
-        unknown = set(options) - set(inspect.signature(E.Basis).parameters)
-        if unknown:
-            raise InputError(f"estimator_options {sorted(unknown)} are not options of Basis")
         return BasisBaselines(E.Basis(list(prompt_ids), ref_rewards, **options))
     table = E.Basis(list(prompt_ids), ref_rewards) if estimator.uses_cache else None
     return RegistryBaselines(estimator, dict(config.estimator_options), table)
+
+
+def check_estimator_options(config: TrainConfig) -> None:
+    """``estimator_options`` names that the estimator does not take are an InputError
+    (checked in :func:`setup` before any model loads). BASIS variants take the options of
+    :class:`~basis_bench.estimators.Basis`; others those of their registered function,
+    unless it takes ``**options``."""
+    from basis_bench import estimators as E
+
+    estimator = E.get(config.estimator)
+    if estimator.name in BASIS_FAMILY:
+        target: Any = E.Basis
+        skip = 2  # prompt_ids, ref_rewards: the run's own
+    else:
+        target, skip = estimator.fn, 1  # the first parameter is the batch
+    try:
+        params = list(inspect.signature(target).parameters.values())[skip:]
+    except (TypeError, ValueError):  # no signature to read: the call will tell
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    unknown = sorted(set(config.estimator_options) - {p.name for p in params})
+    if unknown:
+        known = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+        raise InputError(
+            f"estimator_options {unknown} are not options of estimator {estimator.name!r}; "
+            f"it takes {', '.join(known) or 'none'}"
+        )
 
 
 def batch_shape(config: TrainConfig) -> tuple[int, int]:
@@ -382,19 +408,26 @@ class Run:
     estimator: StepEstimator
 
 
-def setup(config: TrainConfig, resume: str | os.PathLike[str] | None = None) -> Run:
-    """Check the settings against the estimator, then load data, models, sampler, cache."""
+def setup(
+    config: TrainConfig, resume: str | os.PathLike[str] | None = None, force: bool = False
+) -> Run:
+    """Check the settings against the estimator and claim the run directory (new, empty or
+    a training run: never a dataset, unless ``force``), then load data, models, sampler,
+    cache."""
     from basis_bench import estimators as E
+    from basis_bench.rollouts.store import claim_output_dir
 
     config.check()
     run_dir = Path(config.run_dir)
     group, prompts_per_step = batch_shape(config)
+    check_estimator_options(config)
     log = run_dir / LOG_FILE
     if resume is None and log.is_file() and log.stat().st_size:
         raise InputError(
             f"{run_dir} already holds a run; continue it with --resume "
             f"{run_dir}/{CHECKPOINTS_DIR}/step-T, or choose another run_dir"
         )
+    claim_output_dir(run_dir, "train-run", force=force, option="run_dir")
     device = torch_runtime(config)
     data = load_data(config)
     models = load_models(config, device, resume)
