@@ -77,3 +77,20 @@ def main() -> None:
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/]: {after_failure(sys.argv)}", highlight=False)
         sys.exit(130)
+    except SystemExit as stop:
+        # typer turns Ctrl-C into a silent exit 130; say what the interrupted run kept.
+        if _interrupted(stop):
+            console.print(f"[yellow]interrupted[/]: {after_failure(sys.argv)}", highlight=False)
+        raise
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether ``error`` came from a KeyboardInterrupt (through typer's Exit(130))."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -468,7 +468,16 @@ def load_prompts(root: str | os.PathLike[str]) -> pl.DataFrame | None:
     path = Path(root) / PROMPTS_FILE
     if not path.exists():
         return None
-    return conform_prompts(pl.read_parquet(path), what=str(path))
+    # One open file: a concurrent shard may replace prompts.parquet, and a reader that
+    # opened the path twice could pair the old footer with the new pages.
+    try:
+        with open(path, "rb") as fh:
+            table = pl.read_parquet(fh)
+    except (OSError, pl.exceptions.ComputeError) as err:
+        if isinstance(err, OSError) and err.errno:
+            raise
+        raise InputError(f"{path}: not a readable Parquet file ({err})") from err
+    return conform_prompts(table, what=str(path))
 
 
 def dataset_metadata(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
