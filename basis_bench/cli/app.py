@@ -1,8 +1,9 @@
 """The typer app every command registers on, and the entry point that turns user mistakes
-into one line."""
+and failed writes into one line."""
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import typer
@@ -19,16 +20,77 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# What an interrupted or failed run of each command leaves behind, and what to do next
+# (docs/failure_behaviour.md says the same at length).
+AFTER_FAILURE: dict[str, str] = {
+    "oracle": "completed parts are kept; rerun the same command to resume",
+    "import": "nothing of this import was published; rerun it",
+    "simulate": "the dataset in --out may be incomplete; rerun the same command to rewrite it",
+    "train": "checkpoints already written are kept; continue with --resume "
+    "RUN/checkpoints/step-T (the steps after T are redone)",
+    "train-figures": "figures already written are complete; rerun to write the rest",
+}
+DEFAULT_AFTER_FAILURE = (
+    "files already written are complete, but the output may be missing some; rerun the command"
+)
+
+# Failed writes that are the machine's state, not a bug: one line, no traceback.
+WRITE_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def running_command(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first argument that is a registered command)."""
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    return next((a for a in argv[1:] if a in names), None)
+
+
+def after_failure(argv: list[str]) -> str:
+    """What the user should know after the command in ``argv`` stopped early."""
+    return AFTER_FAILURE.get(running_command(argv) or "", DEFAULT_AFTER_FAILURE)
+
 
 def main() -> None:
-    """Console-script entry point: user mistakes become one clear line, exit code 2."""
+    """Console-script entry point: user mistakes become one clear line (exit code 2), a
+    failed write (disk full, read-only, no permission) one line saying what is kept
+    (exit code 1), Ctrl-C the same (exit code 130)."""
+    console = Console(stderr=True, soft_wrap=True)
     try:
         app()
     except InputError as err:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err}", highlight=False)
+        console.print(f"[bold red]error:[/] {err}", highlight=False)
         sys.exit(2)
-    except KeyboardInterrupt:
-        Console(stderr=True, soft_wrap=True).print(
-            "[yellow]interrupted[/]: completed parts are kept; rerun to resume"
+    except OSError as err:
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        where = f" ({err.filename})" if err.filename else ""
+        console.print(
+            f"[bold red]error:[/] {WRITE_ERRNOS[err.errno]}{where}; {after_failure(sys.argv)}",
+            highlight=False,
         )
+        sys.exit(1)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: {after_failure(sys.argv)}", highlight=False)
         sys.exit(130)
+    except SystemExit as stop:
+        # typer turns Ctrl-C into a silent exit 130; say what the interrupted run kept.
+        if _interrupted(stop):
+            console.print(f"[yellow]interrupted[/]: {after_failure(sys.argv)}", highlight=False)
+        raise
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether ``error`` came from a KeyboardInterrupt (through typer's Exit(130))."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -46,6 +46,14 @@ def import_(
     replace: Annotated[
         bool, typer.Option("--replace", help="Overwrite the policy if --out already holds it.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write into --out even if it holds something other than a dataset of real "
+            "rollouts (another command's output, simulated data, foreign files).",
+        ),
+    ] = False,
     seed: Annotated[
         int,
         typer.Option(
@@ -169,7 +177,7 @@ def import_(
                 f"({missing['prompt_id'].n_unique()} missing); check --id-col/--id-format"
             )
     report = write_import(
-        result, out, replace=replace, reference=reference, label=label, prompts=extra
+        result, out, replace=replace, reference=reference, label=label, prompts=extra, force=force
     )
     seconds = time.perf_counter() - start
     rows = result.rollouts

@@ -103,6 +103,32 @@ class _ProgressSink:
         self.progress.update(self.task, prompts=self.prompts)  # type: ignore[arg-type]
 
 
+def _check_numbers(
+    temperature: float,
+    verify_timeout: float,
+    score_workers: int,
+    batch_size: int,
+    tensor_parallel_size: int,
+) -> None:
+    """Options that are wrong on their own, refused before the prompts and the model load
+    (the sampling settings themselves are checked by SamplingConfig)."""
+    import math
+
+    from basis_bench.errors import InputError
+
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise InputError(f"--temperature must be a finite number >= 0, got {temperature}")
+    if not (math.isfinite(verify_timeout) and verify_timeout > 0):
+        raise InputError(f"--verify-timeout must be a finite number > 0, got {verify_timeout}")
+    for name, value, least in (
+        ("--score-workers", score_workers, 0),
+        ("--batch-size", batch_size, 1),
+        ("--tensor-parallel-size", tensor_parallel_size, 1),
+    ):
+        if value < least:
+            raise InputError(f"{name} must be at least {least}, got {value}")
+
+
 @app.command()
 def oracle(
     ckpt: Annotated[
@@ -239,6 +265,14 @@ def oracle(
             "--keep-responses/--drop-responses", help="Store response texts in the parts."
         ),
     ] = True,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write into --out even if it holds something other than a dataset of real "
+            "rollouts (another command's output, simulated data, foreign files).",
+        ),
+    ] = False,
 ) -> None:
     """Sample --n rollouts per prompt from --ckpt, score them with math-verify, and write
     them to --out as one Parquet part per chunk of prompts. Rerun the same command to
@@ -257,6 +291,7 @@ def oracle(
     from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source, parse_levels
     from basis_bench.rollouts.rewards import ANSWER_FORMATS, RewardConfig, scoring_pool
     from basis_bench.rollouts.sampling import BACKENDS, SamplingConfig, make_sampler
+    from basis_bench.rollouts.store import claim_output_dir
 
     console = Console(stderr=True)
     if backend not in BACKENDS:
@@ -267,10 +302,13 @@ def oracle(
         raise InputError(
             f"--answer-format must be auto or one of {ANSWER_FORMATS}, got {answer_format!r}"
         )
-    if verify_timeout <= 0:
-        raise InputError(f"--verify-timeout must be positive, got {verify_timeout}")
-    if score_workers < 0:
-        raise InputError(f"--score-workers must be >= 0, got {score_workers}")
+    _check_numbers(
+        temperature=temperature,
+        verify_timeout=verify_timeout,
+        score_workers=score_workers,
+        batch_size=batch_size,
+        tensor_parallel_size=tensor_parallel_size,
+    )
     if max_new_tokens is None:
         max_new_tokens = default_max_new_tokens(prompts)
     job = OracleJob(
@@ -301,9 +339,7 @@ def oracle(
     metadata = base_metadata(
         {"source": prompts, "levels": level_list, "limit": limit, "n_prompts": table.height}
     )
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; give a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "rollouts", simulated=False, force=force)
     todo, done = pending_chunks(table, out, job, identity)
     write_prompts_table(table, out, metadata)
     console.print(

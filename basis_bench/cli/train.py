@@ -56,6 +56,14 @@ def train(
             "goes on from T and log records after T are replaced.",
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write into run_dir even if it holds something other than a training run "
+            "(a rollouts dataset, results, foreign files).",
+        ),
+    ] = False,
 ) -> None:
     """Train a policy with RL on verifiable rewards, with the advantage estimator as a plug-in:
     sample, score with math-verify, baselines from any registered estimator, then a GPG, GRPO
@@ -79,7 +87,9 @@ def train(
         f"{settings.rollouts_per_step} rollouts/step, {settings.steps} steps -> {settings.run_dir}",
         highlight=False,
     )
-    run_dir = run_training(settings, resume, on_record=lambda r: console.print(_describe(r)))
+    run_dir = run_training(
+        settings, resume, on_record=lambda r: console.print(_describe(r)), force=force
+    )
     console.print(f"done: {run_dir}")
 
 

@@ -48,6 +48,7 @@ from basis_bench.rollouts.oracle import _POLICY_NAME, part_path, write_prompts_t
 from basis_bench.rollouts.store import (
     OPTIONAL_PROMPT_COLUMNS,
     OPTIONAL_ROLLOUT_COLUMNS,
+    claim_output_dir,
     conform_prompts,
     conform_rollouts,
     file_policies,
@@ -942,17 +943,18 @@ def write_import(
     reference: bool = False,
     label: str | None = None,
     prompts: pl.DataFrame | None = None,
+    force: bool = False,
 ) -> WriteReport:
     """Publish ``result`` into the dataset ``out`` (created), policy by policy.
 
     An ``out`` that already holds one of the policies is refused unless ``replace``; with
     ``replace`` the old files of those policies are removed (a file that also holds other
     policies is refused, never rewritten). Parts are staged under non-Parquet names and
-    renamed into place only after all of them are complete.
+    renamed into place only after all of them are complete. ``out`` must be new, empty or
+    a dataset of real rollouts (:func:`~basis_bench.rollouts.store.claim_output_dir`;
+    ``force`` writes anyway).
     """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; give a directory")
+    out = claim_output_dir(out, "rollouts", simulated=False, force=force)
     clash, to_remove = _files_to_replace(out, result.policies, replace)
     table = prompts if prompts is not None else result.prompts
     if prompts is not None and result.prompts is not None:  # sources' texts fill the gaps

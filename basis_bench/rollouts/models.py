@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,13 +88,44 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a corrupt checkpoint: OSError (a config.json that is
+    not JSON, a missing file), ValueError (a .gguf without the GGUF magic), safetensors'
+    error (a truncated or garbage model.safetensors)."""
+    errors: list[type[BaseException]] = [OSError, ValueError]
+    try:
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    except ImportError:  # pragma: no cover - safetensors comes with transformers
+        pass
+    return tuple(errors)
+
+
+@contextmanager
+def _unreadable(ckpt: Checkpoint, what: str) -> Iterator[None]:
+    """A corrupt checkpoint as one InputError naming it; a failing device or disk (an
+    OSError with an errno) stays what it is."""
+    try:
+        yield
+    except _load_errors() as err:
+        if isinstance(err, InputError) or (isinstance(err, OSError) and err.errno):
+            raise
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"{ckpt.path}: cannot load the {what} ({reason}); the checkpoint is corrupt or "
+            "incomplete"
+        ) from err
+
+
 def load_tokenizer(ckpt: Checkpoint) -> Any:
     """The checkpoint's tokenizer, set up for batched generation: left padding, and
     the end-of-sequence token as padding when it has no pad token.
     """
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(ckpt.directory), **ckpt.hf_kwargs())
+    with _unreadable(ckpt, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(str(ckpt.directory), **ckpt.hf_kwargs())
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -114,9 +147,10 @@ def load_model(ckpt: Checkpoint, device: str = "auto", dtype: str = "auto") -> A
         chosen = torch.float32 if device == "cpu" else torch.bfloat16
     elif not isinstance(chosen, torch.dtype):
         raise InputError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        str(ckpt.directory), dtype=chosen, **ckpt.hf_kwargs()
-    )
+    with _unreadable(ckpt, "model"):
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(ckpt.directory), dtype=chosen, **ckpt.hf_kwargs()
+        )
     quantizer = getattr(model, "hf_quantizer", None)
     if ckpt.gguf_file and quantizer is not None:
         # GGUF weights are dequantized to plain tensors, but transformers keeps the quantizer

@@ -67,8 +67,15 @@ def _finish(df: pl.DataFrame, what: str) -> pl.DataFrame:
 def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
     """The objects of a JSONL file; a malformed line is an InputError naming its number."""
     rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                    f"{err.start + 1}); save the file as UTF-8"
+                ) from err
             if not line.strip():
                 continue
             try:
@@ -102,6 +109,10 @@ def read_records(path: str | Path) -> pl.DataFrame:
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise InputError(
+                f"{path}: not UTF-8 text (byte offset {err.start}); save the file as UTF-8"
+            ) from err
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from err
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):

@@ -21,6 +21,7 @@ the main thread of a process; :func:`score_many` spreads prompts over worker pro
 from __future__ import annotations
 
 import logging
+import math
 import re
 import signal
 import threading
@@ -33,6 +34,8 @@ from typing import Any, Literal
 
 import numpy as np
 from math_verify import parse, verify
+
+from basis_bench.errors import InputError
 
 AnswerFormat = Literal["any", "boxed", "number"]
 ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("any", "boxed", "number")
@@ -59,11 +62,11 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(
+            raise InputError(
                 f"answer_format must be one of {ANSWER_FORMATS}, got {self.answer_format!r}"
             )
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise InputError(f"timeout_s must be a finite number > 0, got {self.timeout_s}")
 
 
 class _Deadline(BaseException):

@@ -38,9 +38,16 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import PROMPTS_FILE, write_parquet_atomic
+from basis_bench.rollouts.store import (
+    PROMPTS_FILE,
+    claim_output_dir,
+    read_metadata,
+    rollout_files,
+    write_parquet_atomic,
+)
 
 REFERENCE_POLICY = "reference"
+GENERATOR = "basis_bench.rollouts.simulate"
 ROLLOUTS_SUBDIR = "rollouts"
 
 # Log-odds shift per training stage: the tilt 1/beta (beta = 3.3, 1.25, 0.67).
@@ -182,15 +189,20 @@ def _stream(seed: int, name: str) -> np.random.SeedSequence:
     return np.random.SeedSequence([seed, digest])
 
 
-def simulate(cfg: SimulationConfig, out: str | Path) -> Path:
+def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> Path:
     """Write a simulated rollouts dataset to ``out`` and return its path.
 
     Layout: ``out/prompts.parquet`` and ``out/rollouts/<policy>.parquet``, one file per
     policy; the reference policy is named ``reference`` and recorded as
     ``reference_policy`` in every file's metadata.
+
+    ``out`` must be new, empty or an earlier simulated dataset
+    (:func:`~basis_bench.rollouts.store.claim_output_dir`; ``force`` writes anyway). A rerun
+    replaces the earlier simulation whole: its files that this one does not rewrite (a
+    stage no longer simulated) are removed once the new files are in place.
     """
     setting = cfg.validate()
-    out = Path(out)
+    out = claim_output_dir(out, "rollouts", simulated=True, force=force)
     rng = np.random.default_rng(_stream(cfg.seed, "values"))
     p_ref = reference_values(cfg, rng)
     values = {REFERENCE_POLICY: p_ref, **checkpoint_values(p_ref, cfg, rng)}
@@ -201,7 +213,7 @@ def simulate(cfg: SimulationConfig, out: str | Path) -> Path:
     meta: dict[str, Any] = {
         "simulated": True,
         "label": label,
-        "generator": "basis_bench.rollouts.simulate",
+        "generator": GENERATOR,
         "model": "simulated",
         "package_version": __version__,
         "reference_policy": REFERENCE_POLICY,
@@ -218,14 +230,29 @@ def simulate(cfg: SimulationConfig, out: str | Path) -> Path:
             **{f"sim_value_{name}": v for name, v in values.items()},
         }
     )
-    write_parquet_atomic(prompts, out / PROMPTS_FILE, metadata=meta)
+    written = [write_parquet_atomic(prompts, out / PROMPTS_FILE, metadata=meta)]
     for name in policies:
         n = cfg.reference_n if name == REFERENCE_POLICY else cfg.checkpoint_n
         df = _rollouts(
             prompt_ids, name, values[name], n, np.random.default_rng(_stream(cfg.seed, name))
         )
-        write_parquet_atomic(df, out / ROLLOUTS_SUBDIR / f"{name}.parquet", metadata=meta)
+        path = out / ROLLOUTS_SUBDIR / f"{name}.parquet"
+        written.append(write_parquet_atomic(df, path, metadata=meta))
+    _remove_stale(out, written)
     return out
+
+
+def _remove_stale(out: Path, written: list[Path]) -> None:
+    """Remove the rollouts files of an earlier simulation that this one did not rewrite."""
+    for f in rollout_files(out):
+        if f in written:
+            continue
+        try:
+            generator = read_metadata(f).get("generator")
+        except Exception:  # not ours to judge (only with --force): left alone
+            continue
+        if generator == GENERATOR:
+            f.unlink()
 
 
 def parse_stages(spec: Sequence[str]) -> dict[str, float]:

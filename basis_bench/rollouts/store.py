@@ -38,6 +38,8 @@ from basis_bench.errors import InputError
 
 METADATA_KEY = "basis_bench"
 PROMPTS_FILE = "prompts.parquet"
+TEMP_SUFFIX = ".tmp"
+STAGED_SUFFIX = ".staged"
 
 ROLLOUT_COLUMNS: dict[str, pl.DataType] = {
     "prompt_id": pl.String(),
@@ -75,8 +77,12 @@ def _conform(
             casts.append(pl.col(name).cast(dtype, strict=False))
     out = df.with_columns(casts)
     for name in required:
-        if out[name].null_count():
-            raise InputError(f"{what}: column {name!r} has null or non-{required[name]} values")
+        nulls = out[name].null_count()
+        if nulls:
+            raise InputError(
+                f"{what}: {nulls} row(s) with a null or non-{required[name]} {name!r}; "
+                "every row needs all of " + ", ".join(required)
+            )
     return out
 
 
@@ -118,16 +124,41 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
+        os.chmod(tmp, _FILE_MODE)  # mkstemp's 0600 would make every output private
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
@@ -153,6 +184,171 @@ def write_parquet_atomic(
     with atomic_write(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
     return Path(path)
+
+
+# --------------------------------------------------------------------------- output folders
+
+OUTPUT_MARKER = ".basis-bench-output.json"
+_KIND_WORDS = {
+    "rollouts": "a rollouts dataset",
+    "train-run": "a training run",
+    "results": "a results folder",
+    "figures": "a figures folder",
+}
+
+
+def _is_temporary(path: Path) -> bool:
+    """A writer's temporary or staged file (``.NAME.XXXX.tmp``, ``.NAME.XXXX.staged``)."""
+    return path.name.startswith(".") and path.name.endswith((TEMP_SUFFIX, STAGED_SUFFIX))
+
+
+def _output_files(path: Path) -> list[Path]:
+    """Every file under ``path`` but writers' temporary files (empty folders do not count)."""
+    return sorted(f for f in path.rglob("*") if not f.is_dir() and not _is_temporary(f))
+
+
+def read_output_marker(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The marker of an output folder, None when it has none; an unreadable marker is an
+    :class:`InputError`."""
+    marker = Path(path) / OUTPUT_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(
+            f"{marker} is not a valid marker ({err}); delete it, or pass --force"
+        ) from err
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        raise InputError(f"{marker} is not a valid marker (no kind); delete it, or pass --force")
+    return data
+
+
+def _parquet_role(path: Path, root: Path) -> bool | None:
+    """Whether one Parquet file of a marker-less folder is simulated (True), real (False),
+    or not part of a rollouts dataset at all (None: unreadable, or another schema)."""
+    try:
+        schema = pq.read_schema(path)
+    except Exception:  # not Parquet, a folder named x.parquet, unreadable
+        return None
+    needed = PROMPT_COLUMNS if path == root / PROMPTS_FILE else ROLLOUT_COLUMNS
+    if any(c not in schema.names for c in needed):
+        return None
+    raw = (schema.metadata or {}).get(METADATA_KEY.encode())
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        return None
+    return meta.get("simulated") is True
+
+
+def recognise_output(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What a folder holds: its marker; else, for folders written before markers existed,
+    a description guessed from their files. None for a new or empty folder;
+    ``{"kind": None, "example": FILE}`` for files that are no basis-bench output.
+
+    Recognised without a marker: a training run (``log.jsonl`` or ``checkpoints/``), a
+    results folder (``run.json`` or ``summary.csv``), a rollouts dataset (every Parquet
+    file in the store's schema; simulated when every file's metadata says so, mixed
+    when some do).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    marker = read_output_marker(root)
+    if marker is not None:
+        return marker
+    files = _output_files(root)
+    if not files:
+        return None
+    names = {f.relative_to(root).as_posix() for f in files}
+    if "log.jsonl" in names or (root / "checkpoints").is_dir():
+        return {"kind": "train-run"}
+    if "run.json" in names or "summary.csv" in names:
+        return {"kind": "results"}
+    parquet = [f for f in files if f.suffix == ".parquet"]
+    roles = {_parquet_role(f, root) for f in parquet}
+    if parquet and None not in roles:
+        simulated = "mixed" if len(roles) > 1 else roles.pop()
+        return {"kind": "rollouts", "simulated": simulated}
+    bad = next((f for f in parquet if _parquet_role(f, root) is None), files[0])
+    return {"kind": None, "example": bad.relative_to(root).as_posix()}
+
+
+def _describe(found: dict[str, Any]) -> str:
+    kind = found.get("kind")
+    if kind is None:
+        return f"files that are no basis-bench output (e.g. {found.get('example')!r})"
+    if kind == "rollouts" and found.get("simulated") is not None:
+        data = {True: "simulated", False: "real", "mixed": "mixed real and simulated"}
+        return f"a rollouts dataset of {data.get(found['simulated'], 'unknown')} rollouts"
+    return _KIND_WORDS.get(kind, f"a {kind!r} output")
+
+
+def claim_output_dir(
+    path: str | os.PathLike[str],
+    kind: str,
+    *,
+    simulated: bool | None = None,
+    force: bool = False,
+    option: str = "--out",
+) -> Path:
+    """Make ``path`` the output folder of a command of ``kind`` (``"rollouts"``,
+    ``"train-run"``, ``"results"``, ``"figures"``) and return it, created.
+
+    Allowed: a new or empty folder, or one already of ``kind`` (by its marker file
+    ``.basis-bench-output.json``, or for folders written before markers existed, by its
+    files, see :func:`recognise_output`). For rollouts, ``simulated`` (True for simulated
+    data, False for sampled or imported data, None for either) must also match what the
+    dataset holds, so simulated rollouts never land beside real ones. Anything else is an
+    :class:`InputError` naming what the folder holds, unless ``force``. A file at ``path``
+    is always an error. The marker is (re)written only when it changes; ``option`` names
+    the setting in messages (``--out``, ``run_dir``).
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{option} {path} is a file; give a directory")
+    try:
+        found = recognise_output(path)
+    except InputError:
+        if not force:
+            raise
+        found = {"kind": None}
+    if found is not None and not force:
+        _check_claim(path, kind, simulated, found, option)
+    marker: dict[str, Any] = {"kind": kind}
+    if kind == "rollouts":
+        before = found.get("simulated") if found and found.get("kind") == kind else simulated
+        marker["simulated"] = (
+            before if simulated is None or before in (None, simulated) else "mixed"
+        )
+    if found is not None and found.get("kind") not in (kind, None):
+        marker["forced_over"] = found["kind"]
+    held = found if found is not None and (path / OUTPUT_MARKER).is_file() else None
+    if held is None or any(held.get(k) != v for k, v in marker.items()):
+        from basis_bench import __version__
+
+        text = json.dumps({**marker, "package_version": __version__}, sort_keys=True)
+        write_text_atomic(path / OUTPUT_MARKER, text + "\n")
+    return path
+
+
+def _check_claim(
+    path: Path, kind: str, simulated: bool | None, found: dict[str, Any], option: str
+) -> None:
+    what = _KIND_WORDS.get(kind, f"a {kind!r} output")
+    if found.get("kind") != kind:
+        raise InputError(
+            f"{option} {path} already holds {_describe(found)}, not {what}; choose a new or "
+            "empty folder (or pass --force to write into it anyway)"
+        )
+    held = found.get("simulated")
+    if kind == "rollouts" and simulated is not None and held is not None and held != simulated:
+        new = "simulated" if simulated else "real"
+        raise InputError(
+            f"{option} {path} holds {_describe(found)}; writing {new} rollouts into it would "
+            "mix the two: choose a new or empty folder (or pass --force to mix them)"
+        )
 
 
 def default_dataset() -> Path:
@@ -259,8 +455,9 @@ def load_rollouts(
     for f in files:
         names = _rollout_file_columns(f)
         lf = pl.scan_parquet(f).select([*ROLLOUT_COLUMNS, *(c for c in extra if c in names)])
-        if wanted is not None:
-            lf = lf.filter(pl.col("policy").cast(pl.String).is_in(wanted))
+        if wanted is not None:  # rows without a policy reach validation, which refuses them
+            policy = pl.col("policy").cast(pl.String)
+            lf = lf.filter(policy.is_in(wanted) | policy.is_null())
         frames.append(_conform(lf.collect(), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
     out = pl.concat(frames, how="diagonal_relaxed")
     return conform_rollouts(out, what=str(root)).sort(["policy", "prompt_id", "sample_idx"])
@@ -271,7 +468,16 @@ def load_prompts(root: str | os.PathLike[str]) -> pl.DataFrame | None:
     path = Path(root) / PROMPTS_FILE
     if not path.exists():
         return None
-    return conform_prompts(pl.read_parquet(path), what=str(path))
+    # One open file: a concurrent shard may replace prompts.parquet, and a reader that
+    # opened the path twice could pair the old footer with the new pages.
+    try:
+        with open(path, "rb") as fh:
+            table = pl.read_parquet(fh)
+    except (OSError, pl.exceptions.ComputeError) as err:
+        if isinstance(err, OSError) and err.errno:
+            raise
+        raise InputError(f"{path}: not a readable Parquet file ({err})") from err
+    return conform_prompts(table, what=str(path))
 
 
 def dataset_metadata(root: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -50,9 +50,19 @@ def save_checkpoint(
         rng["cuda"] = torch.cuda.get_rng_state_all()
     state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rng, **extra}
     torch.save(state, tmp / TRAINER_STATE)
+    _fsync_tree(tmp)
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     return path
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush every file of a checkpoint to disk before it is renamed into place, so a crash
+    after the rename cannot leave a complete-looking checkpoint with empty files."""
+    for f in directory.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
 
 
 def save_run_checkpoint(run: Run, step: int) -> Path:
@@ -88,13 +98,27 @@ def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
         )
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            state: dict[str, Any] = torch.load(path, weights_only=True)
+            state = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise InputError(
-            f"--resume {checkpoint}: {TRAINER_STATE} holds more than plain data, which is "
-            f"not loaded ({err})"
+            f"--resume {checkpoint}: {TRAINER_STATE} is not a trainer state written by "
+            f"basis-bench (garbage, or more than plain data, which is not loaded: {first})"
         ) from err
-    return state
+    except (RuntimeError, EOFError, ValueError) as err:  # truncated or not a torch file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"--resume {checkpoint}: {TRAINER_STATE} is truncated or corrupt ({first}); "
+            "resume from another checkpoint"
+        ) from err
+    needed = ("step", "config")
+    missing = [k for k in needed if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise InputError(
+            f"--resume {checkpoint}: {TRAINER_STATE} lacks {', '.join(missing)}; it was not "
+            "written by basis-bench train"
+        )
+    return dict(state)
 
 
 def resume_config(checkpoint: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainConfig:
@@ -110,8 +134,14 @@ def restore(run: Run, checkpoint: str | os.PathLike[str]) -> int:
     import torch
 
     state = load_trainer_state(checkpoint)
-    run.models.optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"]["torch"])
+    try:
+        run.models.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise InputError(
+            f"--resume {checkpoint}: {TRAINER_STATE} does not fit this run's model and "
+            f"optimizer ({type(err).__name__}: {err}); resume from another checkpoint"
+        ) from err
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
     run.estimator.load_state_dict(state)

@@ -51,7 +51,7 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = 0.3
     vllm_max_model_len: int = 0
     # data
-    train_prompts: str = "arithmetic:n=256,digits=1,steps=1,ops=+-,seed=0"
+    train_prompts: str = "arithmetic:n=128,digits=1,steps=1,ops=+-,seed=0"  # of 200 distinct
     train_limit: int = 0
     eval_prompts: str = "arithmetic:n=64,digits=1,steps=1,ops=+-,seed=1"
     eval_limit: int = 0
@@ -196,17 +196,26 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Keys of a TOML config; ``extends = "base.toml"`` (relative to the file) is read first."""
+def read_config_file(path: str | os.PathLike[str], _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Keys of a TOML config; ``extends = "base.toml"`` (relative to the file) is read first.
+    A file that extends itself, directly or through others, is an :class:`InputError`."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"config file {str(path)!r} does not exist")
+        where = f" (extended by {_chain[-1]})" if _chain else ""
+        raise InputError(f"config file {str(path)!r} does not exist{where}")
+    if path.resolve() in _chain:
+        loop = " -> ".join(str(p) for p in (*_chain, path.resolve()))
+        raise InputError(f"config files extend each other in a loop: {loop}")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text (byte offset {err.start})") from err
     except tomllib.TOMLDecodeError as err:
         raise InputError(f"{path}: not valid TOML ({err})") from err
     base = data.pop("extends", None)
-    merged = read_config_file(path.parent / base) if base else {}
+    if base is not None and not isinstance(base, str):
+        raise InputError(f"{path}: extends must be a file name, got {base!r}")
+    merged = read_config_file(path.parent / base, (*_chain, path.resolve())) if base else {}
     return {**merged, **data}
 
 
@@ -230,7 +239,7 @@ def make_config(
 ) -> TrainConfig:
     """A checked :class:`TrainConfig` from file values plus ``key=value`` overrides."""
     settings = dict(values or {})
-    options = dict(settings.get("estimator_options", {}))
+    options = dict(_coerce("estimator_options", settings.get("estimator_options", {})))
     for text in overrides:
         key, value = parse_override(text)
         if key.startswith("estimator_options."):

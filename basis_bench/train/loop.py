@@ -62,17 +62,19 @@ def train(
     config: TrainConfig,
     resume: str | os.PathLike[str] | None = None,
     on_record: Callable[[Record], None] | None = None,
+    force: bool = False,
 ) -> Path:
     """Run (or, from a checkpoint, continue) training; returns the run directory.
 
     ``on_record`` receives each log record as it is written (for progress output).
+    ``force`` lets ``run_dir`` be a folder that holds something other than a training run.
     """
     from basis_bench.rollouts.sampling import SamplingConfig
     from basis_bench.train.checkpoint import restore, save_run_checkpoint
     from basis_bench.train.setup import setup, sync_sampler
     from basis_bench.train.update import update_policy
 
-    run = setup(config, resume)
+    run = setup(config, resume, force)
     start = restore(run, resume) if resume is not None else 1
     if resume is not None:
         sync_sampler(config.backend, run.sampler, run.models.policy)
@@ -378,7 +380,18 @@ def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
     path = Path(run_dir) / LOG_FILE
     if not path.is_file():
         raise InputError(f"{run_dir}: no {LOG_FILE}; is this a training run directory?")
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()  # a record cut short by a crash mid-append: that step is redone on resume
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}:{number}: not a JSON record ({err.msg})") from err
     for r in records:
         if r.get("beta") == "inf":
             r["beta"] = math.inf

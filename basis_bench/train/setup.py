@@ -213,7 +213,7 @@ def reference_cache(
         write_prompts_table,
     )
     from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.rollouts.store import load_rollouts, reward_matrix
+    from basis_bench.rollouts.store import claim_output_dir, load_rollouts, reward_matrix
 
     job = OracleJob(
         policy="reference",
@@ -232,7 +232,7 @@ def reference_cache(
     )
     key = json.dumps({**identity, "prompts": prompts["prompt_id"].to_list()}, sort_keys=True)
     out = Path(config.cache_dir) / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, "rollouts", simulated=False, option="cache_dir")
     metadata = base_metadata({"source": config.train_prompts, "n_prompts": prompts.height})
     todo, _ = pending_chunks(prompts, out, job, identity)
     write_prompts_table(prompts, out, metadata)
@@ -300,6 +300,7 @@ def make_estimator(
     estimator = E.get(config.estimator)
     if estimator.uses_cache and ref_rewards is None:
         raise InputError(f"estimator {estimator.name!r} needs the reference cache's rewards")
+    check_estimator_options(config)
     return StepBaselines(
         E.make_step_estimator(
             estimator.name,
@@ -308,6 +309,15 @@ def make_estimator(
             ref_rewards=ref_rewards if estimator.uses_cache else None,
         )
     )
+
+
+def check_estimator_options(config: TrainConfig) -> None:
+    """``estimator_options`` checked against the estimator's options dataclass (unknown
+    keys and out-of-range values are an InputError), in :func:`setup` before any model
+    loads."""
+    from basis_bench import estimators as E
+
+    E.parse_options(config.estimator, config.estimator_options)
 
 
 def batch_shape(config: TrainConfig) -> tuple[int, int]:
@@ -348,19 +358,26 @@ class Run:
     estimator: StepEstimator
 
 
-def setup(config: TrainConfig, resume: str | os.PathLike[str] | None = None) -> Run:
-    """Check the settings against the estimator, then load data, models, sampler, cache."""
+def setup(
+    config: TrainConfig, resume: str | os.PathLike[str] | None = None, force: bool = False
+) -> Run:
+    """Check the settings against the estimator and claim the run directory (new, empty or
+    a training run: never a dataset, unless ``force``), then load data, models, sampler,
+    cache."""
     from basis_bench import estimators as E
+    from basis_bench.rollouts.store import claim_output_dir
 
     config.check()
     run_dir = Path(config.run_dir)
     group, prompts_per_step = batch_shape(config)
+    check_estimator_options(config)
     log = run_dir / LOG_FILE
     if resume is None and log.is_file() and log.stat().st_size:
         raise InputError(
             f"{run_dir} already holds a run; continue it with --resume "
             f"{run_dir}/{CHECKPOINTS_DIR}/step-T, or choose another run_dir"
         )
+    claim_output_dir(run_dir, "train-run", force=force, option="run_dir")
     device = torch_runtime(config)
     data = load_data(config)
     models = load_models(config, device, resume)

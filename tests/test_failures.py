@@ -1,0 +1,581 @@
+"""Outputs that never lie (issue 14, the commands outside the value benchmark): no command
+writes into another's folder, one atomic writer, and a one-line error (no traceback, no
+changed byte of earlier data) for every failure a user can provoke.
+
+Every CLI case runs in this process through ``basis_bench.cli.main`` (the real entry point
+with its error handling), so the tier stays fast; no case loads a real model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from basis_bench.cli import main
+from basis_bench.cli.app import after_failure
+from basis_bench.errors import InputError
+from basis_bench.rollouts.simulate import SimulationConfig, simulate
+from basis_bench.rollouts.store import (
+    OUTPUT_MARKER,
+    atomic_write,
+    claim_output_dir,
+    default_dataset,
+    load_rollouts,
+    read_output_marker,
+    recognise_output,
+    write_parquet_atomic,
+)
+
+SMALL_SIM = ["--prompts", "12", "--reference-n", "4", "--checkpoint-n", "6"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``: "no byte of earlier data changed" is equality."""
+    return {
+        str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(root.rglob("*"))
+        if f.is_file()
+    }
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """``basis-bench ARGS`` in this process: (exit code, last line of stderr)."""
+    monkeypatch.setattr(sys, "argv", ["basis-bench", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    return code, lines[-1] if lines else ""  # progress lines may come before the error
+
+
+def assert_one_line_error(result: tuple[int, str], *needles: str, code: int = 2) -> None:
+    got, message = result
+    assert got == code, message
+    assert "Traceback" not in message
+    assert message.startswith("error:"), message
+    for needle in needles:
+        assert needle in message, message
+
+
+@pytest.fixture
+def real_dataset(tmp_path) -> Path:
+    """A dataset of real rollouts as oracle wrote them before markers existed."""
+    out = tmp_path / "real"
+    meta = {"kind": "oracle", "simulated": False}
+    prompts = pl.DataFrame(
+        {"prompt_id": ["a", "b"], "problem": ["1+1", "2+2"], "answer": ["2", "4"]}
+    )
+    write_parquet_atomic(prompts, out / "prompts.parquet", meta)
+    rows = pl.DataFrame(
+        {"prompt_id": ["a", "a", "b", "b"], "policy": ["ck"] * 4, "sample_idx": [0, 1, 0, 1],
+         "reward": [1.0, 0.0, 1.0, 1.0]},
+        schema_overrides={"sample_idx": pl.Int32},
+    )  # fmt: skip
+    write_parquet_atomic(rows, out / "rollouts" / "ck" / "part-000000.parquet", meta)
+    return out
+
+
+@pytest.fixture
+def sim_dataset(tmp_path) -> Path:
+    out = tmp_path / "sim"
+    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), out)
+    return out
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, options: str) -> Iterator[bool]:
+    """A tmpfs at ``path`` when this machine lets us mount one (root in a container that
+    allows it); yields whether it is mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    ok = (
+        shutil.which("mount") is not None
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    try:
+        yield ok
+    finally:
+        if ok:
+            subprocess.run(["umount", str(path)], capture_output=True, check=False)
+
+
+# --------------------------------------------------------------------------- claim_output_dir
+
+
+def test_new_empty_and_own_folders_are_claimed_and_marked(tmp_path):
+    new = claim_output_dir(tmp_path / "a" / "b", "rollouts", simulated=False)
+    assert new.is_dir() and read_output_marker(new)["kind"] == "rollouts"
+    assert read_output_marker(new)["simulated"] is False
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / f".x.parquet.{uuid.uuid4().hex}.tmp").write_text("a writer's temporary file")
+    claim_output_dir(empty, "train-run")
+    before = (empty / OUTPUT_MARKER).stat().st_mtime_ns
+    claim_output_dir(empty, "train-run")  # its own kind: fine, marker not rewritten
+    assert (empty / OUTPUT_MARKER).stat().st_mtime_ns == before
+
+
+def test_other_kinds_foreign_files_and_files_are_refused(tmp_path, sim_dataset):
+    run = claim_output_dir(tmp_path / "run", "train-run")
+    with pytest.raises(InputError, match=r"already holds a training run, not a rollouts dataset"):
+        claim_output_dir(run, "rollouts")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match=r"no basis-bench output \(e\.g\. 'notes\.txt'\)"):
+        claim_output_dir(foreign, "rollouts")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="is a file"):
+        claim_output_dir(tmp_path / "file", "rollouts", force=True)
+    with pytest.raises(InputError, match="would mix the two"):
+        claim_output_dir(sim_dataset, "rollouts", simulated=False)
+    claim_output_dir(sim_dataset, "rollouts")  # simulated=None: either kind of data
+    claim_output_dir(sim_dataset, "rollouts", simulated=False, force=True)
+    assert read_output_marker(sim_dataset)["simulated"] == "mixed"
+
+
+def test_datasets_without_a_marker_are_recognised_by_their_files(real_dataset, tmp_path):
+    shipped = tmp_path / "shipped"
+    shutil.copytree(default_dataset(), shipped)  # the package's simulated default dataset
+    assert recognise_output(shipped) == {"kind": "rollouts", "simulated": True}
+    claim_output_dir(shipped, "rollouts", simulated=True)
+    assert recognise_output(real_dataset) == {"kind": "rollouts", "simulated": False}
+    claim_output_dir(real_dataset, "rollouts", simulated=False)  # adopted: a marker is added
+    assert read_output_marker(real_dataset)["simulated"] is False
+    legacy = tmp_path / "legacy-sim"
+    simulate(SimulationConfig(n_prompts=4, reference_n=2, checkpoint_n=2), legacy)
+    (legacy / OUTPUT_MARKER).unlink()
+    assert recognise_output(legacy) == {"kind": "rollouts", "simulated": True}
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.parquet").write_text("not parquet")
+    assert recognise_output(bad) == {"kind": None, "example": "x.parquet"}
+    (bad / "x.parquet").unlink()
+    (bad / "y.parquet").mkdir()  # a folder named like a Parquet file: not a file, ignored
+    assert recognise_output(bad) is None
+    (real_dataset / OUTPUT_MARKER).write_text("{not json")
+    with pytest.raises(InputError, match="not a valid marker"):
+        claim_output_dir(real_dataset, "rollouts")
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def test_simulate_refuses_a_real_dataset_and_changes_no_byte(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    before = snapshot(real_dataset)
+    result = run_main(monkeypatch, capsys, "simulate", "--out", str(real_dataset), *SMALL_SIM)
+    assert_one_line_error(result, str(real_dataset), "real rollouts", "--force")
+    assert snapshot(real_dataset) == before
+    (tmp_path / "file").write_text("x")
+    result = run_main(monkeypatch, capsys, "simulate", "--out", str(tmp_path / "file"))
+    assert_one_line_error(result, "is a file")
+
+
+def test_simulate_rerun_replaces_its_own_dataset_whole(tmp_path):
+    out = tmp_path / "sim"
+    simulate(SimulationConfig(n_prompts=6, reference_n=2, checkpoint_n=2), out)
+    assert (out / "rollouts" / "middle.parquet").is_file()
+    simulate(SimulationConfig(n_prompts=4, reference_n=2, checkpoint_n=2, stages={"a": 1.0}), out)
+    assert sorted(p.name for p in (out / "rollouts").iterdir()) == [
+        "a.parquet",
+        "reference.parquet",
+    ]
+    assert load_rollouts(out)["prompt_id"].n_unique() == 4
+
+
+# --------------------------------------------------------------------------- import
+
+
+def test_import_refuses_a_simulated_dataset_and_a_training_run(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    counts = tmp_path / "c.csv"
+    counts.write_text("prompt_id,n,n_correct\nsim-00,4,1\n")
+    before = snapshot(sim_dataset)
+    args = ["import", "counts", str(counts), "--policy", "ck", "--out"]
+    result = run_main(monkeypatch, capsys, *args, str(sim_dataset))
+    assert_one_line_error(result, "simulated rollouts", "would mix")
+    assert snapshot(sim_dataset) == before
+    run = claim_output_dir(tmp_path / "run", "train-run")
+    assert_one_line_error(run_main(monkeypatch, capsys, *args, str(run)), "training run")
+    assert run_main(monkeypatch, capsys, *args, str(run), "--force")[0] == 0
+
+
+# --------------------------------------------------------------------------- oracle
+
+
+@pytest.fixture
+def fake_ckpt(tmp_path) -> Path:
+    """A model directory whose config.json is valid JSON (enough to resolve it)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return ckpt
+
+
+class FakeSampler:
+    """Answers every prompt with a long fixed text: parts are big, no model is loaded."""
+
+    def __init__(self, text: str = "x" * 2000) -> None:
+        self.text = text
+
+    def sample(self, problems, config, seed, on_progress=None):
+        from basis_bench.rollouts.sampling.base import Samples
+
+        count = len(problems) * config.n
+        rng = np.random.default_rng(seed)
+        texts = [self.text + rng.bytes(3000).hex() for _ in range(count)]
+        return Samples(texts, np.full(count, 7, dtype=np.int32), ["length"] * count)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "fake"}
+
+
+def oracle_args(ckpt: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "oracle", "--ckpt", str(ckpt), "--policy", "p", "--prompts", "arithmetic:n=40,seed=3",
+        "--n", "2", "--chunk-size", "1", "--device", "cpu", "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be at least 1"),
+        (["--temperature", "nan"], "--temperature must be a finite number"),
+        (["--temperature", "inf"], "--temperature must be a finite number"),
+        (["--verify-timeout", "nan"], "--verify-timeout must be a finite number"),
+        (["--verify-timeout", "inf"], "--verify-timeout must be a finite number"),
+        (["--top-p", "nan"], "top_p must be in (0, 1]"),
+    ],
+)
+def test_oracle_options_are_refused_before_anything_is_written(
+    monkeypatch, capsys, fake_ckpt, tmp_path, extra, needle
+):
+    out = tmp_path / "out"
+    assert_one_line_error(
+        run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, out, *extra)), needle
+    )
+    assert not out.exists()
+
+
+def test_oracle_refuses_a_non_utf8_prompt_file(monkeypatch, capsys, fake_ckpt, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(
+        b'{"problem": "1+1", "answer": "2"}\n{"problem": "\xff\xfe", "answer": "1"}\n'
+    )
+    args = oracle_args(fake_ckpt, tmp_path / "out")
+    args[args.index("--prompts") + 1] = str(prompts)
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "p.jsonl:2", "not UTF-8")
+
+
+@pytest.mark.parametrize("broken", ["config.json", "model.safetensors", "fake.gguf"])
+def test_oracle_names_a_corrupt_checkpoint(monkeypatch, capsys, tmp_path, broken):
+    from transformers import LlamaConfig
+
+    ckpt = tmp_path / "ckpt"
+    LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    ).save_pretrained(ckpt)  # fmt: skip
+    (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    target = ckpt
+    if broken == "config.json":
+        (ckpt / "config.json").write_text("{garbage")
+    elif broken == "fake.gguf":
+        target = tmp_path / "fake.gguf"
+        target.write_text("not a gguf file")
+    out = tmp_path / "out"
+    result = run_main(monkeypatch, capsys, *oracle_args(target, out))
+    assert_one_line_error(result, str(target.resolve()), "cannot load the model", "corrupt")
+
+
+def test_oracle_refuses_a_simulated_dataset(monkeypatch, capsys, fake_ckpt, sim_dataset):
+    before = snapshot(sim_dataset)
+    result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, sim_dataset))
+    assert_one_line_error(result, "simulated rollouts", "would mix")
+    assert snapshot(sim_dataset) == before
+
+
+def test_oracle_on_a_read_only_out_is_one_line(monkeypatch, capsys, fake_ckpt, tmp_path):
+    ro = tmp_path / "ro"
+    with mounted_tmpfs(ro, "ro,size=64k") as mounted:
+        if not mounted:
+            if os.geteuid() == 0:
+                pytest.skip("cannot mount a read-only tmpfs, and root ignores file modes")
+            ro.chmod(0o555)
+        result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, ro / "out"))
+        with contextlib.suppress(OSError):
+            ro.chmod(0o755)
+    assert_one_line_error(result, "ro/out", "rerun the same command to resume", code=1)
+    assert ("read-only" in result[1]) or ("permission denied" in result[1])
+
+
+def test_oracle_disk_full_keeps_completed_parts_valid(monkeypatch, capsys, fake_ckpt, tmp_path):
+    """Disk full mid-run: one line, exit 1, every part on disk loads, no temporary file is
+    left, and a rerun with space resumes and completes the dataset."""
+    import basis_bench.rollouts.oracle as oracle_module
+    import basis_bench.rollouts.sampling as sampling
+
+    monkeypatch.setattr(sampling, "make_sampler", lambda *a, **k: FakeSampler())
+    disk = tmp_path / "disk"
+    with mounted_tmpfs(disk, "size=160k") as mounted:
+        if not mounted:  # no tmpfs here: the writer fails as a full disk would, after part 6
+            real, calls = oracle_module.write_parquet_atomic, []
+
+            def full_after_six(df, path, metadata=None):
+                calls.append(path)
+                if len(calls) > 6:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                return real(df, path, metadata)
+
+            monkeypatch.setattr(oracle_module, "write_parquet_atomic", full_after_six)
+        out = disk / "out"
+        result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, out))
+        assert_one_line_error(result, "no space left", "completed parts are kept", code=1)
+        parts = sorted((out / "rollouts" / "p").glob("part-*.parquet"))
+        assert 0 < len(parts) < 40
+        assert load_rollouts(out)["prompt_id"].n_unique() == len(parts)
+        assert not [f for f in out.rglob("*") if f.name.endswith((".tmp", ".staged"))]
+        kept = snapshot(out / "rollouts")
+        shutil.copytree(out, tmp_path / "out")
+    monkeypatch.setattr(oracle_module, "write_parquet_atomic", write_parquet_atomic)
+    assert run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, tmp_path / "out"))[0] == 0
+    assert load_rollouts(tmp_path / "out")["prompt_id"].n_unique() == 40
+    after = snapshot(tmp_path / "out" / "rollouts")
+    assert {k: after[k] for k in kept} == kept  # the completed parts were not rewritten
+
+
+# --------------------------------------------------------------------------- train
+
+
+def write_toml(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("files", "needle"),
+    [
+        ({"a.toml": 'extends = "b.toml"', "b.toml": 'extends = "a.toml"'}, "extend each other in a loop"),
+        ({"a.toml": 'extends = "a.toml"'}, "extend each other in a loop"),
+        ({"a.toml": "estimator_options = 5"}, "'estimator_options' must be dict"),
+        ({"a.toml": 'estimator = "grpo"\nestimator_options = {bogus = 1}'}, "unknown option(s) bogus for estimator 'grpo'"),
+        ({"a.toml": "estimator_options = {bogus = 1}"}, "unknown option(s) bogus for estimator 'basis'"),
+        ({"a.toml": "top_p = 1.5"}, "top_p must be a finite number in (0, 1]"),
+        ({"a.toml": "lr = inf"}, "lr must be a finite number > 0"),
+        ({"a.toml": "lr = nan"}, "lr must be a finite number > 0"),
+    ],
+)  # fmt: skip
+def test_train_config_mistakes_are_one_line_before_any_model_loads(
+    monkeypatch, capsys, tmp_path, files, needle
+):
+    import basis_bench.train.setup as setup
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(setup, "load_models", no_load)
+    for name, text in files.items():
+        write_toml(tmp_path / name, f'run_dir = "{tmp_path / "run"}"\n{text}\n')
+    result = run_main(monkeypatch, capsys, "train", "--config", str(tmp_path / "a.toml"))
+    assert_one_line_error(result, needle)
+
+
+def test_train_refuses_a_dataset_as_run_dir(monkeypatch, capsys, tmp_path, real_dataset):
+    import basis_bench.train.setup as setup
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    before = snapshot(real_dataset)
+    config = write_toml(tmp_path / "c.toml", f'run_dir = "{real_dataset}"\n')
+    result = run_main(monkeypatch, capsys, "train", "--config", str(config))
+    assert_one_line_error(result, "run_dir", "real rollouts, not a training run", "--force")
+    assert snapshot(real_dataset) == before
+
+
+def test_resume_refuses_truncated_garbage_and_partial_checkpoints(monkeypatch, capsys, tmp_path):
+    import torch
+
+    from basis_bench.train import make_config
+    from basis_bench.train.checkpoint import TRAINER_STATE, load_trainer_state
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000001"
+    ckpt.mkdir(parents=True)
+    state = {"step": 1, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
+    torch.save({**state, "config": vars(make_config({}))}, ckpt / TRAINER_STATE)
+    whole = (ckpt / TRAINER_STATE).read_bytes()
+    assert load_trainer_state(ckpt)["step"] == 1
+    cases = {
+        "truncated": (whole[: len(whole) // 2], "truncated or corrupt"),
+        "garbage": (b"garbage\n" * 10, "not a trainer state written by basis-bench"),
+        "empty": (b"", "truncated or corrupt"),
+    }
+    for data, needle in cases.values():
+        (ckpt / TRAINER_STATE).write_bytes(data)
+        result = run_main(monkeypatch, capsys, "train", "--resume", str(ckpt))
+        assert_one_line_error(result, str(ckpt), TRAINER_STATE, needle)
+    torch.save([1, 2, 3], ckpt / TRAINER_STATE)
+    assert_one_line_error(
+        run_main(monkeypatch, capsys, "train", "--resume", str(ckpt)), "lacks step, config"
+    )
+    partial = ckpt.with_name("step-000002.partial")
+    shutil.copytree(ckpt, partial)
+    assert_one_line_error(
+        run_main(monkeypatch, capsys, "train", "--resume", str(partial)), "unfinished checkpoint"
+    )
+
+
+def test_a_checkpoints_corrupt_model_file_is_named(tmp_path):
+    from transformers import LlamaConfig
+
+    from basis_bench.rollouts.models import load_model, resolve_checkpoint
+
+    ckpt = tmp_path / "step-000001"
+    LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    ).save_pretrained(ckpt)  # fmt: skip
+    for data in (b"garbage", b"\xff" * 8 + b"{}"):
+        (ckpt / "model.safetensors").write_bytes(data)
+        with pytest.raises(InputError, match=r"step-000001: cannot load the model .*corrupt"):
+            load_model(resolve_checkpoint(ckpt), "cpu")
+
+
+def test_a_log_line_cut_by_a_crash_is_dropped(tmp_path):
+    from basis_bench.train import read_log
+
+    (tmp_path / "log.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"st')
+    assert [r["step"] for r in read_log(tmp_path)] == [0, 1]
+    (tmp_path / "log.jsonl").write_text('{"step": 0}\nnot json\n')
+    with pytest.raises(InputError, match=r"log\.jsonl:2: not a JSON record"):
+        read_log(tmp_path)
+
+
+# --------------------------------------------------------------------------- the messages
+
+
+def test_interrupt_and_failure_messages_say_what_each_command_keeps():
+    assert "rerun the same command to resume" in after_failure(["bb", "oracle", "--out", "x"])
+    assert "--resume" in after_failure(["bb", "train", "--config", "c.toml"])
+    assert "resume" not in after_failure(["bb", "import", "counts", "a.csv"])
+    assert "rewrite" in after_failure(["bb", "simulate", "--out", "x"])
+    assert "resume" not in after_failure(["bb", "evaluate"])
+
+
+def test_ctrl_c_in_train_does_not_promise_an_oracle_resume(monkeypatch, capsys, tmp_path):
+    import basis_bench.train as train_pkg
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_pkg, "train", interrupted)
+    config = write_toml(tmp_path / "c.toml", f'run_dir = "{tmp_path / "run"}"\n')
+    code, message = run_main(monkeypatch, capsys, "train", "--config", str(config))
+    assert code == 130 and "--resume RUN/checkpoints/step-T" in message
+    assert "completed parts" not in message
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def test_null_policies_are_refused_with_their_count(tmp_path):
+    out = tmp_path / "ds"
+    frame = pl.DataFrame(
+        {
+            "prompt_id": ["a", "a", "b", "b"],
+            "policy": ["p", None, None, "p"],
+            "sample_idx": [0, 1, 0, 1],
+            "reward": [1.0, 0.0, 1.0, 0.0],
+        },
+        schema_overrides={"sample_idx": pl.Int32},
+    )
+    write_parquet_atomic(frame, out / "rollouts.parquet")
+    for policies in (None, ["p"]):
+        with pytest.raises(InputError, match=r"2 row\(s\) with a null or non-String 'policy'"):
+            load_rollouts(out, policies)
+
+
+def test_atomic_write_keeps_the_usual_file_mode(tmp_path):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    with atomic_write(tmp_path / "f.txt") as tmp:
+        tmp.write_text("x")
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_reward_config_refuses_non_finite_timeouts():
+    from basis_bench.rollouts.rewards import RewardConfig
+
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(InputError, match="timeout_s must be a finite number"):
+            RewardConfig(timeout_s=bad)
+
+
+WRITER = """
+import sys, numpy as np, polars as pl
+from basis_bench.rollouts.store import write_parquet_atomic
+me, path = int(sys.argv[1]), sys.argv[2]
+for i in range(30):
+    n = 2000 + 997 * ((i * 7 + me) % 11)  # files of different sizes
+    write_parquet_atomic(pl.DataFrame({"writer": np.full(n, me), "n": np.full(n, n)}), path)
+"""
+
+
+def test_two_writers_and_a_reader_never_see_a_torn_file(tmp_path):
+    """Two processes x 30 writes of one path while this process reads it: both writers
+    finish, every read is one whole file (its rows all from one write), and no
+    temporary file is left behind.
+
+    The reader opens the path once per read. Readers that open a path twice in one read
+    (``pq.read_table(path)``, ``pl.read_parquet(path)``) can pair one version's footer with
+    another's pages while a writer replaces the file; that is the reader mixing two whole
+    files, not a torn file, and the store reads replaceable files through one handle."""
+    path = tmp_path / "shared.parquet"
+    write_parquet_atomic(pl.DataFrame({"writer": [9], "n": [1]}), path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(me), str(path)], env=env)
+        for me in (0, 1)
+    ]
+    reads = 0
+    while any(w.poll() is None for w in writers):
+        with open(path, "rb") as fh:  # one open: one version of the file
+            table = pq.read_table(io.BytesIO(fh.read())).to_pydict()  # raises if torn
+        assert len(set(table["writer"])) == 1 and set(table["n"]) == {len(table["n"])}
+        reads += 1
+        time.sleep(0.001)
+    assert [w.wait() for w in writers] == [0, 0]
+    assert reads > 0
+    assert [f.name for f in tmp_path.iterdir()] == ["shared.parquet"]
