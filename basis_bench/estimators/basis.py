@@ -31,7 +31,7 @@ from basis_bench.estimators.options import (
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable, inf_index, nearest_beta_index
 
-BASIS_FAMILY = ("offline", "basis", "basis_vop", "basis_rvg")
+BASIS_FAMILY = ("offline", "basis", "basis_paper", "basis_vop", "basis_rvg")
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,24 @@ for _name, _text, _defaults in (
         "Offline tilted value V^ at the calibrated beta, no refinement.",
         {"refine": False},
     ),
-    ("basis", "BASIS (UNB): unbiased BLUE refinement at the calibrated beta.", {"variant": "unb"}),
+    (
+        "basis",
+        "BASIS, robust default: the UNB refinement with its calibration ratio shrunk towards 1 "
+        "by its (robust) variance.",
+        {"variant": "unb"},
+    ),
+    (
+        "basis_paper",
+        "BASIS (UNB) as in the paper: unbiased BLUE refinement, no shrinkage.",
+        {"variant": "unb", "shrink": False, "ratio_var": "model"},
+    ),
     ("basis_vop", "BASIS-VOP: variance-optimised shrinkage refinement.", {"variant": "vop"}),
-    ("basis_rvg", "BASIS-RVG: ratio-average value-guided refinement.", {"variant": "rvg"}),
+    (
+        "basis_rvg",
+        "BASIS-RVG as in the paper: ratio-average refinement, no shrinkage (unsound where "
+        "V^_j is small; see docs/method.md).",
+        {"variant": "rvg", "shrink": False, "ratio_var": "model"},
+    ),
 ):
     register_estimator(
         _name, uses_cache=True, description=_text, options=BasisOptions, defaults=_defaults
