@@ -100,6 +100,17 @@ def test_never_a_zero_or_one_baseline_on_degenerate_batches(B, fill):
             assert np.array_equal(b, off)
 
 
+def test_adversarial_batches_stay_inside_the_open_reward_range():
+    """Random caches (many all-0/all-1 prompts) and rewards: never V~ <= 0 or >= 1."""
+    rng = np.random.default_rng(28)
+    for B in (2, 3, 4, 8, 16, 64):
+        for _ in range(150):
+            ref = (rng.random((B, 64)) < rng.uniform(0, 1, (B, 1)) ** 3).astype(float)
+            r = (rng.random(B) < rng.uniform(0, 1)).astype(float)
+            b, _ = _basis(r, ref)
+            assert np.all((b > 0) & (b < 1)), (B, b)
+
+
 def test_the_paper_estimator_does_return_zero_baselines():
     """The failure the robust default removes: S1 = 0 with a small batch gives V~ = 0."""
     ref = np.tile((np.arange(64) < 32).astype(float), (4, 1))

@@ -167,7 +167,7 @@ def basis_estimate(
         variant=variant, criterion=criterion, loss=loss, eps=eps, min_active=min_active,
         shrink=shrink, clip=clip, refine=refine_values, ratio_var=ratio_var,
     )  # fmt: skip
-    return estimate_with(v_grid, var_grid, rewards, opts, calibration, fixed_index)
+    return estimate_with(v_grid, var_grid, rewards, opts, calibration, fixed_index, reward_range)
 
 
 def estimate_with(
@@ -177,11 +177,14 @@ def estimate_with(
     opts: BasisOptions,
     calibration: str | None = None,
     fixed_index: int | None = None,
+    reward_range: RewardRange = (0.0, 1.0),
 ) -> tuple[Array, Array]:
     """:func:`basis_estimate` with its options as a :class:`BasisOptions`, on checked rewards.
 
     ``calibration`` overrides ``opts.calibration``; ``fixed`` needs the grid index
-    ``fixed_index`` (callers map ``opts.fixed_beta`` onto their grid).
+    ``fixed_index`` (callers map ``opts.fixed_beta`` onto their grid). With ``opts.shrink``
+    (the robust default) a refined value outside the open reward range falls back to the
+    offline V^, which the smoothed tilt keeps strictly inside it.
     """
     calibration = opts.calibration if calibration is None else calibration
     xp = array_namespace(v_grid, rewards)
@@ -208,4 +211,7 @@ def estimate_with(
         v, rewards, opts.variant, opts.eps, s2, opts.shrink, opts.clip, opts.ratio_var,
         opts.threshold,
     )  # fmt: skip
+    if opts.shrink and reward_range is not None:
+        inside = (out > reward_range[0]) & (out < reward_range[1])
+        out = xp.where(inside | ~((v > reward_range[0]) & (v < reward_range[1])), out, v)
     return out, index
