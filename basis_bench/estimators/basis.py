@@ -31,7 +31,7 @@ from basis_bench.estimators.options import (
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable, inf_index, nearest_beta_index
 
-BASIS_FAMILY = ("offline", "basis", "basis_vop", "basis_rvg")
+BASIS_FAMILY = ("offline", "basis", "basis_paper", "basis_vop", "basis_rvg")
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,14 @@ class Basis:
         check_rewards(rewards, self.reward_range)
         v_grid, var_grid = self.table.gather(self.table.columns(prompt_ids), like=rewards)
         if self.calibration == "current":
-            values, index = estimate_with(v_grid, var_grid, rewards, self.options)
+            values, index = estimate_with(
+                v_grid, var_grid, rewards, self.options, reward_range=self.reward_range
+            )
             return BasisOutput(values, float(self.betas[int(index)]), int(index))
         chosen = self.previous_index if self.calibration == "previous" else 0
-        values, _ = estimate_with(v_grid, var_grid, rewards, self.options, "fixed", chosen)
+        values, _ = estimate_with(
+            v_grid, var_grid, rewards, self.options, "fixed", chosen, self.reward_range
+        )
         if self.calibration == "previous":
             offline = _offline(self.options)
             _, now = estimate_with(v_grid, var_grid, rewards, offline, "current")
@@ -137,9 +141,11 @@ def basis_values(batch: EstimatorInput, options: BasisOptions) -> tuple[Array, A
     if options.calibration == "fixed":
         v_grid, var_grid, betas = _grids(batch)
         fixed = nearest_beta_index(betas, options.fixed_beta)  # type: ignore[arg-type]
-        return estimate_with(v_grid, var_grid, batch.rewards[..., 0], options, "fixed", fixed)
+        r = batch.rewards[..., 0]
+        return estimate_with(v_grid, var_grid, r, options, "fixed", fixed, batch.reward_range)
     assert batch.v_grid is not None
-    return estimate_with(batch.v_grid, batch.var_grid, batch.rewards[..., 0], options)
+    r = batch.rewards[..., 0]
+    return estimate_with(batch.v_grid, batch.var_grid, r, options, reward_range=batch.reward_range)
 
 
 def calibrated_index(batch: EstimatorInput, options: BasisOptions) -> Array:
@@ -167,9 +173,24 @@ for _name, _text, _defaults in (
         "Offline tilted value V^ at the calibrated beta, no refinement.",
         {"refine": False},
     ),
-    ("basis", "BASIS (UNB): unbiased BLUE refinement at the calibrated beta.", {"variant": "unb"}),
+    (
+        "basis",
+        "BASIS, robust default: the UNB refinement with its calibration ratio shrunk towards 1 "
+        "by its (robust) variance.",
+        {"variant": "unb"},
+    ),
+    (
+        "basis_paper",
+        "BASIS (UNB) as in the paper: unbiased BLUE refinement, no shrinkage.",
+        {"variant": "unb", "shrink": False, "ratio_var": "model"},
+    ),
     ("basis_vop", "BASIS-VOP: variance-optimised shrinkage refinement.", {"variant": "vop"}),
-    ("basis_rvg", "BASIS-RVG: ratio-average value-guided refinement.", {"variant": "rvg"}),
+    (
+        "basis_rvg",
+        "BASIS-RVG as in the paper: ratio-average refinement, no shrinkage (unsound where "
+        "V^_j is small; see docs/method.md).",
+        {"variant": "rvg", "shrink": False, "ratio_var": "model"},
+    ),
 ):
     register_estimator(
         _name, uses_cache=True, description=_text, options=BasisOptions, defaults=_defaults

@@ -87,8 +87,9 @@ def select_beta(
     variant: str = "unb",
     eps: float = DEFAULT_EPS,
     min_active: float = DEFAULT_MIN_ACTIVE,
-    shrink: bool = False,
+    shrink: bool = True,
     reward_range: RewardRange = (0.0, 1.0),
+    ratio_var: str = "robust",
 ) -> tuple[Array, Array]:
     """Index of the chosen beta per batch, and the (K, ...) losses it minimised.
 
@@ -102,7 +103,7 @@ def select_beta(
     var = v_grid * (1 - v_grid) if var_grid is None else var_grid
     opts = BasisOptions(
         criterion=criterion, loss=loss, variant=variant, eps=eps, min_active=min_active,
-        shrink=shrink,
+        shrink=shrink, ratio_var=ratio_var,
     )  # fmt: skip
     return _select_beta(v_grid, var, rewards, opts)
 
@@ -116,7 +117,10 @@ def _select_beta(
     if opts.criterion == "initial":
         pred = v_grid
     else:
-        pred = _refine(v_grid, r, opts.variant, opts.eps, var, opts.shrink)
+        pred = _refine(
+            v_grid, r, opts.variant, opts.eps, var, opts.shrink, None, opts.ratio_var,
+            opts.threshold,
+        )  # fmt: skip
     losses = batch_loss(pred, r, opts.loss)
     if opts.min_active > 0:
         ok = active_fraction(var, opts.eps) >= opts.min_active
@@ -143,10 +147,11 @@ def basis_estimate(
     loss: str = "squared",
     eps: float = DEFAULT_EPS,
     min_active: float = DEFAULT_MIN_ACTIVE,
-    shrink: bool = False,
+    shrink: bool = True,
     clip: tuple[float, float] | None = None,
     refine_values: bool = True,
     reward_range: RewardRange = (0.0, 1.0),
+    ratio_var: str = "robust",
 ) -> tuple[Array, Array]:
     """BASIS values (..., B) and the chosen beta index (...), for one or many batches.
 
@@ -160,9 +165,9 @@ def basis_estimate(
     check_rewards(rewards, reward_range)
     opts = BasisOptions(
         variant=variant, criterion=criterion, loss=loss, eps=eps, min_active=min_active,
-        shrink=shrink, clip=clip, refine=refine_values,
+        shrink=shrink, clip=clip, refine=refine_values, ratio_var=ratio_var,
     )  # fmt: skip
-    return estimate_with(v_grid, var_grid, rewards, opts, calibration, fixed_index)
+    return estimate_with(v_grid, var_grid, rewards, opts, calibration, fixed_index, reward_range)
 
 
 def estimate_with(
@@ -172,11 +177,14 @@ def estimate_with(
     opts: BasisOptions,
     calibration: str | None = None,
     fixed_index: int | None = None,
+    reward_range: RewardRange = (0.0, 1.0),
 ) -> tuple[Array, Array]:
     """:func:`basis_estimate` with its options as a :class:`BasisOptions`, on checked rewards.
 
     ``calibration`` overrides ``opts.calibration``; ``fixed`` needs the grid index
-    ``fixed_index`` (callers map ``opts.fixed_beta`` onto their grid).
+    ``fixed_index`` (callers map ``opts.fixed_beta`` onto their grid). With ``opts.shrink``
+    (the robust default) a refined value outside the open reward range falls back to the
+    offline V^, which the smoothed tilt keeps strictly inside it.
     """
     calibration = opts.calibration if calibration is None else calibration
     xp = array_namespace(v_grid, rewards)
@@ -199,4 +207,11 @@ def estimate_with(
     if not opts.refine:
         return v, index
     s2 = take_beta(var, index)
-    return _refine(v, rewards, opts.variant, opts.eps, s2, opts.shrink, opts.clip), index
+    out = _refine(
+        v, rewards, opts.variant, opts.eps, s2, opts.shrink, opts.clip, opts.ratio_var,
+        opts.threshold,
+    )  # fmt: skip
+    if opts.shrink and reward_range is not None:
+        inside = (out > reward_range[0]) & (out < reward_range[1])
+        out = xp.where(inside | ~((v > reward_range[0]) & (v < reward_range[1])), out, v)
+    return out, index

@@ -24,6 +24,8 @@ CALIBRATIONS = ("current", "previous", "fixed")
 CRITERIA = ("initial", "refined")
 LOSSES = ("squared", "log")
 VARIANTS = ("unb", "vop", "rvg")
+RATIO_VARS = ("model", "robust")
+DEFAULT_THRESHOLD = 4.0  # keep a ratio's departure from 1 only beyond ~2 standard errors
 DEFAULT_EPS = 1e-6
 DEFAULT_MIN_ACTIVE = 0.5
 DEFAULT_PRIOR = 0.5
@@ -111,8 +113,25 @@ class BasisOptions:
         ),
     )
     shrink: bool = field(
-        default=False,
-        metadata=_help("Shrink the calibration ratio towards 1 by its estimated variance."),
+        default=True,
+        metadata=_help(
+            "Shrink the calibration ratio towards 1 by its estimated variance (false: the "
+            "paper's estimator, basis_paper)."
+        ),
+    )
+    ratio_var: str = field(
+        default="robust",
+        metadata=_help(
+            "Variance of the ratio that shrink uses: model (1/S2, the tilt model's own) or "
+            "robust (the larger of that and the leave-one-out sandwich estimate)."
+        ),
+    )
+    threshold: float = field(
+        default=DEFAULT_THRESHOLD,
+        metadata=_help(
+            "Shrinkage threshold c: the ratio keeps (1 - c Var R / (R - 1)^2)_+ of its "
+            "departure from 1 (1: plain positive-part James-Stein)."
+        ),
     )
     clip: tuple[float, float] | None = field(
         default=None, metadata=_help("Clip the refined values to [low, high] (off by default).")
@@ -128,9 +147,11 @@ class BasisOptions:
         _choice(c, "variant", self.variant, VARIANTS)
         _choice(c, "criterion", self.criterion, CRITERIA)
         _choice(c, "loss", self.loss, LOSSES)
+        _choice(c, "ratio_var", self.ratio_var, RATIO_VARS)
         _set(self, "eps", _number(c, "eps", self.eps, low=0.0))
         _set(self, "min_active", _number(c, "min_active", self.min_active, low=0.0, high=1.0))
         _flag(c, "shrink", self.shrink)
+        _set(self, "threshold", _number(c, "threshold", self.threshold, low=0.0))
         _flag(c, "refine", self.refine)
         if self.fixed_beta is not None:
             beta = _number(c, "fixed_beta", self.fixed_beta, low=0.0, low_open=True, inf_ok=True)

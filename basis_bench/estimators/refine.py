@@ -16,8 +16,12 @@ Where A minus i is empty or S2_i is not positive, V~_i falls back to V^_i.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from array_api_compat import array_namespace
 
+from basis_bench.errors import InputError
 from basis_bench.estimators._array import (
     Array,
     RewardRange,
@@ -25,9 +29,10 @@ from basis_bench.estimators._array import (
     check_rewards,
     check_same_shape,
 )
-from basis_bench.estimators.options import DEFAULT_EPS, VARIANTS
+from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_THRESHOLD, RATIO_VARS, VARIANTS
 
-__all__ = ["VARIANTS", "refine"]
+__all__ = ["RATIO_VARS", "VARIANTS", "refine"]
+_Z975 = 1.959963984540054
 
 
 def _loo(terms: Array) -> Array:
@@ -58,21 +63,76 @@ def refine(
     shrink: bool = False,
     clip: tuple[float, float] | None = None,
     reward_range: RewardRange = (0.0, 1.0),
+    ratio_var: str = "robust",
+    threshold: float = DEFAULT_THRESHOLD,
 ) -> Array:
     """Refined values V~ of shape (..., B) from initial values and one reward per prompt.
 
     v_init, rewards: (..., B); reward_var: the sources' reward variances s^2 (default
     V(1 - V), the binary case). ``shrink`` pulls the calibration ratio towards 1 by its
-    estimated variance (Var S1/S2 = 1/S2 for unb; sum s^2_j / V_j^2 / m^2 for rvg), an
-    option for small batches where the ratio itself is noisy. ``clip`` clips V~ to a range
-    (off by default: the BLUE is unbiased and may leave [0, 1]).
+    estimated variance, an option for small batches where the ratio itself is noisy;
+    ``ratio_var`` says which variance: ``model`` (the tilt model's own, 1/S2 for unb,
+    sum s^2_j / V_j^2 / m^2 for rvg) or ``robust`` (the larger of that and the leave-one-out
+    sandwich estimate from the observed residuals; see docs/method.md, "A robust default"),
+    and ``threshold`` c the multiple of it that the ratio's squared departure from 1 must
+    exceed: R* = 1 + (1 - c Var R / (R - 1)^2)_+ (R - 1) (c = 1: positive-part James-Stein).
+    ``clip`` clips V~ to a range (off by default: the BLUE is unbiased and may leave [0, 1]).
+
+    This function's default is the paper's estimator (no shrinkage); the registered
+    ``basis`` estimator (and :class:`BasisOptions`) default to ``shrink=True``.
     """
     check_choice(variant, VARIANTS, "refinement variant")
+    check_choice(ratio_var, RATIO_VARS, "ratio variance")
     check_same_shape(v_init, rewards, "v_init and rewards")
     check_rewards(rewards, reward_range)
     var = v_init * (1 - v_init) if reward_var is None else reward_var
     check_same_shape(v_init, var, "v_init and reward_var")
-    return _refine(v_init, rewards, variant, eps, var, shrink, clip)
+    if not threshold >= 0 or math.isinf(threshold):
+        raise InputError(f"threshold must be finite and >= 0; got {threshold}")
+    return _refine(v_init, rewards, variant, eps, var, shrink, clip, ratio_var, threshold)
+
+
+def _sandwich(xp: Any, terms: tuple[Array, Array, Array], ratio: Array, m: Array) -> Array:
+    """Leave-one-out sandwich variance of a ratio estimator, from its residuals.
+
+    For R_i = sum_{j != i} c_j y_j / sum_{j != i} c_j x_j (rvg: c_j = 1, x_j = 1), the
+    linearised variance is sum_{j != i} c_j^2 (y_j - R_i x_j)^2 / (sum_{j != i} c_j x_j)^2,
+    times m/(m - 1) for the one degree of freedom R_i spent. ``terms`` are the per-source
+    c^2 y^2, c^2 x y and c^2 x^2; expanding the square turns each into one leave-one-out sum,
+    so this stays O(B). Where m <= 1 there is no residual to learn from: +inf (no trust).
+    """
+    yy, xy, xx = (_loo(t) for t in terms)
+    resid = xp.clip(yy - 2 * ratio * xy + ratio * ratio * xx, 0.0, None)
+    ok = m > 1
+    return xp.where(ok, resid * m / xp.where(ok, m - 1, 1.0), math.inf)
+
+
+def _leverage_factor(xp: Any, weight: Array) -> Array:
+    """(1 - h_j)^2 with h_j = weight_j / sum_k weight_k, each source's leverage on the ratio.
+
+    Dividing a squared residual by it (HC3, the jackknife's first order) undoes the part of
+    it the ratio absorbed by fitting that source; a source with h_j near 1 (it carries the
+    ratio alone) gets a huge variance, so the ratio is not trusted. h uses the whole
+    batch's total, not the leave-one-out one, to stay O(B); h is capped at 0.99.
+    """
+    total = xp.sum(weight, axis=-1, keepdims=True)
+    h = xp.clip(weight / xp.where(total > 0, total, 1.0), 0.0, 0.99)
+    return (1 - h) * (1 - h)
+
+
+def _t_inflation(xp: Any, weight: Array, total: Array) -> Array:
+    """(t_{0.975, nu} / z_{0.975})^2 with nu = n_eff - 1 degrees of freedom, n_eff the Kish
+    effective number of sources of the leave-one-out ratio, (sum w)^2 / sum w^2.
+
+    A variance estimated from few (or few dominant) residuals is itself noisy; testing the
+    ratio's departure against it calls for Student's t, not the normal quantile. The t
+    quantile is the Cornish-Fisher expansion in 1/nu (exact to O(nu^-3); nu >= 1 enforced).
+    """
+    n_eff = total * total / xp.where(_loo(weight * weight) > 0, _loo(weight * weight), 1.0)
+    nu = xp.clip(n_eff - 1, 1.0, None)
+    z = _Z975
+    t = z + (z**3 + z) / (4 * nu) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * nu * nu)
+    return (t / z) ** 2
 
 
 def _refine(
@@ -83,6 +143,8 @@ def _refine(
     var: Array,
     shrink: bool = False,
     clip: tuple[float, float] | None = None,
+    ratio_var: str = "model",
+    threshold: float = 1.0,
 ) -> Array:
     """The kernel of :func:`refine`: inputs already checked, ``var`` given."""
     xp = array_namespace(v_init, rewards)
@@ -100,7 +162,14 @@ def _refine(
         ratio = _loo(ratio_terms) / m_safe
         if shrink:
             noise = xp.where(ok, safe_var / (safe_v * safe_v), 0.0)
-            ratio = _shrink_to_one(ratio, _loo(noise) / (m_safe * m_safe))
+            r_var = _loo(noise) / (m_safe * m_safe)
+            if ratio_var == "robust":
+                ones = xp.astype(ok, v_init.dtype)
+                c2 = ones / _leverage_factor(xp, ones)
+                terms = (c2 * ratio_terms * ratio_terms, c2 * ratio_terms, c2)
+                r_var = xp.maximum(r_var, _sandwich(xp, terms, ratio, m) / (m_safe * m_safe))
+                r_var = r_var * _t_inflation(xp, ones, m_safe)
+            ratio = _shrink_to_one(ratio, threshold * r_var)
     else:
         a = xp.where(active, v_init / safe_var, 0.0)
         s1 = _loo(a * rewards)
@@ -110,7 +179,13 @@ def _refine(
         if variant == "unb":
             ratio = s1 / s2_safe
             if shrink:
-                ratio = _shrink_to_one(ratio, 1.0 / s2_safe)
+                r_var = 1.0 / s2_safe
+                if ratio_var == "robust":
+                    a2 = a * a / _leverage_factor(xp, a * v_init)
+                    terms = (a2 * rewards * rewards, a2 * v_init * rewards, a2 * v_init * v_init)
+                    sand = _sandwich(xp, terms, ratio, n_others) / (s2_safe * s2_safe)
+                    r_var = xp.maximum(r_var, sand) * _t_inflation(xp, a * v_init, s2_safe)
+                ratio = _shrink_to_one(ratio, threshold * r_var)
         else:  # vop: bias^2 + variance, the 1 in the denominator shrinks towards 0
             ratio = s1 / (1 + s2)
 
