@@ -40,6 +40,7 @@ LABELS = {
     "reference_mean": "Reference mean",
     "offline": "Offline $\\hat V$",
     "basis": "BASIS",
+    "basis_paper": "BASIS (paper)",
     "basis_vop": "BASIS-VOP",
     "basis_rvg": "BASIS-RVG",
     "james_stein": "James-Stein",
@@ -47,8 +48,8 @@ LABELS = {
 }
 ORDER = list(LABELS)
 OMITTED = ("vanilla",)
-# Line plots (b), (c) keep to the paper's comparison; VOP and RVG appear in (a) and (d).
-VARIANTS = ("basis_vop", "basis_rvg")
+# Line plots (b), (c) keep to the paper's comparison; the variants appear in (a) and (d).
+VARIANTS = ("basis_paper", "basis_vop", "basis_rvg")
 
 
 def label(estimator: str, rollouts: int | None = None) -> str:
@@ -64,6 +65,7 @@ COLOURS = {
     "rloo": "tab:red",
     "reference_mean": "tab:purple",
     "offline": "tab:brown",
+    "basis_paper": "navy",
     "basis_vop": "tab:cyan",
     "basis_rvg": "tab:olive",
     "vanilla": "tab:gray",
