@@ -213,3 +213,17 @@ def test_refusals(cache):
         MemoryOptions(weights=())
     with pytest.raises(InputError, match="shape"):
         est.load_state_dict({k: v[:, :3] for k, v in est.state_dict().items()})
+
+
+def test_plugins_call_a_stateful_estimator_like_basis(tmp_path):
+    """verl/TRL's cache builder returns a StepBasis for basis_memory: Basis's call, state kept."""
+    from basis_bench.integrations.keys import StepBasis
+
+    ids = [f"q{i}" for i in range(6)]
+    ref = np.tile([[1.0, 0.0, 0.0, 1.0]], (6, 1))
+    adapter = StepBasis(make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref))
+    r = np.array([1.0, 0, 1, 0, 1, 0])
+    first = adapter(ids, r)
+    second = adapter(ids, r)
+    assert first.baselines.shape == (6,) and not np.array_equal(first.baselines, second.baselines)
+    assert set(adapter.state_dict()) == {"successes", "visits"}
