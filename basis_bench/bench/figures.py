@@ -71,7 +71,7 @@ COLOURS = {
     "vanilla": "tab:gray",
     "james_stein": "tab:pink",
     "apo": "black",
-    "spo_tracker": "tab:gray",
+    "spo_tracker": "darkgoldenrod",
     "basis_memory": "navy",
 }
 
