@@ -335,6 +335,8 @@ def test_numpy_and_torch_give_the_same_numbers_for_every_registered_estimator():
     single = (rng.random((3, 16, 1)) < 0.5).astype(float)
     group = (rng.random((3, 16, 4)) < 0.5).astype(float)
     for name, est in E.ESTIMATORS.items():
+        if est.stateful:  # no one-step call; numpy == torch in tests/test_memory.py
+            continue
         rewards = group if est.group else single
         np_in = E.EstimatorInput(rewards, v_table[:, idx], var_table[:, idx], betas)
         t_in = E.EstimatorInput(

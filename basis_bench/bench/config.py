@@ -26,6 +26,8 @@ class EvaluateConfig:
     basis_options: dict[str, Any] = field(default_factory=dict)  # to every BASIS-type estimator
     estimator_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {name: {k: v}}
     write_estimates: bool = True
+    trajectory: bool = True  # trajectory replay of every estimator (trajectory.csv)
+    trajectory_epochs: int = 1  # epochs over the prompts per checkpoint in trajectory replay
 
 
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {

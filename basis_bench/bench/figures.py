@@ -45,6 +45,8 @@ LABELS = {
     "basis_rvg": "BASIS-RVG",
     "james_stein": "James-Stein",
     "apo": "A*-PO",
+    "spo_tracker": "SPO tracker",
+    "basis_memory": "BASIS memory",
 }
 ORDER = list(LABELS)
 OMITTED = ("vanilla",)
@@ -71,6 +73,8 @@ COLOURS = {
     "vanilla": "tab:gray",
     "james_stein": "tab:pink",
     "apo": "black",
+    "spo_tracker": "darkgoldenrod",
+    "basis_memory": "navy",
 }
 
 
@@ -454,6 +458,38 @@ def fig_beta_choice(results: Path, out: Path) -> list[Path]:
     return _save(fig, out, "fig_beta_choice")
 
 
+def fig_trajectory(results: Path, out: Path) -> list[Path]:
+    """Trajectory replay: noise-corrected MSE per epoch against the training step, one line
+    per estimator (95% CI band), dotted lines where the checkpoint changes; log scale."""
+    df = _ordered(pl.read_csv(results / "trajectory.csv").filter(pl.col("scope") == "epoch"))
+    palette = _palette(df["estimator"].unique().to_list())
+    fig, axes = _panels(1, height=3.0)
+    ax = axes[0]
+    keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
+    for name, g in keys:
+        d = df.filter((pl.col("estimator") == name) & (pl.col("rollouts_per_prompt") == g))
+        x = d["step"].to_numpy()
+        y = d["mse_noise_corrected"].to_numpy()
+        half = (d["ci_high"] - d["ci_low"]).to_numpy() / 2
+        style = "--" if g > 1 else "-"
+        ax.plot(x, y, style, marker="o", ms=2.5, color=palette[name], label=label(name, g))
+        ax.fill_between(x, y - half, y + half, color=palette[name], alpha=0.15, lw=0)
+    ends = df.group_by("checkpoint", maintain_order=True).agg(pl.col("step").max())
+    for step in ends["step"].to_list()[:-1]:
+        ax.axvline(step, color="0.5", ls=":", lw=0.8)
+    for name, step in ends.rows():
+        ax.annotate(name, (step, 1.0), xycoords=("data", "axes fraction"), ha="right",
+                    va="top", fontsize=7, color="0.35")  # fmt: skip
+    positive = df.filter(pl.col("mse_noise_corrected") > 0)
+    if positive.height == df.height:
+        ax.set_yscale("log")
+    ax.set_xlabel("training step (end of epoch)")
+    ax.set_ylabel("MSE (noise-corrected)")
+    ax.set_title("trajectory replay: value error over training", fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    return _save(fig, out, "fig_trajectory")
+
+
 FIGURES: dict[str, tuple[str, Callable[[Path, Path], list[Path]]]] = {
     "fig2_fixed_beta": ("fixed_beta.csv", fig2_fixed_beta),
     "fig3a_mse": ("summary.csv", fig3a_mse),
@@ -463,6 +499,7 @@ FIGURES: dict[str, tuple[str, Callable[[Path, Path], list[Path]]]] = {
     "fig3_group_sweep": ("g_sweep.csv", fig3_group_sweep),
     "fig5_sensitivity": ("sensitivity.csv", fig5_sensitivity),
     "fig_beta_choice": ("beta_choice.csv", fig_beta_choice),
+    "fig_trajectory": ("trajectory.csv", fig_trajectory),
 }
 
 

@@ -3,8 +3,11 @@
 Protocol (the paper's section 5.1 and appendix A), per checkpoint: split the samples into
 oracle, pool and cache (:mod:`basis_bench.bench.dataset`), replay repeated batch draws
 through every estimator (:mod:`basis_bench.bench.replay`), and summarise them
-(:mod:`basis_bench.bench.tables`). The cross-step SPO tracker has its own replay
-(:mod:`basis_bench.bench.trajectory`).
+(:mod:`basis_bench.bench.tables`). Estimators that carry state across steps (the SPO
+tracker, ``basis_memory``) have no one-step call; trajectory replay
+(:mod:`basis_bench.bench.trajectory`) runs every estimator, stateful or not, over the
+checkpoints in training order and writes trajectory.csv. The SPO tracker's summary.csv
+rows come from its own single-rollout trajectory replay, as before.
 
 Options reach estimators typed: ``basis_options`` (the CLI's --calibration, --eps, ...)
 go to every estimator whose options class is
@@ -39,11 +42,17 @@ from basis_bench.bench.tables import (
     write_csv,
 )
 from basis_bench.bench.trajectory import ESTIMATOR_NAME as TRACKER_NAME
-from basis_bench.bench.trajectory import replay_tracker
+from basis_bench.bench.trajectory import (
+    SUMMARY_COLUMNS,
+    TrajectorySettings,
+    replay_tracker,
+    replay_trajectory,
+)
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
 from basis_bench.rollouts.store import METADATA_KEY, atomic_write, provenance, write_text_atomic
 
 TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
+TRAJECTORY_REPEATS = 200  # the same for the trajectory replay of every estimator
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
 
 
@@ -51,8 +60,9 @@ def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
     """Registered estimators by name (all of them, plug-ins included, for an empty list or
     ``all``), in registry order.
 
-    The cross-step SPO tracker is not a per-batch estimator; :func:`wants_tracker` says
-    whether it was asked for, and it is skipped here.
+    The SPO tracker is not in the list (:func:`wants_tracker` says whether it was asked
+    for); other stateful estimators are (``Estimator.stateful``): evaluate gives them only
+    the trajectory replay.
     """
     names = [n for n in names if n != TRACKER_NAME]
     if not names or names == ["all"]:
@@ -186,6 +196,30 @@ def _tracker(cfg: EvaluateConfig, ds: Dataset, columns: list[str]) -> pl.DataFra
     ).select(columns)  # fmt: skip
 
 
+def _trajectory(
+    cfg: EvaluateConfig,
+    ds: Dataset,
+    estimators: list[Estimator],
+    options: Mapping[str, Any],
+    progress: Callable[[str, int, int], None] | None,
+) -> pl.DataFrame:
+    """Every estimator (the SPO tracker when asked for) over the checkpoints in order."""
+    names = [e.name for e in estimators]
+    if wants_tracker(cfg.estimators) and TRACKER_NAME not in names:
+        names.append(TRACKER_NAME)
+    settings = TrajectorySettings(
+        cfg.batch_size, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
+        cfg.group_size, cfg.oracle_n, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
+    )  # fmt: skip
+
+    def tick(checkpoint: str, epoch: int) -> None:
+        if progress is not None:
+            progress(f"trajectory {checkpoint}", epoch, cfg.trajectory_epochs)
+
+    table, _ = replay_trajectory(ds.rollouts, ds.reference, ds.checkpoints, names, settings, tick)
+    return table
+
+
 def evaluate(
     cfg: EvaluateConfig,
     out: str | os.PathLike[str],
@@ -194,7 +228,8 @@ def evaluate(
     """Run the benchmark and write its files to ``out``.
 
     Files: estimates.parquet, summary.csv, g_sweep.csv, by_heterogeneity.csv,
-    by_difficulty.csv, beta_choice.csv, fixed_beta.csv and run.json (settings, each
+    by_difficulty.csv, beta_choice.csv, fixed_beta.csv, trajectory.csv (unless
+    ``cfg.trajectory`` is false) and run.json (settings, each
     estimator's options, dataset label, prompts per checkpoint, prompts dropped for lack of
     a reference sample, provenance). ``progress(checkpoint, done, total)`` is called after
     each chunk of repeats.
@@ -204,13 +239,14 @@ def evaluate(
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    has_group = any(e.group for e in estimators)
+    one_step = [e for e in estimators if not e.stateful]
+    has_group = any(e.group for e in one_step)
     settings = ReplaySettings(
         cfg.batch_size, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
     )
     min_pool = cfg.group_size if has_group else 1
     datas = [checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, min_pool) for c in ds.checkpoints]
-    run = _run_record(cfg, ds, estimators, options, default_betas(cfg.grid_size), datas)
+    run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
     if not cfg.write_estimates:  # never leave an earlier run's rows beside this run's tables
         (out / "estimates.parquet").unlink(missing_ok=True)
     # Provenance (date, argv) lives in run.json only, so the same seed writes the same Parquet.
@@ -219,9 +255,13 @@ def evaluate(
         _EstimatesWriter(out / "estimates.parquet", reproducible) if cfg.write_estimates else None
     )
     try:
-        tables = _replay_all(cfg, datas, estimators, settings, writer, progress)
+        tables = (
+            _replay_all(cfg, datas, one_step, settings, writer, progress)
+            if one_step
+            else {k: [] for k in TABLES}
+        )
         if wants_tracker(cfg.estimators):
-            tables["summary"].append(_tracker(cfg, ds, tables["summary"][0].columns))
+            tables["summary"].append(_tracker(cfg, ds, ["checkpoint", *SUMMARY_COLUMNS]))
             run["tracker"] = {
                 "checkpoint_order": ds.checkpoints,
                 "repeats": min(cfg.repeats, TRACKER_REPEATS),
@@ -233,6 +273,16 @@ def evaluate(
     if writer is not None:
         writer.close()
     frames = {k: _concat(v) for k, v in tables.items()}
+    if cfg.trajectory:
+        frames["trajectory"] = _trajectory(cfg, ds, estimators, options, progress)
+        run["trajectory"] = {
+            "checkpoint_order": ds.checkpoints,
+            "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
+            "epochs_per_checkpoint": cfg.trajectory_epochs,
+            "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
+        }
+    else:
+        (out / "trajectory.csv").unlink(missing_ok=True)
     for name, df in frames.items():
         if df.height:
             write_csv(df, out / f"{name}.csv")
@@ -249,6 +299,7 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
 __all__ = [
     "TABLES",
     "TRACKER_REPEATS",
+    "TRAJECTORY_REPEATS",
     "EvaluateConfig",
     "EvaluateResult",
     "evaluate",

@@ -1,39 +1,63 @@
-"""The SPO tracker's own replay: stored checkpoints in training order, one tracker per repeat.
+"""Trajectory replay: every estimator over the stored checkpoints in training order.
 
-A one-step estimator sees one checkpoint at a time; the SPO tracker (Xu & Ding 2025) carries
-a Beta posterior per prompt across steps, so its error at a checkpoint depends on every reward
-it saw before. The replay, per repeat:
+A one-step replay sees one checkpoint at a time; training is a sequence of checkpoints in
+which a prompt comes back once per epoch, and stateful estimators (the SPO tracker,
+``basis_memory``, BASIS with ``previous`` calibration) carry what they saw before. The
+replay, per repeat (R repeats run as parallel streams of one
+:class:`~basis_bench.estimators.StepEstimator` each, so the Python loop is over steps and
+estimators only, never over prompts or repeats):
 
-* initialise the tracker from the reference cache (the reference policy's first ``ref_n``
-  samples of each prompt, :func:`basis_bench.estimators.related.spo_prior`);
+* every estimator starts from its initial state (built from the reference cache: the
+  reference policy's first ``ref_n`` samples of each prompt);
 * for each checkpoint in order, run ``epochs_per_checkpoint`` epochs; an epoch shuffles the
   prompts and walks them in batches of B (a last partial batch is dropped, like a training
-  data loader with drop_last); each prompt of a batch gets one reward, drawn uniformly from
-  the checkpoint's pool; its baseline is the tracker's value before that reward, whose
-  squared error against the checkpoint's oracle is recorded; then the tracker updates.
+  data loader with drop_last); each visit of a prompt draws fresh rewards from the
+  checkpoint's pool: one for single-rollout estimators, G (without replacement) for the
+  group ones, all estimators sharing the draw (the single ones take the first); each
+  step's baselines are scored against the checkpoint's oracle, then the state moves on.
 
 Oracle and pool follow ``basis-bench evaluate``: the oracle is the mean of a checkpoint's
 first ``oracle_n`` samples (by sample_idx), the pool the rest. Only prompts with a reference
-sample and rollouts at every checkpoint take part (the tracker follows each prompt through
-all of them); :func:`tracker_prompts` says which and how many are dropped. Repeats run as
-one (R, P) array, so the Python loop is over checkpoints and epochs only. Pool draws are with
-replacement across epochs.
+sample and rollouts at every checkpoint take part (:func:`tracker_prompts`). Pool draws are
+with replacement across visits. The result has one row per (checkpoint, epoch, estimator)
+(scope ``epoch``) and one per (checkpoint, estimator) over its epochs (scope
+``checkpoint``): MSE, noise-corrected MSE (minus the oracle's own variance), a normal 95%
+CI over repeats, and the share of baselines exactly 0 or 1.
+
+:func:`replay_tracker` is the SPO tracker's summary rows of ``evaluate`` (single-rollout
+draws only), kept for its summary.csv rows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
 
+from basis_bench.bench.replay import draw_rollouts
 from basis_bench.errors import InputError
-from basis_bench.estimators.related import SPO_DECAY, spo_prior, spo_step
+from basis_bench.estimators import (
+    Estimator,
+    SpoOptions,
+    StepEstimator,
+    TiltTable,
+    get,
+    make_kernel,
+)
+from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.estimators.related import SPO_DECAY
 from basis_bench.rollouts.store import reward_matrix
 
 ESTIMATOR_NAME = "spo_tracker"
 Z_95 = 1.959963984540054
+SUMMARY_COLUMNS = (
+    "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low", "ci_high",
+    "extreme_rate", "n_estimates",
+)  # fmt: skip
 
 
 def tracker_prompts(
@@ -59,13 +83,15 @@ def tracker_prompts(
     return np.array(sorted(common), dtype=object), len(everywhere) - len(common)
 
 
-def _split(rewards: np.ndarray, oracle_n: int, checkpoint: str) -> tuple[np.ndarray, ...]:
+def _split(
+    rewards: np.ndarray, oracle_n: int, checkpoint: str, need: int
+) -> tuple[np.ndarray, ...]:
     """Oracle mean, oracle noise, pool and pool sizes of a (P, S) NaN-padded reward matrix."""
     counts = np.isfinite(rewards).sum(axis=1)
-    if counts.min() < oracle_n + 1:
+    if counts.min() < oracle_n + need:
         raise InputError(
             f"checkpoint {checkpoint!r}: a prompt has {int(counts.min())} samples, fewer than "
-            f"oracle-n {oracle_n} + 1 (the pool needs at least one); lower oracle_n"
+            f"oracle-n {oracle_n} + {need} (the pool needs at least {need}); lower oracle_n"
         )
     oracle = rewards[:, :oracle_n]
     return (
@@ -74,6 +100,187 @@ def _split(rewards: np.ndarray, oracle_n: int, checkpoint: str) -> tuple[np.ndar
         rewards[:, oracle_n:],
         counts - oracle_n,
     )
+
+
+@dataclass(frozen=True)
+class TrajectorySettings:
+    """The knobs of one trajectory replay."""
+
+    batch_size: int = 64
+    repeats: int = 100
+    epochs_per_checkpoint: int = 1
+    group_size: int = 8
+    oracle_n: int = 256
+    ref_n: int = 64
+    seed: int = 0
+    grid_size: int | None = None  # finite betas of the tilt table; None: the default grid
+    prior: float = DEFAULT_PRIOR
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Track:
+    """One estimator's parallel streams and its running sums over one checkpoint."""
+
+    step: StepEstimator
+    g: int
+    sq_ckpt: np.ndarray
+    extreme_ckpt: float = 0.0
+    extreme_last: float = 0.0  # 0/1 baselines of the latest epoch, per prompt (/ G)
+    curve: list[float] = field(default_factory=list)  # mean squared error of each step
+
+
+def _summary(
+    sq_sum: np.ndarray, per_repeat: int, noise_sum: float, extreme: float
+) -> dict[str, float | int]:
+    """MSE, noise-corrected MSE, normal 95% CI over repeats, 0/1 share, count."""
+    repeats = sq_sum.shape[0]
+    mse_r = sq_sum / per_repeat
+    n = repeats * per_repeat
+    mse = float(mse_r.mean())
+    half = Z_95 * float(mse_r.std(ddof=1)) / math.sqrt(repeats) if repeats > 1 else math.nan
+    return {
+        "mse": mse,
+        "mse_noise_corrected": mse - noise_sum / n,
+        "ci_low": mse - half,
+        "ci_high": mse + half,
+        "extreme_rate": extreme / n,
+        "n_estimates": n,
+    }
+
+
+def _reward_range(*arrays: np.ndarray) -> tuple[float, float] | None:
+    vals = np.concatenate([a[np.isfinite(a)] for a in arrays])
+    return (0.0, 1.0) if vals.size == 0 or (vals.min() >= 0 and vals.max() <= 1) else None
+
+
+def _check(settings: TrajectorySettings, estimators: Sequence[Estimator], p: int) -> int:
+    """Validate the settings; the number of rollouts drawn per visit (G_max)."""
+    s = settings
+    if s.oracle_n < 2:
+        raise InputError(
+            f"oracle_n must be at least 2 (its noise estimate needs a variance); got {s.oracle_n}"
+        )
+    if s.ref_n < 1 or s.repeats < 1 or s.epochs_per_checkpoint < 1:
+        raise InputError("ref_n, repeats and epochs_per_checkpoint must be at least 1")
+    if not 1 <= s.batch_size <= p:
+        raise InputError(
+            f"batch_size must be in [1, {p}] (the prompts every checkpoint shares); got {s.batch_size}"
+        )
+    if not estimators:
+        raise InputError("trajectory replay needs at least one estimator")
+    has_group = any(e.group for e in estimators)
+    if has_group and s.group_size < 2:
+        raise InputError(f"group estimators need group_size >= 2; got {s.group_size}")
+    return s.group_size if has_group else 1
+
+
+def replay_trajectory(
+    rollouts: pl.DataFrame,
+    reference: str,
+    checkpoints: Sequence[str],
+    estimators: Sequence[str | Estimator],
+    settings: TrajectorySettings | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
+    """Replay ``estimators`` over ``checkpoints`` in order; rows per epoch and per checkpoint.
+
+    ``rollouts`` is a frame in the store's schema. Returns the table (columns: scope,
+    checkpoint, epoch, step, then evaluate's summary columns) and each estimator's per-step
+    MSE curve (steps,) keyed by its label. ``settings.options`` maps an estimator name to
+    its options (object or mapping). ``progress(checkpoint, epoch)`` after every epoch.
+    """
+    s = settings or TrajectorySettings()
+    ests = [get(e) if isinstance(e, str) else e for e in estimators]
+    ids, _ = tracker_prompts(rollouts, reference, checkpoints)
+    p = len(ids)
+    g_max = _check(s, ests, p)
+    cache = reward_matrix(rollouts, reference, ids)[:, : s.ref_n]
+    from basis_bench.estimators import default_betas
+
+    betas = default_betas(s.grid_size) if s.grid_size is not None else None
+    table = TiltTable.from_cache(cache, betas, s.prior, list(ids))
+    splits = [_split(reward_matrix(rollouts, c, ids), s.oracle_n, c, g_max) for c in checkpoints]
+    rr = _reward_range(cache, *(sp[2] for sp in splits))
+    tracks = {}
+    for e in ests:
+        opts = e.parse_options(s.options.get(e.name))
+        kernel = make_kernel(e, opts, table if e.uses_cache else None, cache, rr)
+        step = StepEstimator(e, opts, kernel, table, rr, lead=(s.repeats,))
+        tracks[e.name] = _Track(step, e.rollouts_per_prompt(s.group_size), np.zeros(s.repeats))
+    rng = np.random.default_rng(s.seed)
+    b = s.batch_size
+    per_epoch = (p // b) * b
+    rows: list[dict[str, Any]] = []
+    step_count = 0
+    for ck, (checkpoint, (oracle, noise, pool, pool_count)) in enumerate(
+        zip(checkpoints, splits, strict=True)
+    ):
+        for t in tracks.values():
+            t.sq_ckpt = np.zeros(s.repeats)
+            t.extreme_ckpt = 0.0
+        noise_ckpt = 0.0
+        for epoch in range(s.epochs_per_checkpoint):
+            index = np.argsort(rng.random((s.repeats, p)), axis=1)[:, :per_epoch]
+            if g_max == 1:
+                col = np.floor(rng.random(index.shape) * pool_count[index]).astype(np.int64)
+                rewards = pool[index, col][..., None]
+            else:
+                cols = draw_rollouts(rng, pool_count[index], g_max, pool.shape[1])
+                rewards = pool[index[..., None], cols]
+            noise_sum = float(noise[index].sum())
+            noise_ckpt += noise_sum
+            epoch_sq = _run_epoch(tracks, index, rewards, oracle, b)
+            step_count += per_epoch // b
+            for name, t in tracks.items():
+                sq = epoch_sq[name]
+                extreme = t.extreme_last
+                t.sq_ckpt += sq.sum(axis=1)
+                t.extreme_ckpt += extreme
+                rows.append(
+                    {
+                        "scope": "epoch", "checkpoint": checkpoint, "checkpoint_index": ck,
+                        "epoch": ck * s.epochs_per_checkpoint + epoch + 1, "step": step_count,
+                        "estimator": name, "rollouts_per_prompt": t.g,
+                        **_summary(sq.sum(axis=1), per_epoch, noise_sum, extreme),
+                    }
+                )  # fmt: skip
+            if progress is not None:
+                progress(checkpoint, epoch + 1)
+        for name, t in tracks.items():
+            rows.append(
+                {
+                    "scope": "checkpoint", "checkpoint": checkpoint, "checkpoint_index": ck,
+                    "epoch": None, "step": step_count, "estimator": name,
+                    "rollouts_per_prompt": t.g,
+                    **_summary(t.sq_ckpt, s.epochs_per_checkpoint * per_epoch, noise_ckpt,
+                               t.extreme_ckpt),
+                }
+            )  # fmt: skip
+    curves = {name: np.asarray(t.curve) for name, t in tracks.items()}
+    return pl.DataFrame(rows, schema_overrides={"epoch": pl.Int64}), curves
+
+
+def _run_epoch(
+    tracks: Mapping[str, _Track],
+    index: np.ndarray,
+    rewards: np.ndarray,
+    oracle: np.ndarray,
+    b: int,
+) -> dict[str, np.ndarray]:
+    """Every estimator over one epoch's batches, in order: squared errors (R, per_epoch)."""
+    out: dict[str, np.ndarray] = {}
+    for name, t in tracks.items():
+        base = np.empty((*index.shape, t.g))
+        for start in range(0, index.shape[1], b):
+            sl = slice(start, start + b)
+            res = t.step.step_columns(index[:, sl], rewards[:, sl, : t.g])
+            base[:, sl] = np.asarray(res.baselines, dtype=np.float64)
+            t.curve.append(float(((base[:, sl] - oracle[index[:, sl], None]) ** 2).mean()))
+        out[name] = ((base - oracle[index][..., None]) ** 2).mean(axis=-1)
+        extreme = int(((base == 0) | (base == 1)).sum())
+        t.extreme_last = extreme if t.g == 1 else extreme / t.g
+    return out
 
 
 def replay_tracker(
@@ -90,63 +297,15 @@ def replay_tracker(
     weight: float | None = None,
     seed: int = 0,
 ) -> pl.DataFrame:
-    """Replay the SPO tracker over ``checkpoints`` in order; one summary row per checkpoint.
+    """The SPO tracker's trajectory replay; one summary row per checkpoint.
 
-    ``rollouts`` is a frame in the store's schema (e.g. :func:`basis_bench.rollouts.store.load_rollouts`).
-    Columns, as in ``evaluate``'s summary.csv: checkpoint, estimator, rollouts_per_prompt, mse,
-    mse_noise_corrected (minus the oracle's own variance), ci_low, ci_high (normal 95% over
-    repeats), extreme_rate (share of baselines exactly 0 or 1), n_estimates.
+    Columns, as in ``evaluate``'s summary.csv: checkpoint, estimator, rollouts_per_prompt,
+    mse, mse_noise_corrected, ci_low, ci_high, extreme_rate, n_estimates.
     """
-    if oracle_n < 2:
-        raise InputError(
-            f"oracle_n must be at least 2 (its noise estimate needs a variance); got {oracle_n}"
-        )
-    if ref_n < 1 or repeats < 1 or epochs_per_checkpoint < 1:
-        raise InputError("ref_n, repeats and epochs_per_checkpoint must be at least 1")
-    ids, _ = tracker_prompts(rollouts, reference, checkpoints)
-    p = len(ids)
-    if not 1 <= batch_size <= p:
-        raise InputError(
-            f"batch_size must be in [1, {p}] (the prompts every checkpoint shares); got {batch_size}"
-        )
-    cache = reward_matrix(rollouts, reference, ids)[:, :ref_n]
-    alpha0, beta0 = spo_prior(cache, decay=decay, prior=prior, weight=weight)
-    alpha = np.tile(alpha0, (repeats, 1))
-    beta = np.tile(beta0, (repeats, 1))
-    rng = np.random.default_rng(seed)
-    per_epoch = (p // batch_size) * batch_size
-    rows = []
-    for checkpoint in checkpoints:
-        oracle, noise, pool, pool_count = _split(
-            reward_matrix(rollouts, checkpoint, ids), oracle_n, checkpoint
-        )
-        sq_sum = np.zeros(repeats)
-        noise_sum = 0.0
-        extreme = 0
-        for _ in range(epochs_per_checkpoint):
-            index = np.argsort(rng.random((repeats, p)), axis=1)[:, :per_epoch]
-            col = np.floor(rng.random(index.shape) * pool_count[index]).astype(np.int64)
-            rewards = pool[index, col]
-            baselines = spo_step(alpha, beta, index, rewards, decay)
-            sq_sum += ((baselines - oracle[index]) ** 2).sum(axis=1)
-            noise_sum += float(noise[index].sum())
-            extreme += int(((baselines == 0) | (baselines == 1)).sum())
-        per_repeat = epochs_per_checkpoint * per_epoch
-        mse_r = sq_sum / per_repeat
-        n = repeats * per_repeat
-        mse = float(mse_r.mean())
-        half = Z_95 * float(mse_r.std(ddof=1)) / math.sqrt(repeats) if repeats > 1 else math.nan
-        rows.append(
-            {
-                "checkpoint": checkpoint,
-                "estimator": ESTIMATOR_NAME,
-                "rollouts_per_prompt": 1,
-                "mse": mse,
-                "mse_noise_corrected": mse - noise_sum / n,
-                "ci_low": mse - half,
-                "ci_high": mse + half,
-                "extreme_rate": extreme / n,
-                "n_estimates": n,
-            }
-        )
-    return pl.DataFrame(rows)
+    options = SpoOptions(decay=decay, prior=prior, weight=weight)
+    settings = TrajectorySettings(
+        batch_size, repeats, epochs_per_checkpoint, 1, oracle_n, ref_n, seed,
+        options={ESTIMATOR_NAME: options},
+    )  # fmt: skip
+    table, _ = replay_trajectory(rollouts, reference, checkpoints, [ESTIMATOR_NAME], settings)
+    return table.filter(pl.col("scope") == "checkpoint").select("checkpoint", *SUMMARY_COLUMNS)

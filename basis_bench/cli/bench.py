@@ -164,6 +164,21 @@ def evaluate(
             help="Write the per-estimate rows (estimates.parquet); the tables are written either way.",
         ),
     ] = EVALUATE.write_estimates,
+    trajectory: Annotated[
+        bool,
+        typer.Option(
+            "--trajectory/--no-trajectory",
+            help="Also replay every estimator over the checkpoints in training order, state "
+            "carried across steps (trajectory.csv).",
+        ),
+    ] = EVALUATE.trajectory,
+    trajectory_epochs: Annotated[
+        int,
+        typer.Option(
+            "--trajectory-epochs",
+            help="Epochs over the prompts per checkpoint in the trajectory replay.",
+        ),
+    ] = EVALUATE.trajectory_epochs,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3)."""
     from basis_bench.bench.config import EvaluateConfig
@@ -186,6 +201,8 @@ def evaluate(
         basis_options=basis_options(calibration, criterion, loss, eps, fixed_beta),
         estimator_options=estimator_options(option),
         write_estimates=write_estimates,
+        trajectory=trajectory,
+        trajectory_epochs=trajectory_epochs,
     )
     with _progress(console) as bar:
         tasks: dict[str, Any] = {}
@@ -214,6 +231,7 @@ def evaluate(
     print_summary(result.summary, console)
     console.print(
         f"wrote {result.out}/: summary.csv, by_heterogeneity.csv, by_difficulty.csv, g_sweep.csv, beta_choice.csv, fixed_beta.csv, run.json"
+        + (", trajectory.csv" if trajectory else "")
         + (", estimates.parquet" if write_estimates else "")
     )
 

@@ -28,6 +28,7 @@ from basis_bench.estimators.calibrate import (
     select_beta,
     take_beta,
 )
+from basis_bench.estimators.memory import MemoryOptions, memory_values
 from basis_bench.estimators.options import (
     ApoOptions,
     BasisOptions,
@@ -49,8 +50,23 @@ from basis_bench.estimators.registry import (
     parse_options,
     register_estimator,
 )
-from basis_bench.estimators.related import SpoTracker, apo_value, james_stein, spo_prior, spo_step
-from basis_bench.estimators.step import StepEstimator, StepOutput, make_step_estimator
+from basis_bench.estimators.related import (
+    SpoKernel,
+    SpoTracker,
+    apo_value,
+    james_stein,
+    spo_prior,
+    spo_step,
+)
+from basis_bench.estimators.step import (
+    BasisKernel,
+    StatelessKernel,
+    StepEstimator,
+    StepKernel,
+    StepOutput,
+    make_kernel,
+    make_step_estimator,
+)
 from basis_bench.estimators.table import PromptIndex, TiltTable
 from basis_bench.estimators.tilt import default_betas, is_binary, tilted_moments, tilted_value
 
@@ -60,17 +76,22 @@ __all__ = [
     "ESTIMATORS",
     "ApoOptions",
     "Basis",
+    "BasisKernel",
     "BasisOptions",
     "BasisOutput",
     "Estimator",
     "EstimatorInput",
     "JamesSteinOptions",
+    "MemoryOptions",
     "NoOptions",
     "PluginWarning",
     "PromptIndex",
+    "SpoKernel",
     "SpoOptions",
     "SpoTracker",
+    "StatelessKernel",
     "StepEstimator",
+    "StepKernel",
     "StepOutput",
     "TableOptions",
     "TiltTable",
@@ -86,7 +107,9 @@ __all__ = [
     "is_binary",
     "james_stein",
     "load_plugins",
+    "make_kernel",
     "make_step_estimator",
+    "memory_values",
     "parse_options",
     "refine",
     "register_estimator",

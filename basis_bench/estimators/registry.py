@@ -68,6 +68,16 @@ class Estimator:
     description: str
     options_class: type = NoOptions
     default_options: Any = field(default_factory=NoOptions)
+    # Stateful estimators (state carried across steps) name a kernel factory instead of
+    # being called one step at a time: ``kernel(estimator, options, table, ref_rewards,
+    # reward_range)`` -> a :class:`~basis_bench.estimators.step.StepKernel`; they run through
+    # :func:`~basis_bench.estimators.step.make_step_estimator` and trajectory replay only.
+    kernel: Callable[..., Any] | None = None
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the estimator carries state across steps (it has no one-step call)."""
+        return self.kernel is not None
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -115,6 +125,11 @@ class Estimator:
             opts = options_from_mapping(
                 self.options_class, overrides, f"estimator {self.name!r}", opts
             )
+        if self.stateful:
+            raise InputError(
+                f"estimator {self.name!r} carries state across steps and has no one-step call; "
+                "use make_step_estimator (a stream of steps) or trajectory replay"
+            )
         self.check_input(batch)
         return self.fn(batch, opts)
 
@@ -131,6 +146,7 @@ def register_estimator(
     description: str | None = None,
     options: type = NoOptions,
     defaults: Mapping[str, Any] | None = None,
+    kernel: Callable[..., Any] | None = None,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator: register ``fn(batch, options) -> (..., B, G)`` under ``name``.
 
@@ -138,7 +154,9 @@ def register_estimator(
     estimator may also be written ``fn(batch)``);
     ``defaults`` are values of its fields that this name fixes, so one function can back
     several named variants (``basis_vop`` is BASIS with ``variant="vop"``). The
-    description defaults to the first line of ``fn``'s docstring.
+    description defaults to the first line of ``fn``'s docstring. ``kernel`` makes the
+    estimator stateful: the factory of its :class:`~basis_bench.estimators.step.StepKernel`
+    (``fn`` then only documents it and is never called).
     """
     default_options: Any = options_from_mapping(
         options, dict(defaults or {}), f"estimator {name!r}"
@@ -150,7 +168,9 @@ def register_estimator(
         doc = (fn.__doc__ or "").strip().splitlines()
         text = description if description is not None else (doc[0] if doc else "")
         call = _batch_only(fn) if options is NoOptions else fn
-        ESTIMATORS[name] = Estimator(name, call, group, uses_cache, text, options, default_options)
+        ESTIMATORS[name] = Estimator(
+            name, call, group, uses_cache, text, options, default_options, kernel
+        )
         return fn
 
     return wrap

@@ -10,7 +10,8 @@
                  cached reference rewards (beta = 0.5 as A*-PO's stage-1 beta_1).
     SpoTracker   (Xu & Ding 2025, SPO): a Beta(alpha, beta) posterior per prompt, initialised from
                  the reference cache and decayed each time the prompt is seen; stateful across steps,
-                 so it is not in the one-step registry (see basis_bench.bench.trajectory).
+                 registered as ``spo_tracker`` with a step kernel (:class:`SpoKernel`): it has no
+                 one-step call and runs through make_step_estimator and trajectory replay.
 
 PVPO's static reference baseline is the plain offline mean of the reference rollouts, which is
 the registered ``reference_mean`` up to its smoothing, (k + a)/(n + 2a) instead of k/n, a shift of
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from array_api_compat import array_namespace
@@ -50,6 +52,7 @@ __all__ = [
     "APO_BETA",
     "JS_EPS",
     "SPO_DECAY",
+    "SpoKernel",
     "SpoTracker",
     "apo_value",
     "hermite_weights",
@@ -346,3 +349,49 @@ class SpoTracker:
         r = to_numpy(rewards, dtype=np.float64)
         out = spo_step(self.alpha, self.beta, self._columns(prompt_ids), r, self.decay)
         return asarray_like(out, rewards)
+
+
+class SpoKernel:
+    """The SPO tracker on the shared step interface: state (alpha, beta), each (*lead, P).
+
+    The same arithmetic as :class:`SpoTracker` (:func:`spo_prior`, then :func:`spo_step`
+    per batch), for any number of parallel streams, so trajectory replay, the training loop
+    and the plug-ins carry it alike (``make_step_estimator("spo_tracker", ...)``).
+    """
+
+    def __init__(
+        self,
+        estimator: Any,
+        options: SpoOptions,
+        table: Any,
+        ref_rewards: np.ndarray | None,
+        reward_range: RewardRange,
+    ) -> None:
+        if ref_rewards is None:
+            raise InputError("the SPO tracker needs the reference cache's rewards")
+        self.options = options
+        self.alpha0, self.beta0 = spo_prior(
+            to_numpy(ref_rewards, dtype=np.float64), options.decay, options.prior, options.weight
+        )
+        self.reward_range = reward_range
+
+    def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+        shape = (*lead, self.alpha0.shape[0])
+        return {
+            "alpha": np.broadcast_to(self.alpha0, shape).copy(),
+            "beta": np.broadcast_to(self.beta0, shape).copy(),
+        }
+
+    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
+        from basis_bench.estimators.step import StepOutput
+
+        check_rewards(rewards, self.reward_range)
+        r = to_numpy(rewards[..., 0], dtype=np.float64)
+        out = spo_step(state["alpha"], state["beta"], cols, r, self.options.decay)
+        return StepOutput(asarray_like(out[..., None], rewards))
+
+
+@register_estimator("spo_tracker", uses_cache=True, options=SpoOptions, kernel=SpoKernel)
+def _spo_tracker(batch: EstimatorInput, options: SpoOptions) -> Array:
+    """SPO tracker: a Beta posterior per prompt, decayed per sighting (Xu & Ding 2025); stateful."""
+    raise InputError("spo_tracker is stateful; use make_step_estimator or trajectory replay")

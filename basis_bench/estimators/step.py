@@ -1,80 +1,253 @@
-"""One estimator for a stream of training steps: the factory a training loop calls.
+"""One estimator for a stream of training steps: the one interface of stateful estimators.
 
 :func:`make_step_estimator` turns a registered name, its options and (for cache
 estimators) the reference cache into a :class:`StepEstimator`, called once per step with
-the batch's prompt ids and rewards (B, G). BASIS-type estimators go through
-:class:`~basis_bench.estimators.basis.Basis`, which keeps the ``previous`` calibration's
-state across steps and reports the calibrated beta; every other estimator is called
-through the registry on the batch's columns of one shared
-:class:`~basis_bench.estimators.table.TiltTable`.
+the batch's prompt ids and rewards (B, G). Whatever the estimator, the state it carries
+across steps lives in the step estimator as named numpy arrays, so the training loop, the
+verl/TRL plug-ins and trajectory replay handle every estimator alike:
+
+* ``est(prompt_ids, rewards)``: one step of one stream (rewards (B, G));
+* ``est.step_columns(cols, rewards)``: one step of R independent streams at once, cols
+  (R, B) table columns and rewards (R, B, G) (trajectory replay vectorises repeats so);
+* ``est.state_dict()`` / ``est.load_state_dict(state)``: the state, for checkpoints;
+* ``est.reset(lead)``: back to the initial state, for ``lead`` parallel streams.
+
+The computation of one step is a :class:`StepKernel`: ``initial_state(lead)`` and
+``step(state, cols, rewards)``, which updates the state in place. Stateless estimators get
+:class:`StatelessKernel` (no state: the registry's one-step call on the batch's columns of
+the shared :class:`~basis_bench.estimators.table.TiltTable`); the BASIS family gets
+:class:`BasisKernel` (its ``previous`` calibration's grid index); an estimator registered
+with ``kernel=`` (the SPO tracker, ``basis_memory``) gets its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange
-from basis_bench.estimators.basis import Basis
+from basis_bench.estimators._array import Array, RewardRange, asarray_like, to_numpy
+from basis_bench.estimators.basis import calibrated_index
+from basis_bench.estimators.calibrate import take_beta
 from basis_bench.estimators.options import DEFAULT_PRIOR, BasisOptions
 from basis_bench.estimators.registry import Estimator, EstimatorInput, get
 from basis_bench.estimators.table import TiltTable
 
+State = dict[str, np.ndarray]
+
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Baselines (B, G) of one step; the calibrated beta and its grid index (BASIS only)."""
+    """Baselines (..., B, G) of one step; the calibrated beta and its grid index (scalars
+    for one stream, arrays (...) over parallel streams; None where there is none); ``info``:
+    an estimator's other per-step choices (``basis_memory``: gamma and m per prompt)."""
 
     baselines: Array
-    beta: float | None = None
-    beta_index: int | None = None
+    beta: Any = None
+    beta_index: Any = None
+    info: Mapping[str, Any] | None = None
+
+
+class StepKernel(Protocol):
+    """One step's computation; the state is a dict of numpy arrays with leading axes ``lead``."""
+
+    def initial_state(self, lead: tuple[int, ...]) -> State: ...
+
+    def step(self, state: State, cols: np.ndarray, rewards: Array) -> StepOutput: ...
+
+
+def _inputs(
+    table: TiltTable | None, cols: np.ndarray, rewards: Array, reward_range: RewardRange
+) -> EstimatorInput:
+    """The registry's input for a batch: rewards and, with a table, the batch's grids."""
+    if table is None:
+        return EstimatorInput(rewards, reward_range=reward_range)
+    v, var = table.gather(cols, like=rewards)
+    return EstimatorInput(rewards, v, var, table.betas, reward_range)
+
+
+class StatelessKernel:
+    """A one-step estimator: no state, the registry's call on the batch."""
+
+    def __init__(
+        self, estimator: Estimator, options: Any, table: TiltTable | None, reward_range: RewardRange
+    ) -> None:
+        self.estimator, self.options, self.table = estimator, options, table
+        self.reward_range = reward_range
+
+    def initial_state(self, lead: tuple[int, ...]) -> State:
+        return {}
+
+    def step(self, state: State, cols: np.ndarray, rewards: Array) -> StepOutput:
+        inputs = _inputs(self.table, cols, rewards, self.reward_range)
+        return StepOutput(self.estimator(inputs, self.options))
+
+
+class BasisKernel:
+    """The BASIS family: state = the grid index that ``previous`` calibration applies next.
+
+    ``current`` and ``fixed`` go through the registered estimator (and report the chosen
+    beta); ``previous`` evaluates the registered estimator on the one-row grid of each
+    stream's previous beta, then calibrates on this batch (no refinement) for the next.
+    The first step uses beta = inf: the initial policy is the reference.
+    """
+
+    def __init__(
+        self,
+        estimator: Estimator,
+        options: BasisOptions,
+        table: TiltTable,
+        reward_range: RewardRange,
+    ) -> None:
+        self.estimator, self.options, self.table = estimator, options, table
+        self.reward_range = reward_range
+
+    def initial_state(self, lead: tuple[int, ...]) -> State:
+        inf = self.table.inf_index
+        return {"previous_index": np.full(lead, inf if inf is not None else 0, dtype=np.int64)}
+
+    def step(self, state: State, cols: np.ndarray, rewards: Array) -> StepOutput:
+        inputs = _inputs(self.table, cols, rewards, self.reward_range)
+        betas = self.table.betas
+        if self.options.calibration != "previous":
+            values = self.estimator(inputs, self.options)
+            return _basis_output(values, to_numpy(calibrated_index(inputs, self.options)), betas)
+        chosen = state["previous_index"].copy()
+        assert inputs.v_grid is not None and inputs.var_grid is not None
+        idx = asarray_like(chosen, rewards[..., 0])
+        one_v = take_beta(inputs.v_grid, idx)[None]
+        one_var = take_beta(inputs.var_grid, idx)[None]
+        one = EstimatorInput(rewards, one_v, one_var, np.array([1.0]), self.reward_range)
+        at_chosen = replace(self.options, calibration="fixed", fixed_beta=1.0)
+        values = self.estimator(one, at_chosen)
+        now = calibrated_index(inputs, replace(self.options, calibration="current"))
+        state["previous_index"][...] = to_numpy(now)
+        return _basis_output(values, chosen, betas)
+
+
+def _basis_output(values: Array, index: np.ndarray, betas: np.ndarray) -> StepOutput:
+    index = np.asarray(index, dtype=np.int64)
+    beta = betas[index]
+    if index.ndim == 0:
+        return StepOutput(values, float(beta), int(index))
+    return StepOutput(values, beta, index)
 
 
 class StepEstimator:
-    """``est(prompt_ids, rewards)``: baselines for one step's rewards (B, G)."""
+    """``est(prompt_ids, rewards)``: baselines for one step's rewards (B, G), state carried."""
 
     def __init__(
         self,
         estimator: Estimator,
         options: Any,
+        kernel: StepKernel,
         table: TiltTable | None = None,
-        basis: Basis | None = None,
         reward_range: RewardRange = (0.0, 1.0),
+        lead: tuple[int, ...] = (),
     ) -> None:
         self.estimator = estimator
         self.options = options
+        self.kernel = kernel
         self.table = table
-        self.basis = basis
         self.reward_range = reward_range
+        self.lead = tuple(lead)
+        self.state = kernel.initial_state(self.lead)
+
+    @property
+    def stateful(self) -> bool:
+        """Whether anything is carried from one step to the next."""
+        return bool(self.state)
+
+    def reset(self, lead: tuple[int, ...] | None = None) -> None:
+        """The initial state, for ``lead`` parallel streams (default: as before)."""
+        if lead is not None:
+            self.lead = tuple(lead)
+        self.state = self.kernel.initial_state(self.lead)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """A copy of the state: named numpy arrays (empty for a stateless estimator)."""
+        return {k: v.copy() for k, v in self.state.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; names, shapes and dtypes must match this estimator's."""
+        fresh = self.kernel.initial_state(self.lead)
+        if set(state) != set(fresh):
+            raise InputError(
+                f"state of {self.estimator.name!r} has keys {sorted(fresh)}; got {sorted(state)}"
+            )
+        loaded = {}
+        for key, init in fresh.items():
+            value = np.asarray(state[key], dtype=init.dtype)
+            if value.shape != init.shape:
+                raise InputError(
+                    f"state {key!r} of {self.estimator.name!r} must have shape {init.shape}; "
+                    f"got {value.shape} (another cache or number of streams?)"
+                )
+            loaded[key] = value.copy()
+        self.state = loaded
 
     @property
     def previous_index(self) -> int | None:
-        """BASIS's ``previous`` calibration state (save it with a checkpoint), else None."""
-        return self.basis.previous_index if self.basis is not None else None
+        """BASIS's ``previous`` calibration state (one stream), else None."""
+        index = self.state.get("previous_index")
+        return None if index is None or index.ndim else int(index)
 
     @previous_index.setter
     def previous_index(self, index: int) -> None:
-        if self.basis is not None:
-            self.basis.previous_index = int(index)
+        if "previous_index" in self.state:
+            self.state["previous_index"][...] = int(index)
+
+    def columns(self, prompt_ids: Sequence[str]) -> np.ndarray:
+        """Table columns of a batch's prompts (the step's ``cols``)."""
+        if self.table is None:
+            return np.arange(len(prompt_ids), dtype=np.int64)
+        return self.table.columns(list(prompt_ids))
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> StepOutput:
-        if self.basis is not None:
-            if rewards.ndim != 2 or rewards.shape[1] != 1:
-                raise InputError(
-                    f"{self.estimator.name} takes one rollout per prompt: rewards (B, 1); "
-                    f"got {tuple(rewards.shape)}"
-                )
-            out = self.basis(list(prompt_ids), rewards[:, 0])
-            return StepOutput(out.baselines[:, None], out.beta, out.beta_index)
-        inputs = EstimatorInput(rewards, reward_range=self.reward_range)
-        if self.table is not None:
-            v, var = self.table.gather(self.table.columns(list(prompt_ids)), like=rewards)
-            inputs = EstimatorInput(rewards, v, var, self.table.betas, self.reward_range)
-        return StepOutput(self.estimator(inputs, self.options))
+        if self.lead:
+            raise InputError(
+                f"this step estimator runs {self.lead} parallel streams; use step_columns"
+            )
+        if rewards.ndim != 2 or rewards.shape[0] != len(prompt_ids):
+            raise InputError(
+                f"rewards must be ({len(prompt_ids)}, G), one row per prompt id; "
+                f"got {tuple(rewards.shape)}"
+            )
+        return self.step_columns(self.columns(prompt_ids), rewards)
+
+    def step_columns(self, cols: np.ndarray, rewards: Array) -> StepOutput:
+        """One step of every stream: cols (*lead, B) columns, rewards (*lead, B, G)."""
+        cols = np.asarray(cols, dtype=np.int64)
+        if tuple(rewards.shape[:-1]) != cols.shape or cols.shape[:-1] != self.lead:
+            raise InputError(
+                f"rewards {tuple(rewards.shape)} must be cols {cols.shape} + (G,), cols "
+                f"{self.lead} + (B,)"
+            )
+        if not self.estimator.group and rewards.shape[-1] != 1:
+            raise InputError(
+                f"{self.estimator.name} takes one rollout per prompt: rewards (B, 1); "
+                f"got {tuple(rewards.shape)}"
+            )
+        return self.kernel.step(self.state, cols, rewards)
+
+
+def make_kernel(
+    estimator: Estimator,
+    options: Any,
+    table: TiltTable | None,
+    ref_rewards: np.ndarray | None = None,
+    reward_range: RewardRange = (0.0, 1.0),
+) -> StepKernel:
+    """The kernel of ``estimator``: its own (stateful), BASIS's, or the stateless one."""
+    if estimator.kernel is not None:
+        kernel: StepKernel = estimator.kernel(estimator, options, table, ref_rewards, reward_range)
+        return kernel
+    if isinstance(options, BasisOptions) and table is not None:
+        return BasisKernel(estimator, options, table, reward_range)
+    return StatelessKernel(estimator, options, table, reward_range)
 
 
 def make_step_estimator(
@@ -86,24 +259,28 @@ def make_step_estimator(
     betas: Sequence[float] | np.ndarray | None = None,
     prior: float = DEFAULT_PRIOR,
     reward_range: RewardRange = (0.0, 1.0),
+    lead: tuple[int, ...] = (),
 ) -> StepEstimator:
     """A :class:`StepEstimator` for the registered estimator ``name``.
 
     ``options``: its options object or a ``{key: value}`` mapping, validated against its
     options dataclass (an unknown key names the valid ones). Cache estimators need
     ``prompt_ids`` and ``ref_rewards`` (P, n); ``betas`` (default grid) and ``prior`` shape
-    their tilt table.
+    their tilt table (BASIS with ``calibration="fixed"`` uses the grid ``[fixed_beta]``).
+    ``lead``: parallel streams (trajectory replay), () for one.
     """
     est = get(name)
     opts = est.parse_options(options)
     if not est.uses_cache:
-        return StepEstimator(est, opts, reward_range=reward_range)
+        kernel = make_kernel(est, opts, None, None, reward_range)
+        return StepEstimator(est, opts, kernel, None, reward_range, lead)
     if prompt_ids is None or ref_rewards is None:
         raise InputError(
             f"estimator {name!r} needs the reference cache: prompt_ids and ref_rewards"
         )
-    if isinstance(opts, BasisOptions):
-        basis = Basis(prompt_ids, ref_rewards, betas, prior, opts, reward_range)
-        return StepEstimator(est, opts, basis.table, basis, reward_range)
-    table = TiltTable.from_cache(ref_rewards, betas, prior, prompt_ids)
-    return StepEstimator(est, opts, table, reward_range=reward_range)
+    if isinstance(opts, BasisOptions) and opts.calibration == "fixed":
+        betas = [opts.fixed_beta]  # type: ignore[list-item]
+    ref = to_numpy(ref_rewards, dtype=np.float64)
+    table = TiltTable.from_cache(ref, betas, prior, prompt_ids)
+    kernel = make_kernel(est, opts, table, ref, reward_range)
+    return StepEstimator(est, opts, kernel, table, reward_range, lead)

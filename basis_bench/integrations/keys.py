@@ -11,6 +11,7 @@ needs neither.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Basis
+from basis_bench.estimators import Basis, BasisOutput
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
 
 DEFAULT_PROMPT_FORMAT = "{problem}"
@@ -99,20 +100,51 @@ def reference_cache(
     return ids, reward_matrix(df, reference, ids)
 
 
+class StepBasis:
+    """Any registered single-rollout estimator, stateful or not, called as :class:`Basis` is:
+    ``est(prompt_keys, rewards (B,))`` -> :class:`BasisOutput`; its state (the SPO tracker's,
+    ``basis_memory``'s) is carried across calls and saved with ``state_dict``."""
+
+    def __init__(self, step: Any) -> None:
+        self.step = step  # estimators.StepEstimator
+
+    def __call__(self, prompt_ids: Sequence[str], rewards: Any) -> BasisOutput:
+        out = self.step(list(prompt_ids), rewards[:, None])
+        beta = math.nan if out.beta is None else float(out.beta)
+        index = -1 if out.beta_index is None else int(out.beta_index)
+        return BasisOutput(out.baselines[:, 0], beta, index)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.step.state_dict())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.step.load_state_dict(state)
+
+
 def basis_from_rollouts(
     rollouts: str | os.PathLike[str],
     reference: str = "reference",
     ref_n: int | None = None,
     prompt_format: str = DEFAULT_PROMPT_FORMAT,
+    estimator: str = "basis",
     **basis_options: Any,
-) -> Basis:
-    """A :class:`~basis_bench.estimators.Basis` keyed by :func:`prompt_key` (see reference_cache)."""
+) -> Basis | StepBasis:
+    """A :class:`~basis_bench.estimators.Basis` keyed by :func:`prompt_key` (see
+    reference_cache); with ``estimator`` another registered single-rollout estimator
+    (``basis_memory``, ``spo_tracker``) on the same cache, as a :class:`StepBasis`."""
     ids, ref = reference_cache(rollouts, reference, ref_n, prompt_format)
-    return Basis(ids, ref, **basis_options)
+    if estimator == "basis":
+        return Basis(ids, ref, **basis_options)
+    from basis_bench.estimators import get, make_step_estimator
+
+    if get(estimator).group:
+        raise InputError(f"{estimator!r} is a group estimator; the plug-ins take one rollout")
+    return StepBasis(make_step_estimator(estimator, basis_options, prompt_ids=ids, ref_rewards=ref))
 
 
 __all__ = [
     "DEFAULT_PROMPT_FORMAT",
+    "StepBasis",
     "basis_from_rollouts",
     "prompt_key",
     "prompt_text",

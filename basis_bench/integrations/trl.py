@@ -35,7 +35,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Basis, BasisOutput
-from basis_bench.integrations.keys import prompt_key
+from basis_bench.integrations.keys import StepBasis, prompt_key
 
 SCALES = ("none", "batch")
 SCALE_EPS = 1e-4  # TRL's epsilon in advantages / (std + eps)
@@ -53,7 +53,7 @@ def total_rewards(rewards_per_func: Tensor, weights: Tensor) -> Tensor:
 
 
 def basis_advantages(
-    basis: Basis, prompts: Sequence[Any], rewards: Tensor, scale: str = "none"
+    basis: Basis | StepBasis, prompts: Sequence[Any], rewards: Tensor, scale: str = "none"
 ) -> tuple[Tensor, BasisOutput]:
     """Advantages (N,) of completions of ``prompts`` with ``rewards`` (NaN = unscorable).
 
@@ -134,7 +134,7 @@ def _build() -> tuple[type, type]:
     class BasisGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose training advantages are r_i - b_i with BASIS baselines b_i."""
 
-        def __init__(self, *args: Any, basis: Basis, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, basis: Basis | StepBasis, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.basis = basis
             self._basis_rewards: Tensor | None = None

@@ -32,7 +32,12 @@ from typing import Any
 from basis_bench.errors import InputError
 from basis_bench.estimators import Basis, BasisOptions, BasisOutput
 from basis_bench.estimators.options import field_names
-from basis_bench.integrations.keys import DEFAULT_PROMPT_FORMAT, basis_from_rollouts, prompt_key
+from basis_bench.integrations.keys import (
+    DEFAULT_PROMPT_FORMAT,
+    StepBasis,
+    basis_from_rollouts,
+    prompt_key,
+)
 
 ESTIMATOR_NAME = "basis"
 CONFIG_KEY = "basis"  # the +basis.* block of the verl config
@@ -56,7 +61,7 @@ def broadcast_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
 class BasisVerl:
     """The state verl's advantage function needs: the cache and the uid -> prompt-key memo."""
 
-    basis: Basis
+    basis: Basis | StepBasis  # StepBasis: +basis.estimator=basis_memory (state carried)
     keys: dict[str, str] = field(default_factory=dict)
     last: BasisOutput | None = None
 
@@ -192,7 +197,12 @@ def settings(config: Mapping[str, Any]) -> dict[str, Any]:
             "the basis estimator needs its reference cache: add +basis.rollouts=DIR "
             "(a rollouts directory in basis-bench's schema, with prompts.parquet)"
         )
-    known = {"rollouts", "reference", "ref_n", "prompt_format", *BASIS_OPTIONS}
+    known = {"rollouts", "reference", "ref_n", "prompt_format", "estimator", *BASIS_OPTIONS}
+    if block.get("estimator", "basis") != "basis":  # another estimator: its own options
+        from basis_bench.estimators import get
+
+        known = {"rollouts", "reference", "ref_n", "prompt_format", "estimator"}
+        known |= set(field_names(get(block["estimator"]).options_class))
     unknown = sorted(set(block) - known)
     if unknown:
         raise InputError(f"unknown basis option(s) {unknown}; known: {sorted(known)}")

@@ -268,8 +268,12 @@ class StepEstimator(Protocol):
 
 @dataclass
 class StepBaselines:
-    """A registered estimator for a stream of steps (:func:`estimators.make_step_estimator`):
-    BASIS variants keep their ``previous`` calibration state, which checkpoints carry."""
+    """A registered estimator for a stream of steps (:func:`estimators.make_step_estimator`).
+
+    Whatever the estimator carries across steps (BASIS's ``previous`` calibration index, the
+    SPO tracker's and ``basis_memory``'s per-prompt state) is in its ``state_dict``, which
+    checkpoints carry as plain lists (``torch.load(weights_only=True)`` reads them back).
+    """
 
     step: Any  # estimators.StepEstimator
 
@@ -278,11 +282,18 @@ class StepBaselines:
         return Estimate(np.asarray(out.baselines, dtype=np.float64), out.beta, out.beta_index)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"basis_previous_index": self.step.previous_index}
+        state = {"basis_previous_index": self.step.previous_index}
+        other = {k: v.tolist() for k, v in self.step.state_dict().items() if k != "previous_index"}
+        if other:
+            state["estimator_state"] = other
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("basis_previous_index") is not None:
             self.step.previous_index = int(state["basis_previous_index"])
+        if state.get("estimator_state") is not None:
+            full = {**self.step.state_dict(), **state["estimator_state"]}
+            self.step.load_state_dict(full)
 
 
 def make_estimator(

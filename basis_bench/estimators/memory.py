@@ -1,0 +1,209 @@
+"""``basis_memory``: one rollout per prompt and step, BASIS's calibrated tilt as the prior,
+and the prompt's own discounted history of single rollouts as the evidence.
+
+Per prompt i, a Beta posterior (docs/method.md, "A one-rollout estimator with memory"):
+
+    prior      Beta(m V^_{i,beta}, m (1 - V^_{i,beta}))       V^ from the reference cache
+    evidence   S_i = sum_a gamma^a r_{i,(a)},  N_i = sum_a gamma^a   over earlier visits,
+               a = 0 for the latest earlier visit, 1 for the one before, ...
+    baseline   b_i = (m V^_{i,beta} + S_i) / (m + N_i)
+
+S_i and N_i hold only visits BEFORE this step: the current reward never enters its own
+baseline. (beta, gamma, m) are chosen from a small grid by the in-batch loss of these
+leave-current-out predictions, and, by default (``selection="loo"``), for prompt i from the
+OTHER prompts' losses only: L_{-i}(theta) = sum_{j != i} loss(r_j, b_j(theta)). So b_i is a
+function of the cache, prompt i's history and the other prompts' rewards, never of r_i, and
+the advantage r_i - b_i is unbiased. With m > 0 and V^ strictly inside (0, 1) (the cache's
+smoothing guarantees it for binary rewards) b_i is strictly inside (0, 1): never a 0/1
+baseline, whatever the history.
+
+State: S and N for every gamma of the grid, each (*lead, n_gammas, P), numpy float64; the
+update after a step is S <- gamma S + r, N <- gamma N + 1 on the batch's prompts. A prompt
+may appear at most once per batch (per stream).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from basis_bench.errors import InputError
+from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
+from basis_bench.estimators.options import LOSSES, _help, _number, _set
+from basis_bench.estimators.registry import EstimatorInput, register_estimator
+from basis_bench.estimators.table import TiltTable
+
+MEMORY_GAMMAS = (0.5, 0.75, 0.9, 1.0)
+MEMORY_WEIGHTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 128.0)
+SELECTIONS = ("loo", "batch")
+_LOG_CLIP = 1e-6
+
+
+def _grid(
+    cls: str, name: str, values: Any, low: float, high: float, low_open: bool
+) -> tuple[float, ...]:
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise InputError(f"{cls}.{name} must be a list of numbers; got {values!r}")
+    out = tuple(_number(cls, name, v, low=low, high=high, low_open=low_open) for v in values)
+    if not out:
+        raise InputError(f"{cls}.{name} must not be empty")
+    return out
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Options of ``basis_memory``: the grids its in-batch calibration chooses from."""
+
+    gammas: tuple[float, ...] = field(
+        default=MEMORY_GAMMAS,
+        metadata=_help("Candidate discounts per visit of the prompt's history, each in (0, 1]."),
+    )
+    weights: tuple[float, ...] = field(
+        default=MEMORY_WEIGHTS,
+        metadata=_help("Candidate prior weights m (pseudo-counts of the tilted value), each > 0."),
+    )
+    selection: str = field(
+        default="loo",
+        metadata=_help(
+            "loo: prompt i's (beta, gamma, m) from the other prompts' losses (unbiased); "
+            "batch: one choice on the whole batch (its own reward takes part)."
+        ),
+    )
+    loss: str = field(default="squared", metadata=_help("Calibration loss: squared or log."))
+
+    def __post_init__(self) -> None:
+        c = "basis_memory"
+        _set(self, "gammas", _grid(c, "gammas", self.gammas, 0.0, 1.0, True))
+        _set(self, "weights", _grid(c, "weights", self.weights, 0.0, math.inf, True))
+        if self.selection not in SELECTIONS:
+            raise InputError(f"unknown {c}.selection {self.selection!r}; choose one of loo, batch")
+        if self.loss not in LOSSES:
+            raise InputError(f"unknown {c}.loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+
+
+def posterior_grid(v: np.ndarray, s: np.ndarray, n: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Posterior means (*lead, K, Gm, M, B) = (m V^_k + S_g) / (m + N_g).
+
+    v: (K, *lead, B) tilted values; s, n: (*lead, Gm, B) discounted history of the batch.
+    """
+    vv = np.moveaxis(v, 0, -2)[..., :, None, None, :]  # (*lead, K, 1, 1, B)
+    m = weights[:, None]  # (M, 1)
+    return (m * vv + s[..., None, :, None, :]) / (m + n[..., None, :, None, :])
+
+
+def _losses(pred: np.ndarray, r: np.ndarray, loss: str) -> np.ndarray:
+    if loss == "squared":
+        return (r - pred) ** 2
+    p = np.clip(pred, _LOG_CLIP, 1 - _LOG_CLIP)
+    return -(r * np.log(p) + (1 - r) * np.log1p(-p))
+
+
+def memory_values(
+    v: np.ndarray, s: np.ndarray, n: np.ndarray, rewards: np.ndarray, options: MemoryOptions
+) -> tuple[np.ndarray, np.ndarray]:
+    """Baselines (*lead, B) and each prompt's chosen flat grid index (*lead, B).
+
+    v: (K, *lead, B) tilted values of the batch; s, n: (*lead, Gm, B) the history before
+    this step; rewards: (*lead, B). The flat index runs over (K, Gm, M) in C order.
+    """
+    weights = np.asarray(options.weights, dtype=np.float64)
+    pred = posterior_grid(v, s, n, weights)  # (*lead, K, Gm, M, B)
+    lead = rewards.shape[:-1]
+    b = rewards.shape[-1]
+    flat = pred.reshape(*lead, -1, b)  # (*lead, C, B)
+    loss = _losses(flat, rewards[..., None, :], options.loss)
+    total = loss.sum(axis=-1, keepdims=True)  # (*lead, C, 1)
+    if options.selection == "loo":
+        if b < 2:
+            raise InputError("basis_memory's leave-one-out calibration needs B >= 2 prompts")
+        choice = np.argmin(total - loss, axis=-2)  # (*lead, B): L_{-i} = total - own
+    else:
+        choice = np.broadcast_to(np.argmin(total, axis=-2), (*lead, b))
+    values = np.take_along_axis(flat, choice[..., None, :], axis=-2)[..., 0, :]
+    return values, choice
+
+
+def _gather(state: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """state (*lead, Gm, P), cols (*lead, B) -> (*lead, Gm, B)."""
+    idx = np.broadcast_to(cols[..., None, :], (*state.shape[:-1], cols.shape[-1]))
+    return np.take_along_axis(state, idx, axis=-1)
+
+
+def _scatter(state: np.ndarray, cols: np.ndarray, values: np.ndarray) -> None:
+    idx = np.broadcast_to(cols[..., None, :], values.shape)
+    np.put_along_axis(state, idx, values, axis=-1)
+
+
+def _check_distinct(cols: np.ndarray) -> None:
+    srt = np.sort(cols, axis=-1)
+    if np.any(srt[..., 1:] == srt[..., :-1]):
+        raise InputError("basis_memory takes each prompt at most once per batch")
+
+
+class MemoryKernel:
+    """``basis_memory`` on the step interface (:mod:`basis_bench.estimators.step`)."""
+
+    def __init__(
+        self,
+        estimator: Any,
+        options: MemoryOptions,
+        table: TiltTable | None,
+        ref_rewards: np.ndarray | None,
+        reward_range: RewardRange,
+    ) -> None:
+        if table is None:
+            raise InputError("basis_memory needs the reference cache's tilt table")
+        self.options, self.table = options, table
+        self.gammas = np.asarray(options.gammas, dtype=np.float64)
+        self.reward_range = reward_range
+        self.n_prompts = table.values.shape[1]
+
+    def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+        shape = (*lead, len(self.gammas), self.n_prompts)
+        return {"successes": np.zeros(shape), "visits": np.zeros(shape)}
+
+    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
+        from basis_bench.estimators.step import StepOutput
+
+        check_rewards(rewards, self.reward_range)
+        r = to_numpy(rewards[..., 0], dtype=np.float64)
+        if np.any((r < 0) | (r > 1)):
+            raise InputError("basis_memory's Beta posterior needs rewards in [0, 1]")
+        _check_distinct(cols)
+        s, n = _gather(state["successes"], cols), _gather(state["visits"], cols)
+        v, _ = self.table.gather(cols)  # (K, *lead, B)
+        values, choice = memory_values(v, s, n, r, self.options)
+        g = self.gammas[:, None]
+        _scatter(state["successes"], cols, g * s + r[..., None, :])
+        _scatter(state["visits"], cols, g * n + 1.0)
+        shape = (len(self.table.betas), len(self.gammas), len(self.options.weights))
+        k, gi, mi = np.unravel_index(choice, shape)
+        info = {
+            "gamma": self.gammas[gi],
+            "weight": np.asarray(self.options.weights)[mi],
+        }
+        beta_index = _mode(k)
+        return StepOutput(
+            asarray_like(values[..., None], rewards),
+            self.table.betas[beta_index]
+            if beta_index.ndim
+            else float(self.table.betas[beta_index]),
+            beta_index if beta_index.ndim else int(beta_index),
+            info,
+        )
+
+
+def _mode(index: np.ndarray) -> np.ndarray:
+    """The most frequent value along the last axis (ties: the smallest)."""
+    top = int(index.max()) + 1 if index.size else 1
+    counts = (index[..., None] == np.arange(top)).sum(axis=-2)
+    return np.argmax(counts, axis=-1)
+
+
+@register_estimator("basis_memory", uses_cache=True, options=MemoryOptions, kernel=MemoryKernel)
+def _basis_memory(batch: EstimatorInput, options: MemoryOptions) -> Array:
+    """BASIS memory: Beta posterior with the tilted value as prior and the prompt's own past rollouts."""
+    raise InputError("basis_memory is stateful; use make_step_estimator or trajectory replay")
