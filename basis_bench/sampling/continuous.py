@@ -270,46 +270,53 @@ def decode(
             last[row] = token
         return done, drawn
 
-    with torch.inference_mode():
-        done, drawn = admit()
-        if on_step is not None and drawn:
-            on_step(done, drawn)
-        while seq_of_row:
-            live = len(seq_of_row)
-            cols = lengths[:live]
-            cache.prepare(cols)
-            width = cache.width
-            mask = (torch.arange(width, device=device) <= cols.unsqueeze(1))[:, None, None, :]
-            out = model(
-                input_ids=last[:live].unsqueeze(1),
-                position_ids=cols.unsqueeze(1),
-                attention_mask=mask,
-                use_cache=True,
-                **{cache_arg: cache},
-            )
-            stats.steps += 1
-            stats.row_steps += live
-            stats.rows_per_step.append(live)
-            tokens = draw(out.logits[:, -1], seq_of_row)
-            lengths[:live] += 1
-            ended: list[int] = []
-            for row, token in enumerate(tokens):
-                seq = seq_of_row[row]
-                outputs[seq].append(token)
-                if finished(seq, token):
-                    ended.append(row)
-                else:
-                    last[row] = token
-            for row in reversed(ended):  # highest first: a moved row is never a finished one
-                tail = len(seq_of_row) - 1
-                if row != tail:
-                    cache.move_row(tail, row, int(lengths[tail]))
-                    seq_of_row[row] = seq_of_row[tail]
-                    lengths[row] = lengths[tail]
-                    last[row] = last[tail]
-                seq_of_row.pop()
+    # Eval mode while decoding: in train mode a gradient-checkpointed layer drops the
+    # cache argument, which would silently decode without context.
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
             done, drawn = admit()
-            if on_step is not None:
-                on_step(len(ended) + done, live + drawn)
+            if on_step is not None and drawn:
+                on_step(done, drawn)
+            while seq_of_row:
+                live = len(seq_of_row)
+                cols = lengths[:live]
+                cache.prepare(cols)
+                width = cache.width
+                mask = (torch.arange(width, device=device) <= cols.unsqueeze(1))[:, None, None, :]
+                out = model(
+                    input_ids=last[:live].unsqueeze(1),
+                    position_ids=cols.unsqueeze(1),
+                    attention_mask=mask,
+                    use_cache=True,
+                    **{cache_arg: cache},
+                )
+                stats.steps += 1
+                stats.row_steps += live
+                stats.rows_per_step.append(live)
+                tokens = draw(out.logits[:, -1], seq_of_row)
+                lengths[:live] += 1
+                ended: list[int] = []
+                for row, token in enumerate(tokens):
+                    seq = seq_of_row[row]
+                    outputs[seq].append(token)
+                    if finished(seq, token):
+                        ended.append(row)
+                    else:
+                        last[row] = token
+                for row in reversed(ended):  # highest first: a moved row is never a finished one
+                    tail = len(seq_of_row) - 1
+                    if row != tail:
+                        cache.move_row(tail, row, int(lengths[tail]))
+                        seq_of_row[row] = seq_of_row[tail]
+                        lengths[row] = lengths[tail]
+                        last[row] = last[tail]
+                    seq_of_row.pop()
+                done, drawn = admit()
+                if on_step is not None:
+                    on_step(len(ended) + done, live + drawn)
+    finally:
+        model.train(was_training)
     stats.generated_tokens += sum(len(o) for o in outputs)
     return outputs
