@@ -64,11 +64,19 @@ class SlotCache:
     """
 
     def __init__(
-        self, n_layers: int, slots: int, kv_heads: int, head_dim: int, dtype: Any, device: Any
+        self,
+        n_layers: int,
+        slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: Any,
+        device: Any,
+        max_columns: int | None = None,
     ) -> None:
         import torch
 
         self.n_layers, self.slots = n_layers, slots
+        self.max_columns = max_columns
         self.shape = (slots, kv_heads, 0, head_dim)
         self.dtype, self.device = dtype, device
         self.keys = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -92,6 +100,8 @@ class SlotCache:
         if columns <= self.capacity:
             return
         new = max(columns, 2 * self.capacity)
+        if self.max_columns is not None:  # doubling past the longest possible row wastes memory
+            new = max(columns, min(new, self.max_columns))
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 grown = torch.zeros(
@@ -195,7 +205,10 @@ def decode(
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    cache = SlotCache(config.num_hidden_layers, slots, kv_heads, head_dim, model.dtype, device)
+    longest = max((len(p) for p in prompt_ids), default=0) + max_new_tokens
+    cache = SlotCache(
+        config.num_hidden_layers, slots, kv_heads, head_dim, model.dtype, device, longest
+    )
     stop_set = set(int(s) for s in stop_ids)
     keep_last = {"logits_to_keep": 1} if last_logits_only else {}
 
