@@ -64,11 +64,19 @@ class SlotCache:
     """
 
     def __init__(
-        self, n_layers: int, slots: int, kv_heads: int, head_dim: int, dtype: Any, device: Any
+        self,
+        n_layers: int,
+        slots: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: Any,
+        device: Any,
+        max_columns: int | None = None,
     ) -> None:
         import torch
 
         self.n_layers, self.slots = n_layers, slots
+        self.max_columns = max_columns
         self.shape = (slots, kv_heads, 0, head_dim)
         self.dtype, self.device = dtype, device
         self.keys = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -92,6 +100,8 @@ class SlotCache:
         if columns <= self.capacity:
             return
         new = max(columns, 2 * self.capacity)
+        if self.max_columns is not None:  # doubling past the longest possible row wastes memory
+            new = max(columns, min(new, self.max_columns))
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 grown = torch.zeros(
@@ -195,7 +205,10 @@ def decode(
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    cache = SlotCache(config.num_hidden_layers, slots, kv_heads, head_dim, model.dtype, device)
+    longest = max((len(p) for p in prompt_ids), default=0) + max_new_tokens
+    cache = SlotCache(
+        config.num_hidden_layers, slots, kv_heads, head_dim, model.dtype, device, longest
+    )
     stop_set = set(int(s) for s in stop_ids)
     keep_last = {"logits_to_keep": 1} if last_logits_only else {}
 
@@ -270,46 +283,53 @@ def decode(
             last[row] = token
         return done, drawn
 
-    with torch.inference_mode():
-        done, drawn = admit()
-        if on_step is not None and drawn:
-            on_step(done, drawn)
-        while seq_of_row:
-            live = len(seq_of_row)
-            cols = lengths[:live]
-            cache.prepare(cols)
-            width = cache.width
-            mask = (torch.arange(width, device=device) <= cols.unsqueeze(1))[:, None, None, :]
-            out = model(
-                input_ids=last[:live].unsqueeze(1),
-                position_ids=cols.unsqueeze(1),
-                attention_mask=mask,
-                use_cache=True,
-                **{cache_arg: cache},
-            )
-            stats.steps += 1
-            stats.row_steps += live
-            stats.rows_per_step.append(live)
-            tokens = draw(out.logits[:, -1], seq_of_row)
-            lengths[:live] += 1
-            ended: list[int] = []
-            for row, token in enumerate(tokens):
-                seq = seq_of_row[row]
-                outputs[seq].append(token)
-                if finished(seq, token):
-                    ended.append(row)
-                else:
-                    last[row] = token
-            for row in reversed(ended):  # highest first: a moved row is never a finished one
-                tail = len(seq_of_row) - 1
-                if row != tail:
-                    cache.move_row(tail, row, int(lengths[tail]))
-                    seq_of_row[row] = seq_of_row[tail]
-                    lengths[row] = lengths[tail]
-                    last[row] = last[tail]
-                seq_of_row.pop()
+    # Eval mode while decoding: in train mode a gradient-checkpointed layer drops the
+    # cache argument, which would silently decode without context.
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
             done, drawn = admit()
-            if on_step is not None:
-                on_step(len(ended) + done, live + drawn)
+            if on_step is not None and drawn:
+                on_step(done, drawn)
+            while seq_of_row:
+                live = len(seq_of_row)
+                cols = lengths[:live]
+                cache.prepare(cols)
+                width = cache.width
+                mask = (torch.arange(width, device=device) <= cols.unsqueeze(1))[:, None, None, :]
+                out = model(
+                    input_ids=last[:live].unsqueeze(1),
+                    position_ids=cols.unsqueeze(1),
+                    attention_mask=mask,
+                    use_cache=True,
+                    **{cache_arg: cache},
+                )
+                stats.steps += 1
+                stats.row_steps += live
+                stats.rows_per_step.append(live)
+                tokens = draw(out.logits[:, -1], seq_of_row)
+                lengths[:live] += 1
+                ended: list[int] = []
+                for row, token in enumerate(tokens):
+                    seq = seq_of_row[row]
+                    outputs[seq].append(token)
+                    if finished(seq, token):
+                        ended.append(row)
+                    else:
+                        last[row] = token
+                for row in reversed(ended):  # highest first: a moved row is never a finished one
+                    tail = len(seq_of_row) - 1
+                    if row != tail:
+                        cache.move_row(tail, row, int(lengths[tail]))
+                        seq_of_row[row] = seq_of_row[tail]
+                        lengths[row] = lengths[tail]
+                        last[row] = last[tail]
+                    seq_of_row.pop()
+                done, drawn = admit()
+                if on_step is not None:
+                    on_step(len(ended) + done, live + drawn)
+    finally:
+        model.train(was_training)
     stats.generated_tokens += sum(len(o) for o in outputs)
     return outputs
