@@ -579,3 +579,309 @@ def test_two_writers_and_a_reader_never_see_a_torn_file(tmp_path):
     assert [w.wait() for w in writers] == [0, 0]
     assert reads > 0
     assert [f.name for f in tmp_path.iterdir()] == ["shared.parquet"]
+
+
+# --------------------------------------------------------------------------- value benchmark
+# (issue 14, part 2: simulate, evaluate, sensitivity, figures and the estimators' boundary)
+
+EVAL = ["--repeats", "3", "--oracle-n", "2", "--ref-n", "4", "--batch-size", "4"]
+EVAL_GROUP = [*EVAL, "--group-size", "2"]
+
+
+def evaluate_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["evaluate", "--rollouts", str(data), "--out", str(out), *EVAL_GROUP, *extra]
+
+
+def siblings(path: Path) -> list[str]:
+    """Hidden staging or swapped-out folders an evaluate run left beside ``path``."""
+    return [p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.")]
+
+
+def test_simulate_force_writes_over_a_real_dataset(monkeypatch, capsys, real_dataset):
+    before = snapshot(real_dataset)
+    refused = run_main(monkeypatch, capsys, "simulate", "--out", str(real_dataset), *SMALL_SIM)
+    assert_one_line_error(refused, "real rollouts", "--force")
+    assert snapshot(real_dataset) == before
+    args = ["simulate", "--out", str(real_dataset), *SMALL_SIM, "--force"]
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    assert read_output_marker(real_dataset)["simulated"] == "mixed"
+
+
+def test_evaluate_refuses_out_inside_rollouts_and_other_kinds(
+    monkeypatch, capsys, sim_dataset, real_dataset, tmp_path
+):
+    before = snapshot(sim_dataset)
+    for out in (sim_dataset / "results", sim_dataset):
+        result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))
+        assert_one_line_error(result, "inside the rollouts dataset")
+    assert snapshot(sim_dataset) == before
+    real = snapshot(real_dataset)
+    result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, real_dataset))
+    assert_one_line_error(result, "already holds a rollouts dataset", "--force")
+    assert snapshot(real_dataset) == real
+    (tmp_path / "file").write_text("keep")
+    result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, tmp_path / "file"))
+    assert_one_line_error(result, "is a file")
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_a_rerun_replaces_the_whole_run(monkeypatch, capsys, sim_dataset, tmp_path):
+    out = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))[0] == 0
+    assert (out / "g_sweep.csv").exists()
+    args = evaluate_args(sim_dataset, out, "--estimators", "basis", "--no-estimates")
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    assert not (out / "g_sweep.csv").exists()
+    assert not (out / "estimates.parquet").exists()
+    run = json.loads((out / "run.json").read_text())
+    files = {f.name for f in out.iterdir()} - {OUTPUT_MARKER, "run.json"}
+    assert set(run["tables"]) == files
+    assert pl.read_csv(out / "summary.csv")["estimator"].unique().to_list() == ["basis"]
+    assert siblings(out) == []
+
+
+def test_a_failed_run_keeps_the_earlier_run_whole(monkeypatch, capsys, sim_dataset, tmp_path):
+    import basis_bench.bench.run as run_module
+
+    out = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))[0] == 0
+    before = snapshot(out)
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "summary.csv"))
+
+    monkeypatch.setattr(run_module, "_tracker", full)  # after every per-batch table
+    result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out, "--seed", "1"))
+    assert_one_line_error(result, "no space left", "earlier run whole", code=1)
+    assert snapshot(out) == before
+    assert siblings(out) == []
+
+
+def test_a_read_only_parent_is_one_line(monkeypatch, capsys, sim_dataset, tmp_path):
+    import basis_bench.bench.tables as tables_module
+
+    def read_only(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
+
+    monkeypatch.setattr(tables_module.tempfile, "mkdtemp", read_only)
+    result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, tmp_path / "res"))
+    assert_one_line_error(result, "read-only file system", code=1)
+
+
+def test_figures_refuse_a_table_of_another_run(monkeypatch, capsys, sim_dataset, tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, old))[0] == 0
+    args = evaluate_args(sim_dataset, new, "--estimators", "basis,reinforce_pp")
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    shutil.copy2(old / "g_sweep.csv", new / "g_sweep.csv")  # what a pre-fix rerun left
+    before = snapshot(new)
+    result = run_main(
+        monkeypatch, capsys, "figures", "--results", str(new), "--out", str(tmp_path / "f")
+    )
+    assert_one_line_error(result, "g_sweep.csv", "not part of the run")
+    assert snapshot(new) == before
+    assert not (tmp_path / "f").exists()
+
+
+@pytest.fixture(scope="module")
+def legacy_results(tmp_path_factory) -> Path:
+    """A results folder whose run.json predates run ids (no table checksums)."""
+    from basis_bench.bench.config import EvaluateConfig
+    from basis_bench.bench.run import evaluate
+
+    data = simulate(
+        SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6),
+        tmp_path_factory.mktemp("d"),
+    )
+    out = tmp_path_factory.mktemp("r") / "res"
+    cfg = EvaluateConfig(
+        rollouts=str(data), repeats=3, oracle_n=2, ref_n=4, batch_size=4, group_size=2
+    )
+    evaluate(cfg, out)
+    run = json.loads((out / "run.json").read_text())
+    del run["tables"], run["run_id"]
+    (out / "run.json").write_text(json.dumps(run))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("truncated", "empty fields"),
+        ("header-only", "no rows"),
+        ("empty", "not a readable table"),
+        ("renamed", "lacks the column(s) mse"),
+        ("garbage", "not a readable table"),
+    ],
+)
+def test_figures_refuse_a_broken_summary(
+    monkeypatch, capsys, legacy_results, tmp_path, damage, needle
+):
+    results = tmp_path / "res"
+    shutil.copytree(legacy_results, results)
+    text = (legacy_results / "summary.csv").read_bytes()
+    broken = {
+        "truncated": text[: len(text) // 2],
+        "header-only": text.splitlines(keepends=True)[0],
+        "empty": b"",
+        "renamed": text.replace(b",mse,", b",msx,", 1),
+        "garbage": bytes(range(256)) * 8,
+    }[damage]
+    (results / "summary.csv").write_bytes(broken)
+    before = snapshot(results)
+    out = tmp_path / "figs"
+    result = run_main(monkeypatch, capsys, "figures", "--results", str(results), "--out", str(out))
+    assert_one_line_error(result, "summary.csv", needle)
+    assert snapshot(results) == before
+    assert not out.exists()
+    # with run ids, a table cut short is caught by its checksum too
+    (results / "run.json").unlink()
+    result = run_main(monkeypatch, capsys, "figures", "--results", str(results), "--out", str(out))
+    assert_one_line_error(result, "no run.json")
+
+
+def test_figures_out_a_file_or_a_results_folder(monkeypatch, capsys, legacy_results, tmp_path):
+    (tmp_path / "file").write_text("keep")
+    args = ["figures", "--results", str(legacy_results), "--out"]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args, str(tmp_path / "file")), "is a file")
+    before = snapshot(legacy_results)
+    result = run_main(monkeypatch, capsys, *args, str(legacy_results))
+    assert_one_line_error(result, "already holds a results folder")
+    assert snapshot(legacy_results) == before
+
+
+def test_estimator_lists(sim_dataset, tmp_path):
+    from basis_bench.bench.config import EvaluateConfig
+    from basis_bench.bench.run import evaluate
+
+    cfg = EvaluateConfig(
+        rollouts=str(sim_dataset), repeats=3, oracle_n=2, ref_n=4, batch_size=4, group_size=2
+    )
+    only = evaluate(
+        EvaluateConfig(**{**cfg.__dict__, "estimators": ("spo_tracker",)}), tmp_path / "a"
+    )
+    assert set(only.summary["estimator"]) == {"spo_tracker"}
+    both = evaluate(
+        EvaluateConfig(**{**cfg.__dict__, "estimators": ("all", "basis")}), tmp_path / "b"
+    )
+    assert not both.summary.select("checkpoint", "estimator").is_duplicated().any()
+    assert "basis" in set(both.summary["estimator"])
+
+
+@pytest.mark.parametrize("eps", ["nan", "-1"])
+def test_eps_is_checked_through_the_cli(monkeypatch, capsys, sim_dataset, tmp_path, eps):
+    result = run_main(
+        monkeypatch, capsys, *evaluate_args(sim_dataset, tmp_path / "r"), "--eps", eps
+    )
+    assert_one_line_error(result, "eps")
+    assert not (tmp_path / "r").exists()
+    args = [
+        "sensitivity",
+        "--rollouts",
+        str(sim_dataset),
+        "--out",
+        str(tmp_path / "s"),
+        "--eps",
+        eps,
+    ]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "eps")
+    assert not (tmp_path / "s").exists()
+
+
+def test_sensitivity_repeats_zero_is_one_line(monkeypatch, capsys, sim_dataset, tmp_path):
+    args = ["sensitivity", "--rollouts", str(sim_dataset), "--out", str(tmp_path / "s")]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args, "--repeats", "0"), "--repeats")
+    assert not (tmp_path / "s").exists()
+
+
+def test_rewards_outside_unit_interval_name_the_tracker_before_the_replay(
+    monkeypatch, capsys, tmp_path
+):
+    import basis_bench.bench.run as run_module
+
+    data = tmp_path / "wide"
+    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), data)
+    for f in (data / "rollouts").glob("*.parquet"):
+        table = pq.read_table(f)
+        rewards = table["reward"].to_numpy() * 2
+        pq.write_table(
+            table.set_column(table.schema.get_field_index("reward"), "reward", [rewards]), f
+        )
+
+    def no_replay(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the replay started")
+
+    monkeypatch.setattr(run_module, "_replay_all", no_replay)
+    result = run_main(monkeypatch, capsys, *evaluate_args(data, tmp_path / "r"))
+    assert_one_line_error(result, "outside [0, 1]", "spo_tracker", "--estimators vanilla,")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("bad", ["garbage", "folder"])
+def test_a_parquet_name_that_is_not_parquet(monkeypatch, capsys, sim_dataset, tmp_path, bad):
+    path = sim_dataset / "rollouts" / "x.parquet"
+    if bad == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b"not parquet at all")
+    result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, tmp_path / "r"))
+    assert_one_line_error(
+        result, "x.parquet", "folder" if bad == "folder" else "not a readable Parquet"
+    )
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    ["int", "bool", "list", "bfloat16", "grad"],
+)
+def test_basis_accepts_ints_bools_lists_bfloat16_and_grad_tensors(rewards):
+    import torch
+
+    from basis_bench.estimators import Basis
+
+    ids = ["a", "b", "c", "d"]
+    cache = np.random.default_rng(0).integers(0, 2, size=(4, 16)).astype(float)
+    basis = Basis(ids, cache)
+    expected = np.asarray(basis(ids, np.array([1.0, 0.0, 0.0, 1.0])).baselines)
+    given: Any = {
+        "int": np.array([1, 0, 0, 1]),
+        "bool": np.array([True, False, False, True]),
+        "list": [1, 0, 0, 1],
+        "bfloat16": torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.bfloat16),
+        "grad": torch.tensor([1.0, 0.0, 0.0, 1.0], requires_grad=True),
+    }[rewards]
+    got = basis(ids, given).baselines
+    values = got.detach().numpy() if hasattr(got, "detach") else np.asarray(got)
+    assert np.allclose(values, expected, atol=1e-6)
+    assert values.any()  # integer rewards gave all-zero baselines
+    f32 = basis(ids, np.array([1, 0, 0, 1], dtype=np.float32)).baselines
+    assert f32.dtype == np.float32  # floating dtypes keep theirs
+    with pytest.raises(InputError, match="numbers"):
+        basis(ids, ["a", "b", "c", "d"])
+
+
+def test_leave_one_out_refuses_a_batch_of_one():
+    from basis_bench.estimators import Basis, EstimatorInput, TiltTable, default_betas, get
+
+    cache = np.ones((1, 8)) * 0.5
+    with pytest.raises(InputError, match="at least 2 prompts"):
+        Basis(["a"], cache)(["a"], np.array([1.0]))
+    table = TiltTable.from_cache(cache, default_betas(8))
+    v, var = table.gather(np.array([0]))
+    batch = EstimatorInput(np.array([[1.0]]), v, var, table.betas)
+    with pytest.raises(InputError, match="B=1"):
+        get("basis")(batch)
+
+
+def test_an_estimator_returning_the_wrong_shape_is_named():
+    from basis_bench.estimators import ESTIMATORS, EstimatorInput, register_estimator
+
+    @register_estimator("wrong_shape_test")
+    def _wrong(batch):
+        return batch.rewards[..., 0]
+
+    try:
+        with pytest.raises(InputError, match="'wrong_shape_test' returned baselines of shape"):
+            ESTIMATORS["wrong_shape_test"](EstimatorInput(np.ones((4, 1)) * 0.5))
+    finally:
+        del ESTIMATORS["wrong_shape_test"]

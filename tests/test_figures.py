@@ -44,7 +44,8 @@ def test_every_figure_is_written_as_png_and_pdf(results, tmp_path):
 def test_figures_without_their_tables_are_skipped_and_no_results_is_an_error(results, tmp_path):
     partial = tmp_path / "partial"
     partial.mkdir()
-    (partial / "summary.csv").write_bytes((results / "summary.csv").read_bytes())
+    for name in ("summary.csv", "run.json"):  # a run of evaluate that wrote only summary.csv
+        (partial / name).write_bytes((results / name).read_bytes())
     written, skipped = make_figures(partial, tmp_path / "figs")
     assert {p.stem for p in written} == {"fig3a_mse", "fig3d_extreme"}
     assert set(skipped) == set(FIGURES) - {"fig3a_mse", "fig3d_extreme"}

@@ -170,9 +170,9 @@ def test_verl_adapter_keys_by_prompt_content_not_uid(rollouts: Path) -> None:
     assert adapter.prompt_keys(["u1", "u2"]) == [prompt_key(PROBLEMS[3])] * 2
     with pytest.raises(InputError, match="no prompt key"):
         adapter.prompt_keys(["fresh-uuid"])
-    adapter.remember(["u3"], [chat("a prompt that is not cached")])
+    adapter.remember(["u3", "u4"], [chat("a prompt that is not cached"), chat(PROBLEMS[3])])
     with pytest.raises(InputError, match="not in the reference cache"):
-        adapter(torch.zeros(1, 2), torch.ones(1, 2), index=["u3"])
+        adapter(torch.zeros(2, 2), torch.ones(2, 2), index=["u3", "u4"])
 
 
 def test_verl_settings_from_config() -> None:

@@ -97,6 +97,25 @@ def resolve_reference(
     )
 
 
+def _check_parquet(files: Sequence[Path]) -> None:
+    """Every ``*.parquet`` path of a dataset is a readable Parquet file, else an InputError
+    that names it (a folder named x.parquet, a file cut short, garbage)."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        if f.is_dir():
+            raise InputError(f"{f} is a folder, not a Parquet file; move it out of the dataset")
+        if not f.exists():
+            continue
+        try:
+            pq.read_schema(f)
+        except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
+            raise InputError(
+                f"{f} is not a readable Parquet file ({str(err).splitlines()[0]}); "
+                "restore or remove it"
+            ) from err
+
+
 def open_dataset(
     root: str | os.PathLike[str] | None = None,
     reference: str | None = None,
@@ -116,6 +135,7 @@ def open_dataset(
     files = rollout_files(root)
     if not files:
         raise InputError(f"no rollouts Parquet files under {str(root)!r}")
+    _check_parquet([*files, root / "prompts.parquet"])
     present = sorted({p for f in files for p in file_policies(f)})
     metadata = dataset_metadata(root)
     ordered: list[str] = []

@@ -30,6 +30,23 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.store import atomic_write, claim_output_dir, read_output_marker
+
+SUMMARY_COLUMNS = (
+    "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low",
+    "ci_high", "extreme_rate", "n_estimates",
+)  # fmt: skip
+BIN_COLUMNS = ("checkpoint", "estimator", "rollouts_per_prompt", "bin", "bin_low", "bin_high")
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "summary.csv": SUMMARY_COLUMNS,
+    "g_sweep.csv": ("checkpoint", "estimator", "group_size", "mse", "ci_low", "ci_high"),
+    "by_heterogeneity.csv": (*BIN_COLUMNS, "n_batches", "mse"),
+    "by_difficulty.csv": (*BIN_COLUMNS, "n_estimates", "mse"),
+    "beta_choice.csv": ("checkpoint", "beta_index", "beta", "count", "share"),
+    "fixed_beta.csv": ("checkpoint", "beta", "initial_mse", "refined_mse"),
+    "sensitivity.csv": ("checkpoint", "parameter", "value", *SUMMARY_COLUMNS[1:]),
+}
+"""The columns each figure reads from each table; a table without them is refused."""
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
 LABELS = {
@@ -125,17 +142,37 @@ def _style() -> None:
     mpl.rcParams.update({"figure.dpi": 100, "legend.frameon": False, "pdf.fonttype": 42})
 
 
+def _read(path: Path) -> pl.DataFrame:
+    """One table of the results, or an InputError that names what is wrong with it."""
+    try:
+        df = pl.read_csv(path)
+    except Exception as err:  # empty, garbage, ragged rows, not UTF-8, a folder
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"{path} is not a readable table ({first}); rerun the command that wrote it"
+        ) from err
+    missing = [c for c in COLUMNS.get(path.name, ()) if c not in df.columns]
+    if missing:
+        raise InputError(
+            f"{path} lacks the column(s) {', '.join(missing)}; rerun the command that wrote it"
+        )
+    if df.height == 0:
+        raise InputError(f"{path} has no rows; rerun the command that wrote it")
+    if path.name in ("summary.csv", "sensitivity.csv") and df.null_count().sum_horizontal().item():
+        raise InputError(f"{path} has empty fields (cut short?); rerun the command that wrote it")
+    return df
+
+
 def _save(fig: Any, out: Path, stem: str) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
     for ext in ("png", "pdf"):
         path = out / f"{stem}.{ext}"
-        tmp = out / f".{stem}.tmp.{ext}"
         # No creation date in the PDF: the same results give byte-identical figure files.
         metadata = {"CreationDate": None} if ext == "pdf" else None
-        fig.savefig(tmp, dpi=200, metadata=metadata)
-        os.replace(tmp, path)
+        with atomic_write(path) as tmp:
+            fig.savefig(tmp, format=ext, dpi=200, metadata=metadata)
         paths.append(path)
     plt.close(fig)
     return paths
@@ -166,7 +203,7 @@ def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
 
 def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
     """Initial vs refined MSE against a fixed beta (beta = inf drawn as dotted levels)."""
-    df = pl.read_csv(results / "fixed_beta.csv")
+    df = _read(results / "fixed_beta.csv")
     names = _checkpoints(df)
     fig, axes = _panels(len(names))
     colours = {"offline": "tab:orange", "basis": "tab:blue"}
@@ -208,7 +245,7 @@ def fig3a_mse(results: Path, out: Path) -> list[Path]:
     """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
     import numpy as np
 
-    df = _ordered(pl.read_csv(results / "summary.csv"))
+    df = _ordered(_read(results / "summary.csv"))
     omitted = df.filter(pl.col("estimator").is_in(OMITTED))
     df = df.filter(~pl.col("estimator").is_in(OMITTED))
     names = _checkpoints(df)
@@ -258,9 +295,7 @@ def _by_bin(
     title: str,
     tick: Callable[[dict[str, Any]], str],
 ) -> list[Path]:
-    df = _ordered(pl.read_csv(results / file)).filter(
-        ~pl.col("estimator").is_in([*OMITTED, *VARIANTS])
-    )
+    df = _ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
     names = _checkpoints(df)
     colours = _palette(df["estimator"].unique().to_list())
     fig, axes = _panels(len(names), height=2.6)
@@ -313,7 +348,7 @@ def fig3d_extreme(results: Path, out: Path) -> list[Path]:
     """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
     import numpy as np
 
-    df = _ordered(pl.read_csv(results / "summary.csv"))
+    df = _ordered(_read(results / "summary.csv"))
     names = _checkpoints(df)
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     fig, axes = _panels(1, height=2.6)
@@ -340,8 +375,8 @@ def fig3d_extreme(results: Path, out: Path) -> list[Path]:
 
 def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
     """GRPO/RLOO MSE against G, with the single-rollout estimators as horizontal lines."""
-    sweep = pl.read_csv(results / "g_sweep.csv")
-    summary = pl.read_csv(results / "summary.csv")
+    sweep = _read(results / "g_sweep.csv")
+    summary = _read(results / "summary.csv")
     single = summary.filter(
         (pl.col("rollouts_per_prompt") == 1)
         & pl.col("estimator").is_in(["basis", "reinforce_pp", "reference_mean"])
@@ -388,7 +423,7 @@ SENSITIVITY_AXES = {
 def fig5_sensitivity(results: Path, out: Path) -> list[Path]:
     """BASIS's MSE as one knob moves (others at eps=1e-6, n=64, B=64, K=32), per checkpoint."""
 
-    df = pl.read_csv(results / "sensitivity.csv")
+    df = _read(results / "sensitivity.csv")
     params = [p for p in SENSITIVITY_AXES if p in df["parameter"].unique().to_list()]
     names = _checkpoints(df)
     shades = _stage_colours(len(names))
@@ -435,7 +470,7 @@ def fig_beta_choice(results: Path, out: Path) -> list[Path]:
     """Share of repeats in which online calibration chose each beta, per checkpoint."""
     import numpy as np
 
-    df = pl.read_csv(results / "beta_choice.csv")
+    df = _read(results / "beta_choice.csv")
     names = _checkpoints(df)
     shades = _stage_colours(len(names))
     fig, axes = _panels(1, height=2.4)
@@ -512,8 +547,13 @@ def make_figures(
         raise InputError(
             f"no evaluate results in {str(results)!r} (summary.csv missing); run `basis-bench evaluate --out {results}` first"
         )
+    run = check_one_run(results)
+    sensitivity_from = _sensitivity_run(results, run)
+    for table in {t for t, _ in FIGURES.values()}:  # every table checked before any figure
+        if (results / table).exists() and not (table == "sensitivity.csv" and sensitivity_from):
+            _read(results / table)
+    _claim_figures_dir(out)
     _style()
-    out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     skipped: dict[str, str] = {}
     for name, (table, draw) in FIGURES.items():
@@ -522,5 +562,90 @@ def make_figures(
                 " (run `basis-bench sensitivity`)" if table == "sensitivity.csv" else ""
             )
             continue
+        if table == "sensitivity.csv" and sensitivity_from is not None:
+            skipped[name] = sensitivity_from
+            continue
         written += draw(results, out)
     return written, skipped
+
+
+EVALUATE_TABLES = (
+    "summary.csv", "g_sweep.csv", "by_heterogeneity.csv", "by_difficulty.csv",
+    "beta_choice.csv", "fixed_beta.csv",
+)  # fmt: skip
+
+
+def _record(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"{path} is not a readable run record ({err}); rerun the command") from err
+    if not isinstance(data, dict):
+        raise InputError(f"{path} is not a readable run record; rerun the command")
+    return data
+
+
+def _check_tables(folder: Path, record: dict[str, Any], names: Sequence[str], what: str) -> None:
+    from basis_bench.bench.tables import file_sha256
+
+    listed = record.get("tables")
+    if not isinstance(listed, dict):
+        return  # written before run ids: nothing to check against
+    for name in names:
+        path = folder / name
+        if not path.exists():
+            continue
+        if name not in listed:
+            raise InputError(
+                f"{path} is not part of the run recorded in {what} (run {record.get('run_id')}): "
+                "it is left from another run; rerun `basis-bench evaluate`"
+            )
+        if file_sha256(path) != listed[name]:
+            raise InputError(
+                f"{path} is not the table of the run recorded in {what} (changed or cut short "
+                "since); rerun the command that wrote it"
+            )
+
+
+def check_one_run(results: str | os.PathLike[str]) -> dict[str, Any]:
+    """run.json of ``results``, after checking that every evaluate table there belongs to
+    that run (the sha256 run.json records); an InputError names a table that does not."""
+    results = Path(results)
+    if not (results / "run.json").is_file():
+        raise InputError(
+            f"{results} has tables but no run.json (an interrupted or foreign run); rerun "
+            f"`basis-bench evaluate --out {results}`"
+        )
+    run = _record(results / "run.json")
+    _check_tables(results, run, EVALUATE_TABLES, "run.json")
+    return run
+
+
+def _sensitivity_run(results: Path, run: dict[str, Any]) -> str | None:
+    """Why fig5 cannot be drawn from this folder's sensitivity.csv, or None when it can."""
+    if not (results / "sensitivity.csv").exists():
+        return None
+    path = results / "sensitivity.json"
+    if not path.is_file():
+        return None  # written before sensitivity kept a record
+    record = _record(path)
+    _check_tables(results, record, ["sensitivity.csv"], "sensitivity.json")
+    if record.get("rollouts") != run.get("rollouts"):
+        return (
+            f"sensitivity.csv was computed on {record.get('rollouts')}, the other tables on "
+            f"{run.get('rollouts')}; rerun `basis-bench sensitivity --out {results}`"
+        )
+    return None
+
+
+def _claim_figures_dir(out: Path) -> None:
+    """``out`` as a figures folder; one holding only this module's figures (written before
+    markers existed, like the committed figures/default) counts as one."""
+    force = False
+    if out.is_dir() and read_output_marker(out) is None:
+        names = {f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "pdf")}
+        files = [f.name for f in out.iterdir() if not f.name.startswith(".")]
+        force = bool(files) and all(f in names for f in files)
+    claim_output_dir(out, "figures", force=force)

@@ -34,26 +34,32 @@ from basis_bench.bench.dataset import CheckpointData, Dataset, checkpoint_data, 
 from basis_bench.bench.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
 from basis_bench.bench.tables import (
     beta_table,
+    claim_results_dir,
     difficulty_table,
+    file_sha256,
     fixed_beta_table,
     g_sweep_table,
     heterogeneity_table,
+    new_run_id,
+    staged_run,
     summary_table,
     write_csv,
 )
 from basis_bench.bench.trajectory import ESTIMATOR_NAME as TRACKER_NAME
 from basis_bench.bench.trajectory import (
-    SUMMARY_COLUMNS,
     TrajectorySettings,
     replay_tracker,
     replay_trajectory,
 )
+from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
 from basis_bench.rollouts.store import METADATA_KEY, atomic_write, provenance, write_text_atomic
 
 TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
 TRAJECTORY_REPEATS = 200  # the same for the trajectory replay of every estimator
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
+RUN_FILES = (*(f"{t}.csv" for t in TABLES), "trajectory.csv", "estimates.parquet", "run.json")
+"""The files of one evaluate run: a rerun replaces all of them, whichever it writes."""
 
 
 def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
@@ -64,10 +70,10 @@ def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
     for); other stateful estimators are (``Estimator.stateful``): evaluate gives them only
     the trajectory replay.
     """
-    names = [n for n in names if n != TRACKER_NAME]
-    if not names or names == ["all"]:
+    names = list(names)
+    if not names or "all" in names:
         return list(available().values())
-    return [get(n) for n in dict.fromkeys(names)]
+    return [get(n) for n in dict.fromkeys(names) if n != TRACKER_NAME]
 
 
 def wants_tracker(names: Iterable[str]) -> bool:
@@ -168,7 +174,7 @@ def _replay_all(
     """Every checkpoint's replay, summarised into the tables (one frame per checkpoint)."""
     betas = default_betas(cfg.grid_size)
     tables: dict[str, list[pl.DataFrame]] = {k: [] for k in TABLES}
-    for d in datas:
+    for d in datas if estimators else ():  # only the SPO tracker asked for
         done = 0
 
         def tick(n: int, name: str = d.name) -> None:
@@ -220,6 +226,22 @@ def _trajectory(
     return table
 
 
+def _check_tracker_rewards(cfg: EvaluateConfig, ds: Dataset) -> None:
+    """The SPO tracker's Beta posterior needs rewards in [0, 1]: say so before any replay."""
+    rewards = ds.rollouts.filter(pl.col("policy").is_in([ds.reference, *ds.checkpoints]))["reward"]
+    if rewards.len() == 0:
+        return
+    lo, hi = float(rewards.min()), float(rewards.max())  # type: ignore[arg-type]
+    if 0 <= lo and hi <= 1:
+        return
+    others = [e.name for e in resolve_estimators(cfg.estimators)]
+    keep = f"--estimators {','.join(others)}" if others else "another estimator"
+    raise InputError(
+        f"rewards lie in [{lo:g}, {hi:g}], outside [0, 1], and {TRACKER_NAME} (the SPO "
+        f"tracker's Beta posterior) needs rewards in [0, 1]; drop it: {keep}"
+    )
+
+
 def evaluate(
     cfg: EvaluateConfig,
     out: str | os.PathLike[str],
@@ -237,8 +259,10 @@ def evaluate(
     estimators = resolve_estimators(cfg.estimators)
     options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    tracker = wants_tracker(cfg.estimators)
+    if tracker:
+        _check_tracker_rewards(cfg, ds)
+    out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
     has_group = any(e.group for e in one_step)
     settings = ReplaySettings(
@@ -247,21 +271,37 @@ def evaluate(
     min_pool = cfg.group_size if has_group else 1
     datas = [checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, min_pool) for c in ds.checkpoints]
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
-    if not cfg.write_estimates:  # never leave an earlier run's rows beside this run's tables
-        (out / "estimates.parquet").unlink(missing_ok=True)
+    # One run, all or nothing: written into a hidden sibling folder and swapped in whole.
+    with staged_run(out, RUN_FILES) as stage:
+        frames = _write_run(
+            cfg, ds, datas, estimators, options, settings, run, stage, tracker, progress
+        )
+        run = json.loads((stage / "run.json").read_text(encoding="utf-8"))
+    return EvaluateResult(out, frames["summary"], run)
+
+
+def _write_run(
+    cfg: EvaluateConfig, ds: Dataset, datas: list[CheckpointData], estimators: list[Estimator],
+    options: Mapping[str, Any], settings: ReplaySettings, run: dict[str, Any], stage: Path,
+    tracker: bool, progress: Callable[[str, int, int], None] | None,
+) -> dict[str, pl.DataFrame]:  # fmt: skip
+    """Replay, and write every file of the run into ``stage``; run.json last, with the run id
+    and the sha256 of every table (what `figures` checks). Stateful estimators have no
+    one-step call: they appear in the trajectory replay only."""
     # Provenance (date, argv) lives in run.json only, so the same seed writes the same Parquet.
     reproducible = {k: v for k, v in run.items() if k != "provenance"}
     writer = (
-        _EstimatesWriter(out / "estimates.parquet", reproducible) if cfg.write_estimates else None
+        _EstimatesWriter(stage / "estimates.parquet", reproducible) if cfg.write_estimates else None
     )
     try:
+        one_step = [e for e in estimators if not e.stateful]
         tables = (
             _replay_all(cfg, datas, one_step, settings, writer, progress)
             if one_step
             else {k: [] for k in TABLES}
         )
-        if wants_tracker(cfg.estimators):
-            tables["summary"].append(_tracker(cfg, ds, ["checkpoint", *SUMMARY_COLUMNS]))
+        if tracker:
+            tables["summary"].append(_tracker(cfg, ds, _summary_columns(tables)))
             run["tracker"] = {
                 "checkpoint_order": ds.checkpoints,
                 "repeats": min(cfg.repeats, TRACKER_REPEATS),
@@ -281,14 +321,28 @@ def evaluate(
             "epochs_per_checkpoint": cfg.trajectory_epochs,
             "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
         }
-    else:
-        (out / "trajectory.csv").unlink(missing_ok=True)
+    files = []
     for name, df in frames.items():
         if df.height:
-            write_csv(df, out / f"{name}.csv")
-    run = json.loads(json.dumps(run, default=str))  # as run.json will read back
-    write_text_atomic(out / "run.json", json.dumps(run, indent=2, sort_keys=True) + "\n")
-    return EvaluateResult(out, frames["summary"], run)
+            write_csv(df, stage / f"{name}.csv")
+            files.append(f"{name}.csv")
+    if cfg.write_estimates:
+        files.append("estimates.parquet")
+    run["run_id"] = new_run_id()
+    run["tables"] = {f: file_sha256(stage / f) for f in files}
+    text = json.dumps(json.loads(json.dumps(run, default=str)), indent=2, sort_keys=True)
+    write_text_atomic(stage / "run.json", text + "\n")
+    return frames
+
+
+def _summary_columns(tables: dict[str, list[pl.DataFrame]]) -> list[str]:
+    """summary.csv's columns (from the replay's rows, or the documented ones without any)."""
+    if tables["summary"]:
+        return tables["summary"][0].columns
+    return [
+        "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected",
+        "ci_low", "ci_high", "extreme_rate", "n_estimates",
+    ]  # fmt: skip
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -297,6 +351,7 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 __all__ = [
+    "RUN_FILES",
     "TABLES",
     "TRACKER_REPEATS",
     "TRAJECTORY_REPEATS",

@@ -16,9 +16,10 @@ estimator) and the columns of ``summary.csv``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import polars as pl
@@ -27,9 +28,20 @@ from basis_bench.bench.config import DEFAULT_VALUES, SensitivityConfig
 from basis_bench.bench.dataset import CheckpointData, checkpoint_data, open_dataset
 from basis_bench.bench.replay import ReplaySettings, replay
 from basis_bench.bench.run import resolve_estimators, resolve_options
-from basis_bench.bench.tables import summary_table, write_csv
+from basis_bench.bench.tables import (
+    claim_results_dir,
+    file_sha256,
+    new_run_id,
+    summary_table,
+    write_csv,
+)
 from basis_bench.errors import InputError
-from basis_bench.estimators import Estimator, TiltTable, default_betas
+from basis_bench.estimators import BasisOptions, Estimator, TiltTable, default_betas
+from basis_bench.rollouts.store import write_text_atomic
+
+RECORD = "sensitivity.json"
+"""sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and
+the dataset, so `figures` knows the table is whole and which data it came from."""
 
 
 def _settings(cfg: SensitivityConfig) -> list[tuple[str, float]]:
@@ -86,7 +98,11 @@ def sensitivity(
             "sensitivity studies single-rollout estimators; drop grpo/rloo from --estimators"
         )
     points = _settings(cfg)
+    if cfg.repeats < 1:
+        raise InputError(f"--repeats must be at least 1; got {cfg.repeats}")
+    BasisOptions(eps=cfg.eps)  # a bad --eps is one clear error before any data is read
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
+    out = claim_results_dir(out, ds.root)
     rows: list[pl.DataFrame] = []
     for name in ds.checkpoints:
         full = checkpoint_data(ds, name, cfg.oracle_n, None, 1)
@@ -103,7 +119,14 @@ def sensitivity(
     df = pl.concat(rows).select(
         "checkpoint", "parameter", "value", pl.exclude("checkpoint", "parameter", "value")
     )
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     write_csv(df, out / "sensitivity.csv")
+    record = {
+        "run_id": new_run_id(),
+        "rollouts": str(ds.root),
+        "dataset_label": ds.label,
+        "config": {**asdict(cfg), "rollouts": str(ds.root)},
+        "tables": {"sensitivity.csv": file_sha256(out / "sensitivity.csv")},
+    }
+    text = json.dumps(record, indent=2, sort_keys=True, default=str)
+    write_text_atomic(Path(out) / RECORD, text + "\n")
     return df

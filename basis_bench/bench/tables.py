@@ -10,15 +10,23 @@ writer of the benchmark (atomic, 10 significant digits).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
 import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from basis_bench.bench.replay import Replay, Series
-from basis_bench.rollouts.store import atomic_write
+from basis_bench.errors import InputError
+from basis_bench.rollouts.store import atomic_write, claim_output_dir
 
 HETEROGENEITY_BATCHES = 500
 HETEROGENEITY_BINS = 5
@@ -30,6 +38,63 @@ def write_csv(df: pl.DataFrame, path: str | os.PathLike[str]) -> None:
     """``df`` as CSV at ``path``, written atomically (floats to 10 digits)."""
     with atomic_write(path) as tmp:
         df.write_csv(tmp, float_precision=10)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file: how run.json and sensitivity.json tie tables to their run."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def claim_results_dir(
+    out: str | os.PathLike[str], rollouts: str | os.PathLike[str], force: bool = False
+) -> Path:
+    """``out`` as a results folder (new, empty or already results), never inside the
+    rollouts dataset ``rollouts`` (its tables would then be read as rollouts)."""
+    out = Path(out)
+    root, target = Path(rollouts).resolve(), out.resolve()
+    if target == root or root in target.parents:
+        raise InputError(
+            f"--out {out} is inside the rollouts dataset {rollouts}; write results outside it "
+            "(its files would be read as rollouts by every later command)"
+        )
+    return claim_output_dir(out, "results", force=force)
+
+
+@contextlib.contextmanager
+def staged_run(out: Path, produced: Iterable[str]) -> Iterator[Path]:
+    """Yield a new hidden sibling folder of ``out`` to write one whole run into; on success
+    swap it in for ``out`` (keeping ``out``'s files that the run does not write, such as the
+    marker and sensitivity's table), on error remove it and leave ``out`` as it was."""
+    produced = set(produced)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".staging", dir=out.parent))
+    try:
+        yield staging
+        for entry in out.iterdir():
+            dest = staging / entry.name
+            if entry.name in produced or dest.exists() or entry.name.endswith(".tmp"):
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, dest)
+            else:
+                shutil.copy2(entry, dest)
+        old = out.parent / f".{out.name}.{new_run_id()}.old"
+        os.rename(out, old)
+        try:
+            os.rename(staging, out)
+        except BaseException:
+            os.rename(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _series_row(s: Series, noise: np.ndarray, batch_size: int) -> dict[str, Any]:

@@ -29,6 +29,9 @@ AFTER_FAILURE: dict[str, str] = {
     "train": "checkpoints already written are kept; continue with --resume "
     "RUN/checkpoints/step-T (the steps after T are redone)",
     "train-figures": "figures already written are complete; rerun to write the rest",
+    "evaluate": "the results folder still holds the earlier run whole (or nothing); rerun",
+    "sensitivity": "sensitivity.csv is the earlier run's, whole (or absent); rerun",
+    "figures": "figures already written are complete; rerun to write the rest",
 }
 DEFAULT_AFTER_FAILURE = (
     "files already written are complete, but the output may be missing some; rerun the command"

@@ -107,6 +107,13 @@ def simulate(
         ),
     ] = None,
     seed: SeedOpt = 0,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write into --out even when it holds something else (real rollouts, results).",
+        ),
+    ] = False,
 ) -> None:
     """Write a simulated rollouts dataset (labelled simulated in its metadata)."""
     from basis_bench.rollouts.simulate import SimulationConfig, parse_stages, with_overrides
@@ -121,7 +128,7 @@ def simulate(
         stages=parse_stages(stage) if stage else None,
         seed=seed,
     )
-    path = run_simulation(cfg, out)
+    path = run_simulation(cfg, out, force=force)
     Console().print(
         f"wrote simulated dataset ({cfg.setting}, {cfg.n_prompts} prompts, policies reference, {', '.join(cfg.stages)}) to {path}"
     )
@@ -229,11 +236,7 @@ def evaluate(
                 f"[yellow]checkpoint {name}: dropped {info['dropped_no_reference']} prompt(s) missing from the reference cache[/]"
             )
     print_summary(result.summary, console)
-    console.print(
-        f"wrote {result.out}/: summary.csv, by_heterogeneity.csv, by_difficulty.csv, g_sweep.csv, beta_choice.csv, fixed_beta.csv, run.json"
-        + (", trajectory.csv" if trajectory else "")
-        + (", estimates.parquet" if write_estimates else "")
-    )
+    console.print(f"wrote {result.out}/: {', '.join([*run['tables'], 'run.json'])}")
 
 
 def print_summary(summary: pl.DataFrame, console: Console) -> None:

@@ -22,6 +22,41 @@ Array = Any  # any array-API array: numpy.ndarray, torch.Tensor, ...
 RewardRange = tuple[float, float] | None
 
 
+def as_rewards(rewards: Any, what: str = "rewards") -> Array:
+    """Rewards as a floating array the estimators can use, or an InputError.
+
+    Floating arrays keep their dtype and namespace; integer and boolean rewards are promoted
+    to float (numpy: float64, torch: the default dtype), torch bfloat16/float16 to float32
+    (the kernels need a dtype numpy also has), a tensor that requires grad is detached
+    (baselines carry no gradient), and plain sequences become float64 numpy arrays.
+    """
+    if isinstance(rewards, (list, tuple, int, float, bool)):
+        try:
+            return np.asarray(rewards, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise InputError(f"{what} must be numbers; got {rewards!r:.80}") from err
+    if hasattr(rewards, "detach") and hasattr(rewards, "is_floating_point"):  # torch
+        import torch
+
+        rewards = rewards.detach()
+        if rewards.dtype in (torch.bfloat16, torch.float16):
+            return rewards.to(torch.float32)
+        if not rewards.is_floating_point():
+            if rewards.is_complex():
+                raise InputError(f"{what} must be real numbers; got dtype {rewards.dtype}")
+            return rewards.to(torch.get_default_dtype())
+        return rewards
+    if isinstance(rewards, np.ndarray) or hasattr(rewards, "__array_namespace__"):
+        xp = array_namespace(rewards)
+        dtype = rewards.dtype
+        if xp.isdtype(dtype, "real floating"):
+            return rewards
+        if xp.isdtype(dtype, "integral") or xp.isdtype(dtype, "bool"):
+            return xp.astype(rewards, xp.float64)
+        raise InputError(f"{what} must be real numbers; got dtype {dtype}")
+    raise InputError(f"{what} must be an array of numbers; got {type(rewards).__name__}")
+
+
 def check_rewards(rewards: Array, reward_range: RewardRange, what: str = "rewards") -> None:
     """Rewards of a batch must be finite and, when a range is declared, inside it."""
     xp = array_namespace(rewards)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, check_rewards
+from basis_bench.estimators._array import Array, RewardRange, as_rewards, check_rewards
 from basis_bench.estimators.calibrate import estimate_with
 from basis_bench.estimators.options import (
     DEFAULT_PRIOR,
@@ -96,9 +96,15 @@ class Basis:
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> BasisOutput:
         """Baselines for one batch: rewards (B,), one per prompt in ``prompt_ids``."""
+        rewards = as_rewards(rewards)
         if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
             raise InputError(
                 f"rewards must be ({len(prompt_ids)},), one per prompt id; got {tuple(rewards.shape)}"
+            )
+        if self.options.refine and rewards.shape[0] < 2:
+            raise InputError(
+                "BASIS's refinement needs a batch of at least 2 prompts (it leaves one out); "
+                f"got {rewards.shape[0]}: batch several prompts, or pass refine=False"
             )
         check_rewards(rewards, self.reward_range)
         v_grid, var_grid = self.table.gather(self.table.columns(prompt_ids), like=rewards)

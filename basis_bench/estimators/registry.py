@@ -22,12 +22,12 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, check_rewards
+from basis_bench.estimators._array import Array, RewardRange, as_rewards, check_rewards
 from basis_bench.estimators.options import NoOptions, as_dict, options_from_mapping
 
 ENTRY_POINT_GROUP = "basis_bench.estimators"
@@ -130,8 +130,27 @@ class Estimator:
                 f"estimator {self.name!r} carries state across steps and has no one-step call; "
                 "use make_step_estimator (a stream of steps) or trajectory replay"
             )
+        if not isinstance(batch, EstimatorInput):
+            raise InputError(
+                f"estimator {self.name!r} takes an EstimatorInput; got {type(batch).__name__}"
+            )
+        batch = replace(batch, rewards=as_rewards(batch.rewards))
         self.check_input(batch)
-        return self.fn(batch, opts)
+        shape = tuple(batch.rewards.shape)
+        if getattr(opts, "refine", False) and len(shape) >= 2 and shape[-2] < 2:
+            raise InputError(
+                f"estimator {self.name!r} refines leave-one-out over the batch and needs at "
+                f"least 2 prompts; got B={shape[-2]}"
+            )
+        out = self.fn(batch, opts)
+        got = getattr(out, "shape", None)
+        if got is None or tuple(got) != shape:
+            raise InputError(
+                f"estimator {self.name!r} returned baselines of shape "
+                f"{tuple(got) if got is not None else type(out).__name__}, not the rewards' "
+                f"shape {shape} (one baseline per rollout)"
+            )
+        return out
 
 
 ESTIMATORS: dict[str, Estimator] = {}
