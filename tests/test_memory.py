@@ -1,9 +1,10 @@
-"""basis_memory: its posterior against a slow reference, leave-current-out unbiasedness,
+"""basis_memory: its selection against a slow reference, unbiasedness given a fixed history,
 no 0/1 baselines on degenerate histories, numpy == torch, and the step interface's state."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -29,37 +30,54 @@ def cache() -> tuple[list[str], np.ndarray]:
 
 
 def _slow_memory(ref, ids, stream, options: MemoryOptions):
-    """Plain-Python reference: per prompt, a list of its earlier rewards; every candidate
-    (beta, gamma, m) scored by the other prompts' squared errors, one prompt at a time."""
+    """Plain-Python reference: per prompt, a list of its earlier rewards; per candidate
+    (beta, gamma, m), a running discounted sum of its past batches' losses; prompt i's choice
+    minimises that sum plus the other prompts' (``loo``) or all prompts' (``batch``) losses of
+    this batch, one prompt and one candidate at a time.
+
+    Returns, per step, each prompt's admissible baselines (the predictions of every
+    candidate within 1e-9 of the minimum: float order may break a near-tie either way), and
+    the accumulated losses after the last step, {candidate: A}."""
     betas = default_betas()
     v_table, _ = tilted_moments(ref, betas)
     v_table = np.asarray(v_table)
     history: dict[int, list[float]] = {i: [] for i in range(len(ids))}
+    cands = list(itertools.product(range(len(betas)), options.gammas, options.weights))
+    acc = {c: 0.0 for c in cands}
+    lam = options.loss_memory
+
+    def post(col, k, gamma, m):
+        past = history[col]
+        s = sum(gamma ** (len(past) - 1 - a) * r for a, r in enumerate(past))
+        n = sum(gamma ** (len(past) - 1 - a) for a in range(len(past)))
+        return (m * v_table[k, col] + s) / (m + n)
+
+    def loss(r, b):
+        if options.loss == "squared":
+            return (r - b) ** 2
+        b = min(max(b, 1e-6), 1 - 1e-6)
+        return -(r * math.log(b) + (1 - r) * math.log(1 - b))
+
     out = []
     for batch_ids, rewards in stream:
         cols = [ids.index(p) for p in batch_ids]
-
-        def post(col, k, gamma, m):
-            past = history[col]
-            s = sum(gamma ** (len(past) - 1 - a) * r for a, r in enumerate(past))
-            n = sum(gamma ** (len(past) - 1 - a) for a in range(len(past)))
-            return (m * v_table[k, col] + s) / (m + n)
-
-        cands = list(itertools.product(range(len(betas)), options.gammas, options.weights))
-        base = []
+        own = {c: [loss(rewards[j], post(col, *c)) for j, col in enumerate(cols)] for c in cands}
+        admissible = []
         for i, col in enumerate(cols):
-            best, best_loss = None, np.inf
-            for k, g, m in cands:
-                loss = sum(
-                    (rewards[j] - post(cols[j], k, g, m)) ** 2 for j in range(len(cols)) if j != i
-                )
-                if loss < best_loss - 1e-12:
-                    best, best_loss = (k, g, m), loss
-            base.append(post(col, *best))
+            score = {}
+            for c in cands:
+                others = [
+                    own[c][j] for j in range(len(cols)) if options.selection == "batch" or j != i
+                ]
+                score[c] = acc[c] + sum(others)
+            best = min(score.values())
+            admissible.append([post(col, *c) for c in cands if score[c] <= best + 1e-9])
+        for c in cands:
+            acc[c] = lam * (acc[c] + sum(own[c]))
         for col, r in zip(cols, rewards, strict=True):
             history[col].append(float(r))
-        out.append(np.array(base))
-    return out
+        out.append(admissible)
+    return out, acc
 
 
 def _stream(ids, steps=4, b=5, seed=0):
@@ -69,15 +87,40 @@ def _stream(ids, steps=4, b=5, seed=0):
         yield [ids[i] for i in pick], (rng.random(b) < 0.5).astype(float)
 
 
-def test_posterior_matches_a_slow_reference(cache):
+@pytest.mark.parametrize(
+    "loss_memory, selection, loss",
+    [(0.0, "loo", "squared"), (0.5, "loo", "squared"), (1.0, "loo", "squared"),
+     (0.7, "loo", "log"), (0.5, "batch", "squared")],
+)  # fmt: skip
+def test_selection_matches_a_slow_reference(cache, loss_memory, selection, loss):
+    """Baselines and the accumulated losses (the state) against the loop-based reference."""
     ids, ref = cache
-    opts = MemoryOptions(gammas=(0.5, 1.0), weights=(1.0, 4.0))
-    stream = list(_stream(ids))
-    want = _slow_memory(ref, ids, stream, opts)
+    opts = MemoryOptions(
+        gammas=(0.5, 1.0), weights=(1.0, 4.0), loss_memory=loss_memory, selection=selection,
+        loss=loss,
+    )  # fmt: skip
+    stream = list(_stream(ids, steps=8, b=5, seed=11))
+    want, acc = _slow_memory(ref, ids, stream, opts)
     est = make_step_estimator("basis_memory", opts, prompt_ids=ids, ref_rewards=ref)
-    for (batch_ids, rewards), expected in zip(stream, want, strict=True):
+    for (batch_ids, rewards), admissible in zip(stream, want, strict=True):
         got = est(batch_ids, rewards[:, None]).baselines[:, 0]
-        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+        for value, allowed in zip(got, admissible, strict=True):
+            assert np.min(np.abs(np.asarray(allowed) - value)) < 1e-12, (value, allowed)
+    np.testing.assert_allclose(est.state_dict()["losses"], list(acc.values()), rtol=1e-12)
+
+
+def test_accumulated_losses_change_the_choice(cache):
+    """The past enters the choice: on the same stream, lambda = 0.9 and lambda = 0 differ."""
+    ids, ref = cache
+    stream = list(_stream(ids, steps=8, b=5, seed=11))
+    outs = []
+    for lam in (0.0, 0.9):
+        est = make_step_estimator(
+            "basis_memory", {"loss_memory": lam}, prompt_ids=ids, ref_rewards=ref
+        )
+        outs.append(np.concatenate([est(i, r[:, None]).baselines[:, 0] for i, r in stream]))
+    np.testing.assert_array_equal(outs[0][:5], outs[1][:5])  # the first step has no past
+    assert not np.array_equal(outs[0], outs[1])
 
 
 def test_baseline_is_independent_of_the_current_reward(cache):
@@ -97,33 +140,60 @@ def test_baseline_is_independent_of_the_current_reward(cache):
         assert other[i] == base[i], "the current reward entered its own baseline"
 
 
-def test_unbiased_policy_gradient_by_monte_carlo(cache):
-    """E[(r_i - b_i) s_i] = E[r_i s_i] for a score s_i with E[s_i] = 0 tied to r_i's draw."""
-    ids, ref = cache
-    rng = np.random.default_rng(5)
-    opts = MemoryOptions(gammas=(0.5, 1.0), weights=(1.0, 4.0, 16.0))
-    est = make_step_estimator("basis_memory", opts, prompt_ids=ids, ref_rewards=ref, lead=(20000,))
-    v = rng.uniform(0.2, 0.8, P)
-    cols = np.broadcast_to(np.arange(6), (20000, 6))
-    for _ in range(3):  # build a history
-        r = (rng.random((20000, 6)) < v[:6]).astype(float)
-        est.step_columns(cols, r[..., None])
-    r = (rng.random((20000, 6)) < v[:6]).astype(float)
-    b = np.asarray(est.step_columns(cols, r[..., None]).baselines)[..., 0]
-    score = r - v[:6]  # d/dtheta log p of a Bernoulli's outcome, up to a factor
-    bias = (b * score).mean(axis=0)  # E[b_i s_i] must be 0
-    se = (b * score).std(axis=0) / np.sqrt(20000)
-    assert np.all(np.abs(bias) < 4 * se + 1e-12), (bias, se)
+def _fixed_history_streams(ids, ref, options, r_streams, seed=5):
+    """One stream's history (accumulated losses included), copied into ``r_streams``."""
+    one = make_step_estimator("basis_memory", options, prompt_ids=ids, ref_rewards=ref)
+    for batch_ids, rewards in _stream(ids, steps=6, b=6, seed=seed):
+        one(batch_ids, rewards[:, None])
+    many = make_step_estimator(
+        "basis_memory", options, prompt_ids=ids, ref_rewards=ref, lead=(r_streams,)
+    )
+    many.load_state_dict(
+        {k: np.broadcast_to(v, (r_streams, *v.shape)) for k, v in one.state_dict().items()}
+    )
+    return many
 
 
-@pytest.mark.parametrize("value", [0.0, 1.0])
-def test_never_zero_or_one_on_degenerate_histories(cache, value):
+def _gradient_bias(options, cache, b, r_streams=20000):
+    """Given a fixed history, E[b_i (r_i - p_i)] per prompt and its standard error: zero
+    exactly when b_i does not depend on r_i, since then E[(r_i - b_i) s_i] = E[r_i s_i] for
+    the score s_i = r_i - p_i (d/dlogit log p of a Bernoulli's outcome)."""
     ids, ref = cache
-    ref = np.full_like(ref, value)  # the cache too is all-0 / all-1
-    est = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref)
-    batch = ids[:4]
-    for _ in range(30):
-        out = est(batch, np.full((4, 1), value)).baselines
+    rng = np.random.default_rng(17)
+    est = _fixed_history_streams(ids, ref, options, r_streams)
+    p = np.linspace(0.3, 0.7, b)
+    cols = np.broadcast_to(np.arange(b), (r_streams, b))
+    r = (rng.random((r_streams, b)) < p).astype(float)
+    base = np.asarray(est.step_columns(cols, r[..., None]).baselines)[..., 0]
+    prod = (base - base.mean(axis=0)) * (r - p)  # E[s_i] = 0: E[b_i s_i] = Cov(b_i, s_i)
+    return prod.mean(axis=0), prod.std(axis=0) / np.sqrt(r_streams)
+
+
+@pytest.mark.parametrize("loss_memory", [0.0, 0.9, 1.0])
+def test_unbiased_given_a_fixed_history_by_monte_carlo(cache, loss_memory):
+    opts = MemoryOptions(gammas=(0.5, 1.0), weights=(1.0, 4.0, 16.0), loss_memory=loss_memory)
+    bias, se = _gradient_bias(opts, cache, b=3)
+    assert np.all(np.abs(bias) < 4 * se), (bias, se)
+
+
+def test_monte_carlo_detects_a_baseline_that_sees_its_own_reward(cache):
+    """The same check fails for ``selection="batch"`` (r_i takes part in b_i's choice)."""
+    opts = MemoryOptions(gammas=(0.5, 1.0), weights=(1.0, 4.0, 16.0), selection="batch")
+    bias, se = _gradient_bias(opts, cache, b=3)
+    assert np.any(np.abs(bias) > 6 * se), (bias, se)
+
+
+@pytest.mark.parametrize("b", [2, 4])
+@pytest.mark.parametrize("cache_value, reward_value", [(0, 0), (1, 1), (0, 1), (1, 0)])
+@pytest.mark.parametrize("loss_memory", [0.0, 0.9, 1.0])
+def test_never_zero_or_one_on_degenerate_batches(cache, b, cache_value, reward_value, loss_memory):
+    """All-0 / all-1 cache and batches, B = 2 included, for many steps: b strictly in (0, 1)."""
+    ids, ref = cache
+    ref = np.full_like(ref, float(cache_value))
+    opts = {"loss_memory": loss_memory, "weights": [0.01, 1.0, 128.0]}
+    est = make_step_estimator("basis_memory", opts, prompt_ids=ids, ref_rewards=ref)
+    for _ in range(40):
+        out = est(ids[:b], np.full((b, 1), float(reward_value))).baselines
         assert np.all((out > 0) & (out < 1)), out
 
 
@@ -166,6 +236,24 @@ def test_state_round_trips_through_state_dict(cache, name):
             strict=True,
         )
     )
+
+
+def test_parallel_streams_equal_separate_streams(cache):
+    """lead = (3,): each stream's baselines and state as if it ran alone (no mixing)."""
+    ids, ref = cache
+    streams = [list(_stream(ids, steps=5, b=4, seed=20 + k)) for k in range(3)]
+    many = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref, lead=(3,))
+    alone = [make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref) for _ in range(3)]
+    for t in range(5):
+        cols = np.stack([many.columns(streams[k][t][0]) for k in range(3)])
+        rewards = np.stack([streams[k][t][1] for k in range(3)])[..., None]
+        got = np.asarray(many.step_columns(cols, rewards).baselines)
+        for k in range(3):
+            want = alone[k](streams[k][t][0], rewards[k]).baselines
+            np.testing.assert_array_equal(got[k], want)
+    for key, value in many.state_dict().items():
+        for k in range(3):
+            np.testing.assert_array_equal(value[k], alone[k].state_dict()[key])
 
 
 def test_train_state_survives_weights_only_torch_load(cache, tmp_path):
@@ -212,7 +300,9 @@ def test_refusals(cache):
     with pytest.raises(InputError, match="weights"):
         MemoryOptions(weights=())
     with pytest.raises(InputError, match="shape"):
-        est.load_state_dict({k: v[:, :3] for k, v in est.state_dict().items()})
+        est.load_state_dict({k: v[..., :3] for k, v in est.state_dict().items()})
+    with pytest.raises(InputError, match="loss_memory"):
+        MemoryOptions(loss_memory=1.5)
 
 
 def test_plugins_call_a_stateful_estimator_like_basis(tmp_path):
@@ -226,4 +316,4 @@ def test_plugins_call_a_stateful_estimator_like_basis(tmp_path):
     first = adapter(ids, r)
     second = adapter(ids, r)
     assert first.baselines.shape == (6,) and not np.array_equal(first.baselines, second.baselines)
-    assert set(adapter.state_dict()) == {"successes", "visits"}
+    assert set(adapter.state_dict()) == {"successes", "visits", "losses"}

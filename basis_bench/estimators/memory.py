@@ -9,17 +9,26 @@ Per prompt i, a Beta posterior (docs/method.md, "A one-rollout estimator with me
     baseline   b_i = (m V^_{i,beta} + S_i) / (m + N_i)
 
 S_i and N_i hold only visits BEFORE this step: the current reward never enters its own
-baseline. (beta, gamma, m) are chosen from a small grid by the in-batch loss of these
-leave-current-out predictions, and, by default (``selection="loo"``), for prompt i from the
-OTHER prompts' losses only: L_{-i}(theta) = sum_{j != i} loss(r_j, b_j(theta)). So b_i is a
-function of the cache, prompt i's history and the other prompts' rewards, never of r_i, and
-the advantage r_i - b_i is unbiased. With m > 0 and V^ strictly inside (0, 1) (the cache's
+baseline. theta = (beta, gamma, m) is chosen from a grid (C candidates) by the loss of these
+leave-current-out predictions, accumulated over steps: with L_t(theta) = sum_j loss(r_j,
+b_j(theta)) the loss of step t's batch,
+
+    A_t(theta) = sum_{s < t} lambda^(t - s) L_s(theta)        (lambda = ``loss_memory``)
+
+and, by default (``selection="loo"``), prompt i's theta minimises A_t(theta) + L_{-i,t}(theta),
+L_{-i,t} = sum_{j != i} loss(r_j, b_j(theta)) over the OTHER prompts of this batch. One
+batch alone (lambda = 0) is ~B binary rewards against C = 924 candidates: its choice is
+noise; the accumulated past steps make it stable. A_t holds earlier steps' rewards only
+(prompt i's earlier rewards among them: history), so b_i is a function of the cache, the
+history and the other prompts' current rewards, never of r_i, and the advantage r_i - b_i
+is unbiased given the history. With m > 0 and V^ strictly inside (0, 1) (the cache's
 smoothing guarantees it for binary rewards) b_i is strictly inside (0, 1): never a 0/1
 baseline, whatever the history.
 
-State: S and N for every gamma of the grid, each (*lead, n_gammas, P), numpy float64; the
-update after a step is S <- gamma S + r, N <- gamma N + 1 on the batch's prompts. A prompt
-may appear at most once per batch (per stream).
+State, numpy float64: S and N for every gamma of the grid, each (*lead, n_gammas, P), and
+the accumulated losses A (*lead, C). After a step: S <- gamma S + r, N <- gamma N + 1 on the
+batch's prompts, A <- lambda (A + L_t). A prompt may appear at most once per batch (per
+stream).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from basis_bench.estimators.table import TiltTable
 MEMORY_GAMMAS = (0.5, 0.75, 0.9, 1.0)
 MEMORY_WEIGHTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 128.0)
 SELECTIONS = ("loo", "batch")
+LOSS_MEMORY = 0.9
 _LOG_CLIP = 1e-6
 
 
@@ -55,7 +65,8 @@ def _grid(
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    """Options of ``basis_memory``: the grids its in-batch calibration chooses from."""
+    """Options of ``basis_memory``: the grids its calibration chooses from, and how far back
+    the calibration's losses reach."""
 
     gammas: tuple[float, ...] = field(
         default=MEMORY_GAMMAS,
@@ -73,9 +84,17 @@ class MemoryOptions:
         ),
     )
     loss: str = field(default="squared", metadata=_help("Calibration loss: squared or log."))
+    loss_memory: float = field(
+        default=LOSS_MEMORY,
+        metadata=_help(
+            "lambda in [0, 1]: each earlier step's calibration loss enters the choice with weight "
+            "lambda^age (age in steps); 0: the current batch alone, 1: all steps alike."
+        ),
+    )
 
     def __post_init__(self) -> None:
         c = "basis_memory"
+        _set(self, "loss_memory", _number(c, "loss_memory", self.loss_memory, low=0.0, high=1.0))
         _set(self, "gammas", _grid(c, "gammas", self.gammas, 0.0, 1.0, True))
         _set(self, "weights", _grid(c, "weights", self.weights, 0.0, math.inf, True))
         if self.selection not in SELECTIONS:
@@ -102,12 +121,19 @@ def _losses(pred: np.ndarray, r: np.ndarray, loss: str) -> np.ndarray:
 
 
 def memory_values(
-    v: np.ndarray, s: np.ndarray, n: np.ndarray, rewards: np.ndarray, options: MemoryOptions
-) -> tuple[np.ndarray, np.ndarray]:
-    """Baselines (*lead, B) and each prompt's chosen flat grid index (*lead, B).
+    v: np.ndarray,
+    s: np.ndarray,
+    n: np.ndarray,
+    rewards: np.ndarray,
+    options: MemoryOptions,
+    past: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Baselines (*lead, B), each prompt's chosen flat grid index (*lead, B), and this
+    batch's loss per candidate (*lead, C).
 
     v: (K, *lead, B) tilted values of the batch; s, n: (*lead, Gm, B) the history before
-    this step; rewards: (*lead, B). The flat index runs over (K, Gm, M) in C order.
+    this step; rewards: (*lead, B); past: (*lead, C) the discounted losses of earlier steps
+    (None: none). The flat index runs over C = (K, Gm, M) in C order.
     """
     weights = np.asarray(options.weights, dtype=np.float64)
     pred = posterior_grid(v, s, n, weights)  # (*lead, K, Gm, M, B)
@@ -116,14 +142,15 @@ def memory_values(
     flat = pred.reshape(*lead, -1, b)  # (*lead, C, B)
     loss = _losses(flat, rewards[..., None, :], options.loss)
     total = loss.sum(axis=-1, keepdims=True)  # (*lead, C, 1)
+    score = total if past is None else total + past[..., None]
     if options.selection == "loo":
         if b < 2:
             raise InputError("basis_memory's leave-one-out calibration needs B >= 2 prompts")
-        choice = np.argmin(total - loss, axis=-2)  # (*lead, B): L_{-i} = total - own
+        choice = np.argmin(score - loss, axis=-2)  # (*lead, B): A + L_{-i}, L_{-i} = total - own
     else:
-        choice = np.broadcast_to(np.argmin(total, axis=-2), (*lead, b))
+        choice = np.broadcast_to(np.argmin(score, axis=-2), (*lead, b))
     values = np.take_along_axis(flat, choice[..., None, :], axis=-2)[..., 0, :]
-    return values, choice
+    return values, choice, total[..., 0]
 
 
 def _gather(state: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -160,10 +187,15 @@ class MemoryKernel:
         self.gammas = np.asarray(options.gammas, dtype=np.float64)
         self.reward_range = reward_range
         self.n_prompts = table.values.shape[1]
+        self.n_candidates = len(table.betas) * len(self.gammas) * len(options.weights)
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         shape = (*lead, len(self.gammas), self.n_prompts)
-        return {"successes": np.zeros(shape), "visits": np.zeros(shape)}
+        return {
+            "successes": np.zeros(shape),
+            "visits": np.zeros(shape),
+            "losses": np.zeros((*lead, self.n_candidates)),
+        }
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
         from basis_bench.estimators.step import StepOutput
@@ -175,7 +207,9 @@ class MemoryKernel:
         _check_distinct(cols)
         s, n = _gather(state["successes"], cols), _gather(state["visits"], cols)
         v, _ = self.table.gather(cols)  # (K, *lead, B)
-        values, choice = memory_values(v, s, n, r, self.options)
+        values, choice, total = memory_values(v, s, n, r, self.options, state["losses"])
+        state["losses"] += total  # a step's losses weigh lambda^age, age 0 = the current step
+        state["losses"] *= self.options.loss_memory
         g = self.gammas[:, None]
         _scatter(state["successes"], cols, g * s + r[..., None, :])
         _scatter(state["visits"], cols, g * n + 1.0)
