@@ -246,6 +246,12 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
     from rich import box
     from rich.table import Table
 
+    if summary.is_empty():  # only stateful estimators (basis_memory): no one-step rows
+        console.print(
+            "no one-step estimates: the estimators asked for are stateful and run in the "
+            "trajectory replay only (trajectory.csv)"
+        )
+        return
     for (name,), df in summary.group_by("checkpoint", maintain_order=True):
         base = df.filter(pl.col("estimator") == "reinforce_pp")["mse"]
         ref = float(base[0]) if base.len() else None
