@@ -11,7 +11,6 @@ import polars as pl
 import pytest
 
 from basis_bench.bench.evaluate import (
-    DEFAULT_DATASET,
     EvaluateConfig,
     Replay,
     Series,
@@ -409,11 +408,14 @@ def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
     np.testing.assert_array_equal(wide["offline"], wide["reference_mean"])
 
 
-@pytest.mark.skipif(not DEFAULT_DATASET.exists(), reason="default dataset not generated")
-def test_default_dataset_runs_without_rollouts_option(tmp_path):
+def test_default_dataset_is_real_and_runs_without_rollouts_option(tmp_path):
     res = evaluate(EvaluateConfig(repeats=5, estimators=("basis", "grpo")), tmp_path)
-    assert res.run["simulated"] is True
-    assert "simulated" in res.run["dataset_label"]
+    assert res.run["simulated"] is False
+    assert res.summary["checkpoint"].unique(maintain_order=True).to_list() == [
+        "early",
+        "middle",
+        "late",
+    ]
     assert res.summary.height == 2 * len(res.run["checkpoints"])
 
 

@@ -37,13 +37,13 @@ from basis_bench.rollouts.store import (
     OUTPUT_MARKER,
     atomic_write,
     claim_output_dir,
-    default_dataset,
     load_rollouts,
     read_output_marker,
     recognise_output,
     write_parquet_atomic,
 )
 
+SIMULATED = Path(__file__).resolve().parents[1] / "data" / "simulated"
 SMALL_SIM = ["--prompts", "12", "--reference-n", "4", "--checkpoint-n", "6"]
 
 
@@ -165,7 +165,8 @@ def test_other_kinds_foreign_files_and_files_are_refused(tmp_path, sim_dataset):
 
 def test_datasets_without_a_marker_are_recognised_by_their_files(real_dataset, tmp_path):
     shipped = tmp_path / "shipped"
-    shutil.copytree(default_dataset(), shipped)  # the package's simulated default dataset
+    shutil.copytree(SIMULATED, shipped)  # the repository's simulated dataset (no marker)
+    (shipped / OUTPUT_MARKER).unlink(missing_ok=True)
     assert recognise_output(shipped) == {"kind": "rollouts", "simulated": True}
     claim_output_dir(shipped, "rollouts", simulated=True)
     assert recognise_output(real_dataset) == {"kind": "rollouts", "simulated": False}
@@ -623,6 +624,17 @@ def test_evaluate_refuses_out_inside_rollouts_and_other_kinds(
     result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, tmp_path / "file"))
     assert_one_line_error(result, "is a file")
     assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_evaluate_with_only_a_stateful_estimator_reports_its_trajectory(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """basis_memory has no one-step rows: the run still succeeds and trajectory.csv holds
+    its numbers (it used to crash on the empty summary table)."""
+    out = tmp_path / "res"
+    args = evaluate_args(sim_dataset, out, "--estimators", "basis_memory", "--no-estimates")
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    assert pl.read_csv(out / "trajectory.csv")["estimator"].unique().to_list() == ["basis_memory"]
 
 
 def test_a_rerun_replaces_the_whole_run(monkeypatch, capsys, sim_dataset, tmp_path):

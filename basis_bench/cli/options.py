@@ -31,8 +31,8 @@ RolloutsOpt = Annotated[
     Path | None,
     typer.Option(
         "--rollouts",
-        help="Rollouts directory in the store schema (docs/schema.md). Default: the simulated "
-        "dataset shipped in basis_bench/data/default.",
+        help="Rollouts directory in the store schema (docs/schema.md). Default: the real "
+        "SmolLM2 dataset shipped in basis_bench/data/default (see its CARD.md).",
     ),
 ]
 CheckpointOpt = Annotated[
