@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from basis_bench.bench.dataset import open_dataset
-from basis_bench.rollouts.store import dataset_metadata, default_dataset, rollout_files
+from basis_bench.rollouts.store import dataset_metadata, default_dataset, load_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = {"reference": 64, "early": 272, "middle": 272, "late": 272}
@@ -16,7 +16,7 @@ SAMPLES = {"reference": 64, "early": 272, "middle": 272, "late": 272}
 
 @pytest.fixture(scope="module")
 def rollouts() -> pl.DataFrame:
-    return pl.concat([pl.read_parquet(f) for f in rollout_files(default_dataset())])
+    return load_rollouts(default_dataset())
 
 
 def test_default_is_real_and_in_training_order():

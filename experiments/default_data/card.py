@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from package import POLICIES  # the training order (this script's folder is on sys.path)
 
-from basis_bench.rollouts.store import rollout_files
+from basis_bench.rollouts.store import load_rollouts
 
-ORDER = {"reference": 0, "early": 1, "middle": 2, "late": 3}
+ORDER = {p: i for i, p in enumerate(POLICIES)}
 
 
 def policy_table(df: pl.DataFrame) -> str:
@@ -68,14 +69,7 @@ def reference_spread(df: pl.DataFrame) -> str:
 
 
 def main(root: Path) -> None:
-    df = pl.concat(
-        [
-            pl.read_parquet(
-                f, columns=["prompt_id", "policy", "reward", "n_tokens", "finish_reason"]
-            )
-            for f in rollout_files(root)
-        ]
-    )
+    df = load_rollouts(root, optional=["n_tokens", "finish_reason"])
     print(policy_table(df), end="\n\n")
     print(reference_spread(df))
 

@@ -6,8 +6,7 @@ same folder (summary.csv, g_sweep.csv, by_heterogeneity.csv, by_difficulty.csv,
 fixed_beta.csv, sensitivity.csv) and prints one row per claim and checkpoint, with the
 noise-corrected MSEs the verdict rests on; before that, the MSE of every estimator per
 checkpoint (noise-corrected, with the 95% half-width and the share of 0/1 baselines). Every
-number of docs/results.md's "real
-default" section comes from this script.
+number of docs/results.md's "real default" section comes from this script.
 
     basis-bench evaluate --estimators all --out results/default
     basis-bench sensitivity --out results/default
@@ -25,25 +24,27 @@ MSE = "mse_noise_corrected"
 MIN_SHARE = 0.05  # bins holding less than this share of the batches (estimates) are left out
 
 
-def _mse(summary: pl.DataFrame, ck: str, est: str) -> float:
-    row = summary.filter((pl.col("checkpoint") == ck) & (pl.col("estimator") == est))
-    return float(row[MSE][0])
+def _rows(table: pl.DataFrame, ck: str, est: str) -> pl.DataFrame:
+    return table.filter((pl.col("checkpoint") == ck) & (pl.col("estimator") == est))
 
 
-def _extreme(summary: pl.DataFrame, ck: str, est: str) -> float:
-    row = summary.filter((pl.col("checkpoint") == ck) & (pl.col("estimator") == est))
-    return float(row["extreme_rate"][0])
+def _value(summary: pl.DataFrame, ck: str, est: str, column: str = MSE) -> float:
+    """One cell of summary.csv (default: the noise-corrected MSE)."""
+    return float(_rows(summary, ck, est)[column][0])
+
+
+def _kept_bins(table: pl.DataFrame, ck: str, est: str, count: str) -> pl.DataFrame:
+    """The bins of one checkpoint and estimator holding at least MIN_SHARE of ``count``."""
+    sub = _rows(table, ck, est)
+    return sub.filter(pl.col(count) >= MIN_SHARE * sub[count].sum()).sort("bin")
 
 
 def _bins(table: pl.DataFrame, ck: str, est: str, count: str) -> list[float]:
-    sub = table.filter((pl.col("checkpoint") == ck) & (pl.col("estimator") == est))
-    sub = sub.filter(pl.col(count) >= MIN_SHARE * sub[count].sum()).sort("bin")
-    return [float(x) for x in sub[MSE]]
+    return [float(x) for x in _kept_bins(table, ck, est, count)[MSE]]
 
 
 def _edges(table: pl.DataFrame, ck: str, est: str, count: str) -> list[str]:
-    sub = table.filter((pl.col("checkpoint") == ck) & (pl.col("estimator") == est))
-    sub = sub.filter(pl.col(count) >= MIN_SHARE * sub[count].sum()).sort("bin")
+    sub = _kept_bins(table, ck, est, count)
     return [f"[{lo:.1f}, {hi:.1f})" for lo, hi in zip(sub["bin_low"], sub["bin_high"], strict=True)]
 
 
@@ -79,9 +80,9 @@ def claims(folder: Path) -> list[str]:
     sens = pl.read_csv(folder / "sensitivity.csv")
     rows = ["| claim (paper) | checkpoint | here |", "| --- | --- | --- |"]
     for ck in summary["checkpoint"].unique(maintain_order=True):
-        b, rpp = _mse(summary, ck, "basis"), _mse(summary, ck, "reinforce_pp")
-        paper = _mse(summary, ck, "basis_paper")
-        g8, r8 = _mse(summary, ck, "grpo"), _mse(summary, ck, "rloo")
+        b, rpp = _value(summary, ck, "basis"), _value(summary, ck, "reinforce_pp")
+        paper = _value(summary, ck, "basis_paper")
+        g8, r8 = _value(summary, ck, "grpo"), _value(summary, ck, "rloo")
         d_b = [f"{v:.4f}" for v in _bins(diff, ck, "basis", "n_estimates")]
         d_g = [f"{v:.4f}" for v in _bins(diff, ck, "grpo", "n_estimates")]
         d_edges = " / ".join(_edges(diff, ck, "basis", "n_estimates"))
@@ -101,9 +102,9 @@ def claims(folder: Path) -> list[str]:
             f"| BASIS flat across difficulty, GRPO worst on medium | {ck} | value bins {d_edges}: "
             f"basis {' / '.join(d_b)}; GRPO(8) {' / '.join(d_g)} |",
             f"| BASIS never returns a 0/1 baseline | {ck} | basis "
-            f"{100 * _extreme(summary, ck, 'basis'):.1f}%, GRPO(8) "
-            f"{100 * _extreme(summary, ck, 'grpo'):.0f}%, RLOO(8) "
-            f"{100 * _extreme(summary, ck, 'rloo'):.0f}% |",
+            f"{100 * _value(summary, ck, 'basis', 'extreme_rate'):.1f}%, GRPO(8) "
+            f"{100 * _value(summary, ck, 'grpo', 'extreme_rate'):.0f}%, RLOO(8) "
+            f"{100 * _value(summary, ck, 'rloo', 'extreme_rate'):.0f}% |",
             f"| larger cache n helps (8 -> 64) | {ck} | basis by n: {cache} |",
             f"| refined V~ beats initial V^ (Fig. 2) | {ck} | best fixed beta: initial "
             f"{init:.4f}, refined {refined:.4f} |",

@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from basis_bench.rollouts.store import METADATA_KEY, PROMPTS_FILE, rollout_files
+from basis_bench.rollouts.store import METADATA_KEY, PROMPTS_FILE, load_rollouts, rollout_files
 
 POLICIES = ["reference", "early", "middle", "late"]
 SAMPLES = {"reference": 64, "early": 272, "middle": 272, "late": 272}
@@ -28,10 +28,7 @@ SAMPLES = {"reference": 64, "early": 272, "middle": 272, "late": 272}
 def check_complete(src: Path) -> None:
     """Every policy has every prompt with its full count of distinct samples."""
     prompts = pl.read_parquet(src / PROMPTS_FILE)["prompt_id"].n_unique()
-    files = rollout_files(src)
-    df = pl.concat(
-        [pl.read_parquet(f, columns=["prompt_id", "policy", "sample_idx"]) for f in files]
-    )
+    df = load_rollouts(src, optional=[])
     got = df.group_by("policy").agg(
         pl.col("prompt_id").n_unique().alias("prompts"),
         pl.struct("prompt_id", "sample_idx").n_unique().alias("samples"),
