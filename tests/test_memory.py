@@ -31,7 +31,7 @@ def cache() -> tuple[list[str], np.ndarray]:
 
 def _slow_memory(ref, ids, stream, options: MemoryOptions):
     """Plain-Python reference: per prompt, a list of its earlier rewards; per candidate
-    (beta, gamma, m), a running discounted sum of its past batches' losses; prompt i's choice
+    (beta, gamma, m, delta), a running discounted sum of its past batches' losses; prompt i's choice
     minimises that sum plus the other prompts' (``loo``) or all prompts' (``batch``) losses of
     this batch, one prompt and one candidate at a time.
 
@@ -42,15 +42,18 @@ def _slow_memory(ref, ids, stream, options: MemoryOptions):
     v_table, _ = tilted_moments(ref, betas)
     v_table = np.asarray(v_table)
     history: dict[int, list[float]] = {i: [] for i in range(len(ids))}
-    cands = list(itertools.product(range(len(betas)), options.gammas, options.weights))
+    cands = list(
+        itertools.product(range(len(betas)), options.gammas, options.weights, options.shifts)
+    )
     acc = {c: 0.0 for c in cands}
     lam = options.loss_memory
 
-    def post(col, k, gamma, m):
+    def post(col, k, gamma, m, shift):
         past = history[col]
         s = sum(gamma ** (len(past) - 1 - a) * r for a, r in enumerate(past))
         n = sum(gamma ** (len(past) - 1 - a) for a in range(len(past)))
-        return (m * v_table[k, col] + s) / (m + n)
+        b = (m * v_table[k, col] + s) / (m + n)
+        return 1 / (1 + math.exp(-(math.log(b / (1 - b)) + shift)))
 
     def loss(r, b):
         if options.loss == "squared":
@@ -88,16 +91,17 @@ def _stream(ids, steps=4, b=5, seed=0):
 
 
 @pytest.mark.parametrize(
-    "loss_memory, selection, loss",
-    [(0.0, "loo", "squared"), (0.5, "loo", "squared"), (1.0, "loo", "squared"),
-     (0.7, "loo", "log"), (0.5, "batch", "squared")],
+    "loss_memory, selection, loss, shifts",
+    [(0.0, "loo", "squared", (-1.0, 0.0, 2.0)), (0.5, "loo", "squared", (-1.0, 0.0, 2.0)),
+     (1.0, "loo", "squared", (0.0, 1.0)), (0.7, "loo", "log", (-1.0, 0.0, 2.0)),
+     (0.5, "batch", "squared", (-1.0, 0.0, 2.0)), (0.5, "loo", "squared", (0.0,))],
 )  # fmt: skip
-def test_selection_matches_a_slow_reference(cache, loss_memory, selection, loss):
+def test_selection_matches_a_slow_reference(cache, loss_memory, selection, loss, shifts):
     """Baselines and the accumulated losses (the state) against the loop-based reference."""
     ids, ref = cache
     opts = MemoryOptions(
-        gammas=(0.5, 1.0), weights=(1.0, 4.0), loss_memory=loss_memory, selection=selection,
-        loss=loss,
+        gammas=(0.5, 1.0), weights=(1.0, 4.0), shifts=shifts, loss_memory=loss_memory,
+        selection=selection, loss=loss,
     )  # fmt: skip
     stream = list(_stream(ids, steps=8, b=5, seed=11))
     want, acc = _slow_memory(ref, ids, stream, opts)
@@ -238,8 +242,14 @@ def test_state_round_trips_through_state_dict(cache, name):
     )
 
 
-def test_parallel_streams_equal_separate_streams(cache):
-    """lead = (3,): each stream's baselines and state as if it ran alone (no mixing)."""
+@pytest.mark.parametrize("chunk_streams", [None, 1, 2])
+def test_parallel_streams_equal_separate_streams(cache, monkeypatch, chunk_streams):
+    """lead = (3,): each stream's baselines and state as if it ran alone (no mixing), whether
+    the streams go through in one chunk, one at a time, or in chunks of 2 and 1."""
+    from basis_bench.estimators import memory
+
+    if chunk_streams is not None:  # B = 4 prompts x C = 3696 candidates per stream
+        monkeypatch.setattr(memory, "_CHUNK_ELEMENTS", chunk_streams * 4 * 3696)
     ids, ref = cache
     streams = [list(_stream(ids, steps=5, b=4, seed=20 + k)) for k in range(3)]
     many = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref, lead=(3,))
@@ -275,15 +285,18 @@ def test_train_state_survives_weights_only_torch_load(cache, tmp_path):
 
 
 def test_first_visit_is_the_leave_one_out_tilt(cache):
-    """With no history the posterior is the prior: V^ at prompt i's leave-one-out beta."""
+    """With no history the posterior is the prior: V^ at prompt i's leave-one-out beta, its
+    logit moved by the leave-one-out shift."""
     ids, ref = cache
     est = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref)
     batch_ids, rewards = next(_stream(ids, steps=1, b=6))
     out = est(batch_ids, rewards[:, None]).baselines[:, 0]
     v = np.asarray(tilted_moments(ref, default_betas())[0])[:, [ids.index(p) for p in batch_ids]]
+    shifts = np.asarray(MemoryOptions().shifts)[:, None, None]
+    v = (1 / (1 + np.exp(-(np.log(v / (1 - v)) + shifts)))).reshape(-1, 6)  # (D K, B)
     loss = (rewards - v) ** 2
     k = np.argmin(loss.sum(axis=1, keepdims=True) - loss, axis=0)
-    np.testing.assert_allclose(out, v[k, np.arange(6)], atol=1e-15)
+    np.testing.assert_allclose(out, v[k, np.arange(6)], atol=1e-12)
 
 
 def test_refusals(cache):

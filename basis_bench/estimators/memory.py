@@ -6,10 +6,13 @@ Per prompt i, a Beta posterior (docs/method.md, "A one-rollout estimator with me
     prior      Beta(m V^_{i,beta}, m (1 - V^_{i,beta}))       V^ from the reference cache
     evidence   S_i = sum_a gamma^a r_{i,(a)},  N_i = sum_a gamma^a   over earlier visits,
                a = 0 for the latest earlier visit, 1 for the one before, ...
-    baseline   b_i = (m V^_{i,beta} + S_i) / (m + N_i)
+    posterior  p_i = (m V^_{i,beta} + S_i) / (m + N_i)
+    baseline   b_i = sigmoid(logit p_i + delta)        delta: the history's lag (0: none)
 
 S_i and N_i hold only visits BEFORE this step: the current reward never enters its own
-baseline. theta = (beta, gamma, m) is chosen from a grid (C candidates) by the loss of these
+baseline. The history is older policies' rewards; when the batch drifts as a whole (training
+raises most prompts' success), delta moves the posterior's log-odds as BASIS's tilt moves the
+reference's. theta = (beta, gamma, m, delta) is chosen from a grid (C candidates) by the loss of these
 leave-current-out predictions, accumulated over steps: with L_t(theta) = sum_j loss(r_j,
 b_j(theta)) the loss of step t's batch,
 
@@ -17,7 +20,7 @@ b_j(theta)) the loss of step t's batch,
 
 and, by default (``selection="loo"``), prompt i's theta minimises A_t(theta) + L_{-i,t}(theta),
 L_{-i,t} = sum_{j != i} loss(r_j, b_j(theta)) over the OTHER prompts of this batch. One
-batch alone (lambda = 0) is ~B binary rewards against C = 924 candidates: its choice is
+batch alone (lambda = 0) is ~B binary rewards against C = 3696 candidates: its choice is
 noise; the accumulated past steps make it stable. A_t holds earlier steps' rewards only
 (prompt i's earlier rewards among them: history), so b_i is a function of the cache, the
 history and the other prompts' current rewards, never of r_i, and the advantage r_i - b_i
@@ -47,9 +50,11 @@ from basis_bench.estimators.table import TiltTable
 
 MEMORY_GAMMAS = (0.5, 0.75, 0.9, 1.0)
 MEMORY_WEIGHTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 128.0)
+MEMORY_SHIFTS = (-1.0, 0.0, 1.0, 2.0)
 SELECTIONS = ("loo", "batch")
 LOSS_MEMORY = 0.9
 _LOG_CLIP = 1e-6
+_CHUNK_ELEMENTS = 1 << 18
 
 
 def _grid(
@@ -76,6 +81,13 @@ class MemoryOptions:
         default=MEMORY_WEIGHTS,
         metadata=_help("Candidate prior weights m (pseudo-counts of the tilted value), each > 0."),
     )
+    shifts: tuple[float, ...] = field(
+        default=MEMORY_SHIFTS,
+        metadata=_help(
+            "Candidate logit shifts delta of the posterior mean (the history's lag: "
+            "b = sigmoid(logit b + delta)); 0 leaves it as it is."
+        ),
+    )
     selection: str = field(
         default="loo",
         metadata=_help(
@@ -97,25 +109,40 @@ class MemoryOptions:
         _set(self, "loss_memory", _number(c, "loss_memory", self.loss_memory, low=0.0, high=1.0))
         _set(self, "gammas", _grid(c, "gammas", self.gammas, 0.0, 1.0, True))
         _set(self, "weights", _grid(c, "weights", self.weights, 0.0, math.inf, True))
+        _set(self, "shifts", _grid(c, "shifts", self.shifts, -math.inf, math.inf, False))
         if self.selection not in SELECTIONS:
             raise InputError(f"unknown {c}.selection {self.selection!r}; choose one of loo, batch")
         if self.loss not in LOSSES:
             raise InputError(f"unknown {c}.loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
 
 
-def posterior_grid(v: np.ndarray, s: np.ndarray, n: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Posterior means (*lead, K, Gm, M, B) = (m V^_k + S_g) / (m + N_g).
+def posterior_grid(
+    v: np.ndarray, s: np.ndarray, n: np.ndarray, weights: np.ndarray, shifts: np.ndarray
+) -> np.ndarray:
+    """Shifted posterior means (*lead, B, K, Gm, M, D) = sigmoid(logit(b) + delta_d),
+    b = (m V^_k + S_g) / (m + N_g); the candidates last, so that choosing among them is a
+    reduction over the contiguous axis.
 
     v: (K, *lead, B) tilted values; s, n: (*lead, Gm, B) discounted history of the batch.
     """
-    vv = np.moveaxis(v, 0, -2)[..., :, None, None, :]  # (*lead, K, 1, 1, B)
-    m = weights[:, None]  # (M, 1)
-    return (m * vv + s[..., None, :, None, :]) / (m + n[..., None, :, None, :])
+    vv = np.ascontiguousarray(np.moveaxis(v, 0, -1))[..., None, None]  # (*lead, B, K, 1, 1)
+    ss = np.swapaxes(s, -1, -2)[..., None, :, None]  # (*lead, B, 1, Gm, 1)
+    nn = np.swapaxes(n, -1, -2)[..., None, :, None]
+    b = (weights * vv + ss) / (weights + nn)  # (*lead, B, K, Gm, M), C order from vv's
+    if shifts.shape == (1,) and shifts[0] == 0.0:  # no shift: b itself, bit for bit
+        return b[..., None]
+    with np.errstate(divide="ignore"):  # b = 0: odds 0, the shifted value stays 0
+        inv_odds = (1.0 - b) / b
+    # sigmoid(logit b + delta) = 1 / (1 + e^-delta (1 - b) / b), written into one array
+    out = np.multiply(inv_odds[..., None], np.exp(-shifts))
+    out += 1.0
+    return np.reciprocal(out, out=out)
 
 
 def _losses(pred: np.ndarray, r: np.ndarray, loss: str) -> np.ndarray:
     if loss == "squared":
-        return (r - pred) ** 2
+        out = np.subtract(r, pred)
+        return np.square(out, out=out)
     p = np.clip(pred, _LOG_CLIP, 1 - _LOG_CLIP)
     return -(r * np.log(p) + (1 - r) * np.log1p(-p))
 
@@ -133,24 +160,36 @@ def memory_values(
 
     v: (K, *lead, B) tilted values of the batch; s, n: (*lead, Gm, B) the history before
     this step; rewards: (*lead, B); past: (*lead, C) the discounted losses of earlier steps
-    (None: none). The flat index runs over C = (K, Gm, M) in C order.
+    (None: none). The flat index runs over C = (K, Gm, M, D) in C order. The streams (lead)
+    go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions: the (B, C)
+    arrays of a chunk stay in cache and their memory is reused, instead of one array of
+    R B C floats that is faulted in afresh every step.
     """
+    lead, b = rewards.shape[:-1], rewards.shape[-1]
+    if options.selection == "loo" and b < 2:
+        raise InputError("basis_memory's leave-one-out calibration needs B >= 2 prompts")
     weights = np.asarray(options.weights, dtype=np.float64)
-    pred = posterior_grid(v, s, n, weights)  # (*lead, K, Gm, M, B)
-    lead = rewards.shape[:-1]
-    b = rewards.shape[-1]
-    flat = pred.reshape(*lead, -1, b)  # (*lead, C, B)
-    loss = _losses(flat, rewards[..., None, :], options.loss)
-    total = loss.sum(axis=-1, keepdims=True)  # (*lead, C, 1)
-    score = total if past is None else total + past[..., None]
-    if options.selection == "loo":
-        if b < 2:
-            raise InputError("basis_memory's leave-one-out calibration needs B >= 2 prompts")
-        choice = np.argmin(score - loss, axis=-2)  # (*lead, B): A + L_{-i}, L_{-i} = total - own
-    else:
-        choice = np.broadcast_to(np.argmin(score, axis=-2), (*lead, b))
-    values = np.take_along_axis(flat, choice[..., None, :], axis=-2)[..., 0, :]
-    return values, choice, total[..., 0]
+    shifts = np.asarray(options.shifts, dtype=np.float64)
+    n_cand = len(v) * s.shape[-2] * len(weights) * len(shifts)
+    streams = math.prod(lead)
+    v, s, n = v.reshape(len(v), streams, b), s.reshape(streams, -1, b), n.reshape(streams, -1, b)
+    r = rewards.reshape(streams, b)
+    prior = None if past is None else past.reshape(streams, n_cand)
+    values, choice = np.empty((streams, b)), np.empty((streams, b), dtype=np.intp)
+    total = np.empty((streams, n_cand))
+    step = max(1, _CHUNK_ELEMENTS // (b * n_cand))
+    for a in range(0, streams, step):
+        z = slice(a, a + step)
+        flat = posterior_grid(v[:, z], s[z], n[z], weights, shifts).reshape(-1, b, n_cand)
+        loss = _losses(flat, r[z, :, None], options.loss)  # (chunk, B, C)
+        total[z] = loss.sum(axis=-2)
+        score = total[z, None] if prior is None else (total[z] + prior[z])[:, None]
+        if options.selection == "loo":  # A + L_{-i}, L_{-i} = total - own; loss not needed after
+            choice[z] = np.argmin(np.subtract(score, loss, out=loss), axis=-1)
+        else:
+            choice[z] = np.argmin(score, axis=-1)
+        values[z] = np.take_along_axis(flat, choice[z, :, None], axis=-1)[..., 0]
+    return values.reshape(rewards.shape), choice.reshape(rewards.shape), total.reshape(*lead, -1)
 
 
 def _gather(state: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -187,7 +226,8 @@ class MemoryKernel:
         self.gammas = np.asarray(options.gammas, dtype=np.float64)
         self.reward_range = reward_range
         self.n_prompts = table.values.shape[1]
-        self.n_candidates = len(table.betas) * len(self.gammas) * len(options.weights)
+        self.shape = (len(table.betas), len(self.gammas), len(options.weights), len(options.shifts))
+        self.n_candidates = math.prod(self.shape)
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         shape = (*lead, len(self.gammas), self.n_prompts)
@@ -213,11 +253,11 @@ class MemoryKernel:
         g = self.gammas[:, None]
         _scatter(state["successes"], cols, g * s + r[..., None, :])
         _scatter(state["visits"], cols, g * n + 1.0)
-        shape = (len(self.table.betas), len(self.gammas), len(self.options.weights))
-        k, gi, mi = np.unravel_index(choice, shape)
+        k, gi, mi, di = np.unravel_index(choice, self.shape)
         info = {
             "gamma": self.gammas[gi],
             "weight": np.asarray(self.options.weights)[mi],
+            "shift": np.asarray(self.options.shifts)[di],
         }
         beta_index = _mode(k)
         return StepOutput(
