@@ -13,6 +13,7 @@ from basis_bench.bench.trajectory import (
     replay_trajectory,
     tracker_prompts,
 )
+from basis_bench.errors import InputError
 from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get
 from basis_bench.rollouts.store import reward_matrix
 
@@ -143,3 +144,61 @@ def test_evaluate_writes_trajectory_csv_and_keeps_stateful_out_of_one_step_table
     traj = pl.read_csv(tmp_path / "out" / "trajectory.csv")
     assert {"basis", "grpo", "basis_memory", "spo_tracker"} == set(traj["estimator"])
     assert res.run["trajectory"]["epochs_per_checkpoint"] == 2
+
+
+def _switching_rollouts(p=20, n=12, seed=4) -> pl.DataFrame:
+    """Checkpoint a never solves a prompt, b always does: a mixture with share w of b has
+    value w on every prompt, and its oracle has no noise."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        (f"x{i:02d}", "reference", k, float(rng.random() < 0.5)) for i in range(p) for k in range(8)
+    ]
+    rows += [
+        (f"x{i:02d}", ck, k, r)
+        for ck, r in (("a", 0.0), ("b", 1.0))
+        for i in range(p)
+        for k in range(n)
+    ]
+    return pl.DataFrame(
+        rows, schema=["prompt_id", "policy", "sample_idx", "reward"], orient="row"
+    ).with_columns(pl.col("sample_idx").cast(pl.Int32))
+
+
+def test_blend_is_the_mixture_policy_and_its_oracle():
+    """Blending a (all 0) into b (all 1) over E epochs: in epoch e the policy is the mixture with
+    share w = e / E of b. The reference mean's error is (V^_ref - w)^2 exactly (the oracle is
+    the mixture's value); GRPO(G)'s estimate is Binomial(G, w) / G, MSE w (1 - w) / G in
+    expectation (each rollout from b with probability w, independently)."""
+    df = _switching_rollouts()
+    epochs, g = 4, 4
+    settings = TrajectorySettings(
+        batch_size=5, repeats=3000, epochs_per_checkpoint=epochs, group_size=g, oracle_n=4,
+        ref_n=8, seed=2, blend=True,
+    )  # fmt: skip
+    table, _ = replay_trajectory(df, "reference", ["a", "b"], ["reference_mean", "grpo"], settings)
+    rows = table.filter(pl.col("scope") == "epoch").sort("epoch")
+    w = np.r_[np.arange(epochs) / epochs, np.zeros(epochs)]  # b is last: no next, it stays
+    want_oracle = np.r_[w[:epochs], np.ones(epochs)]
+    assert rows.filter(pl.col("estimator") == "grpo")["next_share"].to_list() == list(w)
+    ids, _ = tracker_prompts(df, "reference", ["a", "b"])
+    k = reward_matrix(df, "reference", ids).sum(axis=1)
+    v_ref = (k + 0.5) / (8 + 1)  # the smoothed reference rate (Jeffreys)
+    ref = rows.filter(pl.col("estimator") == "reference_mean")
+    np.testing.assert_allclose(
+        ref["mse"].to_numpy(), [np.mean((v_ref - o) ** 2) for o in want_oracle], rtol=1e-12
+    )
+    grpo = rows.filter(pl.col("estimator") == "grpo")
+    want = want_oracle * (1 - want_oracle) / g
+    half = (grpo["ci_high"] - grpo["ci_low"]).to_numpy() / 2
+    assert np.all(np.abs(grpo["mse"].to_numpy() - want) <= 2.5 * half + 1e-15), (grpo, want)
+    assert grpo["mse"][2] > 0.03  # w = 1/2: the mixture really mixes (w (1 - w) / G = 0.0625)
+
+
+def test_blend_without_a_next_checkpoint_or_epochs_is_refused():
+    df = _rollouts()
+    for checkpoints, epochs in ((["a"], 3), (["a", "b"], 1)):
+        settings = TrajectorySettings(
+            batch_size=5, repeats=2, epochs_per_checkpoint=epochs, oracle_n=4, ref_n=8, blend=True
+        )
+        with pytest.raises(InputError, match="blending"):
+            replay_trajectory(df, "reference", checkpoints, ["grpo"], settings)

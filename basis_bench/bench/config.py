@@ -28,6 +28,7 @@ class EvaluateConfig:
     write_estimates: bool = True
     trajectory: bool = True  # trajectory replay of every estimator (trajectory.csv)
     trajectory_epochs: int = 1  # epochs over the prompts per checkpoint in trajectory replay
+    trajectory_blend: bool = False  # move between checkpoints over the epochs (mixture policy)
 
 
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {

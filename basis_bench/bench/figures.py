@@ -495,7 +495,8 @@ def fig_beta_choice(results: Path, out: Path) -> list[Path]:
 
 def fig_trajectory(results: Path, out: Path) -> list[Path]:
     """Trajectory replay: noise-corrected MSE per epoch against the training step, one line
-    per estimator (95% CI band), dotted lines where the checkpoint changes; log scale."""
+    per estimator (95% CI band), dotted lines where the checkpoint changes (labelled
+    "a -> b" where the replay blends a into b); log scale."""
     df = _ordered(pl.read_csv(results / "trajectory.csv").filter(pl.col("scope") == "epoch"))
     palette = _palette(df["estimator"].unique().to_list())
     fig, axes = _panels(1, height=3.0)
@@ -509,11 +510,14 @@ def fig_trajectory(results: Path, out: Path) -> list[Path]:
         style = "--" if g > 1 else "-"
         ax.plot(x, y, style, marker="o", ms=2.5, color=palette[name], label=label(name, g))
         ax.fill_between(x, y - half, y + half, color=palette[name], alpha=0.15, lw=0)
-    ends = df.group_by("checkpoint", maintain_order=True).agg(pl.col("step").max())
+    blended = pl.col("next_share").max() > 0 if "next_share" in df.columns else pl.lit(False)
+    ends = df.group_by("checkpoint", maintain_order=True).agg(pl.col("step").max(), blended)
+    names = ends["checkpoint"].to_list()
     for step in ends["step"].to_list()[:-1]:
         ax.axvline(step, color="0.5", ls=":", lw=0.8)
-    for name, step in ends.rows():
-        ax.annotate(name, (step, 1.0), xycoords=("data", "axes fraction"), ha="right",
+    for k, (name, step, moving) in enumerate(ends.rows()):
+        text = f"{name} -> {names[k + 1]}" if moving and k + 1 < len(names) else name
+        ax.annotate(text, (step, 1.0), xycoords=("data", "axes fraction"), ha="right",
                     va="top", fontsize=7, color="0.35")  # fmt: skip
     positive = df.filter(pl.col("mse_noise_corrected") > 0)
     if positive.height == df.height:

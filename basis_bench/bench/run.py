@@ -48,6 +48,7 @@ from basis_bench.bench.tables import (
 from basis_bench.bench.trajectory import ESTIMATOR_NAME as TRACKER_NAME
 from basis_bench.bench.trajectory import (
     TrajectorySettings,
+    check_blend,
     replay_tracker,
     replay_trajectory,
 )
@@ -216,6 +217,7 @@ def _trajectory(
     settings = TrajectorySettings(
         cfg.batch_size, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
         cfg.group_size, cfg.oracle_n, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
+        blend=cfg.trajectory_blend,
     )  # fmt: skip
 
     def tick(checkpoint: str, epoch: int) -> None:
@@ -259,6 +261,8 @@ def evaluate(
     estimators = resolve_estimators(cfg.estimators)
     options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
+    if cfg.trajectory and cfg.trajectory_blend:
+        check_blend(cfg.trajectory_epochs, len(ds.checkpoints))
     tracker = wants_tracker(cfg.estimators)
     if tracker:
         _check_tracker_rewards(cfg, ds)
@@ -319,6 +323,7 @@ def _write_run(
             "checkpoint_order": ds.checkpoints,
             "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
             "epochs_per_checkpoint": cfg.trajectory_epochs,
+            "blend": cfg.trajectory_blend,
             "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
         }
     files = []

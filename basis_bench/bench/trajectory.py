@@ -16,6 +16,13 @@ estimators only, never over prompts or repeats):
   group ones, all estimators sharing the draw (the single ones take the first); each
   step's baselines are scored against the checkpoint's oracle, then the state moves on.
 
+With ``blend``, the policy moves from each checkpoint to the next over the checkpoint's
+epochs instead of jumping: in epoch e (0-based) of E, each rollout comes from the next
+checkpoint with probability w = e / E, else from this one (a mixture policy, a real policy
+whose value is (1 - w) V_c + w V_{c+1}, the oracle used; its noise (1 - w)^2 and w^2 times
+the two oracles' noise). The last checkpoint has no next and stays put. Column
+``next_share`` is w (its mean over the epochs in checkpoint rows); 0 without blending.
+
 Oracle and pool follow ``basis-bench evaluate``: the oracle is the mean of a checkpoint's
 first ``oracle_n`` samples (by sample_idx), the pool the rest. Only prompts with a reference
 sample and rollouts at every checkpoint take part (:func:`tracker_prompts`). Pool draws are
@@ -116,6 +123,7 @@ class TrajectorySettings:
     grid_size: int | None = None  # finite betas of the tilt table; None: the default grid
     prior: float = DEFAULT_PRIOR
     options: Mapping[str, Any] = field(default_factory=dict)
+    blend: bool = False  # move from each checkpoint towards the next over its epochs
 
 
 @dataclass
@@ -154,7 +162,19 @@ def _reward_range(*arrays: np.ndarray) -> tuple[float, float] | None:
     return (0.0, 1.0) if vals.size == 0 or (vals.min() >= 0 and vals.max() <= 1) else None
 
 
-def _check(settings: TrajectorySettings, estimators: Sequence[Estimator], p: int) -> int:
+def check_blend(epochs_per_checkpoint: int, n_checkpoints: int) -> None:
+    """Blending moves from one checkpoint to the next over its epochs: it needs both."""
+    if epochs_per_checkpoint < 2 or n_checkpoints < 2:
+        raise InputError(
+            "blending moves from one checkpoint to the next over its epochs: it needs at least "
+            f"2 checkpoints and 2 epochs per checkpoint; got {n_checkpoints} and "
+            f"{epochs_per_checkpoint}"
+        )
+
+
+def _check(
+    settings: TrajectorySettings, estimators: Sequence[Estimator], p: int, n_checkpoints: int
+) -> int:
     """Validate the settings; the number of rollouts drawn per visit (G_max)."""
     s = settings
     if s.oracle_n < 2:
@@ -169,6 +189,8 @@ def _check(settings: TrajectorySettings, estimators: Sequence[Estimator], p: int
         )
     if not estimators:
         raise InputError("trajectory replay needs at least one estimator")
+    if s.blend:
+        check_blend(s.epochs_per_checkpoint, n_checkpoints)
     has_group = any(e.group for e in estimators)
     if has_group and s.group_size < 2:
         raise InputError(f"group estimators need group_size >= 2; got {s.group_size}")
@@ -194,7 +216,7 @@ def replay_trajectory(
     ests = [get(e) if isinstance(e, str) else e for e in estimators]
     ids, _ = tracker_prompts(rollouts, reference, checkpoints)
     p = len(ids)
-    g_max = _check(s, ests, p)
+    g_max = _check(s, ests, p, len(checkpoints))
     cache = reward_matrix(rollouts, reference, ids)[:, : s.ref_n]
     from basis_bench.estimators import default_betas
 
@@ -213,21 +235,24 @@ def replay_trajectory(
     per_epoch = (p // b) * b
     rows: list[dict[str, Any]] = []
     step_count = 0
-    for ck, (checkpoint, (oracle, noise, pool, pool_count)) in enumerate(
-        zip(checkpoints, splits, strict=True)
-    ):
+    for ck, (checkpoint, split) in enumerate(zip(checkpoints, splits, strict=True)):
+        following = splits[ck + 1] if s.blend and ck + 1 < len(splits) else None
         for t in tracks.values():
             t.sq_ckpt = np.zeros(s.repeats)
             t.extreme_ckpt = 0.0
-        noise_ckpt = 0.0
+        noise_ckpt = share_sum = 0.0
         for epoch in range(s.epochs_per_checkpoint):
+            share = 0.0 if following is None else epoch / s.epochs_per_checkpoint
+            share_sum += share
             index = np.argsort(rng.random((s.repeats, p)), axis=1)[:, :per_epoch]
-            if g_max == 1:
-                col = np.floor(rng.random(index.shape) * pool_count[index]).astype(np.int64)
-                rewards = pool[index, col][..., None]
-            else:
-                cols = draw_rollouts(rng, pool_count[index], g_max, pool.shape[1])
-                rewards = pool[index[..., None], cols]
+            rewards = _draw(rng, split, index, g_max)
+            oracle, noise = split[0], split[1]
+            if following is not None and share > 0:
+                # the mixture policy: each rollout is the next checkpoint's with probability share
+                later = _draw(rng, following, index, g_max)
+                rewards = np.where(rng.random(rewards.shape) < share, later, rewards)
+                oracle = (1 - share) * oracle + share * following[0]
+                noise = (1 - share) ** 2 * noise + share**2 * following[1]
             noise_sum = float(noise[index].sum())
             noise_ckpt += noise_sum
             epoch_sq = _run_epoch(tracks, index, rewards, oracle, b)
@@ -241,24 +266,38 @@ def replay_trajectory(
                     {
                         "scope": "epoch", "checkpoint": checkpoint, "checkpoint_index": ck,
                         "epoch": ck * s.epochs_per_checkpoint + epoch + 1, "step": step_count,
-                        "estimator": name, "rollouts_per_prompt": t.g,
+                        "next_share": share, "estimator": name, "rollouts_per_prompt": t.g,
                         **_summary(sq.sum(axis=1), per_epoch, noise_sum, extreme),
                     }
                 )  # fmt: skip
             if progress is not None:
                 progress(checkpoint, epoch + 1)
+        share_ckpt = share_sum / s.epochs_per_checkpoint
         for name, t in tracks.items():
             rows.append(
                 {
                     "scope": "checkpoint", "checkpoint": checkpoint, "checkpoint_index": ck,
-                    "epoch": None, "step": step_count, "estimator": name,
-                    "rollouts_per_prompt": t.g,
+                    "epoch": None, "step": step_count, "next_share": share_ckpt,
+                    "estimator": name, "rollouts_per_prompt": t.g,
                     **_summary(t.sq_ckpt, s.epochs_per_checkpoint * per_epoch, noise_ckpt,
                                t.extreme_ckpt),
                 }
             )  # fmt: skip
     curves = {name: np.asarray(t.curve) for name, t in tracks.items()}
     return pl.DataFrame(rows, schema_overrides={"epoch": pl.Int64}), curves
+
+
+def _draw(
+    rng: np.random.Generator, split: tuple[np.ndarray, ...], index: np.ndarray, g_max: int
+) -> np.ndarray:
+    """One visit's rewards (R, per_epoch, g_max) for the prompts ``index`` from a checkpoint's
+    pool: one draw per visit, or g_max without replacement."""
+    pool, pool_count = split[2], split[3]
+    if g_max == 1:
+        col = np.floor(rng.random(index.shape) * pool_count[index]).astype(np.int64)
+        return pool[index, col][..., None]
+    cols = draw_rollouts(rng, pool_count[index], g_max, pool.shape[1])
+    return pool[index[..., None], cols]
 
 
 def _run_epoch(

@@ -186,6 +186,15 @@ def evaluate(
             help="Epochs over the prompts per checkpoint in the trajectory replay.",
         ),
     ] = EVALUATE.trajectory_epochs,
+    trajectory_blend: Annotated[
+        bool,
+        typer.Option(
+            "--trajectory-blend/--no-trajectory-blend",
+            help="In the trajectory replay, move from each checkpoint to the next over its "
+            "epochs (each rollout from the next checkpoint with probability epoch/epochs) "
+            "instead of jumping; the oracle is the same mixture. Needs --trajectory-epochs >= 2.",
+        ),
+    ] = EVALUATE.trajectory_blend,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3)."""
     from basis_bench.bench.config import EvaluateConfig
@@ -210,6 +219,7 @@ def evaluate(
         write_estimates=write_estimates,
         trajectory=trajectory,
         trajectory_epochs=trajectory_epochs,
+        trajectory_blend=trajectory_blend,
     )
     with _progress(console) as bar:
         tasks: dict[str, Any] = {}
