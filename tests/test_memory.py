@@ -316,6 +316,9 @@ def test_refusals(cache):
         est.load_state_dict({k: v[..., :3] for k, v in est.state_dict().items()})
     with pytest.raises(InputError, match="loss_memory"):
         MemoryOptions(loss_memory=1.5)
+    for shifts in ((), (math.inf,), (math.nan,)):
+        with pytest.raises(InputError, match="shifts"):
+            MemoryOptions(shifts=shifts)
 
 
 def test_plugins_call_a_stateful_estimator_like_basis(tmp_path):
