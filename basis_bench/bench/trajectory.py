@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import polars as pl
@@ -90,9 +90,16 @@ def tracker_prompts(
     return np.array(sorted(common), dtype=object), len(everywhere) - len(common)
 
 
-def _split(
-    rewards: np.ndarray, oracle_n: int, checkpoint: str, need: int
-) -> tuple[np.ndarray, ...]:
+class _Split(NamedTuple):
+    """A checkpoint's oracle (P,), the oracle's noise (P,), its pool (P, S) and pool sizes (P,)."""
+
+    oracle: np.ndarray
+    noise: np.ndarray
+    pool: np.ndarray
+    pool_count: np.ndarray
+
+
+def _split(rewards: np.ndarray, oracle_n: int, checkpoint: str, need: int) -> _Split:
     """Oracle mean, oracle noise, pool and pool sizes of a (P, S) NaN-padded reward matrix."""
     counts = np.isfinite(rewards).sum(axis=1)
     if counts.min() < oracle_n + need:
@@ -101,7 +108,7 @@ def _split(
             f"oracle-n {oracle_n} + {need} (the pool needs at least {need}); lower oracle_n"
         )
     oracle = rewards[:, :oracle_n]
-    return (
+    return _Split(
         oracle.mean(axis=1),
         oracle.var(axis=1, ddof=1) / oracle_n,
         rewards[:, oracle_n:],
@@ -223,7 +230,7 @@ def replay_trajectory(
     betas = default_betas(s.grid_size) if s.grid_size is not None else None
     table = TiltTable.from_cache(cache, betas, s.prior, list(ids))
     splits = [_split(reward_matrix(rollouts, c, ids), s.oracle_n, c, g_max) for c in checkpoints]
-    rr = _reward_range(cache, *(sp[2] for sp in splits))
+    rr = _reward_range(cache, *(sp.pool for sp in splits))
     tracks = {}
     for e in ests:
         opts = e.parse_options(s.options.get(e.name))
@@ -246,13 +253,13 @@ def replay_trajectory(
             share_sum += share
             index = np.argsort(rng.random((s.repeats, p)), axis=1)[:, :per_epoch]
             rewards = _draw(rng, split, index, g_max)
-            oracle, noise = split[0], split[1]
+            oracle, noise = split.oracle, split.noise
             if following is not None and share > 0:
                 # the mixture policy: each rollout is the next checkpoint's with probability share
                 later = _draw(rng, following, index, g_max)
                 rewards = np.where(rng.random(rewards.shape) < share, later, rewards)
-                oracle = (1 - share) * oracle + share * following[0]
-                noise = (1 - share) ** 2 * noise + share**2 * following[1]
+                oracle = (1 - share) * oracle + share * following.oracle
+                noise = (1 - share) ** 2 * noise + share**2 * following.noise
             noise_sum = float(noise[index].sum())
             noise_ckpt += noise_sum
             epoch_sq = _run_epoch(tracks, index, rewards, oracle, b)
@@ -287,12 +294,10 @@ def replay_trajectory(
     return pl.DataFrame(rows, schema_overrides={"epoch": pl.Int64}), curves
 
 
-def _draw(
-    rng: np.random.Generator, split: tuple[np.ndarray, ...], index: np.ndarray, g_max: int
-) -> np.ndarray:
+def _draw(rng: np.random.Generator, split: _Split, index: np.ndarray, g_max: int) -> np.ndarray:
     """One visit's rewards (R, per_epoch, g_max) for the prompts ``index`` from a checkpoint's
     pool: one draw per visit, or g_max without replacement."""
-    pool, pool_count = split[2], split[3]
+    pool, pool_count = split.pool, split.pool_count
     if g_max == 1:
         col = np.floor(rng.random(index.shape) * pool_count[index]).astype(np.int64)
         return pool[index, col][..., None]

@@ -84,8 +84,8 @@ class MemoryOptions:
     shifts: tuple[float, ...] = field(
         default=MEMORY_SHIFTS,
         metadata=_help(
-            "Candidate logit shifts delta of the posterior mean (the history's lag: "
-            "b = sigmoid(logit b + delta)); 0 leaves it as it is."
+            "Candidate logit shifts delta of the posterior mean p (the history's lag): the "
+            "baseline is sigmoid(logit p + delta); 0 leaves p as it is."
         ),
     )
     selection: str = field(
