@@ -626,15 +626,23 @@ def test_evaluate_refuses_out_inside_rollouts_and_other_kinds(
     assert (tmp_path / "file").read_text() == "keep"
 
 
-def test_evaluate_with_only_a_stateful_estimator_reports_its_trajectory(
-    monkeypatch, capsys, sim_dataset, tmp_path
-):
-    """basis_memory has no one-step rows: the run still succeeds and trajectory.csv holds
-    its numbers (it used to crash on the empty summary table)."""
+def test_evaluate_with_only_a_stateful_estimator_reports_its_trajectory(sim_dataset, tmp_path):
+    """basis_memory has no one-step rows: the run still succeeds (it used to crash on the empty
+    summary table), trajectory.csv holds its numbers and the console prints them."""
+    from typer.testing import CliRunner
+
+    from basis_bench.cli import app
+
     out = tmp_path / "res"
     args = evaluate_args(sim_dataset, out, "--estimators", "basis_memory", "--no-estimates")
-    assert run_main(monkeypatch, capsys, *args)[0] == 0
-    assert pl.read_csv(out / "trajectory.csv")["estimator"].unique().to_list() == ["basis_memory"]
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    traj = pl.read_csv(out / "trajectory.csv")
+    assert traj["estimator"].unique().to_list() == ["basis_memory"]
+    # ... and the console shows them: one row per estimator, one column per checkpoint
+    mse = traj.filter(pl.col("scope") == "checkpoint")["mse_noise_corrected"].to_list()
+    row = next(line for line in result.output.splitlines() if "basis_memory" in line)
+    assert row.split()[2:-1] == [f"{v:.5f}" for v in mse]
 
 
 def test_a_rerun_replaces_the_whole_run(monkeypatch, capsys, sim_dataset, tmp_path):

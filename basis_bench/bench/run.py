@@ -109,6 +109,7 @@ class EvaluateResult:
     out: Path
     summary: pl.DataFrame
     run: dict[str, Any]
+    trajectory: pl.DataFrame | None = None  # None with cfg.trajectory off
 
 
 class _EstimatesWriter:
@@ -281,7 +282,7 @@ def evaluate(
             cfg, ds, datas, estimators, options, settings, run, stage, tracker, progress
         )
         run = json.loads((stage / "run.json").read_text(encoding="utf-8"))
-    return EvaluateResult(out, frames["summary"], run)
+    return EvaluateResult(out, frames["summary"], run, frames.get("trajectory"))
 
 
 def _write_run(

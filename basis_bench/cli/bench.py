@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -246,6 +247,8 @@ def evaluate(
                 f"[yellow]checkpoint {name}: dropped {info['dropped_no_reference']} prompt(s) missing from the reference cache[/]"
             )
     print_summary(result.summary, console)
+    if result.trajectory is not None:
+        print_trajectory(result.trajectory, run["trajectory"], console)
     console.print(f"wrote {result.out}/: {', '.join([*run['tables'], 'run.json'])}")
 
 
@@ -259,7 +262,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
     if summary.is_empty():  # only stateful estimators (basis_memory): no one-step rows
         console.print(
             "no one-step estimates: the estimators asked for are stateful and run in the "
-            "trajectory replay only (trajectory.csv)"
+            "trajectory replay only (below, and trajectory.csv)"
         )
         return
     for (name,), df in summary.group_by("checkpoint", maintain_order=True):
@@ -283,6 +286,38 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
                 change,
             )
         console.print(table)
+
+
+def print_trajectory(trajectory: pl.DataFrame, info: dict[str, Any], console: Console) -> None:
+    """The trajectory replay per checkpoint: noise-corrected MSE over its epochs, one row per
+    estimator, and the share of 0/1 baselines over the whole replay."""
+    import polars as pl
+    from rich import box
+    from rich.table import Table
+
+    rows = trajectory.filter(pl.col("scope") == "checkpoint")
+    checkpoints = rows["checkpoint"].unique(maintain_order=True).to_list()
+    heads = list(checkpoints)
+    if info.get("blend"):  # a checkpoint's epochs move towards the next one
+        heads = [f"{a} -> {b}" for a, b in itertools.pairwise(heads)] + heads[-1:]
+    table = Table(
+        title=f"trajectory replay ({info['epochs_per_checkpoint']} epoch(s) per checkpoint, "
+        "state carried): noise-corrected MSE",
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("estimator", no_wrap=True)
+    table.add_column("G", justify="right")
+    for head in heads:
+        table.add_column(head, justify="right", no_wrap=True)
+    table.add_column("0/1 base", justify="right", no_wrap=True)
+    for (name, g), df in rows.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
+        by = dict(zip(df["checkpoint"], df["mse_noise_corrected"], strict=True))
+        counts = df["n_estimates"].to_numpy()
+        extreme = float((df["extreme_rate"].to_numpy() * counts).sum() / counts.sum())
+        table.add_row(
+            str(name), str(g), *(f"{by[c]:.5f}" for c in checkpoints), f"{100 * extreme:.1f}%"
+        )
+    console.print(table)
 
 
 @app.command()
