@@ -248,8 +248,10 @@ def test_parallel_streams_equal_separate_streams(cache, monkeypatch, chunk_strea
     the streams go through in one chunk, one at a time, or in chunks of 2 and 1."""
     from basis_bench.estimators import memory
 
-    if chunk_streams is not None:  # B = 4 prompts x C = 3696 candidates per stream
-        monkeypatch.setattr(memory, "_CHUNK_ELEMENTS", chunk_streams * 4 * 3696)
+    if chunk_streams is not None:  # B = 4 prompts x C candidates per stream
+        o = MemoryOptions()
+        n_cand = len(default_betas()) * len(o.gammas) * len(o.weights) * len(o.shifts)
+        monkeypatch.setattr(memory, "_CHUNK_ELEMENTS", chunk_streams * 4 * n_cand)
     ids, ref = cache
     streams = [list(_stream(ids, steps=5, b=4, seed=20 + k)) for k in range(3)]
     many = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref, lead=(3,))

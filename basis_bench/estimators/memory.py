@@ -20,7 +20,7 @@ b_j(theta)) the loss of step t's batch,
 
 and, by default (``selection="loo"``), prompt i's theta minimises A_t(theta) + L_{-i,t}(theta),
 L_{-i,t} = sum_{j != i} loss(r_j, b_j(theta)) over the OTHER prompts of this batch. One
-batch alone (lambda = 0) is ~B binary rewards against C = 3696 candidates: its choice is
+batch alone (lambda = 0) is ~B binary rewards against C = 4752 candidates: its choice is
 noise; the accumulated past steps make it stable. A_t holds earlier steps' rewards only
 (prompt i's earlier rewards among them: history), so b_i is a function of the cache, the
 history and the other prompts' current rewards, never of r_i, and the advantage r_i - b_i
@@ -49,7 +49,7 @@ from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable
 
 MEMORY_GAMMAS = (0.5, 0.75, 0.9, 1.0)
-MEMORY_WEIGHTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 128.0)
+MEMORY_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 128.0)
 MEMORY_SHIFTS = (-1.0, 0.0, 1.0, 2.0)
 SELECTIONS = ("loo", "batch")
 LOSS_MEMORY = 0.9
