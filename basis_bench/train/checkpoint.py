@@ -92,9 +92,18 @@ def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
         )
     path = Path(checkpoint) / TRAINER_STATE
     if not path.is_file():
+        here = [Path(checkpoint).parent, Path(checkpoint) / CHECKPOINTS_DIR]  # a sibling, a run
+        found = sorted(
+            str(c)
+            for d in here
+            if d.is_dir()
+            for c in d.glob("step-*")
+            if (c / TRAINER_STATE).is_file() and not c.name.endswith(PARTIAL)
+        )
         raise InputError(
             f"--resume {checkpoint}: no {TRAINER_STATE} there; pass a checkpoint directory "
             f"written by basis-bench train (RUN/{CHECKPOINTS_DIR}/step-T)"
+            + (f"; found: {', '.join(found)}" if found else "")
         )
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
