@@ -298,7 +298,7 @@ def test_first_visit_is_the_leave_one_out_tilt(cache):
     v = (1 / (1 + np.exp(-(np.log(v / (1 - v)) + shifts)))).reshape(-1, 6)  # (D K, B)
     loss = (rewards - v) ** 2
     k = np.argmin(loss.sum(axis=1, keepdims=True) - loss, axis=0)
-    np.testing.assert_allclose(out, v[k, np.arange(6)], atol=1e-12)
+    np.testing.assert_allclose(out, v[k, np.arange(6)], atol=1e-15)
 
 
 def test_refusals(cache):
