@@ -458,11 +458,9 @@ def test_resume_refuses_truncated_garbage_and_partial_checkpoints(monkeypatch, c
     )
     torch.save({**state, "config": vars(make_config({}))}, ckpt / TRAINER_STATE)
     for wrong in (ckpt.with_name("step-1"), tmp_path / "run"):  # a short name; the run itself
-        assert_one_line_error(
-            run_main(monkeypatch, capsys, "train", "--resume", str(wrong)),
-            f"no {TRAINER_STATE} there", f"found: {ckpt}",
-        )  # fmt: skip
-        assert ".partial" not in run_main(monkeypatch, capsys, "train", "--resume", str(wrong))[1]
+        result = run_main(monkeypatch, capsys, "train", "--resume", str(wrong))
+        assert_one_line_error(result, f"no {TRAINER_STATE} there", f"found: {ckpt}")
+        assert ".partial" not in result[1]
 
 
 def test_a_checkpoints_corrupt_model_file_is_named(tmp_path):

@@ -18,6 +18,13 @@ from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get
 from basis_bench.rollouts.store import reward_matrix
 
 
+def _frame(rows) -> pl.DataFrame:
+    """(prompt_id, policy, sample_idx, reward) tuples as a frame in the store's schema."""
+    return pl.DataFrame(
+        rows, schema=["prompt_id", "policy", "sample_idx", "reward"], orient="row"
+    ).with_columns(pl.col("sample_idx").cast(pl.Int32))
+
+
 def _rollouts(p=20, ref_n=8, ck_n=12, seed=0) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
     v = rng.uniform(0.1, 0.9, p)
@@ -27,9 +34,7 @@ def _rollouts(p=20, ref_n=8, ck_n=12, seed=0) -> pl.DataFrame:
         for i in range(p):
             for k in range(n):
                 rows.append((f"x{i:02d}", policy, k, r[i, k]))
-    return pl.DataFrame(
-        rows, schema=["prompt_id", "policy", "sample_idx", "reward"], orient="row"
-    ).with_columns(pl.col("sample_idx").cast(pl.Int32))
+    return _frame(rows)
 
 
 SETTINGS = TrajectorySettings(
@@ -159,9 +164,7 @@ def _switching_rollouts(p=20, n=12, seed=4) -> pl.DataFrame:
         for i in range(p)
         for k in range(n)
     ]
-    return pl.DataFrame(
-        rows, schema=["prompt_id", "policy", "sample_idx", "reward"], orient="row"
-    ).with_columns(pl.col("sample_idx").cast(pl.Int32))
+    return _frame(rows)
 
 
 def test_blend_is_the_mixture_policy_and_its_oracle():
