@@ -1,0 +1,192 @@
+"""Settings declared once: a config field carries its default, its help and its range.
+
+Every config of the project (training, evaluate, sensitivity, import, oracle, estimator
+options) is a frozen dataclass whose fields are made by :func:`setting`. The field's
+metadata holds the help text and the checks, so
+
+- the CLI reads help and flag from it (:func:`cli_option`) and the default from the
+  dataclass (never typed twice);
+- :func:`check_settings` refuses a value outside its declared range or choices, with one
+  line that names the setting, in every place a config is made;
+- :func:`check_scalar` is the one range checker (scikit-learn's ``check_scalar``,
+  raising :class:`~basis_bench.errors.InputError`): NaN, bools posing as numbers and
+  infinities (unless allowed) are refused, whatever the bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+from basis_bench.errors import InputError
+
+T = TypeVar("T")
+_ABSTRACT: dict[type, type] = {int: numbers.Integral, float: numbers.Real}
+Boundaries = Literal["both", "left", "right", "neither"]
+_UNSET: Any = dataclasses.MISSING
+
+
+def check_scalar(
+    value: Any,
+    name: str,
+    target_type: type | tuple[type, ...],
+    *,
+    min_val: float | None = None,
+    max_val: float | None = None,
+    include_boundaries: Boundaries = "both",
+    allow_inf: bool = False,
+) -> Any:
+    """``value`` if it is a ``target_type`` within [min_val, max_val], else an InputError.
+
+    ``include_boundaries`` says which bounds are closed. A bool is never a number here,
+    NaN never lies in a range, and an infinity needs ``allow_inf`` (a float target with no
+    finite bound on that side still refuses it unless allowed).
+    """
+    types = target_type if isinstance(target_type, tuple) else (target_type,)
+    numeric = any(t in (int, float) for t in types)
+    # numpy's scalars count: int means any Integral, float any Real (an int is a fine float)
+    accepted = tuple(_ABSTRACT.get(t, t) for t in types)
+    if (numeric and isinstance(value, bool)) or not isinstance(value, accepted):
+        wanted = " or ".join("number" if t is float else t.__name__ for t in types if t is not int)
+        wanted = wanted or "integer"
+        raise InputError(f"{name} must be {_article(wanted)}; got {value!r}")
+    if not numeric:
+        return value
+    x = float(typing.cast(float, value))
+    if math.isnan(x):
+        raise InputError(f"{name} must be a number, not NaN")
+    if math.isinf(x) and not allow_inf:
+        raise InputError(f"{name} must be finite; got {value}")
+    low_closed = include_boundaries in ("both", "left")
+    high_closed = include_boundaries in ("both", "right")
+    too_low = min_val is not None and (x < min_val or (x == min_val and not low_closed))
+    too_high = max_val is not None and (x > max_val or (x == max_val and not high_closed))
+    if too_low or too_high:
+        raise InputError(
+            f"{name} must be {_interval(min_val, max_val, low_closed, high_closed)}; got {value}"
+        )
+    return value
+
+
+def _article(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+def _interval(low: float | None, high: float | None, low_closed: bool, high_closed: bool) -> str:
+    if high is None:
+        return f"{'>=' if low_closed else '>'} {low}"
+    if low is None:
+        return f"{'<=' if high_closed else '<'} {high}"
+    return f"in {'[' if low_closed else '('}{low}, {high}{']' if high_closed else ')'}"
+
+
+def setting(
+    default: Any = _UNSET,
+    *,
+    help: str,
+    default_factory: Callable[[], Any] | None = None,
+    flag: str | None = None,
+    min_val: float | None = None,
+    max_val: float | None = None,
+    include_boundaries: Boundaries = "both",
+    allow_inf: bool = False,
+    choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
+    optional: bool = False,
+) -> Any:
+    """A dataclass field with its help, CLI flag and checks in its metadata.
+
+    ``choices`` may be a callable, read when a config is checked (for registries that
+    fill in late). ``optional``: None is allowed besides the checked values.
+    """
+    metadata = {
+        "help": help,
+        "flag": flag,
+        "min_val": min_val,
+        "max_val": max_val,
+        "include_boundaries": include_boundaries,
+        "allow_inf": allow_inf,
+        "choices": choices,
+        "optional": optional,
+    }
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _field(cls: type, name: str) -> dataclasses.Field[Any]:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{cls.__name__} has no setting {name!r}")
+
+
+def setting_help(cls: type, name: str) -> str:
+    """The help text of one setting."""
+    return str(_field(cls, name).metadata.get("help", ""))
+
+
+def setting_default(cls: type, name: str) -> Any:
+    """The default of one setting (a default factory is called)."""
+    f = _field(cls, name)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def setting_flag(cls: type, name: str) -> str:
+    """The CLI flag of one setting: its declared ``flag`` or ``--name-with-dashes``."""
+    return _field(cls, name).metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def cli_option(cls: type, name: str, *flags: str, **typer_kwargs: Any) -> Any:
+    """A ``typer.Option`` for setting ``name`` of ``cls``, help and flag read from the field.
+
+    Use as ``batch_size: Annotated[int, cli_option(EvaluateConfig, "batch_size")] =
+    EVALUATE.batch_size``: the default comes from the config, the help from its metadata.
+    """
+    import typer
+
+    typer_kwargs.setdefault("help", setting_help(cls, name))
+    return typer.Option(*(flags or (setting_flag(cls, name),)), **typer_kwargs)
+
+
+def check_setting(cls: type, name: str, value: Any, label: str | None = None) -> Any:
+    """Check one value against the declared range or choices of ``cls.name``."""
+    f = _field(cls, name)
+    meta, label = f.metadata, label or name
+    if value is None and meta.get("optional"):
+        return value
+    choices = meta.get("choices")
+    if choices is not None:
+        allowed = tuple(choices() if callable(choices) else choices)
+        if value not in allowed:
+            raise InputError(
+                f"{label} must be one of {', '.join(map(str, allowed))}; got {value!r}"
+            )
+        return value
+    if meta.get("min_val") is not None or meta.get("max_val") is not None:
+        return check_scalar(
+            value,
+            label,
+            float if "float" in str(f.type) else int,
+            min_val=meta["min_val"],
+            max_val=meta["max_val"],
+            include_boundaries=meta["include_boundaries"],
+            allow_inf=meta["allow_inf"],
+        )
+    if isinstance(value, float) and math.isnan(value):
+        raise InputError(f"{label} must be a number, not NaN")
+    return value
+
+
+def check_settings(config: Any, label: Callable[[str], str] | None = None) -> None:
+    """Check every field of a config made by :func:`setting` (call from ``__post_init__``)."""
+    for f in dataclasses.fields(config):
+        if "help" in f.metadata:
+            check_setting(
+                type(config), f.name, getattr(config, f.name), label(f.name) if label else None
+            )
