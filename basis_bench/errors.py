@@ -8,3 +8,8 @@ subclasses ValueError so library callers can catch it as the usual type.
 
 class InputError(ValueError):
     """Bad input that the user can fix; the message says what and where."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is (like Ctrl-C's KeyboardInterrupt) so that every
+    cleanup that runs on Ctrl-C runs on a polite kill too; the CLI exits with 143."""

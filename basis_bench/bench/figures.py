@@ -30,7 +30,12 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import atomic_write, claim_output_dir, read_output_marker
+from basis_bench.rollouts.store import (
+    atomic_write,
+    claim_output_dir,
+    holds_output_locks,
+    read_output_marker,
+)
 
 SUMMARY_COLUMNS = (
     "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low",
@@ -542,6 +547,7 @@ FIGURES: dict[str, tuple[str, Callable[[Path, Path], list[Path]]]] = {
 }
 
 
+@holds_output_locks
 def make_figures(
     results: str | os.PathLike[str], out: str | os.PathLike[str]
 ) -> tuple[list[Path], dict[str, str]]:

@@ -11,10 +11,12 @@ writer of the benchmark (atomic, 10 significant digits).
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import math
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
@@ -26,7 +28,7 @@ import polars as pl
 
 from basis_bench.bench.replay import Replay, Series
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import atomic_write, claim_output_dir
+from basis_bench.rollouts.store import LOCK_FILE, atomic_write, claim_output_dir
 
 HETEROGENEITY_BATCHES = 500
 HETEROGENEITY_BINS = 5
@@ -65,6 +67,13 @@ def claim_results_dir(
             f"--out {out} is inside the rollouts dataset {rollouts}; write results outside it "
             "(its files would be read as rollouts by every later command)"
         )
+    here = Path.cwd().resolve()
+    if target == here or target in here.parents or os.path.ismount(target):
+        raise InputError(
+            f"--out {out} is the current folder, one above it or a mount point; a run replaces "
+            "its results folder whole, which cannot be done there: give a folder below it "
+            "(e.g. --out results)"
+        )
     return claim_output_dir(out, "results", force=force)
 
 
@@ -72,20 +81,31 @@ def claim_results_dir(
 def staged_run(out: Path, produced: Iterable[str]) -> Iterator[Path]:
     """Yield a new hidden sibling folder of ``out`` to write one whole run into; on success
     swap it in for ``out`` (keeping ``out``'s files that the run does not write, such as the
-    marker and sensitivity's table), on error remove it and leave ``out`` as it was."""
+    marker and sensitivity's table), on error remove it and leave ``out`` as it was.
+
+    The staging folder takes ``out``'s mode (a group-shared folder stays shared) and carries
+    this process's id in its name, so a later run removes what a killed one left behind.
+    """
     produced = set(produced)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".staging", dir=out.parent))
+    _remove_stale(out)
+    staging = Path(
+        tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".staging", dir=out.parent)
+    )
+    os.chmod(staging, stat.S_IMODE(out.stat().st_mode))
     try:
         yield staging
         for entry in out.iterdir():
             dest = staging / entry.name
-            if entry.name in produced or dest.exists() or entry.name.endswith(".tmp"):
+            skip = (
+                entry.name in produced or entry.name == LOCK_FILE
+            )  # the old run's lock stays behind
+            if skip or dest.exists() or entry.name.endswith(".tmp"):
                 continue
             if entry.is_dir():
                 shutil.copytree(entry, dest)
             else:
                 shutil.copy2(entry, dest)
-        old = out.parent / f".{out.name}.{new_run_id()}.old"
+        old = out.parent / f".{out.name}.{os.getpid()}.{new_run_id()}.old"
         os.rename(out, old)
         try:
             os.rename(staging, out)
@@ -95,6 +115,25 @@ def staged_run(out: Path, produced: Iterable[str]) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_stale(out: Path) -> None:
+    """Remove the staging and set-aside folders of ``out`` whose run's process is gone
+    (killed between its writes): ``.OUT.PID.XXXX.staging`` and ``.OUT.PID.XXXX.old``."""
+    for leftover in out.parent.glob(f".{glob.escape(out.name)}.*"):
+        pid = leftover.name[len(out.name) + 2 :].split(".")[0]
+        if leftover.suffix in (".staging", ".old") and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _series_row(s: Series, noise: np.ndarray, batch_size: int) -> dict[str, Any]:

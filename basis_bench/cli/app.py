@@ -9,7 +9,7 @@ import sys
 import typer
 from rich.console import Console
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, Terminated
 
 app = typer.Typer(
     name="basis-bench",
@@ -44,6 +44,8 @@ WRITE_ERRNOS = {
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
+    errno.ENOTDIR: "a folder in the path is a file",
+    errno.EBUSY: "the folder is in use (a mount point or the current folder)",
 }
 
 
@@ -61,7 +63,8 @@ def after_failure(argv: list[str]) -> str:
 def main() -> None:
     """Console-script entry point: user mistakes become one clear line (exit code 2), a
     failed write (disk full, read-only, no permission) one line saying what is kept
-    (exit code 1), Ctrl-C the same (exit code 130)."""
+    (exit code 1), Ctrl-C the same (exit code 130), SIGTERM too (exit code 143; the
+    handler is armed by :mod:`basis_bench.__main__`)."""
     console = Console(stderr=True, soft_wrap=True)
     try:
         app()
@@ -77,23 +80,30 @@ def main() -> None:
             highlight=False,
         )
         sys.exit(1)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]: {after_failure(sys.argv)}", highlight=False)
-        sys.exit(130)
+    except KeyboardInterrupt as stop:
+        _say_interrupted(console, stop)
     except SystemExit as stop:
         # typer turns Ctrl-C into a silent exit 130; say what the interrupted run kept.
-        if _interrupted(stop):
-            console.print(f"[yellow]interrupted[/]: {after_failure(sys.argv)}", highlight=False)
+        cause = _interrupted(stop)
+        if cause is not None:
+            _say_interrupted(console, cause)
         raise
 
 
-def _interrupted(error: BaseException) -> bool:
-    """Whether ``error`` came from a KeyboardInterrupt (through typer's Exit(130))."""
+def _say_interrupted(console: Console, stop: KeyboardInterrupt) -> None:
+    """One line on what an interrupted (Ctrl-C, 130) or terminated (SIGTERM, 143) run kept."""
+    word = "terminated" if isinstance(stop, Terminated) else "interrupted"
+    console.print(f"[yellow]{word}[/]: {after_failure(sys.argv)}", highlight=False)
+    sys.exit(143 if isinstance(stop, Terminated) else 130)
+
+
+def _interrupted(error: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt ``error`` came from (through typer's Exit(130)), if any."""
     seen: BaseException | None = error
     for _ in range(8):
         if seen is None:
-            return False
+            return None
         if isinstance(seen, KeyboardInterrupt):
-            return True
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None

@@ -106,11 +106,18 @@ def train_figures(
         int,
         typer.Option("--smooth", help="Steps in the rolling mean of the training reward curve."),
     ] = 5,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write into --out even if it holds something else than training figures.",
+        ),
+    ] = False,
 ) -> None:
     """Learning curves per run (held-out greedy accuracy and training reward against step) and
     the calibrated beta against step (the paper's Fig. 8)."""
     from basis_bench.bench.figures import COLOURS, label
     from basis_bench.train.figures import plot_training
 
-    for path in plot_training(runs, out, smooth, label=label, colours=COLOURS):
+    for path in plot_training(runs, out, smooth, label=label, colours=COLOURS, force=force):
         typer.echo(str(path))

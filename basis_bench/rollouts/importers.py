@@ -33,6 +33,7 @@ import io
 import json
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,11 +49,15 @@ from basis_bench.rollouts.oracle import _POLICY_NAME, part_path, write_prompts_t
 from basis_bench.rollouts.store import (
     OPTIONAL_PROMPT_COLUMNS,
     OPTIONAL_ROLLOUT_COLUMNS,
+    PROMPTS_FILE,
+    REPLACED_SUFFIX,
     claim_output_dir,
     conform_prompts,
     conform_rollouts,
     file_policies,
+    holds_output_locks,
     provenance,
+    publishing,
     rollout_files,
     write_parquet_atomic,
 )
@@ -906,35 +911,58 @@ def _publish(
     table: pl.DataFrame | None,
     to_remove: list[Path],
 ) -> list[Path]:
-    """Stage every part, then rename them all into place; an interruption takes back what
-    it had put in place and leaves no staged file."""
+    """Stage every part, then, under the dataset's publish lock, set the replaced files
+    aside and rename the new ones into place: all or nothing. Any error or interruption
+    puts the old files and the old prompts table back and leaves no staged file."""
     out.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:12]
     staged: list[tuple[Path, Path]] = []
+    aside: list[tuple[Path, Path]] = []
     published: list[Path] = []
     try:
         for (name,), rows in result.rollouts.group_by("policy", maintain_order=True):
             final = part_path(out, str(name), 0)
-            stage = final.parent / f".{final.name}.{uuid.uuid4().hex[:12]}.staged"
+            stage = final.parent / f".{final.name}.{tag}.staged"
             rows = rows.sort("prompt_id", "sample_idx")
             write_parquet_atomic(rows, stage, {**base, "policy": str(name)})
             staged.append((stage, final))
-        if table is not None:
-            write_prompts_table(table, out, base)
-        for f in to_remove:
-            f.unlink()
-        for stage, final in staged:
-            os.replace(stage, final)
-            published.append(final)
+        with publishing(out):
+            prompts = out / PROMPTS_FILE
+            if table is not None and prompts.exists():
+                aside.append((prompts, _set_aside(prompts, tag, copy=True)))
+            if table is not None:
+                write_prompts_table(table, out, base)
+            for f in to_remove:
+                aside.append((f, _set_aside(f, tag)))
+            for stage, final in staged:
+                os.replace(stage, final)
+                published.append(final)
     except BaseException:
         for path in published:
             path.unlink(missing_ok=True)
+        for original, kept in reversed(aside):
+            os.replace(kept, original)
         raise
     finally:
         for stage, _ in staged:
             stage.unlink(missing_ok=True)
+    for _, kept in aside:
+        kept.unlink(missing_ok=True)
     return published
 
 
+def _set_aside(path: Path, tag: str, copy: bool = False) -> Path:
+    """Move (or copy, for a file rewritten in place) ``path`` to a hidden name that no
+    reader takes for rollouts, to be put back if the publish fails."""
+    kept = path.parent / f".{path.name}.{tag}{REPLACED_SUFFIX}"
+    if copy:
+        shutil.copy2(path, kept)
+    else:
+        os.replace(path, kept)
+    return kept
+
+
+@holds_output_locks
 def write_import(
     result: Imported,
     out: str | os.PathLike[str],

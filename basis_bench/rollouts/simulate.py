@@ -41,6 +41,7 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.store import (
     PROMPTS_FILE,
     claim_output_dir,
+    holds_output_locks,
     read_metadata,
     rollout_files,
     write_parquet_atomic,
@@ -189,6 +190,7 @@ def _stream(seed: int, name: str) -> np.random.SeedSequence:
     return np.random.SeedSequence([seed, digest])
 
 
+@holds_output_locks
 def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> Path:
     """Write a simulated rollouts dataset to ``out`` and return its path.
 

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
+import functools
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from importlib import resources as importlib_resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import polars as pl
@@ -40,6 +42,7 @@ METADATA_KEY = "basis_bench"
 PROMPTS_FILE = "prompts.parquet"
 TEMP_SUFFIX = ".tmp"
 STAGED_SUFFIX = ".staged"
+REPLACED_SUFFIX = ".replaced"  # a file set aside while a replace is published
 
 ROLLOUT_COLUMNS: dict[str, pl.DataType] = {
     "prompt_id": pl.String(),
@@ -189,22 +192,28 @@ def write_parquet_atomic(
 # --------------------------------------------------------------------------- output folders
 
 OUTPUT_MARKER = ".basis-bench-output.json"
+LOCK_FILE = ".basis-bench.lock"  # writers' and readers' advisory locks (lock_output)
 _KIND_WORDS = {
     "rollouts": "a rollouts dataset",
     "train-run": "a training run",
     "results": "a results folder",
     "figures": "a figures folder",
+    "training-figures": "a training figures folder",
 }
+TRAINING_FIGURES = ("learning_curves.png", "beta.png", "training_summary.csv")
 
 
 def _is_temporary(path: Path) -> bool:
-    """A writer's temporary or staged file (``.NAME.XXXX.tmp``, ``.NAME.XXXX.staged``)."""
-    return path.name.startswith(".") and path.name.endswith((TEMP_SUFFIX, STAGED_SUFFIX))
+    """A writer's temporary, staged or set-aside file (``.NAME.XXXX.tmp``, ``.staged``,
+    ``.replaced``)."""
+    suffixes = (TEMP_SUFFIX, STAGED_SUFFIX, REPLACED_SUFFIX)
+    return path.name.startswith(".") and path.name.endswith(suffixes)
 
 
 def _output_files(path: Path) -> list[Path]:
     """Every file under ``path`` but writers' temporary files (empty folders do not count)."""
-    return sorted(f for f in path.rglob("*") if not f.is_dir() and not _is_temporary(f))
+    files = (f for f in path.rglob("*") if not f.is_dir() and not _is_temporary(f))
+    return sorted(f for f in files if f.name != LOCK_FILE)
 
 
 def read_output_marker(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -264,6 +273,8 @@ def recognise_output(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     names = {f.relative_to(root).as_posix() for f in files}
     if "log.jsonl" in names or (root / "checkpoints").is_dir():
         return {"kind": "train-run"}
+    if names <= set(TRAINING_FIGURES):
+        return {"kind": "training-figures"}
     if "run.json" in names or "summary.csv" in names:
         return {"kind": "results"}
     parquet = [f for f in files if f.suffix == ".parquet"]
@@ -292,6 +303,7 @@ def claim_output_dir(
     simulated: bool | None = None,
     force: bool = False,
     option: str = "--out",
+    shared: bool = False,
 ) -> Path:
     """Make ``path`` the output folder of a command of ``kind`` (``"rollouts"``,
     ``"train-run"``, ``"results"``, ``"figures"``) and return it, created.
@@ -304,10 +316,14 @@ def claim_output_dir(
     :class:`InputError` naming what the folder holds, unless ``force``. A file at ``path``
     is always an error. The marker is (re)written only when it changes; ``option`` names
     the setting in messages (``--out``, ``run_dir``).
+
+    Links are followed: the folder returned is the real one, so every command writes
+    through a symbolic link into its target and never replaces the link. The folder is
+    locked to this process until it exits (:func:`lock_output`; ``shared`` for the
+    oracle's shards, which write disjoint parts of one dataset side by side). The shipped
+    dataset (installed package data) is read-only to every command.
     """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{option} {path} is a file; give a directory")
+    path = _writable_folder(Path(path), option)
     try:
         found = recognise_output(path)
     except InputError:
@@ -316,6 +332,7 @@ def claim_output_dir(
         found = {"kind": None}
     if found is not None and not force:
         _check_claim(path, kind, simulated, found, option)
+    lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
     marker: dict[str, Any] = {"kind": kind}
     if kind == "rollouts":
         before = found.get("simulated") if found and found.get("kind") == kind else simulated
@@ -331,6 +348,102 @@ def claim_output_dir(
         text = json.dumps({**marker, "package_version": __version__}, sort_keys=True)
         write_text_atomic(path / OUTPUT_MARKER, text + "\n")
     return path
+
+
+def _writable_folder(path: Path, option: str) -> Path:
+    """``path`` with links resolved, refused in one line where no command may write: a file,
+    a path through a file, the installed package data."""
+    real = Path(os.path.realpath(path))
+    if real.exists() and not real.is_dir():
+        raise InputError(f"{option} {path} is a file; give a directory")
+    above = next((p for p in real.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputError(f"{option} {path}: {above} is a file, not a folder; give a directory")
+    shipped = Path(os.path.realpath(default_dataset())).parent
+    if real == shipped or shipped in real.parents:
+        raise InputError(
+            f"{option} {path} is inside the installed package data ({shipped}), which is "
+            "read-only to every command; write to a folder of your own"
+        )
+    return real
+
+
+_HELD_LOCKS: dict[Path, int] = {}  # lock file -> open descriptor, for this process's life
+_WRITERS, _PUBLISH = 0, 1  # the lock file's bytes: who writes, and who swaps files in
+_SCOPE: list[list[int]] = []  # writer locks taken inside each running holds_output_locks call
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def holds_output_locks(fn: F) -> F:
+    """Decorate a library entry point that claims output folders: the writer locks it takes
+    are released when it returns, so one process can call it again and again, and another
+    process can write there afterwards. (Outside such a call, as in the CLI, a lock is held
+    until the process exits.)"""
+
+    @functools.wraps(fn)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        _SCOPE.append([])
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            taken = _SCOPE.pop()
+            if not _SCOPE:
+                for fd in taken:
+                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
+            else:
+                _SCOPE[-1].extend(taken)
+
+    return cast(F, scoped)
+
+
+def _lock_descriptor(folder: Path) -> int | None:
+    """The open lock file ``.basis-bench.lock`` in ``folder`` (None where none can be made,
+    such as a read-only folder: then nothing there is written by this package either)."""
+    lock = folder / LOCK_FILE
+    if lock not in _HELD_LOCKS:
+        try:
+            _HELD_LOCKS[lock] = os.open(lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        except OSError:
+            return None
+    return _HELD_LOCKS[lock]
+
+
+def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") -> None:
+    """Lock ``folder`` (created) for writing by this process (an advisory POSIX lock on its
+    ``.basis-bench.lock``, which a killed process never leaves held). A folder another
+    process writes is an :class:`InputError`; ``shared`` lets several oracle shards write
+    one dataset. A results folder swapped whole at the end of a run gets a new lock file
+    with it: its writer is done by then."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = _lock_descriptor(folder)
+    if fd is None:
+        return
+    kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    try:
+        fcntl.lockf(fd, kind | fcntl.LOCK_NB, 1, _WRITERS)
+    except OSError as err:
+        raise InputError(
+            f"{option} {folder} is being written by another basis-bench command right now; "
+            "wait for it to finish (two writers of one folder would mix or lose outputs)"
+        ) from err
+    if _SCOPE:
+        _SCOPE[-1].append(fd)
+
+
+@contextlib.contextmanager
+def publishing(folder: Path, *, reading: bool = False) -> Iterator[None]:
+    """Hold ``folder``'s publish lock: exclusive while files are swapped into place, shared
+    while a reader lists and reads them, so a reader never sees a half-replaced dataset."""
+    fd = _lock_descriptor(Path(os.path.realpath(folder)))
+    if fd is None:
+        yield
+        return
+    fcntl.lockf(fd, fcntl.LOCK_SH if reading else fcntl.LOCK_EX, 1, _PUBLISH)
+    try:
+        yield
+    finally:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _PUBLISH)
 
 
 def _check_claim(
@@ -403,11 +516,18 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
-    """All rollouts Parquet files under ``root``, sorted (temporary files are skipped)."""
+    """All rollouts Parquet files under ``root``, sorted (temporary files are skipped; links
+    are followed, as every command does)."""
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"rollouts directory {str(root)!r} does not exist")
-    return sorted(p for p in root.rglob("*.parquet") if p.name != PROMPTS_FILE)
+    found = (  # folders named *.parquet too, so that readers refuse them by name
+        Path(folder) / name
+        for folder, dirs, files in os.walk(root, followlinks=True)
+        for name in (*dirs, *files)
+        if name.endswith(".parquet") and name != PROMPTS_FILE
+    )
+    return sorted(found)
 
 
 def _rollout_file_columns(path: Path) -> list[str]:
@@ -439,8 +559,17 @@ def load_rollouts(
     ``optional``: which optional columns to read beside the four required ones (None:
     every one present). Only the selected columns and policies are read, so a caller that
     needs rewards alone never loads the ``response`` texts. The result is sorted by
-    (policy, prompt_id, sample_idx), so it does not depend on file names or order.
+    (policy, prompt_id, sample_idx), so it does not depend on file names or order. Read
+    under the dataset's publish lock, so an import that replaces policies is seen whole or
+    not at all.
     """
+    with publishing(Path(root), reading=True):
+        return _load_rollouts(root, policies, optional)
+
+
+def _load_rollouts(
+    root: str | os.PathLike[str], policies: Iterable[str] | None, optional: Iterable[str] | None
+) -> pl.DataFrame:
     files = rollout_files(root)
     if not files:
         raise InputError(f"no rollouts Parquet files under {str(root)!r}")

@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.store import claim_output_dir, holds_output_locks
 from basis_bench.train.loop import read_log
 
 BETA_TICKS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
@@ -71,14 +72,17 @@ def run_label(config: dict[str, Any], with_loss: bool, label: Labeller = plain_l
     return f"{text}, {config['loss'].upper()}" if with_loss else text
 
 
+@holds_output_locks
 def plot_training(
     run_dirs: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     smooth: int = 5,
     label: Labeller = plain_label,
     colours: Mapping[str, str] | None = None,
+    force: bool = False,
 ) -> list[Path]:
-    """Draw ``learning_curves.png`` and ``beta.png`` and write ``training_summary.csv``.
+    """Draw ``learning_curves.png`` and ``beta.png`` and write ``training_summary.csv`` into
+    ``out``, a new or empty folder or one of training figures (``force``: any folder).
 
     ``label`` names a run's estimator; ``colours`` maps estimator names to matplotlib
     colours (used when every run has its own estimator; otherwise the default cycle).
@@ -102,8 +106,7 @@ def plot_training(
     ]
     palette = colours or {}
     styles = [palette.get(e, f"C{i}") if unique else f"C{i % 10}" for i, e in enumerate(estimators)]
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_output_dir(out, "training-figures", force=force)
     written = [_learning_curves(runs, names, styles, smooth, out / "learning_curves.png")]
     beta = _beta_figure(runs, names, styles, out / "beta.png")
     if beta is not None:

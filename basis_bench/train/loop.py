@@ -49,6 +49,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.store import holds_output_locks
 from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
 from basis_bench.train.setup import LOG_FILE, Data, Estimate, Run
 
@@ -58,6 +59,7 @@ Record = dict[str, Any]
 # --------------------------------------------------------------------------- the loop
 
 
+@holds_output_locks
 def train(
     config: TrainConfig,
     resume: str | os.PathLike[str] | None = None,
