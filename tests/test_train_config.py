@@ -237,6 +237,7 @@ def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tm
 
 def test_train_figures_from_logs(tmp_path):
     from basis_bench.bench.figures import COLOURS, label
+    from basis_bench.rollouts.store import LOCK_FILE, OUTPUT_MARKER
     from basis_bench.train.figures import plot_training
     from basis_bench.train.loop import append_jsonl
 
@@ -254,7 +255,8 @@ def test_train_figures_from_logs(tmp_path):
     runs = [tmp_path / "b", tmp_path / "g"]
     written = plot_training(runs, tmp_path / "figs", smooth=2, label=label, colours=COLOURS)
     assert {p.name for p in written} == {"learning_curves.png", "beta.png", "training_summary.csv"}
-    assert not list((tmp_path / "figs").glob(".*")), "no temporary file left behind"
+    hidden = {p.name for p in (tmp_path / "figs").glob(".*")}
+    assert hidden == {OUTPUT_MARKER, LOCK_FILE}, "no temporary file left behind"
     table = pl.read_csv(tmp_path / "figs" / "training_summary.csv")
     grpo = table.filter(pl.col("label") == "GRPO (G=8)")
     assert grpo["eval_accuracy"].drop_nulls().to_list() == [0.25, 0.5]

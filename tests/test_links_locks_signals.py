@@ -1,0 +1,250 @@
+"""Outputs that never lie, second round (issue 22): links, locks, interrupts and signals.
+
+Links are followed by every command; two writers of one folder are refused; an interrupted
+``import --replace`` puts the old data back; SIGTERM cleans up like Ctrl-C; the installed
+package data, a path through a file and the current folder are refused in one line. Each
+case checks the exit code, the message and that no earlier byte changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_failures import (
+    assert_one_line_error,
+    evaluate_args,
+    run_main,
+    siblings,
+    snapshot,
+)
+
+import basis_bench.rollouts.importers as importers
+from basis_bench.rollouts.simulate import SimulationConfig, simulate
+from basis_bench.rollouts.store import LOCK_FILE, default_dataset, load_rollouts
+from basis_bench.train.loop import append_jsonl
+
+CLI = [sys.executable, "-m", "basis_bench"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def sim_dataset(tmp_path) -> Path:
+    out = tmp_path / "sim"
+    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), out)
+    return out
+
+
+def counts_file(tmp_path: Path, name: str, n_correct: int) -> Path:
+    path = tmp_path / name
+    path.write_text(f"prompt_id,n,n_correct\na,4,{n_correct}\nb,4,1\n")
+    return path
+
+
+def import_args(source: Path, out: Path, *extra: str) -> list[str]:
+    return ["import", "counts", str(source), "--policy", "ck", "--out", str(out), *extra]
+
+
+def without_lock(files: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in files.items() if not k.endswith(LOCK_FILE)}
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+
+
+# --------------------------------------------------------------------------- every command
+
+
+@pytest.mark.parametrize("command", ["evaluate", "import", "simulate"])
+def test_a_path_through_a_file_is_one_line(monkeypatch, capsys, sim_dataset, tmp_path, command):
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    out = blocker / "sub"
+    args = {
+        "evaluate": evaluate_args(sim_dataset, out),
+        "import": import_args(counts_file(tmp_path, "c.csv", 2), out),
+        "simulate": ["simulate", "--out", str(out), "--prompts", "4"],
+    }[command]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "is a file, not a folder")
+    assert blocker.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["import", "simulate"])
+def test_the_installed_package_data_is_read_only(monkeypatch, capsys, tmp_path, command):
+    shipped = default_dataset()
+    before = snapshot(shipped)
+    args = {
+        "import": import_args(counts_file(tmp_path, "c.csv", 2), shipped, "--force"),
+        "simulate": ["simulate", "--out", str(shipped / "x"), "--prompts", "4", "--force"],
+    }[command]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "read-only")
+    assert snapshot(shipped) == before
+
+
+def test_ctrl_c_and_sigterm_at_any_moment_are_one_line(sim_dataset, tmp_path):
+    """Early (during the imports) or late (during the replay), an interrupt is one line; a
+    SIGTERM exits 143 and, like Ctrl-C, leaves no staging folder behind."""
+    for delay, sig, code in [(0.4, signal.SIGINT, 130), (0.4, signal.SIGTERM, 143)]:
+        out = tmp_path / f"early-{code}"
+        proc = spawn(*evaluate_args(sim_dataset, out))
+        time.sleep(delay)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    out = tmp_path / "late"
+    proc = spawn(*evaluate_args(sim_dataset, out, "--repeats", "100000"))
+    deadline = time.monotonic() + 120
+    while not siblings(out) and time.monotonic() < deadline:  # the replay is writing its stage
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1].startswith("terminated:"), err
+    assert siblings(out) == []
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def test_evaluate_removes_what_a_killed_run_left(monkeypatch, capsys, sim_dataset, tmp_path):
+    out = tmp_path / "res"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(dead.stdout)
+    stale = [tmp_path / f".res.{pid}.abc.staging", tmp_path / f".res.{pid}.def.old"]
+    for folder in stale:
+        folder.mkdir()
+        (folder / "summary.csv").write_text("x")
+    alive = tmp_path / f".res.{os.getpid()}.ghi.staging"  # a run still going: left alone
+    alive.mkdir()
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))[0] == 0
+    assert siblings(out) == [alive.name]
+
+
+def test_evaluate_writes_through_a_link(monkeypatch, capsys, sim_dataset, tmp_path):
+    target = tmp_path / "scratch" / "results"
+    target.mkdir(parents=True)
+    link = tmp_path / "res"
+    link.symlink_to(target)
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, link))[0] == 0
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, link))[0] == 0
+    assert link.is_symlink() and (target / "run.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res", "scratch", "sim"]
+    assert siblings(target) == []
+
+
+def test_evaluate_refuses_the_current_folder(monkeypatch, capsys, sim_dataset, tmp_path):
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "notes.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    for out in (".", ".."):
+        result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, Path(out)))
+        assert_one_line_error(result, "the current folder")
+    assert sorted(p.name for p in here.iterdir()) == ["notes.txt"]
+
+
+def test_evaluate_keeps_a_group_shared_folder_shared(monkeypatch, capsys, sim_dataset, tmp_path):
+    out = tmp_path / "shared"
+    out.mkdir()
+    os.chmod(out, 0o2775)
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))[0] == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o2775
+
+
+def test_a_second_writer_of_one_folder_is_refused(monkeypatch, capsys, sim_dataset, tmp_path):
+    out = tmp_path / "res"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from basis_bench.rollouts.store import claim_output_dir; "
+         f"claim_output_dir(Path({str(out)!r}), 'results'); print('held', flush=True); "
+         "time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = snapshot(out)
+        result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))
+        assert_one_line_error(result, "being written by another basis-bench command")
+        assert snapshot(out) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))[0] == 0
+
+
+# --------------------------------------------------------------------------- import
+
+
+def test_an_interrupted_replace_keeps_the_old_data(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "ds"
+    assert (
+        run_main(monkeypatch, capsys, *import_args(counts_file(tmp_path, "a.csv", 1), out))[0] == 0
+    )
+    before = without_lock(snapshot(out))
+    real_replace = os.replace
+    calls = []
+
+    def interrupted(src, dst):  # the interrupt lands after the old file was set aside
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(importers.os, "replace", interrupted)
+    args = import_args(counts_file(tmp_path, "b.csv", 3), out, "--replace")
+    code, message = run_main(monkeypatch, capsys, *args)
+    assert code == 130 and message.startswith("interrupted:"), message
+    monkeypatch.setattr(importers.os, "replace", real_replace)
+    assert without_lock(snapshot(out)) == before
+    assert load_rollouts(out)["reward"].sum() == 2.0  # a: 1 of 4, b: 1 of 4
+
+
+def test_import_sees_a_linked_policy_folder(monkeypatch, capsys, tmp_path):
+    """A policy folder that is a link counts as held: no write through it without --replace."""
+    out = tmp_path / "ds"
+    assert (
+        run_main(monkeypatch, capsys, *import_args(counts_file(tmp_path, "a.csv", 1), out))[0] == 0
+    )
+    elsewhere = tmp_path / "elsewhere"
+    (out / "rollouts" / "ck").rename(elsewhere)
+    (out / "rollouts" / "ck").symlink_to(elsewhere)
+    before = snapshot(elsewhere)
+    args = import_args(counts_file(tmp_path, "b.csv", 3), out)
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "already holds policy 'ck'")
+    assert snapshot(elsewhere) == before
+
+
+# --------------------------------------------------------------------------- train-figures
+
+
+def test_train_figures_claims_its_folder(monkeypatch, capsys, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "training_summary.csv").write_text("my own table\n")
+    (out / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"estimator": "basis", "group_size": 8, "loss": "gpg"})
+    )
+    append_jsonl(run / "log.jsonl", {"step": 1, "mean_reward": 0.5, "eval_accuracy": 0.25})
+    result = run_main(monkeypatch, capsys, "train-figures", str(run), "--out", str(out))
+    assert_one_line_error(result, "--force")
+    assert snapshot(out) == before
+    assert (
+        run_main(monkeypatch, capsys, "train-figures", str(run), "--out", str(tmp_path / "f"))[0]
+        == 0
+    )
