@@ -248,3 +248,36 @@ def test_train_figures_claims_its_folder(monkeypatch, capsys, tmp_path):
         run_main(monkeypatch, capsys, "train-figures", str(run), "--out", str(tmp_path / "f"))[0]
         == 0
     )
+
+
+# --------------------------------------------------------------------------- values kept
+
+
+def test_a_fixed_beta_off_the_grid_is_refused_not_moved(monkeypatch, capsys, sim_dataset, tmp_path):
+    out = tmp_path / "res"
+    args = evaluate_args(sim_dataset, out, "--calibration", "fixed", "--fixed-beta", "0.3")
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "not on the beta grid", "0.297279")
+    assert not out.exists()  # refused before any folder was made
+    on_grid = evaluate_args(sim_dataset, out, "--calibration", "fixed", "--fixed-beta", "0.297279")
+    assert run_main(monkeypatch, capsys, *on_grid)[0] == 0
+    recorded = json.loads((out / "run.json").read_text())
+    assert "0.297279" in json.dumps(recorded)  # what ran is what the user typed
+
+
+def test_a_failed_run_leaves_no_folder_it_made(tmp_path):
+    """A claim's new folder goes again when the command fails before writing there."""
+    from basis_bench.rollouts.store import claim_output_dir, holds_output_locks
+
+    @holds_output_locks
+    def fails(out: Path) -> None:
+        claim_output_dir(out, "results")
+        raise ValueError("late failure")
+
+    with pytest.raises(ValueError, match="late failure"):
+        fails(tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(ValueError, match="late failure"):
+        fails(kept)
+    assert kept.is_dir()  # the user's folder stays, marker and all

@@ -54,6 +54,7 @@ from basis_bench.bench.trajectory import (
 )
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
+from basis_bench.estimators.table import grid_beta_index
 from basis_bench.rollouts.store import (
     METADATA_KEY,
     atomic_write,
@@ -268,6 +269,9 @@ def evaluate(
     """
     estimators = resolve_estimators(cfg.estimators)
     options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
+    basis = BasisOptions(**cfg.basis_options)
+    if basis.calibration == "fixed":  # refused before any folder is made
+        grid_beta_index(default_betas(cfg.grid_size), basis.fixed_beta)  # type: ignore[arg-type]
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     if cfg.trajectory and cfg.trajectory_blend:
         check_blend(cfg.trajectory_epochs, len(ds.checkpoints))

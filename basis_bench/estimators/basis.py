@@ -29,7 +29,7 @@ from basis_bench.estimators.options import (
     options_from_mapping,
 )
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
-from basis_bench.estimators.table import TiltTable, inf_index, nearest_beta_index
+from basis_bench.estimators.table import TiltTable, grid_beta_index, inf_index
 
 BASIS_FAMILY = ("offline", "basis", "basis_paper", "basis_vop", "basis_rvg")
 
@@ -142,11 +142,11 @@ def _grids(batch: EstimatorInput) -> tuple[Array, Array | None, np.ndarray]:
 def basis_values(batch: EstimatorInput, options: BasisOptions) -> tuple[Array, Array]:
     """BASIS values (..., B) and beta indices (...) of a checked single-rollout input.
 
-    ``calibration="fixed"`` uses the grid value nearest to ``options.fixed_beta``.
+    ``calibration="fixed"`` uses ``options.fixed_beta``, which must be on the grid.
     """
     if options.calibration == "fixed":
         v_grid, var_grid, betas = _grids(batch)
-        fixed = nearest_beta_index(betas, options.fixed_beta)  # type: ignore[arg-type]
+        fixed = grid_beta_index(betas, options.fixed_beta)  # type: ignore[arg-type]
         r = batch.rewards[..., 0]
         return estimate_with(v_grid, var_grid, r, options, "fixed", fixed, batch.reward_range)
     assert batch.v_grid is not None

@@ -89,7 +89,9 @@ class BasisOptions:
     )
     fixed_beta: float | None = field(
         default=None,
-        metadata=_help("Beta for calibration fixed (the nearest grid value; inf allowed)."),
+        metadata=_help(
+            "Beta for calibration fixed: a value of the beta grid (as fixed_beta.csv lists it) or inf."
+        ),
     )
     variant: str = field(
         default="unb",

@@ -95,12 +95,16 @@ def inf_index(betas: Array) -> int | None:
     return int(inf[0]) if inf.size else None
 
 
-def nearest_beta_index(betas: Array, beta: float) -> int:
-    """Grid index nearest to ``beta`` on the log scale (inf matches only inf; ties: first)."""
+def grid_beta_index(betas: Array, beta: float, rtol: float = 1e-5) -> int:
+    """Index of ``beta`` in the grid ``betas`` (equal within ``rtol``, so the grid's values as
+    printed to 6 digits match; inf matches inf). A beta off the grid is an InputError: a
+    fixed beta is used exactly or refused, never moved to a neighbour."""
     grid = to_numpy(betas, dtype=np.float64)
-    finite = math.isfinite(beta)
-    distance = [
-        abs(math.log(b / beta)) if finite and math.isfinite(b) else (0.0 if b == beta else math.inf)
-        for b in grid
-    ]
-    return min(range(len(grid)), key=lambda i: (distance[i], i))
+    for i, b in enumerate(grid):
+        if b == beta or (math.isfinite(b) and abs(b - beta) <= rtol * abs(b)):
+            return i
+    shown = ", ".join(f"{b:.6g}" for b in grid)
+    raise InputError(
+        f"fixed_beta {beta:g} is not on the beta grid ({shown}); choose one of these values "
+        "(the grid's size is --grid-size)"
+    )

@@ -17,12 +17,14 @@ half file under a final name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import functools
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -324,6 +326,8 @@ def claim_output_dir(
     dataset (installed package data) is read-only to every command.
     """
     path = _writable_folder(Path(path), option)
+    if _SCOPE and not path.exists():
+        _SCOPE[-1].created.append(path)
     try:
         found = recognise_output(path)
     except InputError:
@@ -370,7 +374,14 @@ def _writable_folder(path: Path, option: str) -> Path:
 
 _HELD_LOCKS: dict[Path, int] = {}  # lock file -> open descriptor, for this process's life
 _WRITERS, _PUBLISH = 0, 1  # the lock file's bytes: who writes, and who swaps files in
-_SCOPE: list[list[int]] = []  # writer locks taken inside each running holds_output_locks call
+_SCOPE: list[_Claims] = []  # what each running holds_output_locks call has claimed
+
+
+@dataclasses.dataclass
+class _Claims:
+    locks: list[int] = dataclasses.field(default_factory=list)  # writer locks taken
+    created: list[Path] = dataclasses.field(default_factory=list)  # folders made by a claim
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -378,23 +389,38 @@ F = TypeVar("F", bound=Callable[..., Any])
 def holds_output_locks(fn: F) -> F:
     """Decorate a library entry point that claims output folders: the writer locks it takes
     are released when it returns, so one process can call it again and again, and another
-    process can write there afterwards. (Outside such a call, as in the CLI, a lock is held
-    until the process exits.)"""
+    process can write there afterwards; a folder its claim created is removed again if it
+    fails before writing anything there. (Outside such a call, as in the CLI, a lock is
+    held until the process exits.)"""
 
     @functools.wraps(fn)
     def scoped(*args: Any, **kwargs: Any) -> Any:
-        _SCOPE.append([])
+        _SCOPE.append(_Claims())
+        failed = True
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            failed = False
+            return result
         finally:
-            taken = _SCOPE.pop()
-            if not _SCOPE:
-                for fd in taken:
-                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
+            claims = _SCOPE.pop()
+            if _SCOPE:
+                _SCOPE[-1].locks += claims.locks
+                _SCOPE[-1].created += claims.created
             else:
-                _SCOPE[-1].extend(taken)
+                for fd in claims.locks:
+                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
+                for folder in claims.created if failed else ():
+                    _remove_if_unused(folder)
 
     return cast(F, scoped)
+
+
+def _remove_if_unused(folder: Path) -> None:
+    """Remove ``folder`` if it holds nothing but its marker and lock (a claim that a failed
+    command made): a refused or failed run leaves no trace."""
+    held = {f.name for f in folder.iterdir()} if folder.is_dir() else {"?"}
+    if held <= {OUTPUT_MARKER, LOCK_FILE}:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _lock_descriptor(folder: Path) -> int | None:
@@ -428,7 +454,7 @@ def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") ->
             "wait for it to finish (two writers of one folder would mix or lose outputs)"
         ) from err
     if _SCOPE:
-        _SCOPE[-1].append(fd)
+        _SCOPE[-1].locks.append(fd)
 
 
 @contextlib.contextmanager
