@@ -281,3 +281,34 @@ def test_a_failed_run_leaves_no_folder_it_made(tmp_path):
     with pytest.raises(ValueError, match="late failure"):
         fails(kept)
     assert kept.is_dir()  # the user's folder stays, marker and all
+
+
+# --------------------------------------------------------------------------- oracle
+
+
+def test_a_pickled_checkpoint_is_one_line_and_never_run(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from basis_bench.errors import InputError
+    from basis_bench.rollouts.models import resolve_checkpoint
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2,
+    )  # fmt: skip
+    ckpt = tmp_path / "ckpt"
+    transformers.LlamaForCausalLM(config).save_pretrained(ckpt)
+    (ckpt / "model.safetensors").unlink()
+    witness = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {witness}",))
+
+    torch.save({"weight": Payload()}, ckpt / "pytorch_model.bin")
+    from basis_bench.rollouts.models import load_model
+
+    with pytest.raises(InputError, match="pickled objects beyond plain tensors") as caught:
+        load_model(resolve_checkpoint(str(ckpt)), device="cpu")
+    assert "weights_only=False" not in str(caught.value)
+    assert not witness.exists()

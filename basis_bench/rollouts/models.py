@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -91,8 +92,9 @@ def resolve_device(device: str) -> str:
 def _load_errors() -> tuple[type[BaseException], ...]:
     """What transformers raises for a corrupt checkpoint: OSError (a config.json that is
     not JSON, a missing file), ValueError (a .gguf without the GGUF magic), safetensors'
-    error (a truncated or garbage model.safetensors)."""
-    errors: list[type[BaseException]] = [OSError, ValueError]
+    error (a truncated or garbage model.safetensors), UnpicklingError (a pytorch_model.bin
+    holding more than weights, refused unrun by torch's weights-only loader)."""
+    errors: list[type[BaseException]] = [OSError, ValueError, pickle.UnpicklingError]
     try:
         from safetensors import SafetensorError
 
@@ -112,6 +114,12 @@ def _unreadable(ckpt: Checkpoint, what: str) -> Iterator[None]:
         if isinstance(err, InputError) or (isinstance(err, OSError) and err.errno):
             raise
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if isinstance(err, pickle.UnpicklingError):
+            raise InputError(
+                f"{ckpt.path}: the {what}'s weights file holds pickled objects beyond plain "
+                "tensors, which are never run here; save the model as safetensors "
+                "(save_pretrained does by default) or use a checkpoint you trust"
+            ) from err
         raise InputError(
             f"{ckpt.path}: cannot load the {what} ({reason}); the checkpoint is corrupt or "
             "incomplete"
