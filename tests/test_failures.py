@@ -32,16 +32,16 @@ import pytest
 from basis_bench.cli import main
 from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
-from basis_bench.rollouts.simulate import SimulationConfig, simulate
-from basis_bench.rollouts.store import (
+from basis_bench.outputs import (
     OUTPUT_MARKER,
     atomic_write,
     claim_output_dir,
-    load_rollouts,
     read_output_marker,
     recognise_output,
     write_parquet_atomic,
 )
+from basis_bench.rollouts.simulate import SimulationConfig, simulate
+from basis_bench.rollouts.store import load_rollouts
 
 SIMULATED = Path(__file__).resolve().parents[1] / "data" / "simulated"
 SMALL_SIM = ["--prompts", "12", "--reference-n", "4", "--checkpoint-n", "6"]
@@ -551,7 +551,7 @@ def test_reward_config_refuses_non_finite_timeouts():
 
 WRITER = """
 import sys, numpy as np, polars as pl
-from basis_bench.rollouts.store import write_parquet_atomic
+from basis_bench.outputs import write_parquet_atomic
 me, path = int(sys.argv[1]), sys.argv[2]
 for i in range(30):
     n = 2000 + 997 * ((i * 7 + me) % 11)  # files of different sizes

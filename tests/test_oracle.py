@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from basis_bench.cli.app import app
 from basis_bench.errors import InputError
+from basis_bench.outputs import read_metadata
 from basis_bench.rollouts.oracle import (
     OracleJob,
     Shard,
@@ -27,15 +28,8 @@ from basis_bench.rollouts.oracle import (
 )
 from basis_bench.rollouts.prompts import arithmetic_prompts
 from basis_bench.rollouts.sampling import SamplingConfig
-from basis_bench.rollouts.store import (
-    OPTIONAL_ROLLOUT_COLUMNS,
-    PROMPTS_FILE,
-    ROLLOUT_COLUMNS,
-    dataset_metadata,
-    load_prompts,
-    load_rollouts,
-    read_metadata,
-)
+from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts
+from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
@@ -357,7 +351,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
     path = tmp_path / "rollouts" / "p" / "part-000000.parquet"
     path.parent.mkdir(parents=True)
     meta = {"run": identity, "chunk": {"digest": plan_chunks(prompts, 1)[0].digest()}}
-    from basis_bench.rollouts.store import write_parquet_atomic
+    from basis_bench.outputs import write_parquet_atomic
 
     write_parquet_atomic(pl.DataFrame({"x": [1]}), path, meta)
     todo, done = pending_chunks(prompts, tmp_path, job, identity)

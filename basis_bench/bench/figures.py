@@ -30,7 +30,7 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import atomic_write, claim_output_dir, read_output_marker
+from basis_bench.outputs import atomic_write, claim_output_dir, read_output_marker
 
 SUMMARY_COLUMNS = (
     "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low",

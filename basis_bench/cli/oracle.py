@@ -278,6 +278,7 @@ def oracle(
     them to --out as one Parquet part per chunk of prompts. Rerun the same command to
     resume: complete parts are skipped."""
     from basis_bench.errors import InputError
+    from basis_bench.outputs import claim_output_dir
     from basis_bench.rollouts.models import resolve_checkpoint
     from basis_bench.rollouts.oracle import (
         OracleJob,
@@ -291,7 +292,6 @@ def oracle(
     from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source, parse_levels
     from basis_bench.rollouts.rewards import ANSWER_FORMATS, RewardConfig, scoring_pool
     from basis_bench.rollouts.sampling import BACKENDS, SamplingConfig, make_sampler
-    from basis_bench.rollouts.store import claim_output_dir
 
     console = Console(stderr=True)
     if backend not in BACKENDS:

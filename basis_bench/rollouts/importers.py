@@ -44,18 +44,15 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
+from basis_bench.outputs import claim_output_dir, provenance, write_parquet_atomic
 from basis_bench.rollouts.oracle import _POLICY_NAME, part_path, write_prompts_table
 from basis_bench.rollouts.store import (
-    OPTIONAL_PROMPT_COLUMNS,
-    OPTIONAL_ROLLOUT_COLUMNS,
-    claim_output_dir,
     conform_prompts,
     conform_rollouts,
     file_policies,
-    provenance,
     rollout_files,
-    write_parquet_atomic,
 )
+from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS
 
 FORMATS = ("counts", "eval-jsonl", "acc-history", "long")
 MAX_LISTED = 50  # malformed rows listed in one error message (the total is always given)

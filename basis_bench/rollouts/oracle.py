@@ -36,15 +36,11 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
+from basis_bench.outputs import read_metadata, write_parquet_atomic
 from basis_bench.rollouts.rewards import RewardConfig, score_many
 from basis_bench.rollouts.sampling import Progress, Sampler, SamplingConfig
-from basis_bench.rollouts.store import (
-    PROMPTS_FILE,
-    conform_rollouts,
-    load_prompts,
-    read_metadata,
-    write_parquet_atomic,
-)
+from basis_bench.rollouts.store import conform_rollouts, load_prompts
+from basis_bench.schema import PROMPTS_FILE
 
 ROLLOUTS_DIR = "rollouts"
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -38,13 +38,9 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import (
-    PROMPTS_FILE,
-    claim_output_dir,
-    read_metadata,
-    rollout_files,
-    write_parquet_atomic,
-)
+from basis_bench.outputs import claim_output_dir, read_metadata, write_parquet_atomic
+from basis_bench.rollouts.store import rollout_files
+from basis_bench.schema import PROMPTS_FILE
 
 REFERENCE_POLICY = "reference"
 GENERATOR = "basis_bench.rollouts.simulate"

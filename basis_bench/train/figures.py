@@ -185,7 +185,7 @@ def _beta_figure(
 
 def _summary(runs: Sequence[Run], names: Sequence[str], path: Path) -> Path:
     """training_summary.csv: run, label, step, eval_accuracy, mean_reward, beta."""
-    from basis_bench.rollouts.store import atomic_write
+    from basis_bench.outputs import atomic_write
 
     table = pl.concat(
         [
@@ -206,7 +206,7 @@ def _beta_text(beta: float) -> str:
 
 def _save(fig: Any, path: Path) -> Path:
     """A PNG through the store's atomic writer: no half-written file under the real name."""
-    from basis_bench.rollouts.store import atomic_write
+    from basis_bench.outputs import atomic_write
 
     with atomic_write(path) as tmp:
         fig.savefig(tmp, dpi=200, format="png")

@@ -204,6 +204,7 @@ def reference_cache(
     grading settings, so any run that shares them reuses it and a killed build resumes.
     ``sampler_of_reference`` is only called when some chunk is missing.
     """
+    from basis_bench.outputs import claim_output_dir
     from basis_bench.rollouts.oracle import (
         OracleJob,
         base_metadata,
@@ -213,7 +214,7 @@ def reference_cache(
         write_prompts_table,
     )
     from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.rollouts.store import claim_output_dir, load_rollouts, reward_matrix
+    from basis_bench.rollouts.store import load_rollouts, reward_matrix
 
     job = OracleJob(
         policy="reference",
@@ -376,7 +377,7 @@ def setup(
     a training run: never a dataset, unless ``force``), then load data, models, sampler,
     cache."""
     from basis_bench import estimators as E
-    from basis_bench.rollouts.store import claim_output_dir
+    from basis_bench.outputs import claim_output_dir
 
     config.check()
     run_dir = Path(config.run_dir)
