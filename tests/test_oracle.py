@@ -24,11 +24,15 @@ from basis_bench.rollouts.oracle import (
     pending_chunks,
     plan_chunks,
     run_identity,
-    write_prompts_table,
 )
 from basis_bench.rollouts.prompts import arithmetic_prompts
 from basis_bench.rollouts.sampling import SamplingConfig
-from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts
+from basis_bench.rollouts.store import (
+    dataset_metadata,
+    load_prompts,
+    load_rollouts,
+    write_prompts_table,
+)
 from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"

@@ -287,11 +287,11 @@ def oracle(
         pending_chunks,
         run_chunks,
         run_identity,
-        write_prompts_table,
     )
     from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source, parse_levels
     from basis_bench.rollouts.rewards import ANSWER_FORMATS, RewardConfig, scoring_pool
     from basis_bench.rollouts.sampling import BACKENDS, SamplingConfig, make_sampler
+    from basis_bench.rollouts.store import write_prompts_table
 
     console = Console(stderr=True)
     if backend not in BACKENDS:

@@ -45,12 +45,14 @@ import polars as pl
 from basis_bench import __version__
 from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, provenance, write_parquet_atomic
-from basis_bench.rollouts.oracle import _POLICY_NAME, part_path, write_prompts_table
 from basis_bench.rollouts.store import (
+    check_policy_name,
     conform_prompts,
     conform_rollouts,
     file_policies,
+    part_path,
     rollout_files,
+    write_prompts_table,
 )
 from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS
 
@@ -366,13 +368,6 @@ def _stack(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
         [f.with_columns(pl.lit(i, pl.Int32).alias(_FILE)) for i, f in enumerate(frames)],
         how="diagonal_relaxed",
     )
-
-
-def _check_policy(name: str) -> None:
-    if not _POLICY_NAME.match(name):
-        raise InputError(
-            f"--policy {name!r}: use letters, digits, '.', '_' and '-' (it names a directory)"
-        )
 
 
 def policy_seed(seed: int, policy: str) -> int:
@@ -707,7 +702,7 @@ def import_acc_history(paths: Sequence[Path], policy: str, opt: ImportOptions) -
     visits = int(table["visit"].max()) + 1 if table.height else 0  # type: ignore[arg-type]
     names = [f"{policy}-{v:03d}" for v in range(visits)]
     for name in names:
-        _check_policy(name)
+        check_policy_name(name)
     counts = table.select(
         "prompt_id",
         pl.format("{}-{}", pl.lit(policy), pl.col("visit").cast(pl.String).str.zfill(3)).alias(
@@ -816,7 +811,7 @@ def import_sources(
         raise InputError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if not paths:
         raise InputError("give at least one source file")
-    _check_policy(policy)
+    check_policy_name(policy)
     result = IMPORTERS[fmt]([Path(p) for p in paths], policy, opt or ImportOptions())
     result.rollouts = conform_rollouts(result.rollouts, what=f"{fmt} import")
     return result

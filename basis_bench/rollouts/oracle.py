@@ -14,7 +14,8 @@ killed and rerun job yields the same dataset as an uninterrupted one (same backe
 device and batch size).
 
 ``DIR/prompts.parquet`` holds every prompt of the run; each shard merges its prompts
-into it and publishes the result by an atomic rename, so concurrent shards of one run
+into it (:func:`~basis_bench.rollouts.store.write_prompts_table`) and publishes the result by
+an atomic rename, so concurrent shards of one run
 (which write identical tables) cannot leave a torn file.
 """
 
@@ -23,12 +24,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,11 +38,7 @@ from basis_bench.errors import InputError
 from basis_bench.outputs import read_metadata, write_parquet_atomic
 from basis_bench.rollouts.rewards import RewardConfig, score_many
 from basis_bench.rollouts.sampling import Progress, Sampler, SamplingConfig
-from basis_bench.rollouts.store import conform_rollouts, load_prompts
-from basis_bench.schema import PROMPTS_FILE
-
-ROLLOUTS_DIR = "rollouts"
-_POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+from basis_bench.rollouts.store import check_policy_name, conform_rollouts, part_path
 
 
 @dataclass(frozen=True)
@@ -84,10 +79,7 @@ class OracleJob:
     keep_responses: bool = True
 
     def __post_init__(self) -> None:
-        if not _POLICY_NAME.match(self.policy):
-            raise InputError(
-                f"--policy {self.policy!r}: use letters, digits, '.', '_' and '-' (it names a directory)"
-            )
+        check_policy_name(self.policy)
         if self.chunk_size < 1:
             raise InputError(f"--chunk-size must be at least 1, got {self.chunk_size}")
 
@@ -122,10 +114,6 @@ def plan_chunks(prompts: pl.DataFrame, chunk_size: int) -> list[Chunk]:
         Chunk(k, prompts.slice(start, chunk_size))
         for k, start in enumerate(range(0, prompts.height, chunk_size))
     ]
-
-
-def part_path(out: str | os.PathLike[str], policy: str, chunk_index: int) -> Path:
-    return Path(out) / ROLLOUTS_DIR / policy / f"part-{chunk_index:06d}.parquet"
 
 
 def run_identity(
@@ -177,38 +165,6 @@ def pending_chunks(
             )
         done.append(chunk)
     return todo, done
-
-
-def write_prompts_table(
-    prompts: pl.DataFrame, out: str | os.PathLike[str], metadata: Mapping[str, Any]
-) -> Path:
-    """Merge ``prompts`` into ``DIR/prompts.parquet`` (kept as is when nothing is new).
-
-    The merged table is staged under a unique non-Parquet name and renamed over the
-    old one, so concurrent shards never expose a half-written or mixed file. A prompt
-    already present with a different gold answer is an :class:`InputError`.
-    """
-    out = Path(out)
-    path = out / PROMPTS_FILE
-    existing = load_prompts(out)
-    table = prompts
-    if existing is not None:
-        shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
-        clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
-        if clash.height:
-            row = clash.row(0, named=True)
-            raise InputError(
-                f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
-                f"this run has {row['answer_new']!r}; use another --out"
-            )
-        new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
-        if new.height == 0:
-            return path
-        table = pl.concat([existing, new], how="diagonal_relaxed")
-    staged = out / f".{PROMPTS_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.staged"
-    write_parquet_atomic(table, staged, metadata)
-    os.replace(staged, path)
-    return path
 
 
 def sample_chunk(

@@ -17,6 +17,8 @@ rename), so a crash never leaves a half file under a final name.
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from collections.abc import Iterable, Mapping
 from importlib import resources as importlib_resources
 from pathlib import Path
@@ -27,7 +29,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import read_metadata
+from basis_bench.outputs import read_metadata, write_parquet_atomic
 from basis_bench.schema import (
     OPTIONAL_PROMPT_COLUMNS,
     OPTIONAL_ROLLOUT_COLUMNS,
@@ -87,6 +89,59 @@ def conform_prompts(df: pl.DataFrame, what: str = "prompts") -> pl.DataFrame:
     if df["prompt_id"].is_duplicated().any():
         raise InputError(f"{what}: duplicate prompt_id values")
     return df
+
+
+# --------------------------------------------------------------------------- layout
+
+ROLLOUTS_DIR = "rollouts"
+_POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_policy_name(name: str) -> str:
+    """``name`` if it can name a policy's directory (letters, digits, '.', '_', '-', not
+    starting with a dot or dash), else an InputError."""
+    if not _POLICY_NAME.match(name):
+        raise InputError(
+            f"--policy {name!r}: use letters, digits, '.', '_' and '-' (it names a directory)"
+        )
+    return name
+
+
+def part_path(out: str | os.PathLike[str], policy: str, chunk_index: int) -> Path:
+    """Where the oracle and the importers write part ``chunk_index`` of ``policy``."""
+    return Path(out) / ROLLOUTS_DIR / policy / f"part-{chunk_index:06d}.parquet"
+
+
+def write_prompts_table(
+    prompts: pl.DataFrame, out: str | os.PathLike[str], metadata: Mapping[str, Any]
+) -> Path:
+    """Merge ``prompts`` into ``DIR/prompts.parquet`` (kept as is when nothing is new).
+
+    The merged table is staged under a unique non-Parquet name and renamed over the
+    old one, so concurrent shards never expose a half-written or mixed file. A prompt
+    already present with a different gold answer is an :class:`InputError`.
+    """
+    out = Path(out)
+    path = out / PROMPTS_FILE
+    existing = load_prompts(out)
+    table = prompts
+    if existing is not None:
+        shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
+        clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
+        if clash.height:
+            row = clash.row(0, named=True)
+            raise InputError(
+                f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
+                f"this run has {row['answer_new']!r}; use another --out"
+            )
+        new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
+        if new.height == 0:
+            return path
+        table = pl.concat([existing, new], how="diagonal_relaxed")
+    staged = out / f".{PROMPTS_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.staged"
+    write_parquet_atomic(table, staged, metadata)
+    os.replace(staged, path)
+    return path
 
 
 def default_dataset() -> Path:

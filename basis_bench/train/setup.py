@@ -211,10 +211,9 @@ def reference_cache(
         pending_chunks,
         run_chunks,
         run_identity,
-        write_prompts_table,
     )
     from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.rollouts.store import load_rollouts, reward_matrix
+    from basis_bench.rollouts.store import load_rollouts, reward_matrix, write_prompts_table
 
     job = OracleJob(
         policy="reference",
