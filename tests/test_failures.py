@@ -273,13 +273,14 @@ def oracle_args(ckpt: Path, out: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
-        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be at least 1"),
-        (["--temperature", "nan"], "--temperature must be a finite number"),
-        (["--temperature", "inf"], "--temperature must be a finite number"),
-        (["--verify-timeout", "nan"], "--verify-timeout must be a finite number"),
-        (["--verify-timeout", "inf"], "--verify-timeout must be a finite number"),
-        (["--top-p", "nan"], "top_p must be in (0, 1]"),
+        # the wording of settings.check_scalar, the one range checker
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1"),
+        (["--temperature", "nan"], "--temperature must be a number, not NaN"),
+        (["--temperature", "inf"], "--temperature must be finite"),
+        (["--verify-timeout", "nan"], "--verify-timeout must be a number, not NaN"),
+        (["--verify-timeout", "inf"], "--verify-timeout must be finite"),
+        (["--top-p", "nan"], "--top-p must be a number, not NaN"),
     ],
 )
 def test_oracle_options_are_refused_before_anything_is_written(
