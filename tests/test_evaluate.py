@@ -25,8 +25,9 @@ from basis_bench.bench.evaluate import (
 from basis_bench.cli import main
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
+from basis_bench.outputs import write_parquet_atomic
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
-from basis_bench.rollouts.store import load_rollouts, write_parquet_atomic
+from basis_bench.rollouts.store import load_rollouts
 
 ORACLE_N = 64
 FAST = {"repeats": 200, "oracle_n": ORACLE_N}

@@ -32,16 +32,16 @@ import pytest
 from basis_bench.cli import main
 from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
-from basis_bench.rollouts.simulate import SimulationConfig, simulate
-from basis_bench.rollouts.store import (
+from basis_bench.outputs import (
     OUTPUT_MARKER,
     atomic_write,
     claim_output_dir,
-    load_rollouts,
     read_output_marker,
     recognise_output,
     write_parquet_atomic,
 )
+from basis_bench.rollouts.simulate import SimulationConfig, simulate
+from basis_bench.rollouts.store import load_rollouts
 
 SIMULATED = Path(__file__).resolve().parents[1] / "data" / "simulated"
 SMALL_SIM = ["--prompts", "12", "--reference-n", "4", "--checkpoint-n", "6"]
@@ -273,13 +273,14 @@ def oracle_args(ckpt: Path, out: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
-        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be at least 1"),
-        (["--temperature", "nan"], "--temperature must be a finite number"),
-        (["--temperature", "inf"], "--temperature must be a finite number"),
-        (["--verify-timeout", "nan"], "--verify-timeout must be a finite number"),
-        (["--verify-timeout", "inf"], "--verify-timeout must be a finite number"),
-        (["--top-p", "nan"], "top_p must be in (0, 1]"),
+        # the wording of settings.check_scalar, the one range checker
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1"),
+        (["--temperature", "nan"], "--temperature must be a number, not NaN"),
+        (["--temperature", "inf"], "--temperature must be finite"),
+        (["--verify-timeout", "nan"], "--verify-timeout must be a number, not NaN"),
+        (["--verify-timeout", "inf"], "--verify-timeout must be finite"),
+        (["--top-p", "nan"], "--top-p must be a number, not NaN"),
     ],
 )
 def test_oracle_options_are_refused_before_anything_is_written(
@@ -551,7 +552,7 @@ def test_reward_config_refuses_non_finite_timeouts():
 
 WRITER = """
 import sys, numpy as np, polars as pl
-from basis_bench.rollouts.store import write_parquet_atomic
+from basis_bench.outputs import write_parquet_atomic
 me, path = int(sys.argv[1]), sys.argv[2]
 for i in range(30):
     n = 2000 + 997 * ((i * 7 + me) % 11)  # files of different sizes

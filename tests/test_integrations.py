@@ -30,7 +30,8 @@ from basis_bench.integrations.verl import (
     sequence_rewards,
     settings,
 )
-from basis_bench.rollouts.store import PROMPTS_FILE, write_parquet_atomic
+from basis_bench.outputs import write_parquet_atomic
+from basis_bench.schema import PROMPTS_FILE
 
 RNG = np.random.default_rng(11)
 PROBLEMS = [f"What is {i} + {i}?" for i in range(12)]

@@ -19,7 +19,7 @@ from basis_bench import estimators as E
 from basis_bench.errors import InputError
 from basis_bench.estimators import options as O
 from basis_bench.estimators import registry
-from basis_bench.rollouts.store import write_parquet_atomic
+from basis_bench.outputs import write_parquet_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,25 +17,22 @@ from typer.testing import CliRunner
 
 from basis_bench.cli.app import app
 from basis_bench.errors import InputError
+from basis_bench.outputs import read_metadata
 from basis_bench.rollouts.oracle import (
     OracleJob,
     Shard,
     pending_chunks,
     plan_chunks,
     run_identity,
-    write_prompts_table,
 )
 from basis_bench.rollouts.prompts import arithmetic_prompts
-from basis_bench.rollouts.sampling import SamplingConfig
 from basis_bench.rollouts.store import (
-    OPTIONAL_ROLLOUT_COLUMNS,
-    PROMPTS_FILE,
-    ROLLOUT_COLUMNS,
     dataset_metadata,
     load_prompts,
     load_rollouts,
-    read_metadata,
+    write_prompts_table,
 )
+from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
@@ -141,11 +138,11 @@ def test_chunk_seed_depends_on_base_seed_and_chunk_content():
 
 
 def test_policy_and_chunk_size_are_checked():
-    config = SamplingConfig(n=2)
+    job = {"ckpt": "m", "prompts": "arithmetic:n=2", "out": Path("o"), "n": 2}
     with pytest.raises(InputError, match="--policy"):
-        OracleJob(policy="../up", sampling=config)
+        OracleJob(policy="../up", **job)
     with pytest.raises(InputError, match="--chunk-size"):
-        OracleJob(policy="ok", sampling=config, chunk_size=0)
+        OracleJob(policy="ok", **job, chunk_size=0)
 
 
 # --------------------------------------------------------------------------- prompts table
@@ -352,21 +349,24 @@ def test_shards_fill_the_same_dataset_as_one_job_and_reruns_skip(tiny_model, tmp
 
 def test_resuming_with_other_settings_is_refused(tmp_path):
     prompts = arithmetic_prompts(2, digits=2, steps=1, seed=0)
-    job = OracleJob(policy="p", sampling=SamplingConfig(n=2), chunk_size=1)
-    identity = run_identity(job, {"name": "m", "path": "/m"}, {"instruction": "i", "system": None})
+    job = OracleJob(
+        ckpt="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, n=2, chunk_size=1,
+        instruction="i",
+    )  # fmt: skip
+    identity = run_identity(job, {"name": "m", "path": "/m"})
     path = tmp_path / "rollouts" / "p" / "part-000000.parquet"
     path.parent.mkdir(parents=True)
     meta = {"run": identity, "chunk": {"digest": plan_chunks(prompts, 1)[0].digest()}}
-    from basis_bench.rollouts.store import write_parquet_atomic
+    from basis_bench.outputs import write_parquet_atomic
 
     write_parquet_atomic(pl.DataFrame({"x": [1]}), path, meta)
-    todo, done = pending_chunks(prompts, tmp_path, job, identity)
+    todo, done = pending_chunks(prompts, job, identity)
     assert [c.index for c in todo] == [1] and [c.index for c in done] == [0]
-    other = run_identity(job, {"name": "m2", "path": "/m2"}, {"instruction": "i", "system": None})
+    other = run_identity(job, {"name": "m2", "path": "/m2"})
     with pytest.raises(InputError, match=r"different settings \(model\)"):
-        pending_chunks(prompts, tmp_path, job, other)
+        pending_chunks(prompts, job, other)
     with pytest.raises(InputError, match="the chunk's prompts"):
-        pending_chunks(prompts.reverse(), tmp_path, job, identity)
+        pending_chunks(prompts.reverse(), job, identity)
 
 
 # --------------------------------------------------------------------------- real model

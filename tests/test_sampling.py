@@ -61,6 +61,8 @@ def test_sampling_config_validation():
         {"n": 1, "top_p": 0.0},
         {"n": 1, "top_p": 1.5},
         {"n": 1, "max_new_tokens": 0},
+        {"n": 1, "temperature": float("nan")},
+        {"n": 1, "top_p": float("nan")},
     ):
         with pytest.raises(InputError):
             SamplingConfig(**bad)

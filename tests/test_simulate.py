@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from basis_bench.errors import InputError
+from basis_bench.outputs import read_metadata
 from basis_bench.rollouts.simulate import (
     SETTINGS,
     SimulationConfig,
@@ -15,7 +16,7 @@ from basis_bench.rollouts.simulate import (
     reference_values,
     simulate,
 )
-from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts, read_metadata
+from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts
 
 
 def _logit(p):

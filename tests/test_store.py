@@ -7,15 +7,14 @@ import polars as pl
 import pytest
 
 from basis_bench.errors import InputError
+from basis_bench.outputs import read_metadata, write_parquet_atomic
 from basis_bench.rollouts.store import (
     conform_prompts,
     dataset_metadata,
     load_prompts,
     load_rollouts,
-    read_metadata,
     reward_matrix,
     rollout_files,
-    write_parquet_atomic,
 )
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import (
+from basis_bench.outputs import (
     atomic_write,
     claim_output_dir,
     holds_output_locks,

@@ -55,7 +55,7 @@ from basis_bench.bench.trajectory import (
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
 from basis_bench.estimators.table import grid_beta_index
-from basis_bench.rollouts.store import (
+from basis_bench.outputs import (
     METADATA_KEY,
     atomic_write,
     holds_output_locks,

@@ -37,7 +37,7 @@ from basis_bench.bench.tables import (
 )
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, default_betas
-from basis_bench.rollouts.store import holds_output_locks, write_text_atomic
+from basis_bench.outputs import holds_output_locks, write_text_atomic
 
 RECORD = "sensitivity.json"
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and

@@ -28,7 +28,7 @@ import polars as pl
 
 from basis_bench.bench.replay import Replay, Series
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import LOCK_FILE, atomic_write, claim_output_dir
+from basis_bench.outputs import LOCK_FILE, atomic_write, claim_output_dir
 
 HETEROGENEITY_BATCHES = 500
 HETEROGENEITY_BINS = 5

@@ -45,22 +45,24 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
-from basis_bench.rollouts.oracle import _POLICY_NAME, part_path, write_prompts_table
-from basis_bench.rollouts.store import (
-    OPTIONAL_PROMPT_COLUMNS,
-    OPTIONAL_ROLLOUT_COLUMNS,
-    PROMPTS_FILE,
+from basis_bench.outputs import (
     REPLACED_SUFFIX,
     claim_output_dir,
-    conform_prompts,
-    conform_rollouts,
-    file_policies,
     holds_output_locks,
     provenance,
     publishing,
-    rollout_files,
     write_parquet_atomic,
 )
+from basis_bench.rollouts.store import (
+    check_policy_name,
+    conform_prompts,
+    conform_rollouts,
+    file_policies,
+    part_path,
+    rollout_files,
+    write_prompts_table,
+)
+from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE
 
 FORMATS = ("counts", "eval-jsonl", "acc-history", "long")
 MAX_LISTED = 50  # malformed rows listed in one error message (the total is always given)
@@ -374,13 +376,6 @@ def _stack(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
         [f.with_columns(pl.lit(i, pl.Int32).alias(_FILE)) for i, f in enumerate(frames)],
         how="diagonal_relaxed",
     )
-
-
-def _check_policy(name: str) -> None:
-    if not _POLICY_NAME.match(name):
-        raise InputError(
-            f"--policy {name!r}: use letters, digits, '.', '_' and '-' (it names a directory)"
-        )
 
 
 def policy_seed(seed: int, policy: str) -> int:
@@ -715,7 +710,7 @@ def import_acc_history(paths: Sequence[Path], policy: str, opt: ImportOptions) -
     visits = int(table["visit"].max()) + 1 if table.height else 0  # type: ignore[arg-type]
     names = [f"{policy}-{v:03d}" for v in range(visits)]
     for name in names:
-        _check_policy(name)
+        check_policy_name(name)
     counts = table.select(
         "prompt_id",
         pl.format("{}-{}", pl.lit(policy), pl.col("visit").cast(pl.String).str.zfill(3)).alias(
@@ -824,7 +819,7 @@ def import_sources(
         raise InputError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if not paths:
         raise InputError("give at least one source file")
-    _check_policy(policy)
+    check_policy_name(policy)
     result = IMPORTERS[fmt]([Path(p) for p in paths], policy, opt or ImportOptions())
     result.rollouts = conform_rollouts(result.rollouts, what=f"{fmt} import")
     return result

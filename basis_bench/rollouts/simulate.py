@@ -38,14 +38,14 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import (
-    PROMPTS_FILE,
+from basis_bench.outputs import (
     claim_output_dir,
     holds_output_locks,
     read_metadata,
-    rollout_files,
     write_parquet_atomic,
 )
+from basis_bench.rollouts.store import rollout_files
+from basis_bench.schema import PROMPTS_FILE
 
 REFERENCE_POLICY = "reference"
 GENERATOR = "basis_bench.rollouts.simulate"

@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import claim_output_dir, holds_output_locks
+from basis_bench.outputs import claim_output_dir, holds_output_locks
 from basis_bench.train.loop import read_log
 
 BETA_TICKS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
@@ -188,7 +188,7 @@ def _beta_figure(
 
 def _summary(runs: Sequence[Run], names: Sequence[str], path: Path) -> Path:
     """training_summary.csv: run, label, step, eval_accuracy, mean_reward, beta."""
-    from basis_bench.rollouts.store import atomic_write
+    from basis_bench.outputs import atomic_write
 
     table = pl.concat(
         [
@@ -209,7 +209,7 @@ def _beta_text(beta: float) -> str:
 
 def _save(fig: Any, path: Path) -> Path:
     """A PNG through the store's atomic writer: no half-written file under the real name."""
-    from basis_bench.rollouts.store import atomic_write
+    from basis_bench.outputs import atomic_write
 
     with atomic_write(path) as tmp:
         fig.savefig(tmp, dpi=200, format="png")

@@ -49,7 +49,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.store import holds_output_locks
+from basis_bench.outputs import holds_output_locks
 from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
 from basis_bench.train.setup import LOG_FILE, Data, Estimate, Run
 
@@ -245,8 +245,8 @@ def normalise_advantages(advantages: np.ndarray, rewards: np.ndarray, mode: str)
 
 def evaluate(run: Run, step: int) -> float:
     """Held-out accuracy of greedy responses; the responses go to RUN/eval/greedy-T.parquet."""
+    from basis_bench.outputs import write_parquet_atomic
     from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.rollouts.store import write_parquet_atomic
 
     config, eval_set = run.config, run.data.eval_set
     greedy = SamplingConfig(
@@ -323,7 +323,7 @@ def write_step_rollouts(
     statuses: Sequence[str],
 ) -> Path:
     """RUN/rollouts/train-T.parquet: the step's rollouts in the store's schema."""
-    from basis_bench.rollouts.store import write_parquet_atomic
+    from basis_bench.outputs import write_parquet_atomic
 
     frame = rollout_frame(
         [pid for pid in batch["prompt_id"].to_list() for _ in range(run.group)],
@@ -411,7 +411,7 @@ def open_run(
 ) -> Callable[[Record], None]:
     """Write the run directory's config.json (with provenance) and prompts, start the log
     (a resumed run keeps the records before ``start``), and return the logging function."""
-    from basis_bench.rollouts.store import provenance, write_parquet_atomic, write_text_atomic
+    from basis_bench.outputs import provenance, write_parquet_atomic, write_text_atomic
 
     run.run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run.run_dir / LOG_FILE

@@ -8,6 +8,7 @@ reference cache, for estimators that use it). Nothing here runs a training step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -192,54 +193,46 @@ def reference_sampler(
 def reference_cache(
     config: TrainConfig,
     prompts: pl.DataFrame,
-    template: Any,
-    reward_config: Any,
     sampler_of_reference: Callable[[], Any],
     pool: Any = None,
 ) -> np.ndarray:
     """(P, n) reference rewards of the training prompts, sampled once and reused.
 
-    The cache is an oracle-pipeline rollouts dataset (policy ``reference``) in
-    ``cache_dir/ref-<hash>``, the hash covering model, prompts, template, sampling and
-    grading settings, so any run that shares them reuses it and a killed build resumes.
-    ``sampler_of_reference`` is only called when some chunk is missing.
+    The cache is an oracle run (:func:`~basis_bench.rollouts.oracle.run_oracle`, policy
+    ``reference``) into ``cache_dir/ref-<hash>``, the hash covering model, prompts,
+    template, sampling and grading settings, so any run that shares them reuses it and a
+    killed build resumes. ``sampler_of_reference`` is only called when some chunk is missing.
     """
-    from basis_bench.rollouts.oracle import (
-        OracleJob,
-        base_metadata,
-        pending_chunks,
-        run_chunks,
-        run_identity,
-        write_prompts_table,
-    )
-    from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.rollouts.store import claim_output_dir, load_rollouts, reward_matrix
+    from basis_bench.rollouts.oracle import OracleJob, OracleSource, run_identity, run_oracle
+    from basis_bench.rollouts.store import load_rollouts, reward_matrix
 
     job = OracleJob(
+        ckpt=config.model,
         policy="reference",
-        sampling=SamplingConfig(
-            n=config.ref_samples,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_new_tokens=config.max_new_tokens,
-        ),
-        reward=reward_config,
+        prompts=config.train_prompts,
+        out=Path(config.cache_dir),
+        n=config.ref_samples,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        limit=config.train_limit or None,
+        instruction=config.instruction,
+        system=config.system_prompt or None,
+        answer_format=config.answer_format,
+        verify_timeout=config.verify_timeout,
     )
-    identity = run_identity(
-        job,
-        model={"name": config.model},
-        template={"instruction": template.instruction, "system": template.system},
+    model = {"name": config.model}
+    key = json.dumps(
+        {**run_identity(job, model), "prompts": prompts["prompt_id"].to_list()}, sort_keys=True
     )
-    key = json.dumps({**identity, "prompts": prompts["prompt_id"].to_list()}, sort_keys=True)
-    out = Path(config.cache_dir) / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    claim_output_dir(out, "rollouts", simulated=False, option="cache_dir")
-    metadata = base_metadata({"source": config.train_prompts, "n_prompts": prompts.height})
-    todo, _ = pending_chunks(prompts, out, job, identity)
-    write_prompts_table(prompts, out, metadata)
-    if todo:
-        run_chunks(todo, sampler_of_reference(), out, job, identity, metadata, pool)
+    job = dataclasses.replace(
+        job, out=job.out / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    )
+    run_oracle(
+        job, source=OracleSource(prompts, model, sampler_of_reference, "cache_dir"), pool=pool
+    )
     return reward_matrix(
-        load_rollouts(out, ["reference"]), "reference", prompts["prompt_id"].to_list()
+        load_rollouts(job.out, ["reference"]), "reference", prompts["prompt_id"].to_list()
     )
 
 
@@ -376,7 +369,7 @@ def setup(
     a training run: never a dataset, unless ``force``), then load data, models, sampler,
     cache."""
     from basis_bench import estimators as E
-    from basis_bench.rollouts.store import claim_output_dir
+    from basis_bench.outputs import claim_output_dir
 
     config.check()
     run_dir = Path(config.run_dir)
@@ -398,8 +391,6 @@ def setup(
         of_reference = functools.partial(
             reference_sampler, config, models, sampler, data.template, resume is not None
         )
-        ref_rewards = reference_cache(
-            config, data.train_set, data.template, data.reward, of_reference, data.pool
-        )
+        ref_rewards = reference_cache(config, data.train_set, of_reference, data.pool)
     estimator = make_estimator(config, data.train_set["prompt_id"].to_list(), ref_rewards)
     return Run(config, run_dir, group, prompts_per_step, data, models, sampler, estimator)

@@ -19,7 +19,9 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from basis_bench.rollouts.store import METADATA_KEY, PROMPTS_FILE, load_rollouts, rollout_files
+from basis_bench.outputs import METADATA_KEY
+from basis_bench.rollouts.store import load_rollouts, rollout_files
+from basis_bench.schema import PROMPTS_FILE
 
 POLICIES = ["reference", "early", "middle", "late"]
 SAMPLES = {"reference": 64, "early": 272, "middle": 272, "late": 272}

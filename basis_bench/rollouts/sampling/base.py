@@ -17,6 +17,7 @@ import numpy as np
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import PromptTemplate, build_prompt
+from basis_bench.settings import check_settings, setting
 
 Progress = Callable[[int, int], None]
 """Called as sampling advances with (sequences just finished, tokens just generated).
@@ -32,24 +33,19 @@ class SamplingConfig:
     needs ``n=1``.
     """
 
-    n: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 1024
+    n: int = setting(min_val=1, help="Samples per prompt.")
+    temperature: float = setting(1.0, min_val=0, help="Sampling temperature (0 = greedy).")
+    top_p: float = setting(
+        1.0, min_val=0, max_val=1, include_boundaries="right", help="Nucleus sampling mass."
+    )
+    max_new_tokens: int = setting(1024, min_val=1, help="Most tokens per response.")
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise InputError(f"n must be at least 1, got {self.n}")
-        if self.temperature < 0:
-            raise InputError(f"temperature must be >= 0, got {self.temperature}")
+        check_settings(self)
         if self.temperature == 0 and self.n > 1:
             raise InputError(
                 "temperature 0 is greedy decoding: every sample would be the same; use n=1"
             )
-        if not 0 < self.top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

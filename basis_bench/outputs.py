@@ -1,0 +1,458 @@
+"""Everything the package writes, whatever it is: atomic files, output folders, provenance.
+
+- :func:`atomic_write` is the one writer every output goes through (unique temporary name,
+  fsync, rename), so a crash never leaves a half file under a final name;
+  :func:`write_parquet_atomic` stores the package's JSON metadata in a Parquet file's
+  key-value metadata under ``basis_bench`` (:func:`read_metadata` reads it back).
+- :func:`claim_output_dir` makes a folder the output of one command and refuses a folder
+  that holds another command's output (by its marker file, or for folders written before
+  markers, by its files: :func:`recognise_output`).
+- :func:`provenance` says where a result came from (git commit, date, argv, versions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import functools
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata as importlib_metadata
+from importlib import resources as importlib_resources
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from basis_bench import __version__
+from basis_bench.errors import InputError
+from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
+
+METADATA_KEY = "basis_bench"
+TEMP_SUFFIX = ".tmp"
+STAGED_SUFFIX = ".staged"
+REPLACED_SUFFIX = ".replaced"  # a file set aside while a replace is published
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a unique temporary path beside ``path``; on success fsync it and rename it onto
+    ``path``, on error remove it.
+
+    The temporary name is unique per writer (``tempfile``), so two writers of one path never
+    share a file, and a reader sees the old complete file or the new complete file, never a
+    torn one. The one writer every output of the package goes through.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, _FILE_MODE)  # mkstemp's 0600 would make every output private
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through :func:`atomic_write`."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_parquet_atomic(
+    df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
+) -> Path:
+    """Write ``df`` to ``path`` through :func:`atomic_write` (zstd Parquet).
+
+    ``metadata`` is stored as JSON under the ``basis_bench`` key of the file's
+    key-value metadata. After a crash a ``.parquet`` file is either complete or absent.
+    """
+    table = df.to_arrow()
+    if metadata is not None:
+        kv = dict(table.schema.metadata or {})
+        kv[METADATA_KEY.encode()] = json.dumps(dict(metadata), sort_keys=True, default=str).encode()
+        table = table.replace_schema_metadata(kv)
+    with atomic_write(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return Path(path)
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``basis_bench`` key-value metadata of one Parquet file ({} if absent)."""
+    kv = pq.read_schema(path).metadata or {}
+    raw = kv.get(METADATA_KEY.encode())
+    return json.loads(raw) if raw else {}
+
+
+# --------------------------------------------------------------------------- output folders
+
+OUTPUT_MARKER = ".basis-bench-output.json"
+LOCK_FILE = ".basis-bench.lock"  # writers' and readers' advisory locks (lock_output)
+_KIND_WORDS = {
+    "rollouts": "a rollouts dataset",
+    "train-run": "a training run",
+    "results": "a results folder",
+    "figures": "a figures folder",
+    "training-figures": "a training figures folder",
+}
+TRAINING_FIGURES = ("learning_curves.png", "beta.png", "training_summary.csv")
+
+
+def _is_temporary(path: Path) -> bool:
+    """A writer's temporary, staged or set-aside file (``.NAME.XXXX.tmp``, ``.staged``,
+    ``.replaced``)."""
+    suffixes = (TEMP_SUFFIX, STAGED_SUFFIX, REPLACED_SUFFIX)
+    return path.name.startswith(".") and path.name.endswith(suffixes)
+
+
+def _output_files(path: Path) -> list[Path]:
+    """Every file under ``path`` but writers' temporary files (empty folders do not count)."""
+    files = (f for f in path.rglob("*") if not f.is_dir() and not _is_temporary(f))
+    return sorted(f for f in files if f.name != LOCK_FILE)
+
+
+def read_output_marker(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The marker of an output folder, None when it has none; an unreadable marker is an
+    :class:`InputError`."""
+    marker = Path(path) / OUTPUT_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(
+            f"{marker} is not a valid marker ({err}); delete it, or pass --force"
+        ) from err
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        raise InputError(f"{marker} is not a valid marker (no kind); delete it, or pass --force")
+    return data
+
+
+def _parquet_role(path: Path, root: Path) -> bool | None:
+    """Whether one Parquet file of a marker-less folder is simulated (True), real (False),
+    or not part of a rollouts dataset at all (None: unreadable, or another schema)."""
+    try:
+        schema = pq.read_schema(path)
+    except Exception:  # not Parquet, a folder named x.parquet, unreadable
+        return None
+    needed = PROMPT_COLUMNS if path == root / PROMPTS_FILE else ROLLOUT_COLUMNS
+    if any(c not in schema.names for c in needed):
+        return None
+    raw = (schema.metadata or {}).get(METADATA_KEY.encode())
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        return None
+    return meta.get("simulated") is True
+
+
+def recognise_output(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What a folder holds: its marker; else, for folders written before markers existed,
+    a description guessed from their files. None for a new or empty folder;
+    ``{"kind": None, "example": FILE}`` for files that are no basis-bench output.
+
+    Recognised without a marker: a training run (``log.jsonl`` or ``checkpoints/``), a
+    results folder (``run.json`` or ``summary.csv``), a rollouts dataset (every Parquet
+    file in the store's schema; simulated when every file's metadata says so, mixed
+    when some do).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    marker = read_output_marker(root)
+    if marker is not None:
+        return marker
+    files = _output_files(root)
+    if not files:
+        return None
+    names = {f.relative_to(root).as_posix() for f in files}
+    if "log.jsonl" in names or (root / "checkpoints").is_dir():
+        return {"kind": "train-run"}
+    if names <= set(TRAINING_FIGURES):
+        return {"kind": "training-figures"}
+    if "run.json" in names or "summary.csv" in names:
+        return {"kind": "results"}
+    parquet = [f for f in files if f.suffix == ".parquet"]
+    roles = {_parquet_role(f, root) for f in parquet}
+    if parquet and None not in roles:
+        simulated = "mixed" if len(roles) > 1 else roles.pop()
+        return {"kind": "rollouts", "simulated": simulated}
+    bad = next((f for f in parquet if _parquet_role(f, root) is None), files[0])
+    return {"kind": None, "example": bad.relative_to(root).as_posix()}
+
+
+def _describe(found: dict[str, Any]) -> str:
+    kind = found.get("kind")
+    if kind is None:
+        return f"files that are no basis-bench output (e.g. {found.get('example')!r})"
+    if kind == "rollouts" and found.get("simulated") is not None:
+        data = {True: "simulated", False: "real", "mixed": "mixed real and simulated"}
+        return f"a rollouts dataset of {data.get(found['simulated'], 'unknown')} rollouts"
+    return _KIND_WORDS.get(kind, f"a {kind!r} output")
+
+
+def claim_output_dir(
+    path: str | os.PathLike[str],
+    kind: str,
+    *,
+    simulated: bool | None = None,
+    force: bool = False,
+    option: str = "--out",
+    shared: bool = False,
+) -> Path:
+    """Make ``path`` the output folder of a command of ``kind`` (``"rollouts"``,
+    ``"train-run"``, ``"results"``, ``"figures"``) and return it, created.
+
+    Allowed: a new or empty folder, or one already of ``kind`` (by its marker file
+    ``.basis-bench-output.json``, or for folders written before markers existed, by its
+    files, see :func:`recognise_output`). For rollouts, ``simulated`` (True for simulated
+    data, False for sampled or imported data, None for either) must also match what the
+    dataset holds, so simulated rollouts never land beside real ones. Anything else is an
+    :class:`InputError` naming what the folder holds, unless ``force``. A file at ``path``
+    is always an error. The marker is (re)written only when it changes; ``option`` names
+    the setting in messages (``--out``, ``run_dir``).
+
+    Links are followed: the folder returned is the real one, so every command writes
+    through a symbolic link into its target and never replaces the link. The folder is
+    locked to this process until it exits (:func:`lock_output`; ``shared`` for the
+    oracle's shards, which write disjoint parts of one dataset side by side). The shipped
+    dataset (installed package data) is read-only to every command.
+    """
+    path = _writable_folder(Path(path), option)
+    if _SCOPE and not path.exists():
+        _SCOPE[-1].created.append(path)
+    try:
+        found = recognise_output(path)
+    except InputError:
+        if not force:
+            raise
+        found = {"kind": None}
+    if found is not None and not force:
+        _check_claim(path, kind, simulated, found, option)
+    lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
+    marker: dict[str, Any] = {"kind": kind}
+    if kind == "rollouts":
+        before = found.get("simulated") if found and found.get("kind") == kind else simulated
+        marker["simulated"] = (
+            before if simulated is None or before in (None, simulated) else "mixed"
+        )
+    if found is not None and found.get("kind") not in (kind, None):
+        marker["forced_over"] = found["kind"]
+    held = found if found is not None and (path / OUTPUT_MARKER).is_file() else None
+    if held is None or any(held.get(k) != v for k, v in marker.items()):
+        text = json.dumps({**marker, "package_version": __version__}, sort_keys=True)
+        write_text_atomic(path / OUTPUT_MARKER, text + "\n")
+    return path
+
+
+def _writable_folder(path: Path, option: str) -> Path:
+    """``path`` with links resolved, refused in one line where no command may write: a file,
+    a path through a file, the installed package data."""
+    real = Path(os.path.realpath(path))
+    if real.exists() and not real.is_dir():
+        raise InputError(f"{option} {path} is a file; give a directory")
+    above = next((p for p in real.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputError(f"{option} {path}: {above} is a file, not a folder; give a directory")
+    shipped = Path(os.path.realpath(str(importlib_resources.files("basis_bench") / "data")))
+    if real == shipped or shipped in real.parents:
+        raise InputError(
+            f"{option} {path} is inside the installed package data ({shipped}), which is "
+            "read-only to every command; write to a folder of your own"
+        )
+    return real
+
+
+_HELD_LOCKS: dict[Path, int] = {}  # lock file -> open descriptor, for this process's life
+_WRITERS, _PUBLISH = 0, 1  # the lock file's bytes: who writes, and who swaps files in
+_SCOPE: list[_Claims] = []  # what each running holds_output_locks call has claimed
+
+
+@dataclasses.dataclass
+class _Claims:
+    locks: list[int] = dataclasses.field(default_factory=list)  # writer locks taken
+    created: list[Path] = dataclasses.field(default_factory=list)  # folders made by a claim
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def holds_output_locks(fn: F) -> F:
+    """Decorate a library entry point that claims output folders: the writer locks it takes
+    are released when it returns, so one process can call it again and again, and another
+    process can write there afterwards; a folder its claim created is removed again if it
+    fails before writing anything there. (Outside such a call, as in the CLI, a lock is
+    held until the process exits.)"""
+
+    @functools.wraps(fn)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        _SCOPE.append(_Claims())
+        failed = True
+        try:
+            result = fn(*args, **kwargs)
+            failed = False
+            return result
+        finally:
+            claims = _SCOPE.pop()
+            if _SCOPE:
+                _SCOPE[-1].locks += claims.locks
+                _SCOPE[-1].created += claims.created
+            else:
+                for fd in claims.locks:
+                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
+                for folder in claims.created if failed else ():
+                    _remove_if_unused(folder)
+
+    return cast(F, scoped)
+
+
+def _remove_if_unused(folder: Path) -> None:
+    """Remove ``folder`` if it holds nothing but its marker and lock (a claim that a failed
+    command made): a refused or failed run leaves no trace."""
+    held = {f.name for f in folder.iterdir()} if folder.is_dir() else {"?"}
+    if held <= {OUTPUT_MARKER, LOCK_FILE}:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _lock_descriptor(folder: Path) -> int | None:
+    """The open lock file ``.basis-bench.lock`` in ``folder`` (None where none can be made,
+    such as a read-only folder: then nothing there is written by this package either)."""
+    lock = folder / LOCK_FILE
+    if lock not in _HELD_LOCKS:
+        try:
+            _HELD_LOCKS[lock] = os.open(lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        except OSError:
+            return None
+    return _HELD_LOCKS[lock]
+
+
+def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") -> None:
+    """Lock ``folder`` (created) for writing by this process (an advisory POSIX lock on its
+    ``.basis-bench.lock``, which a killed process never leaves held). A folder another
+    process writes is an :class:`InputError`; ``shared`` lets several oracle shards write
+    one dataset. A results folder swapped whole at the end of a run gets a new lock file
+    with it: its writer is done by then."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = _lock_descriptor(folder)
+    if fd is None:
+        return
+    kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    try:
+        fcntl.lockf(fd, kind | fcntl.LOCK_NB, 1, _WRITERS)
+    except OSError as err:
+        raise InputError(
+            f"{option} {folder} is being written by another basis-bench command right now; "
+            "wait for it to finish (two writers of one folder would mix or lose outputs)"
+        ) from err
+    if _SCOPE:
+        _SCOPE[-1].locks.append(fd)
+
+
+@contextlib.contextmanager
+def publishing(folder: Path, *, reading: bool = False) -> Iterator[None]:
+    """Hold ``folder``'s publish lock: exclusive while files are swapped into place, shared
+    while a reader lists and reads them, so a reader never sees a half-replaced dataset."""
+    fd = _lock_descriptor(Path(os.path.realpath(folder)))
+    if fd is None:
+        yield
+        return
+    fcntl.lockf(fd, fcntl.LOCK_SH if reading else fcntl.LOCK_EX, 1, _PUBLISH)
+    try:
+        yield
+    finally:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _PUBLISH)
+
+
+def _check_claim(
+    path: Path, kind: str, simulated: bool | None, found: dict[str, Any], option: str
+) -> None:
+    what = _KIND_WORDS.get(kind, f"a {kind!r} output")
+    if found.get("kind") != kind:
+        raise InputError(
+            f"{option} {path} already holds {_describe(found)}, not {what}; choose a new or "
+            "empty folder (or pass --force to write into it anyway)"
+        )
+    held = found.get("simulated")
+    if kind == "rollouts" and simulated is not None and held is not None and held != simulated:
+        new = "simulated" if simulated else "real"
+        raise InputError(
+            f"{option} {path} holds {_describe(found)}; writing {new} rollouts into it would "
+            "mix the two: choose a new or empty folder (or pass --force to mix them)"
+        )
+
+
+# --------------------------------------------------------------------------- provenance
+
+PROVENANCE_PACKAGES = ("numpy", "polars", "pyarrow", "torch", "transformers", "math-verify")
+
+
+def provenance() -> dict[str, Any]:
+    """Where a result came from: package version, git commit (when run from a clone, with a
+    ``-dirty`` suffix for uncommitted changes), UTC date, argv, python and library versions.
+    Recorded in every run.json and training config.json."""
+    root = Path(__file__).resolve().parents[1]
+    commit = None
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(
+                ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=40"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    versions: dict[str, str | None] = {}
+    for name in PROVENANCE_PACKAGES:
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "basis_bench": __version__,
+        "git_commit": commit,
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "argv": list(sys.argv),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
