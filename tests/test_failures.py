@@ -395,9 +395,9 @@ def write_toml(path: Path, text: str) -> Path:
         ({"a.toml": "estimator_options = 5"}, "'estimator_options' must be dict"),
         ({"a.toml": 'estimator = "grpo"\nestimator_options = {bogus = 1}'}, "unknown option(s) bogus for estimator 'grpo'"),
         ({"a.toml": "estimator_options = {bogus = 1}"}, "unknown option(s) bogus for estimator 'basis'"),
-        ({"a.toml": "top_p = 1.5"}, "top_p must be a finite number in (0, 1]"),
-        ({"a.toml": "lr = inf"}, "lr must be a finite number > 0"),
-        ({"a.toml": "lr = nan"}, "lr must be a finite number > 0"),
+        ({"a.toml": "top_p = 1.5"}, "top_p must be in (0, 1]; got 1.5"),
+        ({"a.toml": "lr = inf"}, "lr must be finite; got inf"),
+        ({"a.toml": "lr = nan"}, "lr must be a number, not NaN"),
     ],
 )  # fmt: skip
 def test_train_config_mistakes_are_one_line_before_any_model_loads(
