@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 import sys
 
 import numpy as np
 import polars as pl
 import pytest
 
+from basis_bench.bench.config import SensitivityConfig
 from basis_bench.bench.evaluate import (
     EvaluateConfig,
     Replay,
@@ -491,3 +494,28 @@ def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_
         EvaluateConfig(rollouts=str(tilt_data), estimators=("basis",), **FAST), tmp_path / "b"
     )
     assert set(plain.summary["estimator"]) == {"basis"} and "tracker" not in plain.run
+
+
+@pytest.mark.parametrize(
+    ("config", "values", "message"),
+    [
+        (EvaluateConfig, {"batch_size": 1}, "--batch-size must be >= 2; got 1"),
+        (EvaluateConfig, {"oracle_n": 1}, "--oracle-n must be >= 2"),
+        (EvaluateConfig, {"repeats": 0}, "--repeats must be >= 1"),
+        (EvaluateConfig, {"seed": -1}, "--seed must be >= 0"),
+        (EvaluateConfig, {"trajectory_epochs": 0}, "--trajectory-epochs must be >= 1"),
+        (EvaluateConfig, {"ref_n": 2.5}, "--ref-n must be an integer"),
+        (SensitivityConfig, {"eps": float("nan")}, "--eps must be a number, not NaN"),
+        (SensitivityConfig, {"eps": -1e-6}, "--eps must be >= 0"),
+        (SensitivityConfig, {"grid_size": 0}, "--grid-size must be >= 1"),
+    ],
+)
+def test_benchmark_settings_out_of_range_are_refused_where_made(config, values, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        config(**values)
+
+
+def test_every_benchmark_setting_carries_its_help():
+    for config in (EvaluateConfig, SensitivityConfig):
+        for f in dataclasses.fields(config):
+            assert f.metadata["help"].endswith("."), (config.__name__, f.name)
