@@ -34,7 +34,10 @@ from basis_bench.cli.options import (
     estimator_options,
     split_names,
 )
+from basis_bench.rollouts.simulation import SimulationConfig, parse_stages
 from basis_bench.settings import cli_option
+
+SIMULATION = SimulationConfig()
 
 if TYPE_CHECKING:
     import polars as pl
@@ -82,34 +85,16 @@ def simulate(
     out: Annotated[
         Path, typer.Option("--out", help="Directory to write the simulated rollouts dataset to.")
     ],
-    prompts: Annotated[int, typer.Option("--prompts", help="Number of prompts.")] = 600,
+    prompts: Annotated[int, cli_option(SimulationConfig, "n_prompts")] = SIMULATION.n_prompts,
     reference_n: Annotated[
-        int,
-        typer.Option("--reference-n", help="Reference-policy samples per prompt (BASIS's cache)."),
-    ] = 64,
+        int, cli_option(SimulationConfig, "reference_n")
+    ] = SIMULATION.reference_n,
     checkpoint_n: Annotated[
-        int,
-        typer.Option(
-            "--checkpoint-n",
-            help="Samples per prompt for each checkpoint: the oracle (--oracle-n of evaluate) plus the pool.",
-        ),
-    ] = 320,
-    setting: Annotated[
-        str,
-        typer.Option(
-            "--setting",
-            help="Generative setting: tilt (BASIS's model holds up to small noise), noisy, sharpen or "
-            "forget (misspecified; see basis_bench/rollouts/simulate.py).",
-        ),
-    ] = "tilt",
-    stage: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--stage",
-            help="Checkpoint as NAME=LOGODDS_SHIFT; repeat. Default: early=0.3 middle=0.8 late=1.5.",
-        ),
-    ] = None,
-    seed: SeedOpt = 0,
+        int, cli_option(SimulationConfig, "checkpoint_n")
+    ] = SIMULATION.checkpoint_n,
+    setting: Annotated[str, cli_option(SimulationConfig, "setting")] = SIMULATION.setting,
+    stage: Annotated[list[str] | None, cli_option(SimulationConfig, "stages")] = None,
+    seed: Annotated[int, cli_option(SimulationConfig, "seed")] = SIMULATION.seed,
     force: Annotated[
         bool,
         typer.Option(
@@ -119,16 +104,14 @@ def simulate(
     ] = False,
 ) -> None:
     """Write a simulated rollouts dataset (labelled simulated in its metadata)."""
-    from basis_bench.rollouts.simulate import SimulationConfig, parse_stages, with_overrides
     from basis_bench.rollouts.simulate import simulate as run_simulation
 
-    cfg = with_overrides(
-        SimulationConfig(),
+    cfg = SimulationConfig(
         n_prompts=prompts,
         reference_n=reference_n,
         checkpoint_n=checkpoint_n,
         setting=setting,
-        stages=parse_stages(stage) if stage else None,
+        stages=parse_stages(stage) if stage else SIMULATION.stages,
         seed=seed,
     )
     path = run_simulation(cfg, out, force=force)
