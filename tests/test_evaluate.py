@@ -449,7 +449,7 @@ def test_each_estimator_gets_only_its_own_options_object():
         ({"apo": {"eps": 1.0}}, "unknown option(s) eps for estimator 'apo'; valid: beta"),
         ({"grpo": {"x": 1}}, "for estimator 'grpo'; valid: (none"),
         ({"nope": {}}, "unknown estimator 'nope'"),
-        ({"basis": {"eps": float("nan")}}, "basis.eps must be finite"),
+        ({"basis": {"eps": float("nan")}}, "basis.eps must be a number, not NaN"),
     ],
 )
 def test_bad_estimator_options_are_clear_errors(extra, message):

@@ -123,7 +123,7 @@ def test_apo_value_hand_computed_and_limits() -> None:
     assert apo_value(cont, math.inf)[0] == pytest.approx(0.5)
     assert apo_value(cont, 1e-4)[0] == pytest.approx(0.9 - 1e-4 * math.log(3), abs=1e-9)
     assert apo_value(ref, 1e-6, prior=0.0)[0] == pytest.approx(1.0, abs=1e-5)  # no overflow
-    with pytest.raises(InputError, match="positive"):
+    with pytest.raises(InputError, match="beta must be > 0"):
         apo_value(ref, 0.0)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_GRID_SIZE, TableOptions, field_help
-from basis_bench.settings import check_settings, setting, setting_flag
+from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_GRID_SIZE, TableOptions
+from basis_bench.settings import check_settings, setting, setting_flag, setting_help
 
 
 def _rollouts() -> Any:
@@ -64,7 +64,7 @@ def _seed() -> Any:
 
 
 def _grid_size() -> Any:
-    return setting(DEFAULT_GRID_SIZE, help=field_help(TableOptions, "grid_size"), min_val=1)
+    return setting(DEFAULT_GRID_SIZE, help=setting_help(TableOptions, "grid_size"), min_val=1)
 
 
 BASIS_OPTIONS_HELP = (

@@ -23,6 +23,7 @@ from array_api_compat import array_namespace
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, asarray_like, to_numpy
 from basis_bench.estimators.options import DEFAULT_GRID_SIZE, DEFAULT_PRIOR
+from basis_bench.settings import check_scalar
 
 BETA_RANGE = (0.05, 50.0)
 
@@ -113,8 +114,7 @@ def tilted_moments(
     sum_m w_m (r_m - V)^2. ``prior`` is ignored for continuous rewards.
     """
     _check_cache(ref_rewards)
-    if prior < 0:
-        raise InputError(f"prior must be >= 0; got {prior}")
+    check_scalar(prior, "prior", float, min_val=0)
     betas, scalar = _as_betas(beta, ref_rewards)
     use_binary = is_binary(ref_rewards) if binary is None else binary
     v, var = (
