@@ -32,8 +32,7 @@ def default_betas(
     k: int = DEFAULT_GRID_SIZE, low: float = BETA_RANGE[0], high: float = BETA_RANGE[1]
 ) -> np.ndarray:
     """K log-spaced betas in [low, high], largest first, followed by beta = inf (K + 1 values)."""
-    if k < 1:
-        raise InputError(f"the beta grid needs at least one candidate; got k={k}")
+    check_scalar(k, "the beta grid's size k (candidates)", int, min_val=1)
     if not 0 < low <= high:
         raise InputError(f"beta range must satisfy 0 < low <= high; got [{low}, {high}]")
     return np.concatenate([np.geomspace(high, low, k), [np.inf]])
