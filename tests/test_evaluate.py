@@ -6,11 +6,11 @@ import dataclasses
 import json
 import math
 import re
-import sys
 
 import numpy as np
 import polars as pl
 import pytest
+from conftest import assert_one_line_error, run_main
 
 from basis_bench.bench.config import SensitivityConfig
 from basis_bench.bench.evaluate import (
@@ -25,7 +25,6 @@ from basis_bench.bench.evaluate import (
     heterogeneity_table,
     open_dataset,
 )
-from basis_bench.cli import main
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
@@ -343,13 +342,6 @@ def small(tmp_path):
     )
 
 
-def run_cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["basis-bench", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    return exit_info.value.code, capsys.readouterr()
-
-
 @pytest.mark.parametrize(
     ("mutate", "args", "message"),
     [
@@ -377,27 +369,22 @@ def test_user_errors_are_one_line_without_traceback(
     if mutate is not None:
         path = small / "late.parquet"
         write_parquet_atomic(mutate(pl.read_parquet(path)), path)
-    code, captured = run_cli(
+    result = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
         "--batch-size", "8", "--repeats", "3", "--out", str(tmp_path / "o"), *args,
     )  # fmt: skip
-    assert code == 2
-    assert message in " ".join(captured.err.split())
-    assert "Traceback" not in captured.err + captured.out
+    assert_one_line_error(result, message)
+    assert "Traceback" not in result.out
 
 
 def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
-    code, captured = run_cli(
+    code, _, out = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
         "--batch-size", "8", "--repeats", "3", "--group-size", "4", "--calibration", "fixed",
         "--fixed-beta", "inf", "--out", str(tmp_path / "o"),
     )  # fmt: skip
     assert code == 0
-    assert (
-        "checkpoint late" in captured.out
-        and "reinforce_pp" in captured.out
-        and "basis_vop" in captured.out
-    )
+    assert "checkpoint late" in out and "reinforce_pp" in out and "basis_vop" in out
     run = json.loads((tmp_path / "o" / "run.json").read_text())
     assert run["config"]["basis_options"] == {"calibration": "fixed", "fixed_beta": math.inf}
     assert run["estimator_options"]["basis"]["fixed_beta"] == math.inf
@@ -462,7 +449,7 @@ def test_bad_estimator_options_are_clear_errors(extra, message):
 
 
 def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
-    code, _ = run_cli(
+    code, _, _ = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
         "--batch-size", "8", "--repeats", "3", "--estimators", "apo,basis", "--option", "apo.beta=2",
         "--eps", "1e-3", "--out", str(tmp_path / "o"),
@@ -473,11 +460,11 @@ def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
         "apo": {"beta": 2.0},
         "basis": {**run["estimator_options"]["basis"], "eps": 1e-3},
     }
-    code, captured = run_cli(
+    result = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--option", "apo.nope=1",
         "--out", str(tmp_path / "p"),
     )  # fmt: skip
-    assert code == 2 and "valid: beta" in captured.err
+    assert result.code == 2 and "valid: beta" in result.message
 
 
 def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_path):
