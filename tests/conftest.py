@@ -1,4 +1,5 @@
-"""Shared test settings.
+"""Shared test settings and helpers (test modules import the helpers: ``from conftest import
+run_main``).
 
 torch's default of one thread per core makes OpenMP spin against the other pytest worker
 on a 2-core machine (5-10x slower, timings that swing 10x); one thread per worker is both
@@ -6,12 +7,23 @@ faster and steadier. The environment variables are set before any test imports t
 ``one_torch_thread`` pins torch itself for tests that run a model.
 """
 
-import os
+from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from typing import NamedTuple
+
+import polars as pl
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
+# One torch thread in CLI subprocesses too: runs compare bitwise, and on a shared CPU extra
+# OpenMP threads only spin (5-10x slower sampling).
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -22,3 +34,67 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+class CliRun(NamedTuple):
+    """What ``basis-bench ARGS`` did in this process."""
+
+    code: int
+    message: str  # the last line of stderr: progress lines may come before an error
+    out: str
+
+
+def run_main(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
+) -> CliRun:
+    """``basis-bench ARGS`` in this process (never with a traceback on stderr)."""
+    from basis_bench.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["basis-bench", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err, captured.err
+    lines = captured.err.strip().splitlines()
+    return CliRun(code, lines[-1] if lines else "", captured.out)
+
+
+def run_cli(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``basis-bench ARGS`` in a fresh interpreter, on one torch thread."""
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env=ONE_THREAD
+    )
+
+
+def assert_one_line_error(
+    result: CliRun | subprocess.CompletedProcess[str], *needles: str, code: int = 2
+) -> None:
+    """The command failed with ``code`` and one ``error:`` line holding every needle; a
+    subprocess's whole stderr is that line (wrapping aside)."""
+    if isinstance(result, subprocess.CompletedProcess):
+        got, message = result.returncode, " ".join(result.stderr.split())
+    else:
+        got, message = result.code, result.message
+    assert got == code, message
+    assert "Traceback" not in message
+    assert message.startswith("error:"), message
+    for needle in needles:
+        assert needle in message, message
+
+
+def rollouts_frame(policy: str, rewards: dict[str, list[float]]) -> pl.DataFrame:
+    """Rollouts of one policy in the store schema, ``{prompt_id: [reward per sample]}``."""
+    rows = [(pid, policy, i, r) for pid, rs in rewards.items() for i, r in enumerate(rs)]
+    return pl.DataFrame(
+        rows,
+        schema={
+            "prompt_id": pl.String,
+            "policy": pl.String,
+            "sample_idx": pl.Int32,
+            "reward": pl.Float64,
+        },
+        orient="row",
+    )

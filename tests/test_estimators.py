@@ -404,7 +404,7 @@ def test_bad_input_gives_clear_errors():
         E.refine(v, np.array([0.0, 1, np.nan, 1]))
     with pytest.raises(InputError, match="grid is empty"):
         E.tilted_value(np.ones((2, 3)), [])
-    with pytest.raises(InputError, match="at least one candidate"):
+    with pytest.raises(InputError, match=r"the beta grid's size k \(candidates\) must be >= 1"):
         E.default_betas(0)
     with pytest.raises(InputError, match="unknown refinement variant"):
         E.refine(v, np.ones(4), variant="blue")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import sys
+import re
 
 import numpy as np
 import polars as pl
 import pytest
+from conftest import assert_one_line_error, run_main
 
+from basis_bench.bench.config import SensitivityConfig
 from basis_bench.bench.evaluate import (
     EvaluateConfig,
     Replay,
@@ -22,7 +25,6 @@ from basis_bench.bench.evaluate import (
     heterogeneity_table,
     open_dataset,
 )
-from basis_bench.cli import main
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
 from basis_bench.outputs import write_parquet_atomic
@@ -341,13 +343,6 @@ def small(tmp_path):
     )
 
 
-def run_cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["basis-bench", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    return exit_info.value.code, capsys.readouterr()
-
-
 @pytest.mark.parametrize(
     ("mutate", "args", "message"),
     [
@@ -375,27 +370,22 @@ def test_user_errors_are_one_line_without_traceback(
     if mutate is not None:
         path = small / "late.parquet"
         write_parquet_atomic(mutate(pl.read_parquet(path)), path)
-    code, captured = run_cli(
+    result = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
         "--batch-size", "8", "--repeats", "3", "--out", str(tmp_path / "o"), *args,
     )  # fmt: skip
-    assert code == 2
-    assert message in " ".join(captured.err.split())
-    assert "Traceback" not in captured.err + captured.out
+    assert_one_line_error(result, message)
+    assert "Traceback" not in result.out
 
 
 def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
-    code, captured = run_cli(
+    code, _, out = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
         "--batch-size", "8", "--repeats", "3", "--group-size", "4", "--calibration", "fixed",
         "--fixed-beta", "inf", "--out", str(tmp_path / "o"),
     )  # fmt: skip
     assert code == 0
-    assert (
-        "checkpoint late" in captured.out
-        and "reinforce_pp" in captured.out
-        and "basis_vop" in captured.out
-    )
+    assert "checkpoint late" in out and "reinforce_pp" in out and "basis_vop" in out
     run = json.loads((tmp_path / "o" / "run.json").read_text())
     assert run["config"]["basis_options"] == {"calibration": "fixed", "fixed_beta": math.inf}
     assert run["estimator_options"]["basis"]["fixed_beta"] == math.inf
@@ -447,7 +437,7 @@ def test_each_estimator_gets_only_its_own_options_object():
         ({"apo": {"eps": 1.0}}, "unknown option(s) eps for estimator 'apo'; valid: beta"),
         ({"grpo": {"x": 1}}, "for estimator 'grpo'; valid: (none"),
         ({"nope": {}}, "unknown estimator 'nope'"),
-        ({"basis": {"eps": float("nan")}}, "basis.eps must be finite"),
+        ({"basis": {"eps": float("nan")}}, "basis.eps must be a number, not NaN"),
     ],
 )
 def test_bad_estimator_options_are_clear_errors(extra, message):
@@ -460,7 +450,7 @@ def test_bad_estimator_options_are_clear_errors(extra, message):
 
 
 def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
-    code, _ = run_cli(
+    code, _, _ = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--oracle-n", "4", "--ref-n", "8",
         "--batch-size", "8", "--repeats", "3", "--estimators", "apo,basis", "--option", "apo.beta=2",
         "--eps", "1e-3", "--out", str(tmp_path / "o"),
@@ -471,11 +461,11 @@ def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
         "apo": {"beta": 2.0},
         "basis": {**run["estimator_options"]["basis"], "eps": 1e-3},
     }
-    code, captured = run_cli(
+    result = run_main(
         monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--option", "apo.nope=1",
         "--out", str(tmp_path / "p"),
     )  # fmt: skip
-    assert code == 2 and "valid: beta" in captured.err
+    assert result.code == 2 and "valid: beta" in result.message
 
 
 def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_path):
@@ -492,3 +482,28 @@ def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_
         EvaluateConfig(rollouts=str(tilt_data), estimators=("basis",), **FAST), tmp_path / "b"
     )
     assert set(plain.summary["estimator"]) == {"basis"} and "tracker" not in plain.run
+
+
+@pytest.mark.parametrize(
+    ("config", "values", "message"),
+    [
+        (EvaluateConfig, {"batch_size": 1}, "--batch-size must be >= 2; got 1"),
+        (EvaluateConfig, {"oracle_n": 1}, "--oracle-n must be >= 2"),
+        (EvaluateConfig, {"repeats": 0}, "--repeats must be >= 1"),
+        (EvaluateConfig, {"seed": -1}, "--seed must be >= 0"),
+        (EvaluateConfig, {"trajectory_epochs": 0}, "--trajectory-epochs must be >= 1"),
+        (EvaluateConfig, {"ref_n": 2.5}, "--ref-n must be an integer"),
+        (SensitivityConfig, {"eps": float("nan")}, "--eps must be a number, not NaN"),
+        (SensitivityConfig, {"eps": -1e-6}, "--eps must be >= 0"),
+        (SensitivityConfig, {"grid_size": 0}, "--grid-size must be >= 1"),
+    ],
+)
+def test_benchmark_settings_out_of_range_are_refused_where_made(config, values, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        config(**values)
+
+
+def test_every_benchmark_setting_carries_its_help():
+    for config in (EvaluateConfig, SensitivityConfig):
+        for f in dataclasses.fields(config):
+            assert f.metadata["help"].endswith("."), (config.__name__, f.name)

@@ -28,8 +28,8 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from conftest import assert_one_line_error, run_main
 
-from basis_bench.cli import main
 from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
 from basis_bench.outputs import (
@@ -57,29 +57,6 @@ def snapshot(root: Path) -> dict[str, str]:
         for f in sorted(root.rglob("*"))
         if f.is_file()
     }
-
-
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """``basis-bench ARGS`` in this process: (exit code, last line of stderr)."""
-    monkeypatch.setattr(sys, "argv", ["basis-bench", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    return code, lines[-1] if lines else ""  # progress lines may come before the error
-
-
-def assert_one_line_error(result: tuple[int, str], *needles: str, code: int = 2) -> None:
-    got, message = result
-    assert got == code, message
-    assert "Traceback" not in message
-    assert message.startswith("error:"), message
-    for needle in needles:
-        assert needle in message, message
 
 
 @pytest.fixture
@@ -396,9 +373,9 @@ def write_toml(path: Path, text: str) -> Path:
         ({"a.toml": "estimator_options = 5"}, "'estimator_options' must be dict"),
         ({"a.toml": 'estimator = "grpo"\nestimator_options = {bogus = 1}'}, "unknown option(s) bogus for estimator 'grpo'"),
         ({"a.toml": "estimator_options = {bogus = 1}"}, "unknown option(s) bogus for estimator 'basis'"),
-        ({"a.toml": "top_p = 1.5"}, "top_p must be a finite number in (0, 1]"),
-        ({"a.toml": "lr = inf"}, "lr must be a finite number > 0"),
-        ({"a.toml": "lr = nan"}, "lr must be a finite number > 0"),
+        ({"a.toml": "top_p = 1.5"}, "top_p must be in (0, 1]; got 1.5"),
+        ({"a.toml": "lr = inf"}, "lr must be finite; got inf"),
+        ({"a.toml": "lr = nan"}, "lr must be a number, not NaN"),
     ],
 )  # fmt: skip
 def test_train_config_mistakes_are_one_line_before_any_model_loads(
@@ -509,7 +486,7 @@ def test_ctrl_c_in_train_does_not_promise_an_oracle_resume(monkeypatch, capsys, 
 
     monkeypatch.setattr(train_pkg, "train", interrupted)
     config = write_toml(tmp_path / "c.toml", f'run_dir = "{tmp_path / "run"}"\n')
-    code, message = run_main(monkeypatch, capsys, "train", "--config", str(config))
+    code, message, _ = run_main(monkeypatch, capsys, "train", "--config", str(config))
     assert code == 130 and "--resume RUN/checkpoints/step-T" in message
     assert "completed parts" not in message
 
@@ -546,7 +523,7 @@ def test_reward_config_refuses_non_finite_timeouts():
     from basis_bench.rollouts.rewards import RewardConfig
 
     for bad in (float("nan"), float("inf"), 0.0, -1.0):
-        with pytest.raises(InputError, match="timeout_s must be a finite number"):
+        with pytest.raises(InputError, match=r"timeout_s must be (a number, not NaN|finite|> 0)"):
             RewardConfig(timeout_s=bad)
 
 
@@ -900,14 +877,14 @@ def test_leave_one_out_refuses_a_batch_of_one():
 
 
 def test_an_estimator_returning_the_wrong_shape_is_named():
-    from basis_bench.estimators import ESTIMATORS, EstimatorInput, register_estimator
+    from basis_bench.estimators import ESTIMATORS, EstimatorInput, register_estimator, registry
 
-    @register_estimator("wrong_shape_test")
-    def _wrong(batch):
-        return batch.rewards[..., 0]
+    with registry.temporary():
 
-    try:
+        @register_estimator("wrong_shape_test")
+        def _wrong(batch):
+            return batch.rewards[..., 0]
+
         with pytest.raises(InputError, match="'wrong_shape_test' returned baselines of shape"):
             ESTIMATORS["wrong_shape_test"](EstimatorInput(np.ones((4, 1)) * 0.5))
-    finally:
-        del ESTIMATORS["wrong_shape_test"]
+    assert "wrong_shape_test" not in ESTIMATORS

@@ -18,13 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_failures import (
-    assert_one_line_error,
-    evaluate_args,
-    run_main,
-    siblings,
-    snapshot,
-)
+from conftest import assert_one_line_error, run_main
+from test_failures import evaluate_args, siblings, snapshot
 
 import basis_bench.rollouts.importers as importers
 from basis_bench.outputs import LOCK_FILE
@@ -207,7 +202,7 @@ def test_an_interrupted_replace_keeps_the_old_data(monkeypatch, capsys, tmp_path
 
     monkeypatch.setattr(importers.os, "replace", interrupted)
     args = import_args(counts_file(tmp_path, "b.csv", 3), out, "--replace")
-    code, message = run_main(monkeypatch, capsys, *args)
+    code, message, _ = run_main(monkeypatch, capsys, *args)
     assert code == 130 and message.startswith("interrupted:"), message
     monkeypatch.setattr(importers.os, "replace", real_replace)
     assert without_lock(snapshot(out)) == before

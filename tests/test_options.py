@@ -30,21 +30,25 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     ("cls", "values", "message"),
     [
-        (O.BasisOptions, {"eps": math.nan}, "basis.eps must be finite"),
-        (O.BasisOptions, {"eps": -1e-6}, "basis.eps must lie in"),
+        (O.BasisOptions, {"eps": math.nan}, "basis.eps must be a number, not NaN"),
+        (O.BasisOptions, {"eps": -1e-6}, "basis.eps must be >= 0; got -1e-06"),
         (O.BasisOptions, {"eps": "1e-6"}, "basis.eps must be a number"),
-        (O.BasisOptions, {"min_active": 1.5}, "basis.min_active must lie in"),
+        (O.BasisOptions, {"min_active": 1.5}, "basis.min_active must be in [0, 1]; got 1.5"),
         (O.BasisOptions, {"variant": "blue"}, "unknown basis.variant 'blue'"),
         (O.BasisOptions, {"calibration": "fixed"}, "calibration fixed needs fixed_beta"),
         (O.BasisOptions, {"fixed_beta": 1.0}, "fixed_beta only applies with calibration fixed"),
-        (O.BasisOptions, {"calibration": "fixed", "fixed_beta": 0.0}, "fixed_beta must lie in"),
+        (
+            O.BasisOptions,
+            {"calibration": "fixed", "fixed_beta": 0.0},
+            "basis.fixed_beta must be > 0; got 0.0",
+        ),
         (O.BasisOptions, {"clip": (1.0, 0.0)}, "low <= high"),
         (O.BasisOptions, {"shrink": 1}, "basis.shrink must be true or false"),
         (O.JamesSteinOptions, {"eps": math.inf}, "james_stein.eps must be finite"),
-        (O.ApoOptions, {"beta": math.nan}, "apo.beta must be finite"),
-        (O.ApoOptions, {"beta": 0}, "apo.beta must lie in"),
+        (O.ApoOptions, {"beta": math.nan}, "apo.beta must be a number, not NaN"),
+        (O.ApoOptions, {"beta": 0}, "apo.beta must be > 0; got 0"),
         (O.SpoOptions, {"decay": 1.0}, "never forgets"),
-        (O.TableOptions, {"grid_size": 0}, "grid_size must be an integer >= 1"),
+        (O.TableOptions, {"grid_size": 0}, "table.grid_size must be >= 1; got 0"),
     ],
 )
 def test_options_refuse_values_the_estimator_cannot_use(cls, values, message):

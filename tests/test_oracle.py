@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import CLI, ONE_THREAD, assert_one_line_error, run_cli
 from typer.testing import CliRunner
 
 from basis_bench.cli.app import app
@@ -35,28 +35,7 @@ from basis_bench.rollouts.store import (
 from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
-CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
-
-
-# One torch thread in the CLI subprocesses and in this process: runs compare bitwise,
-# and on a shared CPU extra OpenMP threads only spin (5-10x slower sampling).
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def run_cli(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env=ONE_THREAD
-    )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def parts(out: Path, policy: str) -> list[Path]:
@@ -166,15 +145,6 @@ def test_prompts_table_is_idempotent_merges_and_refuses_conflicts(tmp_path):
 
 
 # --------------------------------------------------------------------------- bad input
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    message = " ".join(result.stderr.split())
-    assert message.startswith("error:")
-    for needle in needles:
-        assert needle in message, message
 
 
 def test_unknown_model_path(tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from conftest import rollouts_frame
 
 from basis_bench.bench.trajectory import replay_tracker, tracker_prompts
 from basis_bench.errors import InputError
@@ -123,7 +124,7 @@ def test_apo_value_hand_computed_and_limits() -> None:
     assert apo_value(cont, math.inf)[0] == pytest.approx(0.5)
     assert apo_value(cont, 1e-4)[0] == pytest.approx(0.9 - 1e-4 * math.log(3), abs=1e-9)
     assert apo_value(ref, 1e-6, prior=0.0)[0] == pytest.approx(1.0, abs=1e-5)  # no overflow
-    with pytest.raises(InputError, match="positive"):
+    with pytest.raises(InputError, match="beta must be > 0"):
         apo_value(ref, 0.0)
 
 
@@ -231,15 +232,6 @@ def test_spo_prior_options_and_errors() -> None:
 # --------------------------------------------------------------------------- tracker replay
 
 
-def _frame(policy: str, rewards: dict[str, list[float]]) -> pl.DataFrame:
-    rows = [
-        {"prompt_id": pid, "policy": policy, "sample_idx": i, "reward": r}
-        for pid, rs in rewards.items()
-        for i, r in enumerate(rs)
-    ]
-    return pl.DataFrame(rows)
-
-
 def test_replay_tracker_hand_computed() -> None:
     # Reference: p0 = (k + .5)/(n + 1) with n = 3. Checkpoint pools are constant per prompt,
     # so whatever the draw order, each prompt sees exactly its pool value once per checkpoint.
@@ -256,7 +248,13 @@ def test_replay_tracker_hand_computed() -> None:
         "c": [1, 1, 1, 0, 1.0],
         "d": [0, 0, 0, 0, 0.0],
     }
-    df = pl.concat([_frame("reference", ref), _frame("early", early), _frame("late", late)])
+    df = pl.concat(
+        [
+            rollouts_frame("reference", ref),
+            rollouts_frame("early", early),
+            rollouts_frame("late", late),
+        ]
+    )
     out = replay_tracker(
         df, "reference", ["early", "late"], batch_size=2, repeats=3, oracle_n=4, ref_n=3
     )
@@ -291,7 +289,7 @@ def test_replay_tracker_learns_a_drifted_checkpoint() -> None:
     ids = [f"p{i}" for i in range(40)]
     ref = {p: list((rng.random(32) < 0.2).astype(float)) for p in ids}
     ckpt = {p: list((rng.random(300) < 0.9).astype(float)) for p in ids}
-    df = pl.concat([_frame("reference", ref), _frame("trained", ckpt)])
+    df = pl.concat([rollouts_frame("reference", ref), rollouts_frame("trained", ckpt)])
     one = replay_tracker(
         df, "reference", ["trained"], batch_size=8, repeats=4, oracle_n=200, ref_n=32
     )
@@ -311,7 +309,13 @@ def test_replay_tracker_learns_a_drifted_checkpoint() -> None:
 def test_replay_tracker_errors() -> None:
     ref = {"a": [0.0, 1.0], "b": [1.0, 1.0]}
     ck = {"a": [0.0, 1.0, 1.0], "b": [1.0, 0.0, 1.0]}
-    df = pl.concat([_frame("reference", ref), _frame("ck", ck), _frame("other", {"a": [1.0] * 3})])
+    df = pl.concat(
+        [
+            rollouts_frame("reference", ref),
+            rollouts_frame("ck", ck),
+            rollouts_frame("other", {"a": [1.0] * 3}),
+        ]
+    )
     ids, dropped = tracker_prompts(df, "reference", ["ck", "other"])
     assert list(ids) == ["a"] and dropped == 1
     with pytest.raises(InputError, match="no rollouts"):

@@ -8,14 +8,8 @@ import pytest
 
 from basis_bench.errors import InputError
 from basis_bench.outputs import read_metadata
-from basis_bench.rollouts.simulate import (
-    SETTINGS,
-    SimulationConfig,
-    checkpoint_values,
-    parse_stages,
-    reference_values,
-    simulate,
-)
+from basis_bench.rollouts.simulate import checkpoint_values, reference_values, simulate
+from basis_bench.rollouts.simulation import SETTINGS, SimulationConfig, parse_stages
 from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts
 
 
@@ -100,10 +94,14 @@ def test_empirical_rates_follow_the_true_values(tmp_path):
 
 
 def test_bad_configs_are_input_errors():
-    with pytest.raises(InputError, match="unknown setting"):
-        SimulationConfig(setting="nope").validate()
+    with pytest.raises(InputError, match="--setting must be one of tilt, noisy"):
+        SimulationConfig(setting="nope")
     with pytest.raises(InputError, match="reference"):
-        SimulationConfig(stages={"reference": 1.0}).validate()
+        SimulationConfig(stages={"reference": 1.0})
+    with pytest.raises(InputError, match="--prompts must be >= 2; got 1"):
+        SimulationConfig(n_prompts=1)
+    with pytest.raises(InputError, match="mixture weight or Beta parameter must be > 0"):
+        SimulationConfig(mixture=((1.0, 0.0, 1.0),))
     with pytest.raises(InputError, match="NAME=LOGODDS_SHIFT"):
         parse_stages(["late"])
     with pytest.raises(InputError, match="NAME=LOGODDS_SHIFT"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from conftest import rollouts_frame
 
 from basis_bench.errors import InputError
 from basis_bench.outputs import read_metadata, write_parquet_atomic
@@ -18,22 +19,8 @@ from basis_bench.rollouts.store import (
 )
 
 
-def rollouts(policy: str, rewards: dict[str, list[float]]) -> pl.DataFrame:
-    rows = [(pid, policy, i, r) for pid, rs in rewards.items() for i, r in enumerate(rs)]
-    return pl.DataFrame(
-        rows,
-        schema={
-            "prompt_id": pl.String,
-            "policy": pl.String,
-            "sample_idx": pl.Int32,
-            "reward": pl.Float64,
-        },
-        orient="row",
-    )
-
-
 def test_round_trip_keeps_rows_and_metadata(tmp_path):
-    df = rollouts("reference", {"a": [1.0, 0.0], "b": [1.0]})
+    df = rollouts_frame("reference", {"a": [1.0, 0.0], "b": [1.0]})
     meta = {"model": "m", "simulated": False, "seed": 3}
     write_parquet_atomic(df, tmp_path / "r.parquet", metadata=meta)
     assert read_metadata(tmp_path / "r.parquet") == meta
@@ -46,8 +33,8 @@ def test_round_trip_keeps_rows_and_metadata(tmp_path):
 def test_load_does_not_depend_on_file_names_or_split(tmp_path):
     df = pl.concat(
         [
-            rollouts("reference", {"a": [1, 0, 1], "b": [0, 0]}),
-            rollouts("late", {"a": [1, 1], "c": [0]}),
+            rollouts_frame("reference", {"a": [1, 0, 1], "b": [0, 0]}),
+            rollouts_frame("late", {"a": [1, 1], "c": [0]}),
         ]
     )
     whole, split = tmp_path / "whole", tmp_path / "split"
@@ -59,7 +46,7 @@ def test_load_does_not_depend_on_file_names_or_split(tmp_path):
 
 
 def test_prompts_file_is_not_a_rollouts_file(tmp_path):
-    write_parquet_atomic(rollouts("p", {"a": [1.0]}), tmp_path / "r.parquet")
+    write_parquet_atomic(rollouts_frame("p", {"a": [1.0]}), tmp_path / "r.parquet")
     prompts = pl.DataFrame({"prompt_id": ["a"], "problem": ["1+1"], "answer": ["2"], "level": [3]})
     write_parquet_atomic(prompts, tmp_path / "prompts.parquet")
     assert [p.name for p in rollout_files(tmp_path)] == ["r.parquet"]
@@ -70,9 +57,12 @@ def test_prompts_file_is_not_a_rollouts_file(tmp_path):
 @pytest.mark.parametrize(
     ("frame", "message"),
     [
-        (rollouts("p", {"a": [1.0]}).drop("reward"), "missing column"),
-        (rollouts("p", {"a": [1.0, float("nan")]}), "non-finite reward"),
-        (pl.concat([rollouts("p", {"a": [1.0]}), rollouts("p", {"a": [0.0]})]), "share a"),
+        (rollouts_frame("p", {"a": [1.0]}).drop("reward"), "missing column"),
+        (rollouts_frame("p", {"a": [1.0, float("nan")]}), "non-finite reward"),
+        (
+            pl.concat([rollouts_frame("p", {"a": [1.0]}), rollouts_frame("p", {"a": [0.0]})]),
+            "share a",
+        ),
     ],
 )
 def test_bad_rollouts_are_input_errors(tmp_path, frame, message):

@@ -13,19 +13,10 @@ import polars as pl
 import pytest
 import torch
 
-from basis_bench.estimators import ESTIMATORS, EstimatorInput, grpo, register_estimator
+from basis_bench.estimators import EstimatorInput, grpo, register_estimator, registry
 from basis_bench.train import make_config, read_log, resume_config, train
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: the runs also set cpu_threads = 1; this covers the direct loads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 # ---------------------------------------------------------------- short real runs
@@ -50,11 +41,10 @@ def recording_estimators():
     """Register the recording estimators for this module only: pytest imports every test
     module before running any, so a registration at import time would leak into the
     registry-wide tests of other modules."""
-    register_estimator("test_train_recording")(_recording)
-    register_estimator("test_train_recording_group", group=True)(_recording_group)
-    yield
-    for name in ("test_train_recording", "test_train_recording_group"):
-        ESTIMATORS.pop(name, None)
+    with registry.temporary():
+        register_estimator("test_train_recording")(_recording)
+        register_estimator("test_train_recording_group", group=True)(_recording_group)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -1,34 +1,137 @@
-"""The settings of the benchmark commands, light to import (the CLI reads its defaults here)."""
+"""The settings of the benchmark commands, light to import (the CLI reads its options here).
+
+Each field carries its help, CLI flag and range (:func:`~basis_bench.settings.setting`):
+``basis-bench evaluate``/``sensitivity`` read help and flag from the field and the default
+from the dataclass, and a config refuses a value out of range where it is made, naming
+the command-line flag.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_GRID_SIZE
+from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_GRID_SIZE, TableOptions
+from basis_bench.settings import check_settings, setting, setting_flag, setting_help
+
+
+def _rollouts() -> Any:
+    return setting(
+        None,
+        help="Rollouts directory in the store schema (docs/schema.md). Default: the real "
+        "SmolLM2 dataset shipped in basis_bench/data/default (see its CARD.md).",
+    )
+
+
+def _checkpoints() -> Any:
+    return setting(
+        (),
+        flag="--checkpoint",
+        help="Checkpoint policy to evaluate; repeat for several. Default: every policy except "
+        "the reference.",
+    )
+
+
+def _reference() -> Any:
+    return setting(
+        None,
+        help="Reference policy whose first --ref-n samples form BASIS's cache. Default: the "
+        "'reference_policy' in the files' metadata, else the policy named 'reference'.",
+    )
+
+
+def _batch_size() -> Any:
+    return setting(
+        64, help="Prompts per batch draw (B; leave-one-out needs 2 at least).", min_val=2
+    )
+
+
+def _oracle_n() -> Any:
+    return setting(
+        256,
+        help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out "
+        "oracle value (2 at least: its noise estimate needs a variance).",
+        min_val=2,
+    )
+
+
+def _ref_n() -> Any:
+    return setting(64, help="Reference samples per prompt in BASIS's offline cache (n).", min_val=1)
+
+
+def _seed() -> Any:
+    return setting(0, help="Random seed: the same seed writes the same files.", min_val=0)
+
+
+def _grid_size() -> Any:
+    return setting(DEFAULT_GRID_SIZE, help=setting_help(TableOptions, "grid_size"), min_val=1)
+
+
+BASIS_OPTIONS_HELP = (
+    "BASIS options given to every BASIS-type estimator ({key: value}; the CLI sets them "
+    "with --calibration, --criterion, --loss, --eps, --fixed-beta)."
+)
+OPTION_HELP = (
+    "One estimator's option as ESTIMATOR.KEY=VALUE (e.g. apo.beta=1.0, james_stein.eps=1e-4, "
+    "basis_vop.shrink=true); repeat. Overrides the BASIS options above."
+)
+
+
+def _check_flags(config: Any) -> None:
+    """Refuse a value out of range, naming the setting by its command-line flag."""
+    check_settings(config, lambda name: setting_flag(type(config), name))
 
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    """Options of ``basis-bench evaluate`` (see its --help)."""
+    """Options of ``basis-bench evaluate``."""
 
-    rollouts: str | None = None
-    checkpoints: tuple[str, ...] = ()
-    reference: str | None = None
-    estimators: tuple[str, ...] = ()  # empty = every registered estimator
-    batch_size: int = 64
-    repeats: int = 1000
-    group_size: int = 8
-    oracle_n: int = 256
-    ref_n: int = 64
-    seed: int = 0
-    grid_size: int = DEFAULT_GRID_SIZE
-    basis_options: dict[str, Any] = field(default_factory=dict)  # to every BASIS-type estimator
-    estimator_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {name: {k: v}}
-    write_estimates: bool = True
-    trajectory: bool = True  # trajectory replay of every estimator (trajectory.csv)
-    trajectory_epochs: int = 1  # epochs over the prompts per checkpoint in trajectory replay
-    trajectory_blend: bool = False  # move between checkpoints over the epochs (mixture policy)
+    rollouts: str | None = _rollouts()
+    checkpoints: tuple[str, ...] = _checkpoints()
+    reference: str | None = _reference()
+    estimators: tuple[str, ...] = setting(
+        (),
+        help="Comma-separated registered estimator names (plug-ins included), or 'all'.",
+    )  # empty = every registered estimator
+    batch_size: int = _batch_size()
+    repeats: int = setting(1000, help="Batch draws (repeats) per checkpoint.", min_val=1)
+    group_size: int = setting(
+        8,
+        help="Rollouts per prompt (G) for GRPO and RLOO (2 at least when one of them runs).",
+        min_val=1,
+    )
+    oracle_n: int = _oracle_n()
+    ref_n: int = _ref_n()
+    seed: int = _seed()
+    grid_size: int = _grid_size()
+    basis_options: dict[str, Any] = setting(default_factory=dict, help=BASIS_OPTIONS_HELP)
+    estimator_options: dict[str, dict[str, Any]] = setting(
+        default_factory=dict, flag="--option", help=OPTION_HELP
+    )
+    write_estimates: bool = setting(
+        True,
+        flag="--estimates/--no-estimates",
+        help="Write the per-estimate rows (estimates.parquet); the tables are written either way.",
+    )
+    trajectory: bool = setting(
+        True,
+        flag="--trajectory/--no-trajectory",
+        help="Also replay every estimator over the checkpoints in training order, state "
+        "carried across steps (trajectory.csv).",
+    )
+    trajectory_epochs: int = setting(
+        1, help="Epochs over the prompts per checkpoint in the trajectory replay.", min_val=1
+    )
+    trajectory_blend: bool = setting(
+        False,
+        flag="--trajectory-blend/--no-trajectory-blend",
+        help="In the trajectory replay, move from each checkpoint to the next over its "
+        "epochs (each rollout from the next checkpoint with probability epoch/epochs) "
+        "instead of jumping; the oracle is the same mixture. Needs --trajectory-epochs >= 2.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_flags(self)
 
 
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {
@@ -41,19 +144,31 @@ DEFAULT_VALUES: dict[str, tuple[float, ...]] = {
 
 @dataclass(frozen=True)
 class SensitivityConfig:
-    """Options of ``basis-bench sensitivity`` (see its --help); the defaults are Fig. 5's."""
+    """Options of ``basis-bench sensitivity``; the defaults are Fig. 5's."""
 
-    rollouts: str | None = None
-    checkpoints: tuple[str, ...] = ()
-    reference: str | None = None
-    estimators: tuple[str, ...] = ("basis",)
-    parameters: tuple[str, ...] = tuple(DEFAULT_VALUES)
-    batch_size: int = 64
-    repeats: int = 200
-    oracle_n: int = 256
-    ref_n: int = 64
-    eps: float = DEFAULT_EPS
-    grid_size: int = DEFAULT_GRID_SIZE
-    seed: int = 0
-    basis_options: dict[str, Any] = field(default_factory=dict)  # to every BASIS-type estimator
-    estimator_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # {name: {k: v}}
+    rollouts: str | None = _rollouts()
+    checkpoints: tuple[str, ...] = _checkpoints()
+    reference: str | None = _reference()
+    estimators: tuple[str, ...] = setting(
+        ("basis",), help="Comma-separated single-rollout estimators to sweep."
+    )
+    parameters: tuple[str, ...] = setting(
+        tuple(DEFAULT_VALUES),
+        help=f"Knobs to vary one at a time: any of {','.join(DEFAULT_VALUES)}.",
+    )
+    batch_size: int = _batch_size()
+    repeats: int = setting(200, help="Batch draws per setting and checkpoint.", min_val=1)
+    oracle_n: int = _oracle_n()
+    ref_n: int = _ref_n()
+    eps: float = setting(
+        DEFAULT_EPS, help="Active-set threshold while another knob varies.", min_val=0
+    )
+    grid_size: int = _grid_size()
+    seed: int = _seed()
+    basis_options: dict[str, Any] = setting(default_factory=dict, help=BASIS_OPTIONS_HELP)
+    estimator_options: dict[str, dict[str, Any]] = setting(
+        default_factory=dict, flag="--option", help=OPTION_HELP
+    )
+
+    def __post_init__(self) -> None:
+        _check_flags(self)

@@ -31,6 +31,7 @@ from basis_bench.rollouts.store import (
     reward_matrix,
     rollout_files,
 )
+from basis_bench.settings import check_scalar
 
 DEFAULT_DATASET = default_dataset()
 REFERENCE_NAME = "reference"
@@ -191,12 +192,9 @@ def checkpoint_data(
     pool is too small and an InputError says by how much. ``ref_n=None`` keeps every
     reference sample.
     """
-    if oracle_n < 2:
-        raise InputError(
-            f"--oracle-n must be at least 2 (its noise estimate needs a variance); got {oracle_n}"
-        )
-    if ref_n is not None and ref_n < 1:
-        raise InputError(f"--ref-n must be at least 1; got {ref_n}")
+    check_scalar(oracle_n, "--oracle-n", int, min_val=2)  # its noise estimate needs a variance
+    if ref_n is not None:
+        check_scalar(ref_n, "--ref-n", int, min_val=1)
     df = ds.rollouts
     ids = df.filter(pl.col("policy") == checkpoint)["prompt_id"].unique().sort().to_numpy()
     ref_ids = df.filter(pl.col("policy") == ds.reference)["prompt_id"].unique().to_numpy()

@@ -36,7 +36,7 @@ from basis_bench.bench.tables import (
     write_csv,
 )
 from basis_bench.errors import InputError
-from basis_bench.estimators import BasisOptions, Estimator, TiltTable, default_betas
+from basis_bench.estimators import Estimator, TiltTable, default_betas
 from basis_bench.outputs import holds_output_locks, write_text_atomic
 
 RECORD = "sensitivity.json"
@@ -99,9 +99,6 @@ def sensitivity(
             "sensitivity studies single-rollout estimators; drop grpo/rloo from --estimators"
         )
     points = _settings(cfg)
-    if cfg.repeats < 1:
-        raise InputError(f"--repeats must be at least 1; got {cfg.repeats}")
-    BasisOptions(eps=cfg.eps)  # a bad --eps is one clear error before any data is read
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     out = claim_results_dir(out, ds.root)
     rows: list[pl.DataFrame] = []

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
 from basis_bench.cli.app import app
 from basis_bench.cli.options import (
     EVALUATE,
@@ -33,6 +34,10 @@ from basis_bench.cli.options import (
     estimator_options,
     split_names,
 )
+from basis_bench.rollouts.simulation import SimulationConfig, parse_stages
+from basis_bench.settings import cli_option
+
+SIMULATION = SimulationConfig()
 
 if TYPE_CHECKING:
     import polars as pl
@@ -80,34 +85,16 @@ def simulate(
     out: Annotated[
         Path, typer.Option("--out", help="Directory to write the simulated rollouts dataset to.")
     ],
-    prompts: Annotated[int, typer.Option("--prompts", help="Number of prompts.")] = 600,
+    prompts: Annotated[int, cli_option(SimulationConfig, "n_prompts")] = SIMULATION.n_prompts,
     reference_n: Annotated[
-        int,
-        typer.Option("--reference-n", help="Reference-policy samples per prompt (BASIS's cache)."),
-    ] = 64,
+        int, cli_option(SimulationConfig, "reference_n")
+    ] = SIMULATION.reference_n,
     checkpoint_n: Annotated[
-        int,
-        typer.Option(
-            "--checkpoint-n",
-            help="Samples per prompt for each checkpoint: the oracle (--oracle-n of evaluate) plus the pool.",
-        ),
-    ] = 320,
-    setting: Annotated[
-        str,
-        typer.Option(
-            "--setting",
-            help="Generative setting: tilt (BASIS's model holds up to small noise), noisy, sharpen or "
-            "forget (misspecified; see basis_bench/rollouts/simulate.py).",
-        ),
-    ] = "tilt",
-    stage: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--stage",
-            help="Checkpoint as NAME=LOGODDS_SHIFT; repeat. Default: early=0.3 middle=0.8 late=1.5.",
-        ),
-    ] = None,
-    seed: SeedOpt = 0,
+        int, cli_option(SimulationConfig, "checkpoint_n")
+    ] = SIMULATION.checkpoint_n,
+    setting: Annotated[str, cli_option(SimulationConfig, "setting")] = SIMULATION.setting,
+    stage: Annotated[list[str] | None, cli_option(SimulationConfig, "stages")] = None,
+    seed: Annotated[int, cli_option(SimulationConfig, "seed")] = SIMULATION.seed,
     force: Annotated[
         bool,
         typer.Option(
@@ -117,16 +104,14 @@ def simulate(
     ] = False,
 ) -> None:
     """Write a simulated rollouts dataset (labelled simulated in its metadata)."""
-    from basis_bench.rollouts.simulate import SimulationConfig, parse_stages, with_overrides
     from basis_bench.rollouts.simulate import simulate as run_simulation
 
-    cfg = with_overrides(
-        SimulationConfig(),
+    cfg = SimulationConfig(
         n_prompts=prompts,
         reference_n=reference_n,
         checkpoint_n=checkpoint_n,
         setting=setting,
-        stages=parse_stages(stage) if stage else None,
+        stages=parse_stages(stage) if stage else SIMULATION.stages,
         seed=seed,
     )
     path = run_simulation(cfg, out, force=force)
@@ -140,20 +125,10 @@ def evaluate(
     rollouts: RolloutsOpt = None,
     checkpoint: CheckpointOpt = None,
     reference: ReferenceOpt = None,
-    estimators: Annotated[
-        str,
-        typer.Option(
-            "--estimators",
-            help="Comma-separated registered estimator names (plug-ins included), or 'all'.",
-        ),
-    ] = "all",
+    estimators: Annotated[str, cli_option(EvaluateConfig, "estimators")] = "all",
     batch_size: BatchOpt = EVALUATE.batch_size,
-    repeats: Annotated[
-        int, typer.Option("--repeats", help="Batch draws (repeats) per checkpoint.")
-    ] = EVALUATE.repeats,
-    group_size: Annotated[
-        int, typer.Option("--group-size", help="Rollouts per prompt (G) for GRPO and RLOO.")
-    ] = EVALUATE.group_size,
+    repeats: Annotated[int, cli_option(EvaluateConfig, "repeats")] = EVALUATE.repeats,
+    group_size: Annotated[int, cli_option(EvaluateConfig, "group_size")] = EVALUATE.group_size,
     oracle_n: OracleOpt = EVALUATE.oracle_n,
     ref_n: RefNOpt = EVALUATE.ref_n,
     seed: SeedOpt = EVALUATE.seed,
@@ -166,39 +141,17 @@ def evaluate(
     fixed_beta: FixedBetaOpt = None,
     option: EstimatorOptionOpt = None,
     write_estimates: Annotated[
-        bool,
-        typer.Option(
-            "--estimates/--no-estimates",
-            help="Write the per-estimate rows (estimates.parquet); the tables are written either way.",
-        ),
+        bool, cli_option(EvaluateConfig, "write_estimates")
     ] = EVALUATE.write_estimates,
-    trajectory: Annotated[
-        bool,
-        typer.Option(
-            "--trajectory/--no-trajectory",
-            help="Also replay every estimator over the checkpoints in training order, state "
-            "carried across steps (trajectory.csv).",
-        ),
-    ] = EVALUATE.trajectory,
+    trajectory: Annotated[bool, cli_option(EvaluateConfig, "trajectory")] = EVALUATE.trajectory,
     trajectory_epochs: Annotated[
-        int,
-        typer.Option(
-            "--trajectory-epochs",
-            help="Epochs over the prompts per checkpoint in the trajectory replay.",
-        ),
+        int, cli_option(EvaluateConfig, "trajectory_epochs")
     ] = EVALUATE.trajectory_epochs,
     trajectory_blend: Annotated[
-        bool,
-        typer.Option(
-            "--trajectory-blend/--no-trajectory-blend",
-            help="In the trajectory replay, move from each checkpoint to the next over its "
-            "epochs (each rollout from the next checkpoint with probability epoch/epochs) "
-            "instead of jumping; the oracle is the same mixture. Needs --trajectory-epochs >= 2.",
-        ),
+        bool, cli_option(EvaluateConfig, "trajectory_blend")
     ] = EVALUATE.trajectory_blend,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3)."""
-    from basis_bench.bench.config import EvaluateConfig
     from basis_bench.bench.run import evaluate as run_evaluate
 
     console = Console()
@@ -325,25 +278,17 @@ def sensitivity(
     rollouts: RolloutsOpt = None,
     checkpoint: CheckpointOpt = None,
     reference: ReferenceOpt = None,
-    estimators: Annotated[
-        str,
-        typer.Option("--estimators", help="Comma-separated single-rollout estimators to sweep."),
-    ] = ",".join(SENSITIVITY.estimators),
-    parameters: Annotated[
-        str,
-        typer.Option(
-            "--parameters", help="Knobs to vary one at a time: any of eps,n,batch_size,grid_size."
-        ),
-    ] = ",".join(SENSITIVITY.parameters),
+    estimators: Annotated[str, cli_option(SensitivityConfig, "estimators")] = ",".join(
+        SENSITIVITY.estimators
+    ),
+    parameters: Annotated[str, cli_option(SensitivityConfig, "parameters")] = ",".join(
+        SENSITIVITY.parameters
+    ),
     batch_size: BatchOpt = SENSITIVITY.batch_size,
-    repeats: Annotated[
-        int, typer.Option("--repeats", help="Batch draws per setting and checkpoint.")
-    ] = SENSITIVITY.repeats,
+    repeats: Annotated[int, cli_option(SensitivityConfig, "repeats")] = SENSITIVITY.repeats,
     oracle_n: OracleOpt = SENSITIVITY.oracle_n,
     ref_n: RefNOpt = SENSITIVITY.ref_n,
-    eps: Annotated[
-        float, typer.Option("--eps", help="Active-set threshold while another knob varies.")
-    ] = SENSITIVITY.eps,
+    eps: Annotated[float, cli_option(SensitivityConfig, "eps")] = SENSITIVITY.eps,
     grid_size: GridOpt = SENSITIVITY.grid_size,
     seed: SeedOpt = SENSITIVITY.seed,
     out: Annotated[
@@ -356,7 +301,6 @@ def sensitivity(
     option: EstimatorOptionOpt = None,
 ) -> None:
     """Sensitivity of BASIS to eps, cache size n, batch size B and grid size (the paper's Fig. 5)."""
-    from basis_bench.bench.config import SensitivityConfig
     from basis_bench.bench.sensitivity import sensitivity as run_sensitivity
 
     console = Console()

@@ -1,8 +1,9 @@
 """Every option shared by the benchmark commands, declared once.
 
-Defaults come from the config dataclasses (:mod:`basis_bench.bench.config`); the BASIS options' help text
-comes from :class:`~basis_bench.estimators.BasisOptions`' field metadata, so neither is
-written twice. Commands write ``name: SomeOpt = DEFAULTS.name``.
+Help, flag and default of an option come from its config field
+(:mod:`basis_bench.bench.config`, read by :func:`~basis_bench.settings.cli_option`); the
+BASIS options' help text comes from :class:`~basis_bench.estimators.BasisOptions`' field
+metadata, so none is written twice. Commands write ``name: SomeOpt = DEFAULTS.name``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import typer
 
 from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
 from basis_bench.errors import InputError
-from basis_bench.estimators.options import BasisOptions, TableOptions, field_help
+from basis_bench.estimators.options import BasisOptions
+from basis_bench.settings import cli_option, setting_help
 
 EVALUATE = EvaluateConfig()
 SENSITIVITY = SensitivityConfig()
@@ -24,60 +26,23 @@ RESULTS_DIR = Path("results/value-estimation")
 
 
 def _basis(name: str, suffix: str = " Default: the estimator's own.") -> str:
-    return field_help(BasisOptions, name) + suffix
+    return setting_help(BasisOptions, name) + suffix
 
 
-RolloutsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--rollouts",
-        help="Rollouts directory in the store schema (docs/schema.md). Default: the real "
-        "SmolLM2 dataset shipped in basis_bench/data/default (see its CARD.md).",
-    ),
-]
-CheckpointOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--checkpoint",
-        help="Checkpoint policy to evaluate; repeat for several. Default: every policy except the reference.",
-    ),
-]
-ReferenceOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--reference",
-        help="Reference policy whose first --ref-n samples form BASIS's cache. Default: the "
-        "'reference_policy' in the files' metadata, else the policy named 'reference'.",
-    ),
-]
-BatchOpt = Annotated[int, typer.Option("--batch-size", help="Prompts per batch draw (B).")]
-OracleOpt = Annotated[
-    int,
-    typer.Option(
-        "--oracle-n",
-        help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out oracle value.",
-    ),
-]
-RefNOpt = Annotated[
-    int, typer.Option("--ref-n", help="Reference samples per prompt in BASIS's offline cache (n).")
-]
-SeedOpt = Annotated[
-    int, typer.Option("--seed", help="Random seed: the same seed writes the same files.")
-]
-GridOpt = Annotated[int, typer.Option("--grid-size", help=field_help(TableOptions, "grid_size"))]
+RolloutsOpt = Annotated[Path | None, cli_option(EvaluateConfig, "rollouts")]
+CheckpointOpt = Annotated[list[str] | None, cli_option(EvaluateConfig, "checkpoints")]
+ReferenceOpt = Annotated[str | None, cli_option(EvaluateConfig, "reference")]
+BatchOpt = Annotated[int, cli_option(EvaluateConfig, "batch_size")]
+OracleOpt = Annotated[int, cli_option(EvaluateConfig, "oracle_n")]
+RefNOpt = Annotated[int, cli_option(EvaluateConfig, "ref_n")]
+SeedOpt = Annotated[int, cli_option(EvaluateConfig, "seed")]
+GridOpt = Annotated[int, cli_option(EvaluateConfig, "grid_size")]
 CalibrationOpt = Annotated[str | None, typer.Option("--calibration", help=_basis("calibration"))]
 CriterionOpt = Annotated[str | None, typer.Option("--criterion", help=_basis("criterion"))]
 LossOpt = Annotated[str | None, typer.Option("--loss", help=_basis("loss"))]
 EpsOpt = Annotated[float | None, typer.Option("--eps", help=_basis("eps"))]
 FixedBetaOpt = Annotated[float | None, typer.Option("--fixed-beta", help=_basis("fixed_beta", ""))]
-EstimatorOptionOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--option",
-        help="One estimator's option as ESTIMATOR.KEY=VALUE (e.g. apo.beta=1.0, "
-        "james_stein.eps=1e-4, basis_vop.shrink=true); repeat. Overrides the BASIS options above.",
-    ),
-]
+EstimatorOptionOpt = Annotated[list[str] | None, cli_option(EvaluateConfig, "estimator_options")]
 ResultsOutOpt = Annotated[
     Path,
     typer.Option(

@@ -58,7 +58,7 @@ _CHUNK_ELEMENTS = 1 << 18
 
 
 def _grid(
-    cls: str, name: str, values: Any, low: float, high: float, low_open: bool
+    cls: str, name: str, values: Any, low: float | None, high: float | None, low_open: bool
 ) -> tuple[float, ...]:
     if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
         raise InputError(f"{cls}.{name} must be a list of numbers; got {values!r}")
@@ -106,10 +106,10 @@ class MemoryOptions:
 
     def __post_init__(self) -> None:
         c = "basis_memory"
-        _set(self, "loss_memory", _number(c, "loss_memory", self.loss_memory, low=0.0, high=1.0))
-        _set(self, "gammas", _grid(c, "gammas", self.gammas, 0.0, 1.0, True))
-        _set(self, "weights", _grid(c, "weights", self.weights, 0.0, math.inf, True))
-        _set(self, "shifts", _grid(c, "shifts", self.shifts, -math.inf, math.inf, False))
+        _set(self, "loss_memory", _number(c, "loss_memory", self.loss_memory, low=0, high=1))
+        _set(self, "gammas", _grid(c, "gammas", self.gammas, 0, 1, True))
+        _set(self, "weights", _grid(c, "weights", self.weights, 0, None, True))
+        _set(self, "shifts", _grid(c, "shifts", self.shifts, None, None, False))
         if self.selection not in SELECTIONS:
             raise InputError(f"unknown {c}.selection {self.selection!r}; choose one of loo, batch")
         if self.loss not in LOSSES:

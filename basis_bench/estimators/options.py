@@ -3,8 +3,10 @@
 Each registered estimator names its options class (``register_estimator(name,
 options=SomeOptions)``) and receives exactly one instance of it per call, never another
 family's options. A field's help text lives in ``field(metadata={"help": ...})`` (the CLI
-reads it); ``__post_init__`` refuses a value the estimator cannot use (a NaN, a negative
-eps, an unknown variant), so a bad option fails where it is given, not deep in a kernel.
+reads it with :func:`~basis_bench.settings.setting_help`); ``__post_init__`` refuses a value
+the estimator cannot use (a NaN, a negative eps, an unknown variant; ranges through
+:func:`~basis_bench.settings.check_scalar`), so a bad option fails where it is given, not
+deep in a kernel.
 
 Configs carry ``{estimator: {key: value}}``; :func:`options_from_mapping` turns one such
 mapping into the dataclass, and an unknown key is an InputError that names the valid ones.
@@ -13,12 +15,12 @@ mapping into the dataclass, and an unknown key is an InputError that names the v
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from basis_bench.errors import InputError
+from basis_bench.settings import Boundaries, check_scalar
 
 CALIBRATIONS = ("current", "previous", "fixed")
 CRITERIA = ("initial", "refined")
@@ -41,18 +43,16 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
-def _number(cls: str, name: str, value: Any, *, low: float = -math.inf, high: float = math.inf,
-            inf_ok: bool = False, low_open: bool = False) -> float:  # fmt: skip
-    """``value`` as a float in [low, high] (or (low, high]); NaN, bools and strings refused."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{cls}.{name} must be a number; got {value!r}")
-    x = float(value)
-    if math.isnan(x) or (math.isinf(x) and not inf_ok):
-        raise InputError(f"{cls}.{name} must be finite; got {x}")
-    if x < low or x > high or (low_open and x == low):
-        left = "(" if low_open else "["
-        raise InputError(f"{cls}.{name} must lie in {left}{low}, {high}]; got {x}")
-    return x
+def _number(cls: str, name: str, value: Any, *, low: float | None = None,
+            high: float | None = None, inf_ok: bool = False, low_open: bool = False) -> float:  # fmt: skip
+    """``value`` as a float in [low, high] (or (low, high]); NaN, bools and strings refused
+    (:func:`~basis_bench.settings.check_scalar`)."""
+    bounds: Boundaries = "right" if low_open else "both"
+    checked = check_scalar(
+        value, f"{cls}.{name}", float, min_val=low, max_val=high, include_boundaries=bounds,
+        allow_inf=inf_ok,
+    )  # fmt: skip
+    return float(checked)
 
 
 def _choice(cls: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -150,13 +150,13 @@ class BasisOptions:
         _choice(c, "criterion", self.criterion, CRITERIA)
         _choice(c, "loss", self.loss, LOSSES)
         _choice(c, "ratio_var", self.ratio_var, RATIO_VARS)
-        _set(self, "eps", _number(c, "eps", self.eps, low=0.0))
-        _set(self, "min_active", _number(c, "min_active", self.min_active, low=0.0, high=1.0))
+        _set(self, "eps", _number(c, "eps", self.eps, low=0))
+        _set(self, "min_active", _number(c, "min_active", self.min_active, low=0, high=1))
         _flag(c, "shrink", self.shrink)
-        _set(self, "threshold", _number(c, "threshold", self.threshold, low=0.0))
+        _set(self, "threshold", _number(c, "threshold", self.threshold, low=0))
         _flag(c, "refine", self.refine)
         if self.fixed_beta is not None:
-            beta = _number(c, "fixed_beta", self.fixed_beta, low=0.0, low_open=True, inf_ok=True)
+            beta = _number(c, "fixed_beta", self.fixed_beta, low=0, low_open=True, inf_ok=True)
             _set(self, "fixed_beta", beta)
         if self.calibration == "fixed" and self.fixed_beta is None:
             raise InputError("calibration fixed needs fixed_beta, a positive beta (inf allowed)")
@@ -189,13 +189,9 @@ class TableOptions:
     )
 
     def __post_init__(self) -> None:
-        _set(self, "prior", _number("table", "prior", self.prior, low=0.0))
-        if (
-            isinstance(self.grid_size, bool)
-            or not isinstance(self.grid_size, int)
-            or self.grid_size < 1
-        ):
-            raise InputError(f"table.grid_size must be an integer >= 1; got {self.grid_size!r}")
+        _set(self, "prior", _number("table", "prior", self.prior, low=0))
+
+        check_scalar(self.grid_size, "table.grid_size", int, min_val=1)
 
 
 @dataclass(frozen=True)
@@ -207,7 +203,7 @@ class JamesSteinOptions:
     )
 
     def __post_init__(self) -> None:
-        _set(self, "eps", _number("james_stein", "eps", self.eps, low=0.0))
+        _set(self, "eps", _number("james_stein", "eps", self.eps, low=0))
 
 
 @dataclass(frozen=True)
@@ -222,7 +218,7 @@ class ApoOptions:
     )
 
     def __post_init__(self) -> None:
-        _set(self, "beta", _number("apo", "beta", self.beta, low=0.0, low_open=True, inf_ok=True))
+        _set(self, "beta", _number("apo", "beta", self.beta, low=0, low_open=True, inf_ok=True))
 
 
 @dataclass(frozen=True)
@@ -240,10 +236,10 @@ class SpoOptions:
     )
 
     def __post_init__(self) -> None:
-        _set(self, "decay", _number("spo", "decay", self.decay, low=0.0, high=1.0, low_open=True))
-        _set(self, "prior", _number("spo", "prior", self.prior, low=0.0))
+        _set(self, "decay", _number("spo", "decay", self.decay, low=0, high=1, low_open=True))
+        _set(self, "prior", _number("spo", "prior", self.prior, low=0))
         if self.weight is not None:
-            _set(self, "weight", _number("spo", "weight", self.weight, low=0.0, low_open=True))
+            _set(self, "weight", _number("spo", "weight", self.weight, low=0, low_open=True))
         elif self.decay == 1:
             raise InputError("spo.decay = 1 never forgets; give the prior weight explicitly")
 
@@ -251,14 +247,6 @@ class SpoOptions:
 def field_names(cls: type) -> tuple[str, ...]:
     """The option names of an options dataclass, in declaration order."""
     return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def field_help(cls: type, name: str) -> str:
-    """The help text of one option (``field(metadata={"help": ...})``)."""
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            return str(f.metadata.get("help", ""))
-    raise KeyError(name)
 
 
 def options_from_mapping(

@@ -21,7 +21,6 @@ from typing import Any
 
 from array_api_compat import array_namespace
 
-from basis_bench.errors import InputError
 from basis_bench.estimators._array import (
     Array,
     RewardRange,
@@ -30,6 +29,7 @@ from basis_bench.estimators._array import (
     check_same_shape,
 )
 from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_THRESHOLD, RATIO_VARS, VARIANTS
+from basis_bench.settings import check_scalar
 
 __all__ = ["RATIO_VARS", "VARIANTS", "refine"]
 _Z975 = 1.959963984540054
@@ -87,8 +87,7 @@ def refine(
     check_rewards(rewards, reward_range)
     var = v_init * (1 - v_init) if reward_var is None else reward_var
     check_same_shape(v_init, var, "v_init and reward_var")
-    if not threshold >= 0 or math.isinf(threshold):
-        raise InputError(f"threshold must be finite and >= 0; got {threshold}")
+    check_scalar(threshold, "threshold", float, min_val=0)
     return _refine(v_init, rewards, variant, eps, var, shrink, clip, ratio_var, threshold)
 
 

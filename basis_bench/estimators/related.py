@@ -47,6 +47,7 @@ from basis_bench.estimators.options import (
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import PromptIndex, inf_index
 from basis_bench.estimators.tilt import is_binary
+from basis_bench.settings import check_scalar
 
 __all__ = [
     "APO_BETA",
@@ -113,10 +114,10 @@ def _james_stein(batch: EstimatorInput, options: JamesSteinOptions) -> Array:
 
 
 def _check_beta(beta: float) -> float:
-    beta = float(beta)
-    if not beta > 0:
-        raise InputError(f"the A*-PO beta must be positive (inf allowed); got {beta}")
-    return beta
+    check_scalar(
+        beta, "the A*-PO beta", float, min_val=0, include_boundaries="neither", allow_inf=True
+    )
+    return float(beta)
 
 
 def apo_value(ref_rewards: Array, beta: float = APO_BETA, prior: float = 0.5) -> Array:
@@ -242,8 +243,7 @@ def spo_prior(
     prior count N0 = ``weight``, by default 1/(1 - decay), the steady-state count of a filter
     that forgets at rate ``decay``: alpha0 = N0 p0, beta0 = N0 (1 - p0). NaN = missing sample.
     """
-    if not 0 < decay <= 1:
-        raise InputError(f"decay must be in (0, 1]; got {decay}")
+    check_scalar(decay, "decay", float, min_val=0, max_val=1, include_boundaries="right")
     ref = np.asarray(ref_rewards, dtype=np.float64)
     if ref.ndim != 2:
         raise InputError(f"ref_rewards must be (prompts, samples); got shape {ref.shape}")
@@ -258,8 +258,7 @@ def spo_prior(
     n0 = 1.0 / (1.0 - decay) if weight is None else float(weight)
     if decay == 1 and weight is None:
         raise InputError("decay = 1 never forgets; give the prior weight explicitly")
-    if not n0 > 0:
-        raise InputError(f"the prior weight must be positive; got {n0}")
+    check_scalar(n0, "the prior weight", float, min_val=0, include_boundaries="neither")
     p0 = (np.where(seen, ref, 0.0).sum(axis=1) + prior) / (n + 2 * prior)
     return n0 * p0, n0 * (1 - p0)
 

@@ -23,6 +23,7 @@ from array_api_compat import array_namespace
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, asarray_like, to_numpy
 from basis_bench.estimators.options import DEFAULT_GRID_SIZE, DEFAULT_PRIOR
+from basis_bench.settings import check_scalar
 
 BETA_RANGE = (0.05, 50.0)
 
@@ -31,8 +32,7 @@ def default_betas(
     k: int = DEFAULT_GRID_SIZE, low: float = BETA_RANGE[0], high: float = BETA_RANGE[1]
 ) -> np.ndarray:
     """K log-spaced betas in [low, high], largest first, followed by beta = inf (K + 1 values)."""
-    if k < 1:
-        raise InputError(f"the beta grid needs at least one candidate; got k={k}")
+    check_scalar(k, "the beta grid's size k (candidates)", int, min_val=1)
     if not 0 < low <= high:
         raise InputError(f"beta range must satisfy 0 < low <= high; got [{low}, {high}]")
     return np.concatenate([np.geomspace(high, low, k), [np.inf]])
@@ -113,8 +113,7 @@ def tilted_moments(
     sum_m w_m (r_m - V)^2. ``prior`` is ignored for continuous rewards.
     """
     _check_cache(ref_rewards)
-    if prior < 0:
-        raise InputError(f"prior must be >= 0; got {prior}")
+    check_scalar(prior, "prior", float, min_val=0)
     betas, scalar = _as_betas(beta, ref_rewards)
     use_binary = is_binary(ref_rewards) if binary is None else binary
     v, var = (

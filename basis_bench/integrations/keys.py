@@ -22,6 +22,7 @@ import polars as pl
 from basis_bench.errors import InputError
 from basis_bench.estimators import Basis, BasisOutput
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
+from basis_bench.settings import check_scalar
 
 DEFAULT_PROMPT_FORMAT = "{problem}"
 
@@ -83,8 +84,7 @@ def reference_cache(
     if df.height == 0:
         raise InputError(f"{rollouts}: no rollouts of the reference policy {reference!r}")
     if ref_n is not None:
-        if ref_n < 1:
-            raise InputError(f"ref_n must be at least 1; got {ref_n}")
+        check_scalar(ref_n, "ref_n", int, min_val=1)
         df = df.filter(pl.col("sample_idx").rank("ordinal").over("prompt_id") <= ref_n)
     df = df.join(keys, on="prompt_id", how="inner")
     if df.height == 0:

@@ -33,6 +33,7 @@ import polars as pl
 from basis_bench.errors import InputError
 from basis_bench.rollouts.rewards import last_boxed
 from basis_bench.rollouts.store import conform_prompts
+from basis_bench.settings import check_scalar
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -260,8 +261,7 @@ def arithmetic_prompts(
     ``RewardConfig(answer_format="number")``: math-verify's default extraction would
     credit a response that merely restates "8 + 6".
     """
-    if n < 1:
-        raise InputError(f"arithmetic: n must be at least 1, got {n}")
+    check_scalar(n, "arithmetic: n", int, min_val=1)
     d_lo, d_hi = _span(digits, "digits", 1, 9)
     s_lo, s_hi = _span(steps, "steps", 1, 8)
     ops = sorted(set(operations))
@@ -391,8 +391,7 @@ def load_prompt_source(
             if df.height == 0:
                 raise InputError(f"{what}: no prompts at levels {sorted(set(levels))}")
     if limit is not None:
-        if limit < 1:
-            raise InputError(f"--limit must be at least 1, got {limit}")
+        check_scalar(limit, "--limit", int, min_val=1)
         df = df.head(limit)
     return df
 

@@ -21,7 +21,6 @@ the main thread of a process; :func:`score_many` spreads prompts over worker pro
 from __future__ import annotations
 
 import logging
-import math
 import re
 import signal
 import threading
@@ -36,6 +35,7 @@ import numpy as np
 from math_verify import parse, verify
 
 from basis_bench.errors import InputError
+from basis_bench.settings import check_scalar
 
 AnswerFormat = Literal["any", "boxed", "number"]
 ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("any", "boxed", "number")
@@ -65,8 +65,7 @@ class RewardConfig:
             raise InputError(
                 f"answer_format must be one of {ANSWER_FORMATS}, got {self.answer_format!r}"
             )
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise InputError(f"timeout_s must be a finite number > 0, got {self.timeout_s}")
+        check_scalar(self.timeout_s, "timeout_s", float, min_val=0, include_boundaries="neither")
 
 
 class _Deadline(BaseException):

@@ -20,7 +20,7 @@ The model (all rewards binary, one Bernoulli draw per rollout):
 3. Rollouts. The reference policy gets ``reference_n`` samples per prompt (BASIS's
    cache), each checkpoint ``checkpoint_n`` (the evaluator's oracle plus its pool).
 
-:data:`SETTINGS` names the presets: ``tilt`` (the model holds up to small noise) and three
+:data:`~basis_bench.rollouts.simulation.SETTINGS` names the presets: ``tilt`` (the model holds up to small noise) and three
 misspecified ones. Every file carries ``simulated: true`` and a ``label`` in its metadata,
 and ``prompts.parquet`` carries the true values (``sim_value_<policy>``) for diagnostics.
 """
@@ -28,8 +28,7 @@ and ``prompts.parquet`` carries the true values (``sim_value_<policy>``) for dia
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,93 +36,21 @@ import numpy as np
 import polars as pl
 
 from basis_bench import __version__
-from basis_bench.errors import InputError
 from basis_bench.outputs import (
     claim_output_dir,
     holds_output_locks,
     read_metadata,
     write_parquet_atomic,
 )
+from basis_bench.rollouts.simulation import (
+    REFERENCE_POLICY,
+    SimulationConfig,
+)
 from basis_bench.rollouts.store import rollout_files
 from basis_bench.schema import PROMPTS_FILE
 
-REFERENCE_POLICY = "reference"
 GENERATOR = "basis_bench.rollouts.simulate"
 ROLLOUTS_SUBDIR = "rollouts"
-
-# Log-odds shift per training stage: the tilt 1/beta (beta = 3.3, 1.25, 0.67).
-DEFAULT_STAGES: dict[str, float] = {"early": 0.3, "middle": 0.8, "late": 1.5}
-# (weight, a, b) of the reference-value Beta mixture: hard, medium, easy prompts.
-DEFAULT_MIXTURE: tuple[tuple[float, float, float], ...] = (
-    (0.35, 0.7, 3.0),
-    (0.30, 2.0, 2.0),
-    (0.35, 3.0, 0.7),
-)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """How checkpoints depart from the reference (see the module docstring)."""
-
-    description: str
-    tau: float = 0.0  # prompt-level log-odds noise, independent per stage
-    kappa: float = 0.0  # log-odds slope change at the late stage (scaled by stage progress)
-    phi: float = 0.0  # share of prompts whose drift has the opposite sign
-    misspecified: bool = False
-
-
-SETTINGS: dict[str, Setting] = {
-    "tilt": Setting("BASIS's tilt model holds up to small prompt-level noise", tau=0.1),
-    "noisy": Setting(
-        "misspecified: prompt-level log-odds noise as large as the shift",
-        tau=1.0,
-        misspecified=True,
-    ),
-    "sharpen": Setting(
-        "misspecified: learning rescales the log-odds (easy easier, hard harder)",
-        tau=0.1,
-        kappa=0.6,
-        misspecified=True,
-    ),
-    "forget": Setting(
-        "misspecified: a quarter of the prompts get worse while the rest improve",
-        tau=0.1,
-        phi=0.25,
-        misspecified=True,
-    ),
-}
-
-
-@dataclass(frozen=True)
-class SimulationConfig:
-    """Everything that determines a simulated dataset; stored in its metadata."""
-
-    n_prompts: int = 600
-    reference_n: int = 64
-    checkpoint_n: int = 320
-    setting: str = "tilt"
-    stages: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_STAGES))
-    mixture: tuple[tuple[float, float, float], ...] = DEFAULT_MIXTURE
-    seed: int = 0
-
-    def validate(self) -> Setting:
-        """The named setting; an InputError for any impossible size or name."""
-        if self.setting not in SETTINGS:
-            raise InputError(
-                f"unknown setting {self.setting!r}; choose one of {', '.join(SETTINGS)}"
-            )
-        if self.n_prompts < 2:
-            raise InputError(f"need at least 2 prompts; got {self.n_prompts}")
-        if self.reference_n < 1 or self.checkpoint_n < 1:
-            raise InputError("reference_n and checkpoint_n must be at least 1")
-        if not self.stages:
-            raise InputError("give at least one checkpoint stage")
-        if REFERENCE_POLICY in self.stages:
-            raise InputError(f"a checkpoint may not be called {REFERENCE_POLICY!r}")
-        weights = np.array([w for w, _, _ in self.mixture])
-        if np.any(weights <= 0) or any(a <= 0 or b <= 0 for _, a, b in self.mixture):
-            raise InputError("mixture weights and Beta parameters must be positive")
-        return SETTINGS[self.setting]
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -151,7 +78,7 @@ def checkpoint_values(
     ``rng`` draws the drift signs; each stage's noise has its own stream, so adding a
     stage leaves the other stages' values unchanged.
     """
-    setting = cfg.validate()
+    setting = cfg.generative_setting()
     sign = np.where(rng.random(p_ref.shape) < setting.phi, -1.0, 1.0)
     late = max(abs(d) for d in cfg.stages.values()) or 1.0
     out = {}
@@ -203,7 +130,7 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
     replaces the earlier simulation whole: its files that this one does not rewrite (a
     stage no longer simulated) are removed once the new files are in place.
     """
-    setting = cfg.validate()
+    setting = cfg.generative_setting()
     out = claim_output_dir(out, "rollouts", simulated=True, force=force)
     rng = np.random.default_rng(_stream(cfg.seed, "values"))
     p_ref = reference_values(cfg, rng)
@@ -255,23 +182,3 @@ def _remove_stale(out: Path, written: list[Path]) -> None:
             continue
         if generator == GENERATOR:
             f.unlink()
-
-
-def parse_stages(spec: Sequence[str]) -> dict[str, float]:
-    """``["early=0.3", "late=1.5"]`` -> {"early": 0.3, "late": 1.5}."""
-    stages: dict[str, float] = {}
-    for item in spec:
-        name, _, value = item.partition("=")
-        try:
-            shift = float(value)
-        except ValueError:
-            shift = float("nan")
-        if not name.strip() or not np.isfinite(shift):
-            raise InputError(f"stage {item!r} must look like NAME=LOGODDS_SHIFT, e.g. late=1.5")
-        stages[name.strip()] = shift
-    return stages
-
-
-def with_overrides(cfg: SimulationConfig, **changes: Any) -> SimulationConfig:
-    """A copy of ``cfg`` with the non-None ``changes`` applied."""
-    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})

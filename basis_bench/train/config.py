@@ -1,32 +1,52 @@
 """Training settings: :class:`TrainConfig`, TOML files with ``extends``, ``--set`` overrides.
 
-:func:`make_config` is the one way in: it coerces every value to its field's type and
-:meth:`TrainConfig.check` refuses settings that are wrong on their own (an unknown choice,
-a count below 1, a float that is not finite or out of its range). What depends on the
-estimator (its group size, its options) is checked when the run is set up.
+:func:`make_config` is the one way in: it coerces every value to its field's type, and the
+config refuses, where it is made, settings that are wrong on their own (an unknown choice,
+a count below 1, a float that is not finite or out of its range: each field declares its
+range with :func:`~basis_bench.settings.setting`). What depends on the estimator (its group
+size, its options) is checked when the run is set up.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import tomllib
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
+from basis_bench.settings import check_settings, setting
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 BACKENDS = ("hf", "vllm")
 AUTOCASTS = ("none", "bfloat16", "float16")
 
 
-@dataclass
+def _policy_losses() -> tuple[str, ...]:
+    """The registered policy losses, read when a config is checked (plug-ins register late)."""
+    from basis_bench.train.losses import POLICY_LOSSES
+
+    return tuple(POLICY_LOSSES)
+
+
+def _aggregations() -> tuple[str, ...]:
+    from basis_bench.train.losses import AGGREGATIONS
+
+    return tuple(AGGREGATIONS)
+
+
+def _answer_formats() -> tuple[str, ...]:
+    from basis_bench.rollouts.rewards import ANSWER_FORMATS
+
+    return tuple(ANSWER_FORMATS)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a run. TOML files set these keys (flat); ``--set key=value`` overrides.
 
@@ -36,150 +56,167 @@ class TrainConfig:
     """
 
     # run
-    run_dir: str = "runs/train"
-    seed: int = 0
-    steps: int = 20
+    run_dir: str = setting(
+        "runs/train", help="Directory of the run: config, log, rollouts, checkpoints."
+    )
+    seed: int = setting(
+        0, help="Random seed of prompts, sampling and the model's initial RNG.", min_val=0
+    )
+    steps: int = setting(20, help="Training steps (one batch of rollouts each).", min_val=1)
     # policy (the reference is the same checkpoint, frozen)
-    model: str = "smollm2-135m"
-    device: str = "auto"
-    cpu_threads: int = 0  # torch threads (0: torch's default)
-    dtype: str = "float32"  # parameter dtype; keep float32 master weights for small updates
-    autocast: str = "none"  # none | bfloat16 | float16: forward-pass precision
-    gradient_checkpointing: bool = False
-    backend: str = "hf"  # sampling backend: hf | vllm
-    sample_batch_size: int = 64  # hf: sequences per generate call
-    vllm_gpu_memory_utilization: float = 0.3
-    vllm_max_model_len: int = 0
+    model: str = setting(
+        "smollm2-135m",
+        help="Policy checkpoint: a Hugging Face directory, a .gguf file or smollm2-135m; "
+        "the frozen reference is the same checkpoint.",
+    )
+    device: str = setting("auto", help="auto, cpu, cuda or cuda:N.")
+    cpu_threads: int = setting(0, help="torch threads (0: torch's default).", min_val=0)
+    dtype: str = setting(
+        "float32", help="Parameter dtype; keep float32 master weights for small updates."
+    )
+    autocast: str = setting(
+        "none", help="Forward-pass precision: none, bfloat16 or float16.", choices=AUTOCASTS
+    )
+    gradient_checkpointing: bool = setting(
+        False, help="Recompute activations in the backward pass (less memory, more time)."
+    )
+    backend: str = setting("hf", help="Sampling backend: hf or vllm.", choices=BACKENDS)
+    sample_batch_size: int = setting(64, help="hf backend: sequences per generate call.", min_val=1)
+    vllm_gpu_memory_utilization: float = setting(
+        0.3,
+        help="vllm backend: share of the GPU's memory the engine may take.",
+        min_val=0,
+        max_val=1,
+        include_boundaries="right",
+    )
+    vllm_max_model_len: int = setting(
+        0, help="vllm backend: context length of the engine (0: the model's).", min_val=0
+    )
     # data
-    train_prompts: str = "arithmetic:n=128,digits=1,steps=1,ops=+-,seed=0"  # of 200 distinct
-    train_limit: int = 0
-    eval_prompts: str = "arithmetic:n=64,digits=1,steps=1,ops=+-,seed=1"
-    eval_limit: int = 0
-    instruction: str = DEFAULT_INSTRUCTION
-    system_prompt: str = ""
-    answer_format: str = "any"  # any | boxed | number (see basis_bench.rollouts.rewards)
-    verify_timeout: float = 5.0
-    reward_workers: int = 0  # processes grading responses (0: in this process)
+    train_prompts: str = setting(
+        "arithmetic:n=128,digits=1,steps=1,ops=+-,seed=0",
+        help="Training prompts, a source as in `basis-bench oracle --prompts` (the default "
+        "draws 128 of 200 distinct sums and differences).",
+    )
+    train_limit: int = setting(0, help="Keep the first N training prompts (0: all).", min_val=0)
+    eval_prompts: str = setting(
+        "arithmetic:n=64,digits=1,steps=1,ops=+-,seed=1",
+        help="Held-out prompts for the greedy evaluation (prompts shared with the training "
+        "set are dropped).",
+    )
+    eval_limit: int = setting(0, help="Keep the first N held-out prompts (0: all).", min_val=0)
+    instruction: str = setting(
+        DEFAULT_INSTRUCTION, help="Instruction appended to every problem in the user turn."
+    )
+    system_prompt: str = setting(
+        "", help='System message ("": the chat template\'s own system message).'
+    )
+    answer_format: str = setting(
+        "any",
+        help="Which answers math-verify reads: any, boxed or number "
+        "(see basis_bench.rollouts.rewards).",
+        choices=_answer_formats,
+    )
+    verify_timeout: float = setting(
+        5.0,
+        help="Seconds math-verify may take per response.",
+        min_val=0,
+        include_boundaries="neither",
+    )
+    reward_workers: int = setting(
+        0, help="Processes grading responses (0: in this process).", min_val=0
+    )
     # rollouts
-    rollouts_per_step: int = 16
-    group_size: int = 8  # G for group estimators; single-rollout ones always sample 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
+    rollouts_per_step: int = setting(
+        16, help="Rollouts sampled per step (prompts per step x group size).", min_val=1
+    )
+    group_size: int = setting(
+        8,
+        help="Rollouts per prompt (G) for group estimators; single-rollout ones always sample 1.",
+        min_val=1,
+    )
+    temperature: float = setting(
+        1.0, help="Sampling temperature.", min_val=0, include_boundaries="neither"
+    )
+    top_p: float = setting(
+        1.0,
+        help="Nucleus sampling: the smallest token set of this probability.",
+        min_val=0,
+        max_val=1,
+        include_boundaries="right",
+    )
+    max_new_tokens: int = setting(64, help="Tokens sampled per response at most.", min_val=1)
     # reference cache (only for estimators that use it)
-    ref_samples: int = 64
-    cache_dir: str = "runs/cache"
+    ref_samples: int = setting(
+        64,
+        help="Reference samples per prompt in the estimator's offline cache (estimators "
+        "that use it).",
+        min_val=1,
+    )
+    cache_dir: str = setting(
+        "runs/cache", help="Directory of reference caches, reused across runs."
+    )
     # advantage estimation
-    estimator: str = "basis"
-    estimator_options: dict[str, Any] = field(default_factory=dict)
-    advantage_norm: str = "none"  # none | group_std | batch_std | batch_whiten
+    estimator: str = setting("basis", help="A registered estimator: the baseline of the loss.")
+    estimator_options: dict[str, Any] = setting(
+        default_factory=dict,
+        help="The estimator's options ({key: value}; --set estimator_options.NAME=value sets one).",
+    )
+    advantage_norm: str = setting(
+        "none",
+        help="Advantage normalisation: none, group_std, batch_std or batch_whiten.",
+        choices=ADVANTAGE_NORMS,
+    )
     # loss
-    loss: str = "gpg"  # a registered policy loss: gpg | grpo | gspo (basis_bench.train.losses)
-    loss_agg: str = "token_mean"  # token_mean | seq_mean (gspo is always per sequence)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    kl_coef: float = 0.0
-    epochs: int = 1
-    minibatches: int = 1
-    micro_batch_size: int = 16
+    loss: str = setting(
+        "gpg",
+        help="A registered policy loss: gpg, grpo or gspo (basis_bench.train.losses).",
+        choices=_policy_losses,
+    )
+    loss_agg: str = setting(
+        "token_mean",
+        help="How the loss averages tokens: token_mean or seq_mean (gspo is always per sequence).",
+        choices=_aggregations,
+    )
+    clip_low: float = setting(
+        0.2,
+        help="Lower clip range of the ratio (1 - clip_low).",
+        min_val=0,
+        max_val=1,
+        include_boundaries="left",
+    )
+    clip_high: float = setting(
+        0.2, help="Upper clip range of the ratio (1 + clip_high).", min_val=0
+    )
+    kl_coef: float = setting(
+        0.0, help="Weight of the KL term to the reference (0: none).", min_val=0
+    )
+    epochs: int = setting(1, help="Passes over a step's rollouts.", min_val=1)
+    minibatches: int = setting(1, help="Optimizer updates per epoch.", min_val=1)
+    micro_batch_size: int = setting(
+        16, help="Sequences per forward/backward pass (gradient accumulation).", min_val=1
+    )
     # optimiser
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    lr: float = setting(1e-5, help="AdamW learning rate.", min_val=0, include_boundaries="neither")
+    weight_decay: float = setting(0.0, help="AdamW weight decay.", min_val=0)
+    max_grad_norm: float = setting(
+        1.0, help="Gradient norm clip.", min_val=0, include_boundaries="neither"
+    )
     # evaluation and checkpoints
-    eval_every: int = 5
-    eval_max_new_tokens: int = 0
-    checkpoint_every: int = 10
+    eval_every: int = setting(
+        5,
+        help="Held-out greedy evaluation every N steps, and after the last (0: never).",
+        min_val=0,
+    )
+    eval_max_new_tokens: int = setting(
+        0, help="Tokens per held-out response (0: max_new_tokens).", min_val=0
+    )
+    checkpoint_every: int = setting(
+        10, help="Checkpoint every N steps, and after the last (0: never).", min_val=0
+    )
 
-    def check(self) -> None:
-        """Settings that are wrong on their own (the estimator's needs are checked in setup)."""
-        from basis_bench.rollouts.rewards import ANSWER_FORMATS
-        from basis_bench.train.losses import AGGREGATIONS, POLICY_LOSSES
-
-        choices: dict[str, Sequence[str]] = {
-            "loss": tuple(POLICY_LOSSES),
-            "loss_agg": AGGREGATIONS,
-            "advantage_norm": ADVANTAGE_NORMS,
-            "backend": BACKENDS,
-            "autocast": AUTOCASTS,
-            "answer_format": ANSWER_FORMATS,
-        }
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise InputError(
-                    f"{key} must be one of {tuple(allowed)}, got {getattr(self, key)!r}"
-                )
-        for key in POSITIVE_INTS:
-            if getattr(self, key) < 1:
-                raise InputError(f"{key} must be at least 1, got {getattr(self, key)}")
-        for key in NONNEGATIVE_INTS:
-            if getattr(self, key) < 0:
-                raise InputError(f"{key} must be >= 0, got {getattr(self, key)}")
-        for key, (low, high, text) in FLOAT_RANGES.items():
-            value = getattr(self, key)
-            if not (math.isfinite(value) and low(value) and high(value)):
-                raise InputError(f"{key} must be a finite number {text}, got {value!r}")
-
-
-POSITIVE_INTS = (
-    "steps",
-    "rollouts_per_step",
-    "group_size",
-    "max_new_tokens",
-    "ref_samples",
-    "epochs",
-    "minibatches",
-    "micro_batch_size",
-    "sample_batch_size",
-)
-NONNEGATIVE_INTS = (
-    "train_limit",
-    "eval_limit",
-    "eval_every",
-    "checkpoint_every",
-    "eval_max_new_tokens",
-    "vllm_max_model_len",
-    "reward_workers",
-    "cpu_threads",
-)
-
-
-def _positive(x: float) -> bool:
-    return x > 0
-
-
-def _nonnegative(x: float) -> bool:
-    return x >= 0
-
-
-def _any(x: float) -> bool:
-    return True
-
-
-def _at_most_one(x: float) -> bool:
-    return x <= 1
-
-
-def _below_one(x: float) -> bool:
-    return x < 1
-
-
-# Every float field: (lower test, upper test, the range in words). A test checks that no
-# float field is missing, so a new one cannot skip validation.
-FLOAT_RANGES: dict[
-    str, tuple[typing.Callable[[float], bool], typing.Callable[[float], bool], str]
-] = {
-    "vllm_gpu_memory_utilization": (_positive, _at_most_one, "in (0, 1]"),
-    "verify_timeout": (_positive, _any, "> 0"),
-    "temperature": (_positive, _any, "> 0"),
-    "top_p": (_positive, _at_most_one, "in (0, 1]"),
-    "clip_low": (_nonnegative, _below_one, "in [0, 1)"),
-    "clip_high": (_nonnegative, _any, ">= 0"),
-    "kl_coef": (_nonnegative, _any, ">= 0"),
-    "lr": (_positive, _any, "> 0"),
-    "weight_decay": (_nonnegative, _any, ">= 0"),
-    "max_grad_norm": (_positive, _any, "> 0"),
-}
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -249,9 +286,7 @@ def make_config(
             if key == "estimator_options":
                 options = dict(_coerce(key, value))
     settings["estimator_options"] = options
-    config = TrainConfig(**{k: _coerce(k, v) for k, v in settings.items()})
-    config.check()
-    return config
+    return TrainConfig(**{k: _coerce(k, v) for k, v in settings.items()})
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:

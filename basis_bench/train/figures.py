@@ -28,6 +28,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, holds_output_locks
+from basis_bench.settings import check_scalar
 from basis_bench.train.loop import read_log
 
 BETA_TICKS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
@@ -93,8 +94,7 @@ def plot_training(
 
     if not run_dirs:
         raise InputError("give at least one training run directory")
-    if smooth < 1:
-        raise InputError(f"--smooth must be at least 1, got {smooth}")
+    check_scalar(smooth, "--smooth", int, min_val=1)
     runs: list[Run] = [(Path(d), *load_run(d)) for d in run_dirs]
     with_loss = len({c["loss"] for _, c, _ in runs}) > 1
     names = [run_label(c, with_loss, label) for _, c, _ in runs]

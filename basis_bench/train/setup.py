@@ -371,7 +371,6 @@ def setup(
     from basis_bench import estimators as E
     from basis_bench.outputs import claim_output_dir
 
-    config.check()
     run_dir = Path(config.run_dir)
     group, prompts_per_step = batch_shape(config)
     check_estimator_options(config)
