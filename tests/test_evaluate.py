@@ -507,3 +507,32 @@ def test_every_benchmark_setting_carries_its_help():
     for config in (EvaluateConfig, SensitivityConfig):
         for f in dataclasses.fields(config):
             assert f.metadata["help"].endswith("."), (config.__name__, f.name)
+
+
+def test_the_commands_read_default_and_help_from_the_configs():
+    """A default or a help text is written once: in the config field the option reads."""
+    import typer.main
+
+    from basis_bench.cli.app import app
+    from basis_bench.rollouts.simulation import SimulationConfig
+    from basis_bench.settings import setting_flag, setting_help
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, config in (
+        ("evaluate", EvaluateConfig),
+        ("sensitivity", SensitivityConfig),
+        ("simulate", SimulationConfig),
+    ):
+        defaults = config()
+        params = {opt: p for p in commands[name].params for opt in p.opts}
+        for f in dataclasses.fields(config):
+            flag = setting_flag(config, f.name).split("/")[0]
+            if flag not in params:  # set through other options (basis_options)
+                continue
+            param = params[flag]
+            assert param.help == setting_help(config, f.name), (name, flag)
+            value = getattr(defaults, f.name)
+            if isinstance(value, int | float | str):
+                assert param.default == value, (name, flag)
+            elif isinstance(value, tuple) and value and param.default is not None:
+                assert param.default == ",".join(value), (name, flag)

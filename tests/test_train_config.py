@@ -292,6 +292,19 @@ def test_shipped_experiment_configs_are_valid_and_share_the_budget():
     assert len({c.steps for c in compare}) == 1
 
 
+def test_counts_and_seeds_are_checked_where_the_config_is_made():
+    for override, message in (
+        ("steps=0", "steps must be >= 1; got 0"),
+        ("seed=-1", "seed must be >= 0; got -1"),
+        ("eval_every=-1", "eval_every must be >= 0"),
+        ("backend=tpu", "backend must be one of hf, vllm; got 'tpu'"),
+    ):
+        with pytest.raises(InputError, match=message):
+            make_config({}, [override])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        make_config({}).steps = 3  # type: ignore[misc]
+
+
 def test_the_training_docs_name_every_setting():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
     missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{f.name}`" not in doc]

@@ -190,7 +190,6 @@ class TableOptions:
 
     def __post_init__(self) -> None:
         _set(self, "prior", _number("table", "prior", self.prior, low=0))
-
         check_scalar(self.grid_size, "table.grid_size", int, min_val=1)
 
 
