@@ -19,12 +19,11 @@ from basis_bench.cli.app import app
 from basis_bench.errors import InputError
 from basis_bench.outputs import read_metadata
 from basis_bench.rollouts.oracle import (
-    OracleJob,
-    Shard,
     pending_chunks,
     plan_chunks,
     run_identity,
 )
+from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.rollouts.prompts import arithmetic_prompts
 from basis_bench.rollouts.store import (
     dataset_metadata,
