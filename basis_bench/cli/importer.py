@@ -7,7 +7,7 @@ import dataclasses
 import time
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +15,11 @@ from rich.console import Console
 from basis_bench.cli.app import app
 from basis_bench.rollouts.importers import ImportOptions
 from basis_bench.settings import cli_option, setting_default
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from basis_bench.rollouts.importers import Imported, WriteReport
 
 _opt = partial(cli_option, ImportOptions)
 _default = partial(setting_default, ImportOptions)
@@ -99,31 +104,45 @@ def import_(
     """Import existing multi-sample evaluation results into a rollouts dataset at --out
     (one policy per run; rerun with other sources and --policy to add more)."""
     options = dict(locals())  # the ImportOptions fields among them
-    import polars as pl
+    from basis_bench.rollouts.importers import import_sources, write_import
 
-    from basis_bench.errors import InputError
-    from basis_bench.rollouts.importers import import_sources, read_table, write_import
-    from basis_bench.rollouts.store import conform_prompts
-
-    console = Console(stderr=True)
     start = time.perf_counter()
     opt = ImportOptions(**{f.name: options[f.name] for f in dataclasses.fields(ImportOptions)})
-    extra = None
-    if prompts is not None:
-        table, _ = read_table(prompts)
-        extra = conform_prompts(table.drop("_loc"), what=str(prompts))
+    extra = _prompts_table(prompts) if prompts is not None else None
     result = import_sources(fmt, sources, policy, opt)
     if extra is not None:
-        missing = result.rollouts.filter(~pl.col("prompt_id").is_in(extra["prompt_id"].implode()))
-        if missing.height:
-            raise InputError(
-                f"--prompts {prompts} lacks prompt {missing['prompt_id'][0]!r} "
-                f"({missing['prompt_id'].n_unique()} missing); check --id-col/--id-format"
-            )
+        _check_prompts_cover(extra, result.rollouts, str(prompts))
     report = write_import(
         result, out, replace=replace, reference=reference, label=label, prompts=extra, force=force
     )
-    seconds = time.perf_counter() - start
+    _print_summary(result, report, out, time.perf_counter() - start)
+
+
+def _prompts_table(path: Path) -> pl.DataFrame:
+    """The --prompts table, checked like a dataset's prompts.parquet."""
+    from basis_bench.rollouts.importers import read_table
+    from basis_bench.rollouts.store import conform_prompts
+
+    table, _ = read_table(path)
+    return conform_prompts(table.drop("_loc"), what=str(path))
+
+
+def _check_prompts_cover(prompts: pl.DataFrame, rollouts: pl.DataFrame, path: str) -> None:
+    """Every imported prompt id must be in the --prompts table."""
+    import polars as pl
+
+    from basis_bench.errors import InputError
+
+    missing = rollouts.filter(~pl.col("prompt_id").is_in(prompts["prompt_id"].implode()))
+    if missing.height:
+        raise InputError(
+            f"--prompts {path} lacks prompt {missing['prompt_id'][0]!r} "
+            f"({missing['prompt_id'].n_unique()} missing); check --id-col/--id-format"
+        )
+
+
+def _print_summary(result: Imported, report: WriteReport, out: Path, seconds: float) -> None:
+    console = Console(stderr=True)
     rows = result.rollouts
     names = (
         ", ".join(result.policies)
