@@ -1,5 +1,7 @@
 """Oracle sampling: many scored rollouts per prompt from one checkpoint, written as a
-sharded, resumable rollouts dataset.
+sharded, resumable rollouts dataset. :func:`run_oracle` is the one pipeline, run by
+``basis-bench oracle`` and by training's reference cache; its job is an
+:class:`~basis_bench.rollouts.oracle_job.OracleJob`.
 
 The prompts are cut, in source order, into chunks of ``chunk_size``; chunk ``k`` is
 owned by shard ``k mod N`` (``--shard i/N``), so N jobs fill one dataset without
@@ -14,9 +16,9 @@ killed and rerun job yields the same dataset as an uninterrupted one (same backe
 device and batch size).
 
 ``DIR/prompts.parquet`` holds every prompt of the run; each shard merges its prompts
-into it (:func:`~basis_bench.rollouts.store.write_prompts_table`) and publishes the result by
-an atomic rename, so concurrent shards of one run
-(which write identical tables) cannot leave a torn file.
+into it (:func:`~basis_bench.rollouts.store.write_prompts_table`), publishing the result
+by an atomic rename, so concurrent shards of one run (which write identical tables)
+cannot leave a torn file.
 """
 
 from __future__ import annotations
@@ -163,6 +165,8 @@ def sample_chunk(
 
 @dataclass
 class OracleReport:
+    """What a run wrote: parts, rollouts, and the sum of their rewards."""
+
     parts_written: int = 0
     rollouts_written: int = 0
     reward_sum: float = 0.0
