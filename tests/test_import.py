@@ -16,8 +16,7 @@ from typer.testing import CliRunner
 
 from basis_bench.cli import app
 from basis_bench.errors import InputError
-from basis_bench.rollouts import importers
-from basis_bench.rollouts.importers import ImportOptions, import_sources, write_import
+from basis_bench.rollouts.importers import ImportOptions, import_sources, publishing, write_import
 from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts
 
 CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
@@ -337,7 +336,7 @@ def test_interrupted_import_leaves_nothing_that_looks_complete(tmp_path, monkeyp
     before = sorted(_parquet_and_staged(out))
     src = write(tmp_path / "h.json", json.dumps({"a": [0.5, 0.25, 1.0], "b": [0.0, 0.5, 0.5]}))
     result = import_sources("acc-history", [src], "visit", ImportOptions(rollouts_per_visit=4))
-    real = importers.write_parquet_atomic
+    real = publishing.write_parquet_atomic
     calls = {"n": 0}
 
     def flaky(df, path, metadata=None):
@@ -346,7 +345,7 @@ def test_interrupted_import_leaves_nothing_that_looks_complete(tmp_path, monkeyp
             raise KeyboardInterrupt  # the user's Ctrl-C mid-way through the parts
         return real(df, path, metadata)
 
-    monkeypatch.setattr(importers, "write_parquet_atomic", flaky)
+    monkeypatch.setattr(publishing, "write_parquet_atomic", flaky)
     with pytest.raises(KeyboardInterrupt):
         write_import(result, out)
     assert sorted(_parquet_and_staged(out)) == before  # no new part, no staged leftovers
@@ -367,7 +366,7 @@ def test_interrupted_publish_takes_back_what_it_renamed(tmp_path, monkeypatch):
                 raise KeyboardInterrupt
         return real(a, b)
 
-    monkeypatch.setattr(importers.os, "replace", flaky)
+    monkeypatch.setattr(publishing.os, "replace", flaky)
     with pytest.raises(KeyboardInterrupt):
         write_import(result, out)
     assert _parquet_and_staged(out) == []

@@ -21,7 +21,7 @@ import pytest
 from conftest import assert_one_line_error, run_main
 from test_failures import evaluate_args, siblings, snapshot
 
-import basis_bench.rollouts.importers as importers
+import basis_bench.rollouts.importers.publishing as publishing_module
 from basis_bench.outputs import LOCK_FILE
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import default_dataset, load_rollouts
@@ -200,11 +200,11 @@ def test_an_interrupted_replace_keeps_the_old_data(monkeypatch, capsys, tmp_path
             raise KeyboardInterrupt
         real_replace(src, dst)
 
-    monkeypatch.setattr(importers.os, "replace", interrupted)
+    monkeypatch.setattr(publishing_module.os, "replace", interrupted)
     args = import_args(counts_file(tmp_path, "b.csv", 3), out, "--replace")
     code, message, _ = run_main(monkeypatch, capsys, *args)
     assert code == 130 and message.startswith("interrupted:"), message
-    monkeypatch.setattr(importers.os, "replace", real_replace)
+    monkeypatch.setattr(publishing_module.os, "replace", real_replace)
     assert without_lock(snapshot(out)) == before
     assert load_rollouts(out)["reward"].sum() == 2.0  # a: 1 of 4, b: 1 of 4
 

@@ -19,13 +19,12 @@ from basis_bench.cli.app import app
 from basis_bench.errors import InputError
 from basis_bench.outputs import read_metadata
 from basis_bench.rollouts.oracle import (
-    OracleJob,
-    Shard,
     pending_chunks,
     plan_chunks,
     run_identity,
 )
-from basis_bench.rollouts.prompts import arithmetic_prompts
+from basis_bench.rollouts.oracle_job import OracleJob, Shard
+from basis_bench.rollouts.prompts import arithmetic_prompts, load_prompt_source
 from basis_bench.rollouts.store import (
     dataset_metadata,
     load_prompts,
@@ -307,6 +306,11 @@ def test_shards_fill_the_same_dataset_as_one_job_and_reruns_skip(tiny_model, tmp
         assert result.exit_code == 0, result.output
     assert load_rollouts(sharded).equals(load_rollouts(one))
     assert {m["shard"] for m in dataset_metadata(sharded)} == {"0/2", "1/2"}
+    # every part records the provenance run.json records
+    assert all(
+        {"git_commit", "date_utc", "versions"} <= set(m["provenance"])
+        for m in dataset_metadata(sharded)
+    )
 
     rerun = runner.invoke(app, [*base, "--out", str(one)])
     assert rerun.exit_code == 0
@@ -337,6 +341,37 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
         pending_chunks(prompts, job, other)
     with pytest.raises(InputError, match="the chunk's prompts"):
         pending_chunks(prompts.reverse(), job, identity)
+
+
+# --------------------------------------------------------------------------- reference cache
+
+
+def test_training_reference_cache_is_an_oracle_run_built_once(tmp_path):
+    import numpy as np
+
+    from basis_bench.rollouts.sampling.base import Samples
+    from basis_bench.train.config import TrainConfig
+    from basis_bench.train.setup import reference_cache
+
+    class Boxed:
+        """Answers 1 to everything, no model loaded."""
+
+        def sample(self, problems, config, seed, on_progress=None):
+            count = len(problems) * config.n
+            return Samples(["\\boxed{1}"] * count, np.full(count, 3, np.int32), ["stop"] * count)
+
+        def describe(self):
+            return {"backend": "boxed"}
+
+    config = TrainConfig(
+        train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_samples=4
+    )
+    prompts = load_prompt_source(config.train_prompts)
+    rewards = reference_cache(config, prompts, Boxed)
+    assert rewards.shape == (20, 4)
+    (cache,) = tmp_path.iterdir()
+    assert cache.name.startswith("ref-") and len(parts(cache, "reference")) == 2  # 16 + 4 prompts
+    assert (reference_cache(config, prompts, lambda: 1 / 0) == rewards).all()  # reused, not sampled
 
 
 # --------------------------------------------------------------------------- real model

@@ -3,14 +3,26 @@ accuracy histories, long tables) written as a rollouts dataset."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
+from basis_bench.rollouts.importers import ImportOptions
+from basis_bench.settings import cli_option, setting_default
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from basis_bench.rollouts.importers import Imported, WriteReport
+
+_opt = partial(cli_option, ImportOptions)
+_default = partial(setting_default, ImportOptions)
 
 
 @app.command("import")
@@ -54,12 +66,7 @@ def import_(
             "rollouts (another command's output, simulated data, foreign files).",
         ),
     ] = False,
-    seed: Annotated[
-        int,
-        typer.Option(
-            "--seed", help="counts, acc-history: seed of the synthetic order of the rewards."
-        ),
-    ] = 0,
+    seed: Annotated[int, _opt("seed")] = _default("seed"),
     reference: Annotated[
         bool,
         typer.Option(
@@ -79,107 +86,63 @@ def import_(
             ".jsonl) merged into DIR/prompts.parquet.",
         ),
     ] = None,
-    id_col: Annotated[
-        str | None,
-        typer.Option(
-            "--id-col", help="Problem id column/field. Default: prompt_id (idx for eval-jsonl)."
-        ),
-    ] = None,
-    id_format: Annotated[
-        str | None,
-        typer.Option(
-            "--id-format",
-            help="Turn source ids into prompt ids: fixed text around {} or {:0Nd}, e.g. "
-            "math500_{:03d} maps 7 to math500_007.",
-        ),
-    ] = None,
-    n_col: Annotated[str, typer.Option("--n-col", help="counts: samples column.")] = "n",
-    correct_col: Annotated[
-        str, typer.Option("--correct-col", help="counts: correct-samples column.")
-    ] = "n_correct",
-    problem_col: Annotated[
-        str | None,
-        typer.Option(
-            "--problem-col",
-            help="Problem text column/field (writes prompts.parquet when present). Default: "
-            "problem (question for eval-jsonl).",
-        ),
-    ] = None,
-    answer_col: Annotated[
-        str | None,
-        typer.Option(
-            "--answer-col", help="Gold answer column/field. Default: answer (gt for eval-jsonl)."
-        ),
-    ] = None,
-    score_field: Annotated[
-        str, typer.Option("--score-field", help="eval-jsonl: the per-sample scores list.")
-    ] = "score",
-    response_field: Annotated[
-        str,
-        typer.Option("--response-field", help="eval-jsonl: the responses list, kept when present."),
-    ] = "code",
-    rollouts_per_visit: Annotated[
-        int | None,
-        typer.Option(
-            "--rollouts-per-visit", help="acc-history: rollouts per example per visit (G)."
-        ),
-    ] = None,
-    policy_col: Annotated[str, typer.Option("--policy-col", help="long: policy column.")] = (
-        "policy"
+    id_col: Annotated[str | None, _opt("id_col")] = _default("id_col"),
+    id_format: Annotated[str | None, _opt("id_format")] = _default("id_format"),
+    n_col: Annotated[str, _opt("n_col")] = _default("n_col"),
+    correct_col: Annotated[str, _opt("correct_col")] = _default("correct_col"),
+    problem_col: Annotated[str | None, _opt("problem_col")] = _default("problem_col"),
+    answer_col: Annotated[str | None, _opt("answer_col")] = _default("answer_col"),
+    score_field: Annotated[str, _opt("score_field")] = _default("score_field"),
+    response_field: Annotated[str, _opt("response_field")] = _default("response_field"),
+    rollouts_per_visit: Annotated[int | None, _opt("rollouts_per_visit")] = _default(
+        "rollouts_per_visit"
     ),
-    sample_col: Annotated[
-        str, typer.Option("--sample-col", help="long: sample index column.")
-    ] = "sample_idx",
-    reward_col: Annotated[str, typer.Option("--reward-col", help="long: reward column.")] = (
-        "reward"
-    ),
+    policy_col: Annotated[str, _opt("policy_col")] = _default("policy_col"),
+    sample_col: Annotated[str, _opt("sample_col")] = _default("sample_col"),
+    reward_col: Annotated[str, _opt("reward_col")] = _default("reward_col"),
 ) -> None:
     """Import existing multi-sample evaluation results into a rollouts dataset at --out
     (one policy per run; rerun with other sources and --policy to add more)."""
-    import polars as pl
+    options = dict(locals())  # the ImportOptions fields among them
+    from basis_bench.rollouts.importers import import_sources, write_import
 
-    from basis_bench.errors import InputError
-    from basis_bench.rollouts.importers import (
-        ImportOptions,
-        import_sources,
-        read_table,
-        write_import,
-    )
-    from basis_bench.rollouts.store import conform_prompts
-
-    console = Console(stderr=True)
     start = time.perf_counter()
-    opt = ImportOptions(
-        id_col=id_col,
-        n_col=n_col,
-        correct_col=correct_col,
-        problem_col=problem_col,
-        answer_col=answer_col,
-        score_field=score_field,
-        response_field=response_field,
-        policy_col=policy_col,
-        sample_col=sample_col,
-        reward_col=reward_col,
-        rollouts_per_visit=rollouts_per_visit,
-        id_format=id_format,
-        seed=seed,
-    )
-    extra = None
-    if prompts is not None:
-        table, _ = read_table(prompts)
-        extra = conform_prompts(table.drop("_loc"), what=str(prompts))
+    opt = ImportOptions(**{f.name: options[f.name] for f in dataclasses.fields(ImportOptions)})
+    extra = _prompts_table(prompts) if prompts is not None else None
     result = import_sources(fmt, sources, policy, opt)
     if extra is not None:
-        missing = result.rollouts.filter(~pl.col("prompt_id").is_in(extra["prompt_id"].implode()))
-        if missing.height:
-            raise InputError(
-                f"--prompts {prompts} lacks prompt {missing['prompt_id'][0]!r} "
-                f"({missing['prompt_id'].n_unique()} missing); check --id-col/--id-format"
-            )
+        _check_prompts_cover(extra, result.rollouts, str(prompts))
     report = write_import(
         result, out, replace=replace, reference=reference, label=label, prompts=extra, force=force
     )
-    seconds = time.perf_counter() - start
+    _print_summary(result, report, out, time.perf_counter() - start)
+
+
+def _prompts_table(path: Path) -> pl.DataFrame:
+    """The --prompts table, checked like a dataset's prompts.parquet."""
+    from basis_bench.rollouts.importers import read_table
+    from basis_bench.rollouts.store import conform_prompts
+
+    table, _ = read_table(path)
+    return conform_prompts(table.drop("_loc"), what=str(path))
+
+
+def _check_prompts_cover(prompts: pl.DataFrame, rollouts: pl.DataFrame, path: str) -> None:
+    """Every imported prompt id must be in the --prompts table."""
+    import polars as pl
+
+    from basis_bench.errors import InputError
+
+    missing = rollouts.filter(~pl.col("prompt_id").is_in(prompts["prompt_id"].implode()))
+    if missing.height:
+        raise InputError(
+            f"--prompts {path} lacks prompt {missing['prompt_id'][0]!r} "
+            f"({missing['prompt_id'].n_unique()} missing); check --id-col/--id-format"
+        )
+
+
+def _print_summary(result: Imported, report: WriteReport, out: Path, seconds: float) -> None:
+    console = Console(stderr=True)
     rows = result.rollouts
     names = (
         ", ".join(result.policies)

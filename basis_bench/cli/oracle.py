@@ -1,6 +1,6 @@
 """`basis-bench oracle`: sample and score rollouts from a checkpoint into a rollouts dataset.
 
-The options are :class:`~basis_bench.rollouts.oracle.OracleJob`'s fields (help, flag and
+The options are :class:`~basis_bench.rollouts.oracle_job.OracleJob`'s fields (help, flag and
 default read from it); the run is :func:`~basis_bench.rollouts.oracle.run_oracle`, drawn
 here as a rich progress bar.
 """
@@ -11,15 +11,18 @@ import contextlib
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from basis_bench.cli.app import app
-from basis_bench.rollouts.oracle import OracleJob, OracleReport, Shard, run_oracle
+from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.settings import cli_option, setting_default
+
+if TYPE_CHECKING:
+    from basis_bench.rollouts.oracle import OracleReport
 
 _opt = partial(cli_option, OracleJob)
 _default = partial(setting_default, OracleJob)
@@ -180,7 +183,10 @@ def oracle(
     """Sample --n rollouts per prompt from --ckpt, score them with math-verify, and write
     them to --out as one Parquet part per chunk of prompts. Rerun the same command to
     resume: complete parts are skipped."""
-    job = OracleJob(**{**locals(), "shard": Shard.parse(shard)})  # every option is a job field
+    options = dict(locals())  # every option is a field of the job
+    from basis_bench.rollouts.oracle import run_oracle
+
+    job = OracleJob(**{**options, "shard": Shard.parse(shard)})
     progress = _ConsoleProgress()
     report = run_oracle(job, progress)
     if report.parts_written:

@@ -203,7 +203,8 @@ def reference_cache(
     template, sampling and grading settings, so any run that shares them reuses it and a
     killed build resumes. ``sampler_of_reference`` is only called when some chunk is missing.
     """
-    from basis_bench.rollouts.oracle import OracleJob, OracleSource, run_identity, run_oracle
+    from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
+    from basis_bench.rollouts.oracle_job import OracleJob
     from basis_bench.rollouts.store import load_rollouts, reward_matrix
 
     job = OracleJob(

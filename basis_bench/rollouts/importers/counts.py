@@ -1,0 +1,121 @@
+"""``counts``: a table of ``prompt_id, n, n_correct [, problem, answer]``; each count becomes
+``n`` binary rewards, ``n_correct`` of them 1, in a seeded uniformly random order (the
+metadata says ``order: synthetic``). Samples are i.i.d. given the prompt, so a random order
+given the count has exactly the law of the real sequence."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from basis_bench.rollouts.importers.options import ImportOptions
+from basis_bench.rollouts.importers.reading import (
+    Imported,
+    Problems,
+    add_prompt_ids,
+    describe_source,
+    integer_column,
+    prompts_from,
+    read_table,
+    report_duplicates,
+    require_columns,
+    sources_label,
+    stack_sources,
+)
+
+
+def policy_seed(seed: int, policy: str) -> int:
+    """The order seed of one policy: distinct policies get independent orders."""
+    digest = hashlib.sha256(f"{seed}\n{policy}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def expand_counts(counts: pl.DataFrame, seed: int) -> pl.DataFrame:
+    """``prompt_id, policy, n, n_correct`` -> one row per sample with a binary reward.
+
+    Within each (policy, prompt) group the ``n_correct`` ones and ``n - n_correct`` zeros
+    are placed in a uniformly random order: rows are sorted by policy and prompt, each
+    policy draws its own keys from ``policy_seed(seed, policy)``, and samples are ordered by
+    their key within the group. Depends only on the counts and the seed, not on row order.
+    """
+    counts = counts.sort(["policy", "prompt_id"])
+    frames = []
+    for (policy,), part in counts.group_by("policy", maintain_order=True):
+        n = part["n"].to_numpy().astype(np.int64)
+        correct = part["n_correct"].to_numpy().astype(np.int64)
+        total = int(n.sum())
+        group = np.repeat(np.arange(part.height), n)
+        starts = np.cumsum(n) - n
+        position = np.arange(total) - np.repeat(starts, n)  # 0..n-1 within a group
+        reward = (position < np.repeat(correct, n)).astype(np.float64)
+        keys = np.random.default_rng(policy_seed(seed, str(policy))).random(total)
+        order = np.lexsort((keys, group))
+        frames.append(
+            pl.DataFrame(
+                {
+                    "prompt_id": part["prompt_id"].gather(group),
+                    "policy": pl.Series([str(policy)]).gather(np.zeros(total, dtype=np.int64)),
+                    "sample_idx": position.astype(np.int32),
+                    "reward": reward[order],
+                }
+            )
+        )
+    return (
+        pl.concat(frames)
+        if frames
+        else pl.DataFrame(
+            schema={
+                "prompt_id": pl.String,
+                "policy": pl.String,
+                "sample_idx": pl.Int32,
+                "reward": pl.Float64,
+            }
+        )
+    )
+
+
+def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:
+    problems = Problems()
+    frames, sources = [], []
+    id_col = opt.id_col or "prompt_id"
+    for path in paths:
+        df, src = read_table(path)
+        require_columns(
+            df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
+        )
+        df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
+        df = integer_column(df, src, opt.n_col, "n", problems, minimum=1)
+        df = integer_column(df, src, opt.correct_col, "n_correct", problems, minimum=0)
+        over = df.filter(pl.col("n_correct") > pl.col("n"))
+        problems.add_rows(
+            src,
+            over,
+            pl.format(
+                "{} {} exceeds {} {}",
+                pl.lit(repr(opt.correct_col)),
+                pl.col("n_correct"),
+                pl.lit(repr(opt.n_col)),
+                pl.col("n"),
+            ),
+        )
+        frames.append(df)
+        sources.append(src)
+    table = stack_sources(frames)
+    report_duplicates(table, sources, ["prompt_id"], problems, "prompt id")
+    problems.raise_if_any(sources_label(paths))
+    table = table.with_columns(pl.lit(policy).alias("policy"))
+    rollouts = expand_counts(table.select("prompt_id", "policy", "n", "n_correct"), opt.seed)
+    prompts = prompts_from(table, opt.problem_col or "problem", opt.answer_col or "answer")
+    return Imported(
+        "counts",
+        rollouts,
+        [policy],
+        prompts,
+        [describe_source(s.path, f.height) for s, f in zip(sources, frames, strict=True)],
+        "synthetic",
+        {"order_seed": opt.seed, "policy_order_seed": {policy: policy_seed(opt.seed, policy)}},
+    )

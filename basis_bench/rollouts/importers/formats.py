@@ -1,0 +1,37 @@
+"""The four source formats by name, and :func:`import_sources`, which reads and checks one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from basis_bench.errors import InputError
+from basis_bench.rollouts.importers.acc_history import import_acc_history
+from basis_bench.rollouts.importers.counts import import_counts
+from basis_bench.rollouts.importers.eval_jsonl import import_eval_jsonl
+from basis_bench.rollouts.importers.long import import_long
+from basis_bench.rollouts.importers.options import ImportOptions
+from basis_bench.rollouts.importers.reading import Imported
+from basis_bench.rollouts.store import check_policy_name, conform_rollouts
+
+IMPORTERS = {  # format name -> reader
+    "counts": import_counts,
+    "eval-jsonl": import_eval_jsonl,
+    "acc-history": import_acc_history,
+    "long": import_long,
+}
+
+
+def import_sources(
+    fmt: str, paths: Sequence[str | os.PathLike[str]], policy: str, opt: ImportOptions | None = None
+) -> Imported:
+    """Read and check ``paths`` in format ``fmt``; nothing is written."""
+    if fmt not in IMPORTERS:
+        raise InputError(f"unknown format {fmt!r}; use one of {', '.join(IMPORTERS)}")
+    if not paths:
+        raise InputError("give at least one source file")
+    check_policy_name(policy)
+    result = IMPORTERS[fmt]([Path(p) for p in paths], policy, opt or ImportOptions())
+    result.rollouts = conform_rollouts(result.rollouts, what=f"{fmt} import")
+    return result

@@ -1,0 +1,90 @@
+"""``long``: a table already in long form (prompt_id, [policy,] sample_idx, reward)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from basis_bench.errors import InputError
+from basis_bench.rollouts.importers.options import ImportOptions
+from basis_bench.rollouts.importers.reading import (
+    LOC,
+    Imported,
+    Problems,
+    add_prompt_ids,
+    describe_source,
+    integer_column,
+    read_table,
+    report_duplicates,
+    require_columns,
+    sources_label,
+    stack_sources,
+)
+from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS
+
+
+def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:
+    problems = Problems()
+    id_col = opt.id_col or "prompt_id"
+    frames, sources = [], []
+    for path in paths:
+        df, src = read_table(path)
+        require_columns(
+            df,
+            src,
+            {"--id-col": id_col, "--sample-col": opt.sample_col, "--reward-col": opt.reward_col},
+        )
+        if opt.policy_col in df.columns:  # a table of several policies: take this one's rows
+            df = df.filter(pl.col(opt.policy_col).cast(pl.String) == policy)
+        df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
+        df = integer_column(df, src, opt.sample_col, "sample_idx", problems, minimum=0)
+        reward = pl.col(opt.reward_col).cast(pl.Float64, strict=False)
+        problems.add_rows(
+            src,
+            df.filter(reward.is_null() | ~reward.is_finite()),
+            pl.format(
+                "{} {} is not a finite number",
+                pl.lit(repr(opt.reward_col)),
+                pl.col(opt.reward_col).cast(pl.String).fill_null("(empty)"),
+            ),
+        )
+        keep = [c for c in OPTIONAL_ROLLOUT_COLUMNS if c in df.columns and c not in (id_col,)]
+        frames.append(
+            df.with_columns(reward.alias("_reward")).select(
+                "prompt_id", "sample_idx", "_reward", *keep, LOC
+            )
+        )
+        sources.append(src)
+    if not any(f.height for f in frames):
+        raise InputError(
+            f"{sources_label(paths)}: no rows for policy {policy!r}"
+            + (f" (the source's {opt.policy_col!r} column names others)")
+        )
+    table = stack_sources(frames)
+    report_duplicates(table, sources, ["prompt_id", "sample_idx"], problems, "(prompt, sample)")
+    problems.raise_if_any(sources_label(paths))
+    rollouts = table.select(
+        "prompt_id",
+        pl.lit(policy).alias("policy"),
+        pl.col("sample_idx").cast(pl.Int32),
+        pl.col("_reward").alias("reward"),
+        *[c for c in OPTIONAL_ROLLOUT_COLUMNS if c in table.columns],
+    )
+    return Imported(
+        "long",
+        rollouts,
+        [policy],
+        None,
+        [describe_source(s.path, f.height) for s, f in zip(sources, frames, strict=True)],
+        "source",
+        {
+            "columns": {
+                "id": id_col,
+                "policy": opt.policy_col,
+                "sample": opt.sample_col,
+                "reward": opt.reward_col,
+            }
+        },
+    )

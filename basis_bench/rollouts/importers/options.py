@@ -1,0 +1,49 @@
+"""How to read an import's sources: :class:`ImportOptions`, the options of ``basis-bench
+import`` that name the sources' columns and fields (help and defaults written once, here).
+
+Kept free of polars, so the CLI reads the options at startup without loading it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from basis_bench.settings import check_settings, setting, setting_flag
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """Column and field names of the sources, and the expansion settings (the options of
+    ``basis-bench import`` that say how to read a source; the CLI reads help and defaults
+    from here)."""
+
+    id_col: str | None = setting(
+        None, help="Problem id column/field. Default: prompt_id (idx for eval-jsonl)."
+    )
+    n_col: str = setting("n", help="counts: samples column.")
+    correct_col: str = setting("n_correct", help="counts: correct-samples column.")
+    problem_col: str | None = setting(
+        None,
+        help="Problem text column/field (writes prompts.parquet when present). Default: "
+        "problem (question for eval-jsonl).",
+    )
+    answer_col: str | None = setting(
+        None, help="Gold answer column/field. Default: answer (gt for eval-jsonl)."
+    )
+    score_field: str = setting("score", help="eval-jsonl: the per-sample scores list.")
+    response_field: str = setting("code", help="eval-jsonl: the responses list, kept when present.")
+    policy_col: str = setting("policy", help="long: policy column.")
+    sample_col: str = setting("sample_idx", help="long: sample index column.")
+    reward_col: str = setting("reward", help="long: reward column.")
+    rollouts_per_visit: int | None = setting(
+        None, help="acc-history: rollouts per example per visit (G)."
+    )
+    id_format: str | None = setting(
+        None,
+        help="Turn source ids into prompt ids: fixed text around {} or {:0Nd}, e.g. "
+        "math500_{:03d} maps 7 to math500_007.",
+    )
+    seed: int = setting(0, help="counts, acc-history: seed of the synthetic order of the rewards.")
+
+    def __post_init__(self) -> None:
+        check_settings(self, label=lambda name: setting_flag(ImportOptions, name))

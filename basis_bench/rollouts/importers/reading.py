@@ -1,0 +1,344 @@
+"""Reading import sources: the options, the error collector that reports every malformed
+row with its file and line, the table reader, and the checks every format shares.
+
+Every check reports each offending row with its file and line (CSV, JSONL) or row (Parquet)
+number. Parsing is polars column operations; a Python loop over lines runs only to pinpoint
+malformed JSON lines (the error path) or to read JSONL whose lines mix value types that
+polars' reader refuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from basis_bench.errors import InputError
+from basis_bench.rollouts.store import conform_prompts
+from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS
+
+MAX_LISTED = 50  # malformed rows listed in one error message (the total is always given)
+LOC = "_loc"  # source line/row number column
+FILE_INDEX = "_file"  # index of the source file column
+
+
+@dataclass
+class Imported:
+    """What one import produces: rows of one or more policies, and prompts when known."""
+
+    format: str
+    rollouts: pl.DataFrame
+    policies: list[str]
+    prompts: pl.DataFrame | None
+    sources: list[dict[str, Any]]
+    order: str  # "synthetic" (expanded from counts or means) or "source"
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- error reporting
+
+
+class Problems:
+    """Collects malformed rows; :meth:`raise_if_any` reports them all in one InputError."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.total = 0
+
+    def add(self, where: str, message: str) -> None:
+        self.total += 1
+        if len(self.items) < MAX_LISTED:
+            self.items.append(f"{where}: {message}")
+
+    def add_rows(
+        self, src: Source, bad: pl.DataFrame, message: pl.Expr | str, *, extra: str = ""
+    ) -> None:
+        """Add one problem per row of ``bad`` (which carries the ``_loc`` column)."""
+        if bad.height == 0:
+            return
+        texts = (
+            bad.select(message.alias("m"))["m"].to_list()
+            if isinstance(message, pl.Expr)
+            else [message] * bad.height
+        )
+        for loc, text in zip(bad[LOC].to_list()[:MAX_LISTED], texts[:MAX_LISTED], strict=False):
+            self.add(src.where(loc), text + extra)
+        self.total += max(0, bad.height - MAX_LISTED)
+
+    def raise_if_any(self, what: str) -> None:
+        if not self.total:
+            return
+        shown = "\n  ".join(self.items)
+        more = (
+            f"\n  ... and {self.total - len(self.items)} more"
+            if self.total > len(self.items)
+            else ""
+        )
+        raise InputError(f"{what}: {self.total} malformed row(s):\n  {shown}{more}")
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    unit: str  # "line" (text files), "row" (Parquet) or "id" (a JSON map's keys)
+
+    def where(self, loc: object) -> str:
+        if self.unit == "line":
+            return f"{self.path}:{loc}"
+        if self.unit == "id":
+            return f"{self.path}: id {loc!r}"
+        return f"{self.path}: row {loc}"
+
+
+def describe_source(path: Path, rows: int) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return {"path": str(path.resolve()), "sha256": digest.hexdigest(), "rows": rows}
+
+
+# ---------------------------------------------------------------- reading sources
+
+
+def check_exists(path: Path) -> None:
+    if not path.is_file():
+        raise InputError(f"source {str(path)!r} does not exist or is not a file")
+
+
+def nonblank_lines(path: Path) -> tuple[bytes, np.ndarray]:
+    """The file's non-blank lines joined by newlines, and their 1-based line numbers."""
+    raw = path.read_bytes()
+    lines = pl.Series("l", raw.decode("utf-8", errors="replace").split("\n"))
+    keep = lines.str.strip_chars().str.len_bytes() > 0
+    numbers = (keep.arg_true() + 1).to_numpy()
+    return "\n".join(lines.filter(keep).to_list()).encode(), numbers
+
+
+def diagnose_jsonl(path: Path, numbers: np.ndarray, data: bytes, problems: Problems) -> list[Any]:
+    """Error path: parse line by line to say which lines are malformed."""
+    rows: list[Any] = []
+    for lineno, line in zip(numbers.tolist(), data.split(b"\n"), strict=True):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            problems.add(f"{path}:{lineno}", f"malformed JSON ({err.msg})")
+            rows.append(None)
+            continue
+        if not isinstance(row, dict):
+            problems.add(f"{path}:{lineno}", f"expected a JSON object, got {type(row).__name__}")
+            rows.append(None)
+            continue
+        rows.append(row)
+    return rows
+
+
+def read_table(path: Path) -> tuple[pl.DataFrame, Source]:
+    """A CSV/TSV, Parquet or JSONL table with a ``_loc`` column (line or row number).
+
+    CSV values are read as text (the checks cast them, so ``3.5`` or ``abc`` in a count is
+    reported, not silently coerced); JSONL and Parquet keep their types.
+    """
+    check_exists(path)
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        try:
+            df = pl.read_csv(path, infer_schema=False, separator="\t" if suffix == ".tsv" else ",")
+        except (pl.exceptions.PolarsError, UnicodeDecodeError) as err:
+            raise InputError(f"{path}: not a readable CSV file ({err})") from err
+        multiline = any(
+            df[c].str.contains("\n").any() for c in df.columns if df.schema[c] == pl.String
+        )
+        if multiline:  # quoted multi-line fields: line numbers would lie, give data rows
+            return df.with_row_index(LOC, offset=1), Source(path, "row")
+        return df.with_row_index(LOC, offset=2), Source(path, "line")  # line 1 is the header
+    if suffix == ".parquet":
+        try:
+            df = pl.read_parquet(path)
+        except (pl.exceptions.PolarsError, OSError) as err:
+            raise InputError(f"{path}: not a readable Parquet file ({err})") from err
+        return df.with_row_index(LOC, offset=1), Source(path, "row")
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        data, numbers = nonblank_lines(path)
+        if not numbers.size:
+            raise InputError(f"{path}: the file is empty")
+        try:
+            df = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as err:
+            problems = Problems()
+            rows = diagnose_jsonl(path, numbers, data, problems)
+            problems.raise_if_any(str(path))
+            try:  # valid JSON whose lines mix types polars will not unify: build it by rows
+                df = pl.DataFrame(rows, infer_schema_length=None)
+            except (pl.exceptions.PolarsError, TypeError, ValueError):
+                raise InputError(
+                    f"{path}: lines do not share one set of field types ({err})"
+                ) from err
+        return df.with_columns(pl.Series(LOC, numbers)), Source(path, "line")
+    raise InputError(
+        f"{path}: unsupported table type {suffix!r}; use .csv, .tsv, .parquet or .jsonl"
+    )
+
+
+def require_columns(df: pl.DataFrame, src: Source, columns: Mapping[str, str]) -> None:
+    """``columns``: option name -> column name; a missing one is an error naming the option."""
+    missing = [f"{col!r} ({opt})" for opt, col in columns.items() if col not in df.columns]
+    if missing:
+        present = [c for c in df.columns if c != LOC]
+        raise InputError(
+            f"{src.path}: missing column(s) {', '.join(missing)}; it has {present}. "
+            "Name the source's columns with the options in parentheses."
+        )
+
+
+# ---------------------------------------------------------------- shared checks
+
+
+_ID_FORMAT = re.compile(r"^(?P<pre>[^{}]*)\{(?::0(?P<width>\d+)d)?\}(?P<post>[^{}]*)$")
+
+
+def add_prompt_ids(
+    df: pl.DataFrame, src: Source, id_col: str, id_format: str | None, problems: Problems
+) -> pl.DataFrame:
+    """Add ``prompt_id`` (text) from ``id_col``, formatted by ``id_format`` (``{}`` or
+    ``{:0Nd}`` inside fixed text, e.g. ``math500_{:03d}``); empty ids are reported."""
+    raw = pl.col(id_col).cast(pl.String).str.strip_chars()
+    df = df.with_columns(raw.alias("prompt_id"))
+    problems.add_rows(
+        src,
+        df.filter(pl.col("prompt_id").is_null() | (pl.col("prompt_id") == "")),
+        f"empty {id_col!r}",
+    )
+    if id_format is None:
+        return df
+    m = _ID_FORMAT.match(id_format)
+    if m is None:
+        raise InputError(
+            f"--id-format {id_format!r}: use fixed text around {{}} or {{:0Nd}}, e.g. math500_{{:03d}}"
+        )
+    ident = pl.col("prompt_id")
+    if m["width"] is not None:
+        problems.add_rows(
+            src,
+            df.filter(ident.is_not_null() & (ident != "") & ~ident.str.contains(r"^\d+$")),
+            pl.format(
+                "{} {} is not a non-negative integer (--id-format {})",
+                pl.lit(repr(id_col)),
+                ident,
+                pl.lit(id_format),
+            ),
+        )
+        ident = ident.str.zfill(int(m["width"]))
+    return df.with_columns((pl.lit(m["pre"]) + ident + pl.lit(m["post"])).alias("prompt_id"))
+
+
+def integer_column(
+    df: pl.DataFrame, src: Source, col: str, alias: str, problems: Problems, minimum: int
+) -> pl.DataFrame:
+    """Cast ``col`` to Int64 as ``alias``; non-integers and values below ``minimum`` are reported."""
+    value = pl.col(col).cast(pl.Float64, strict=False) if df.schema[col] != pl.Boolean else None
+    if value is None:
+        problems.add_rows(src, df, f"{col!r} is a boolean, expected an integer")
+        return df.with_columns(pl.lit(0, pl.Int64).alias(alias))
+    df = df.with_columns(value.alias("_f"))
+    bad = df.filter(
+        pl.col("_f").is_null() | ~pl.col("_f").is_finite() | (pl.col("_f") != pl.col("_f").round(0))
+    )
+    problems.add_rows(
+        src,
+        bad,
+        pl.format(
+            "{} {} is not an integer",
+            pl.lit(repr(col)),
+            pl.col(col).cast(pl.String).fill_null("(empty)"),
+        ),
+    )
+    low = df.filter(pl.col("_f").is_finite() & (pl.col("_f") < minimum))
+    problems.add_rows(
+        src,
+        low,
+        pl.format(
+            "{} {} is below {}", pl.lit(repr(col)), pl.col("_f").cast(pl.Int64), pl.lit(minimum)
+        ),
+    )
+    fine = (
+        pl.col("_f").is_finite()
+        & (pl.col("_f") == pl.col("_f").round(0))
+        & (pl.col("_f") >= minimum)
+    )  # invalid values become null, so later checks (n_correct <= n) skip reported rows
+    return df.with_columns(
+        pl.when(fine).then(pl.col("_f")).otherwise(None).cast(pl.Int64).alias(alias)
+    ).drop("_f")
+
+
+def report_duplicates(
+    df: pl.DataFrame, sources: Sequence[Source], key: Sequence[str], problems: Problems, what: str
+) -> None:
+    """Report every row whose ``key`` repeats an earlier row (naming the first one)."""
+    if df.height == 0:
+        return
+    df = df.with_row_index("_order")
+    first = df.group_by(list(key)).agg(
+        pl.col("_order").min().alias("_first"), pl.len().alias("_count")
+    )
+    dup = (
+        df.join(first.filter(pl.col("_count") > 1), on=list(key))
+        .filter(pl.col("_order") != pl.col("_first"))
+        .join(
+            df.select(
+                pl.col("_order").alias("_first"),
+                pl.col(FILE_INDEX).alias("_ffile"),
+                pl.col(LOC).alias("_floc"),
+            ),
+            on="_first",
+        )
+        .sort("_order")
+    )
+    for row in dup.head(MAX_LISTED).iter_rows(named=True):
+        label = ", ".join(f"{k}={row[k]!r}" for k in key)
+        first_src = sources[row["_ffile"]]
+        problems.add(
+            sources[row[FILE_INDEX]].where(row[LOC]),
+            f"duplicate {what} ({label}), first at {first_src.where(row['_floc'])}",
+        )
+    problems.total += max(0, dup.height - MAX_LISTED)
+
+
+def stack_sources(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
+    return pl.concat(
+        [f.with_columns(pl.lit(i, pl.Int32).alias(FILE_INDEX)) for i, f in enumerate(frames)],
+        how="diagonal_relaxed",
+    )
+
+
+def prompts_from(df: pl.DataFrame, problem_col: str, answer_col: str) -> pl.DataFrame | None:
+    """The prompts table when the source has problem text (answer '' when it has none)."""
+    if problem_col not in df.columns:
+        return None
+    cols = [
+        pl.col("prompt_id"),
+        pl.col(problem_col).cast(pl.String).fill_null("").alias("problem"),
+        (pl.col(answer_col).cast(pl.String) if answer_col in df.columns else pl.lit(""))
+        .fill_null("")
+        .alias("answer"),
+    ]
+    cols += [
+        pl.col(c)
+        for c in OPTIONAL_PROMPT_COLUMNS
+        if c in df.columns and c not in ("problem", "answer")
+    ]
+    return conform_prompts(
+        df.select(cols).unique("prompt_id", keep="first", maintain_order=True), "prompts"
+    )
+
+
+def sources_label(paths: Sequence[Path]) -> str:
+    return ", ".join(str(p) for p in paths)
