@@ -14,7 +14,6 @@ calibrated beta), ``basis`` (UNB), ``basis_vop`` and ``basis_rvg``, all reading
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,19 +27,11 @@ from basis_bench.estimators.options import (
     NoOptions,
     options_from_mapping,
 )
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable, inf_index, nearest_beta_index
 
 BASIS_FAMILY = ("offline", "basis", "basis_paper", "basis_vop", "basis_rvg")
-
-
-@dataclass(frozen=True)
-class BasisOutput:
-    """Baselines b_i (B,), the beta they used, and its index in the grid."""
-
-    baselines: Array
-    beta: float
-    beta_index: int
 
 
 class Basis:
@@ -94,7 +85,7 @@ class Basis:
     def columns(self) -> Any:
         return self.table.index
 
-    def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> BasisOutput:
+    def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> StepOutput:
         """Baselines for one batch: rewards (B,), one per prompt in ``prompt_ids``."""
         rewards = as_rewards(rewards)
         if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
@@ -112,7 +103,7 @@ class Basis:
             values, index = estimate_with(
                 v_grid, var_grid, rewards, self.options, reward_range=self.reward_range
             )
-            return BasisOutput(values, float(self.betas[int(index)]), int(index))
+            return StepOutput(values, float(self.betas[int(index)]), int(index))
         chosen = self.previous_index if self.calibration == "previous" else 0
         values, _ = estimate_with(
             v_grid, var_grid, rewards, self.options, "fixed", chosen, self.reward_range
@@ -121,7 +112,7 @@ class Basis:
             offline = _offline(self.options)
             _, now = estimate_with(v_grid, var_grid, rewards, offline, "current")
             self.previous_index = int(now)
-        return BasisOutput(values, float(self.betas[chosen]), chosen)
+        return StepOutput(values, float(self.betas[chosen]), chosen)
 
 
 def _offline(opts: BasisOptions) -> BasisOptions:

@@ -45,6 +45,7 @@ import numpy as np
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
 from basis_bench.estimators.options import LOSSES, _help, _number, _set
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable
 
@@ -237,9 +238,7 @@ class MemoryKernel:
             "losses": np.zeros((*lead, self.n_candidates)),
         }
 
-    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
-        from basis_bench.estimators.step import StepOutput
-
+    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
         r = to_numpy(rewards[..., 0], dtype=np.float64)
         if np.any((r < 0) | (r > 1)):

@@ -44,6 +44,7 @@ from basis_bench.estimators.options import (
     JamesSteinOptions,
     SpoOptions,
 )
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import PromptIndex, inf_index
 from basis_bench.estimators.tilt import is_binary
@@ -382,9 +383,7 @@ class SpoKernel:
             "beta": np.broadcast_to(self.beta0, shape).copy(),
         }
 
-    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
-        from basis_bench.estimators.step import StepOutput
-
+    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
         r = to_numpy(rewards[..., 0], dtype=np.float64)
         out = spo_step(state["alpha"], state["beta"], cols, r, self.options.decay)

@@ -30,12 +30,13 @@ TRL is imported when one of the two classes is first used, so this module's pure
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Basis, BasisOutput
-from basis_bench.integrations.keys import StepBasis, prompt_key
+from basis_bench.estimators import StepEstimator, StepOutput
+from basis_bench.integrations.keys import one_rollout_step, prompt_key
 
 SCALES = ("none", "batch")
 SCALE_EPS = 1e-4  # TRL's epsilon in advantages / (std + eps)
@@ -53,8 +54,8 @@ def total_rewards(rewards_per_func: Tensor, weights: Tensor) -> Tensor:
 
 
 def basis_advantages(
-    basis: Basis | StepBasis, prompts: Sequence[Any], rewards: Tensor, scale: str = "none"
-) -> tuple[Tensor, BasisOutput]:
+    basis: StepEstimator, prompts: Sequence[Any], rewards: Tensor, scale: str = "none"
+) -> tuple[Tensor, StepOutput]:
     """Advantages (N,) of completions of ``prompts`` with ``rewards`` (NaN = unscorable).
 
     The baselines come from BASIS on the scorable completions; unscorable ones get 0.
@@ -72,7 +73,7 @@ def basis_advantages(
     if int(ok.sum()) < 2:
         raise InputError("BASIS needs at least two scored completions in a batch")
     keep = ok.nonzero().squeeze(-1).tolist()
-    out = basis([prompt_key(prompts[i]) for i in keep], rewards[ok])
+    out = one_rollout_step(basis, [prompt_key(prompts[i]) for i in keep], rewards[ok])
     advantages = torch.zeros_like(rewards)
     advantages[ok] = rewards[ok] - out.baselines
     if scale == "batch":
@@ -134,7 +135,7 @@ def _build() -> tuple[type, type]:
     class BasisGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose training advantages are r_i - b_i with BASIS baselines b_i."""
 
-        def __init__(self, *args: Any, basis: Basis | StepBasis, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, basis: StepEstimator, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.basis = basis
             self._basis_rewards: Tensor | None = None
@@ -163,7 +164,8 @@ def _build() -> tuple[type, type]:
             for _ in range(min(len(advantages), len(logged))):
                 logged.pop()
             logged.extend(advantages.tolist())
-            self._metrics["train"]["basis/beta"].append(out.beta)
+            beta = math.nan if out.beta is None else float(out.beta)
+            self._metrics["train"]["basis/beta"].append(beta)
             self._metrics["train"]["basis/baseline_mean"].append(float(out.baselines.mean()))
             return output
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Basis, BasisOptions, BasisOutput
+from basis_bench.estimators import BasisOptions, StepEstimator, StepOutput
 from basis_bench.estimators.options import field_names
 from basis_bench.integrations.keys import (
     DEFAULT_PROMPT_FORMAT,
-    StepBasis,
     basis_from_rollouts,
+    one_rollout_step,
     prompt_key,
 )
 
@@ -61,9 +61,9 @@ def broadcast_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
 class BasisVerl:
     """The state verl's advantage function needs: the cache and the uid -> prompt-key memo."""
 
-    basis: Basis | StepBasis  # StepBasis: +basis.estimator=basis_memory (state carried)
+    basis: StepEstimator  # +basis.estimator=basis_memory: another one, its state carried
     keys: dict[str, str] = field(default_factory=dict)
-    last: BasisOutput | None = None
+    last: StepOutput | None = None
 
     @classmethod
     def from_rollouts(
@@ -74,7 +74,7 @@ class BasisVerl:
         prompt_format: str = DEFAULT_PROMPT_FORMAT,
         **basis_options: Any,
     ) -> BasisVerl:
-        """Cache from a rollouts directory in basis-bench's schema (see reference_cache)."""
+        """Cache from a rollouts directory in basis-bench's schema (see keyed_reference_cache)."""
         return cls(basis_from_rollouts(rollouts, reference, ref_n, prompt_format, **basis_options))
 
     def remember(self, uids: Iterable[Any], raw_prompts: Iterable[Any]) -> None:
@@ -100,7 +100,7 @@ class BasisVerl:
     ) -> tuple[Tensor, Tensor]:
         """(advantages, returns), both (bs, L), for a batch whose prompts have ``keys``."""
         rewards = sequence_rewards(token_level_rewards, response_mask)
-        self.last = self.basis(list(keys), rewards)
+        self.last = one_rollout_step(self.basis, keys, rewards)
         adv = broadcast_advantages(rewards - self.last.baselines, response_mask)
         return adv, adv
 
