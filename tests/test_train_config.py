@@ -237,7 +237,7 @@ def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tm
 
 
 def test_train_figures_from_logs(tmp_path):
-    from basis_bench.bench.figures import COLOURS, label
+    from basis_bench.bench.figures import colours, label
     from basis_bench.train.figures import plot_training
     from basis_bench.train.loop import append_jsonl
 
@@ -253,7 +253,7 @@ def test_train_figures_from_logs(tmp_path):
             append_jsonl(run / "log.jsonl", record | ({"eval_accuracy": 0.5} if t == 3 else {}))
     assert '"beta": "inf"' in (tmp_path / "b" / "log.jsonl").read_text()
     runs = [tmp_path / "b", tmp_path / "g"]
-    written = plot_training(runs, tmp_path / "figs", smooth=2, label=label, colours=COLOURS)
+    written = plot_training(runs, tmp_path / "figs", smooth=2, label=label, colours=colours())
     assert {p.name for p in written} == {"learning_curves.png", "beta.png", "training_summary.csv"}
     assert not list((tmp_path / "figs").glob(".*")), "no temporary file left behind"
     table = pl.read_csv(tmp_path / "figs" / "training_summary.csv")

@@ -30,6 +30,9 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.estimators import available
+from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
+from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.rollouts.store import atomic_write, claim_output_dir, read_output_marker
 
 SUMMARY_COLUMNS = (
@@ -49,59 +52,31 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 """The columns each figure reads from each table; a table without them is refused."""
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
-LABELS = {
-    "vanilla": "REINFORCE (b=0)",
-    "reinforce_pp": "REINFORCE++",
-    "grpo": "GRPO",
-    "rloo": "RLOO",
-    "reference_mean": "Reference mean",
-    "offline": "Offline $\\hat V$",
-    "basis": "BASIS",
-    "basis_paper": "BASIS (paper)",
-    "basis_vop": "BASIS-VOP",
-    "basis_rvg": "BASIS-RVG",
-    "james_stein": "James-Stein",
-    "apo": "A*-PO",
-    "spo_tracker": "SPO tracker",
-    "basis_memory": "BASIS memory",
-}
-ORDER = list(LABELS)
-OMITTED = ("vanilla",)
+OMITTED = (ZERO_BASELINE_NAME,)
 # Line plots (b), (c) keep to the paper's comparison; the variants appear in (a) and (d).
-VARIANTS = ("basis_paper", "basis_vop", "basis_rvg")
+VARIANTS = BASIS_VARIANTS
 
 
 def label(estimator: str, rollouts: int | None = None) -> str:
-    """Display name, with G for group estimators: ``GRPO (G=8)``."""
-    name = LABELS.get(estimator, estimator)
+    """Display name (declared at registration), with G for group estimators: ``GRPO (G=8)``."""
+    registered = available().get(estimator)
+    name = registered.label if registered is not None else estimator
     return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
 
 
-COLOURS = {
-    "basis": "tab:blue",
-    "reinforce_pp": "tab:orange",
-    "grpo": "tab:green",
-    "rloo": "tab:red",
-    "reference_mean": "tab:purple",
-    "offline": "tab:brown",
-    "basis_paper": "tab:olive",
-    "basis_vop": "tab:cyan",
-    "basis_rvg": "darkkhaki",
-    "vanilla": "tab:gray",
-    "james_stein": "tab:pink",
-    "apo": "black",
-    "spo_tracker": "darkgoldenrod",
-    "basis_memory": "navy",
-}
+def colours() -> dict[str, str]:
+    """The colour each registered estimator declared, the same in every figure."""
+    return {n: e.colour for n, e in available().items() if e.colour is not None}
 
 
 def _palette(names: Sequence[str]) -> dict[str, Any]:
-    """One fixed colour per estimator, the same in every figure; unknown names get others."""
+    """One fixed colour per estimator, the same in every figure; others get spare ones."""
     import seaborn as sns
 
-    extra = sorted(set(names) - set(COLOURS))
+    declared = colours()
+    extra = sorted(set(names) - set(declared))
     spare = sns.color_palette("dark", n_colors=max(1, len(extra)))
-    return {**COLOURS, **{n: spare[i] for i, n in enumerate(extra)}}
+    return {**declared, **{n: spare[i] for i, n in enumerate(extra)}}
 
 
 def _stage_colours(n: int) -> list[Any]:
@@ -117,7 +92,7 @@ def _stage_colours(n: int) -> list[Any]:
 
 
 def _ordered(df: pl.DataFrame) -> pl.DataFrame:
-    rank = {n: i for i, n in enumerate(ORDER)}
+    rank = {n: i for i, n in enumerate(available())}  # registration order
     return (
         df.with_columns(
             pl.col("estimator")
@@ -206,19 +181,18 @@ def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
     df = _read(results / "fixed_beta.csv")
     names = _checkpoints(df)
     fig, axes = _panels(len(names))
-    colours = {"offline": "tab:orange", "basis": "tab:blue"}
     for ax, name in zip(axes, names, strict=True):
         d = df.filter(pl.col("checkpoint") == name)
         fin = d.filter(pl.col("beta").is_finite()).sort("beta")
         inf = d.filter(~pl.col("beta").is_finite())
-        for col, est, text in (
-            ("initial_mse", "offline", "initial $\\hat V_\\beta$"),
-            ("refined_mse", "basis", "refined $\\tilde V_\\beta$"),
+        for col, colour, text in (
+            ("initial_mse", "tab:orange", "initial $\\hat V_\\beta$"),
+            ("refined_mse", "tab:blue", "refined $\\tilde V_\\beta$"),
         ):
             ax.plot(
                 fin["beta"],
                 fin[col],
-                color=colours[est],
+                color=colour,
                 marker="o",
                 markersize=2.5,
                 lw=1.2,
@@ -227,7 +201,7 @@ def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
             if inf.height:
                 ax.axhline(
                     float(inf[col][0]),
-                    color=colours[est],
+                    color=colour,
                     ls=":",
                     lw=1,
                     label=f"{text.split()[0]} at $\\beta=\\infty$",
@@ -304,7 +278,7 @@ def _by_bin(
         bins = d.select("bin", "bin_low", "bin_high").unique().sort("bin")
         for (est, g), part in d.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
             part = part.sort("bin")
-            main = est == "basis"
+            main = est == BASIS_NAME
             ax.plot(
                 part["bin"], part["mse"], marker="o", markersize=3.5 if main else 2.5, lw=2 if main else 1.1,
                 zorder=3 if main else 2, color=colours[str(est)], label=label(str(est), int(g)),
@@ -379,7 +353,7 @@ def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
     summary = _read(results / "summary.csv")
     single = summary.filter(
         (pl.col("rollouts_per_prompt") == 1)
-        & pl.col("estimator").is_in(["basis", "reinforce_pp", "reference_mean"])
+        & pl.col("estimator").is_in([BASIS_NAME, REINFORCE_PP_NAME, REFERENCE_MEAN_NAME])
     )
     names = _checkpoints(sweep)
     colours = _palette(summary["estimator"].unique().to_list())
@@ -393,7 +367,7 @@ def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
                 marker="o", markersize=3, lw=1.2, capsize=2, color=colours[str(est)], label=label(str(est)),
             )  # fmt: skip
         for row in single.filter(pl.col("checkpoint") == name).iter_rows(named=True):
-            what = "cache only" if row["estimator"] == "reference_mean" else "1 rollout"
+            what = "cache only" if row["estimator"] == REFERENCE_MEAN_NAME else "1 rollout"
             ax.axhline(
                 row["mse"],
                 color=colours[row["estimator"]],

@@ -54,6 +54,7 @@ from basis_bench.bench.trajectory import (
 )
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
+from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.rollouts.store import METADATA_KEY, atomic_write, provenance, write_text_atomic
 
 TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
@@ -100,7 +101,7 @@ def resolve_options(
     for est in estimators:
         shared = basis_options if est.options_class is BasisOptions else {}
         options[est.name] = est.parse_options({**shared, **estimator_options.get(est.name, {})})
-    beta = get("basis").parse_options({**basis_options, **estimator_options.get("basis", {})})
+    beta = get(BASIS_NAME).parse_options({**basis_options, **estimator_options.get(BASIS_NAME, {})})
     return options, beta
 
 

@@ -259,6 +259,8 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
     from rich import box
     from rich.table import Table
 
+    from basis_bench.estimators.baselines import REINFORCE_PP_NAME
+
     if summary.is_empty():  # only stateful estimators (basis_memory): no one-step rows
         console.print(
             "no one-step estimates: the estimators asked for are stateful and run in the "
@@ -266,7 +268,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         )
         return
     for (name,), df in summary.group_by("checkpoint", maintain_order=True):
-        base = df.filter(pl.col("estimator") == "reinforce_pp")["mse"]
+        base = df.filter(pl.col("estimator") == REINFORCE_PP_NAME)["mse"]
         ref = float(base[0]) if base.len() else None
         table = Table(
             title=f"checkpoint {name}: value-estimation MSE against the oracle", box=box.SIMPLE_HEAD

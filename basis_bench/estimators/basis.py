@@ -31,7 +31,12 @@ from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable, inf_index, nearest_beta_index
 
-BASIS_FAMILY = ("offline", "basis", "basis_paper", "basis_vop", "basis_rvg")
+BASIS_NAME = "basis"
+OFFLINE_NAME = "offline"
+REFERENCE_MEAN_NAME = "reference_mean"
+# BASIS with its other refinements or the paper's settings; line plots leave them out.
+BASIS_VARIANTS = ("basis_paper", "basis_vop", "basis_rvg")
+BASIS_FAMILY = (OFFLINE_NAME, BASIS_NAME, *BASIS_VARIANTS)
 
 
 class Basis:
@@ -150,7 +155,9 @@ def calibrated_index(batch: EstimatorInput, options: BasisOptions) -> Array:
     return basis_values(batch, _offline(options))[1]
 
 
-@register_estimator("reference_mean", uses_cache=True)
+@register_estimator(
+    REFERENCE_MEAN_NAME, uses_cache=True, label="Reference mean", colour="tab:purple"
+)
 def _reference_mean(batch: EstimatorInput, options: NoOptions) -> Array:
     """Smoothed reference success rate (beta = inf, no refinement)."""
     v_grid, _, betas = _grids(batch)
@@ -164,31 +171,51 @@ def _basis(batch: EstimatorInput, options: BasisOptions) -> Array:
     return basis_values(batch, options)[0][..., None]
 
 
-for _name, _text, _defaults in (
+for _name, _label, _colour, _text, _defaults in (
     (
-        "offline",
+        OFFLINE_NAME,
+        "Offline $\\hat V$",
+        "tab:brown",
         "Offline tilted value V^ at the calibrated beta, no refinement.",
         {"refine": False},
     ),
     (
-        "basis",
+        BASIS_NAME,
+        "BASIS",
+        "tab:blue",
         "BASIS, robust default: the UNB refinement with its calibration ratio shrunk towards 1 "
         "by its (robust) variance.",
         {"variant": "unb"},
     ),
     (
         "basis_paper",
+        "BASIS (paper)",
+        "tab:olive",
         "BASIS (UNB) as in the paper: unbiased BLUE refinement, no shrinkage.",
         {"variant": "unb", "shrink": False, "ratio_var": "model"},
     ),
-    ("basis_vop", "BASIS-VOP: variance-optimised shrinkage refinement.", {"variant": "vop"}),
+    (
+        "basis_vop",
+        "BASIS-VOP",
+        "tab:cyan",
+        "BASIS-VOP: variance-optimised shrinkage refinement.",
+        {"variant": "vop"},
+    ),
     (
         "basis_rvg",
+        "BASIS-RVG",
+        "darkkhaki",
         "BASIS-RVG as in the paper: ratio-average refinement, no shrinkage (unsound where "
         "V^_j is small; see docs/method.md).",
         {"variant": "rvg", "shrink": False, "ratio_var": "model"},
     ),
 ):
     register_estimator(
-        _name, uses_cache=True, description=_text, options=BasisOptions, defaults=_defaults
+        _name,
+        uses_cache=True,
+        description=_text,
+        options=BasisOptions,
+        defaults=_defaults,
+        label=_label,
+        colour=_colour,
     )(_basis)

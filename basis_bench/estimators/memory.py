@@ -276,7 +276,14 @@ def _mode(index: np.ndarray) -> np.ndarray:
     return np.argmax(counts, axis=-1)
 
 
-@register_estimator("basis_memory", uses_cache=True, options=MemoryOptions, kernel=MemoryKernel)
+@register_estimator(
+    "basis_memory",
+    uses_cache=True,
+    options=MemoryOptions,
+    kernel=MemoryKernel,
+    label="BASIS memory",
+    colour="navy",
+)
 def _basis_memory(batch: EstimatorInput, options: MemoryOptions) -> Array:
     """BASIS memory: Beta posterior with the tilted value as prior and the prompt's own past rollouts."""
     raise InputError("basis_memory is stateful; use make_step_estimator or trajectory replay")

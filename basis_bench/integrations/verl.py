@@ -31,6 +31,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, StepEstimator, StepOutput
+from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.options import field_names
 from basis_bench.integrations.keys import (
     DEFAULT_PROMPT_FORMAT,
@@ -39,7 +40,7 @@ from basis_bench.integrations.keys import (
     prompt_key,
 )
 
-ESTIMATOR_NAME = "basis"
+ESTIMATOR_NAME = BASIS_NAME  # also the name verl's registry knows it by
 CONFIG_KEY = "basis"  # the +basis.* block of the verl config
 # Every field of BasisOptions, plus the tilt table's prior: the list is written once, there.
 BASIS_OPTIONS = (*field_names(BasisOptions), "prior")
@@ -198,7 +199,7 @@ def settings(config: Mapping[str, Any]) -> dict[str, Any]:
             "(a rollouts directory in basis-bench's schema, with prompts.parquet)"
         )
     known = {"rollouts", "reference", "ref_n", "prompt_format", "estimator", *BASIS_OPTIONS}
-    if block.get("estimator", "basis") != "basis":  # another estimator: its own options
+    if block.get("estimator", BASIS_NAME) != BASIS_NAME:  # another estimator: its own options
         from basis_bench.estimators import get
 
         known = {"rollouts", "reference", "ref_n", "prompt_format", "estimator"}
