@@ -10,18 +10,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from basis_bench.bench.evaluate import (
-    EvaluateConfig,
-    Replay,
-    Series,
-    bin_index,
-    difficulty_table,
-    draw_batches,
-    draw_rollouts,
-    evaluate,
-    heterogeneity_table,
-    open_dataset,
-)
+from basis_bench.bench.config import EvaluateConfig
+from basis_bench.bench.dataset import open_dataset
+from basis_bench.bench.replay import Replay, Series, draw_batches, draw_rollouts
+from basis_bench.bench.run import evaluate
+from basis_bench.bench.tables import bin_index, difficulty_table, heterogeneity_table
 from basis_bench.cli import main
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
