@@ -29,6 +29,7 @@ from typing import Any
 
 import polars as pl
 
+from basis_bench.bench.record import check_one_run, sensitivity_mismatch
 from basis_bench.errors import InputError
 from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
@@ -526,7 +527,7 @@ def make_figures(
             f"no evaluate results in {str(results)!r} (summary.csv missing); run `basis-bench evaluate --out {results}` first"
         )
     run = check_one_run(results)
-    sensitivity_from = _sensitivity_run(results, run)
+    sensitivity_from = sensitivity_mismatch(results, run)
     for table in {t for t, _ in FIGURES.values()}:  # every table checked before any figure
         if (results / table).exists() and not (table == "sensitivity.csv" and sensitivity_from):
             _read(results / table)
@@ -545,77 +546,6 @@ def make_figures(
             continue
         written += draw(results, out)
     return written, skipped
-
-
-EVALUATE_TABLES = (
-    "summary.csv", "g_sweep.csv", "by_heterogeneity.csv", "by_difficulty.csv",
-    "beta_choice.csv", "fixed_beta.csv",
-)  # fmt: skip
-
-
-def _record(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"{path} is not a readable run record ({err}); rerun the command") from err
-    if not isinstance(data, dict):
-        raise InputError(f"{path} is not a readable run record; rerun the command")
-    return data
-
-
-def _check_tables(folder: Path, record: dict[str, Any], names: Sequence[str], what: str) -> None:
-    from basis_bench.bench.tables import file_sha256
-
-    listed = record.get("tables")
-    if not isinstance(listed, dict):
-        return  # written before run ids: nothing to check against
-    for name in names:
-        path = folder / name
-        if not path.exists():
-            continue
-        if name not in listed:
-            raise InputError(
-                f"{path} is not part of the run recorded in {what} (run {record.get('run_id')}): "
-                "it is left from another run; rerun `basis-bench evaluate`"
-            )
-        if file_sha256(path) != listed[name]:
-            raise InputError(
-                f"{path} is not the table of the run recorded in {what} (changed or cut short "
-                "since); rerun the command that wrote it"
-            )
-
-
-def check_one_run(results: str | os.PathLike[str]) -> dict[str, Any]:
-    """run.json of ``results``, after checking that every evaluate table there belongs to
-    that run (the sha256 run.json records); an InputError names a table that does not."""
-    results = Path(results)
-    if not (results / "run.json").is_file():
-        raise InputError(
-            f"{results} has tables but no run.json (an interrupted or foreign run); rerun "
-            f"`basis-bench evaluate --out {results}`"
-        )
-    run = _record(results / "run.json")
-    _check_tables(results, run, EVALUATE_TABLES, "run.json")
-    return run
-
-
-def _sensitivity_run(results: Path, run: dict[str, Any]) -> str | None:
-    """Why fig5 cannot be drawn from this folder's sensitivity.csv, or None when it can."""
-    if not (results / "sensitivity.csv").exists():
-        return None
-    path = results / "sensitivity.json"
-    if not path.is_file():
-        return None  # written before sensitivity kept a record
-    record = _record(path)
-    _check_tables(results, record, ["sensitivity.csv"], "sensitivity.json")
-    if record.get("rollouts") != run.get("rollouts"):
-        return (
-            f"sensitivity.csv was computed on {record.get('rollouts')}, the other tables on "
-            f"{run.get('rollouts')}; rerun `basis-bench sensitivity --out {results}`"
-        )
-    return None
 
 
 def _claim_figures_dir(out: Path) -> None:

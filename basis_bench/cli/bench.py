@@ -35,6 +35,8 @@ from basis_bench.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import polars as pl
 
 
@@ -199,6 +201,7 @@ def evaluate(
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3)."""
     from basis_bench.bench.config import EvaluateConfig
+    from basis_bench.bench.record import RUN_FILE
     from basis_bench.bench.run import evaluate as run_evaluate
 
     console = Console()
@@ -232,24 +235,24 @@ def evaluate(
 
         result = run_evaluate(cfg, out, progress=tick)
     run = result.run
-    if run["simulated"]:
-        console.print(f"[yellow]dataset is simulated[/]: {run['dataset_label']}", highlight=False)
-    if run["synthetic_order_policies"]:
+    if run.simulated:
+        console.print(f"[yellow]dataset is simulated[/]: {run.dataset_label}", highlight=False)
+    if run.synthetic_order_policies:
         console.print(
-            f"note: order: synthetic: rewards of {', '.join(run['synthetic_order_policies'])} were "
+            f"note: order: synthetic: rewards of {', '.join(run.synthetic_order_policies)} were "
             "expanded from counts in a seeded random order; samples are exchangeable given the "
             "prompt, so the replay is statistically faithful, but sample_idx is not a generation order",
             highlight=False,
         )
-    for name, info in run["checkpoints"].items():
+    for name, info in run.checkpoints.items():
         if info["dropped_no_reference"]:
             console.print(
                 f"[yellow]checkpoint {name}: dropped {info['dropped_no_reference']} prompt(s) missing from the reference cache[/]"
             )
     print_summary(result.summary, console)
-    if result.trajectory is not None:
-        print_trajectory(result.trajectory, run["trajectory"], console)
-    console.print(f"wrote {result.out}/: {', '.join([*run['tables'], 'run.json'])}")
+    if result.trajectory is not None and run.trajectory is not None:
+        print_trajectory(result.trajectory, run.trajectory, console)
+    console.print(f"wrote {result.out}/: {', '.join([*(run.tables or {}), RUN_FILE])}")
 
 
 def print_summary(summary: pl.DataFrame, console: Console) -> None:
@@ -290,7 +293,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         console.print(table)
 
 
-def print_trajectory(trajectory: pl.DataFrame, info: dict[str, Any], console: Console) -> None:
+def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console: Console) -> None:
     """The trajectory replay per checkpoint: noise-corrected MSE over its epochs, one row per
     estimator, and the share of 0/1 baselines over the whole replay."""
     import polars as pl
