@@ -17,6 +17,9 @@ fig_beta_choice            beta_choice.csv        how often calibration chose ea
 The zero baseline (``vanilla``) has an MSE an order of magnitude above the rest; panels
 (a)-(c) leave it out and say so, (d) keeps it. The line plots (b), (c) leave out the
 BASIS-VOP and BASIS-RVG variants so the lines stay readable; (a) and (d) show them. Sizes fit a two-column paper page (6.75 in).
+Estimators are drawn in registration order, with the display name and colour each declared
+at registration. Each figure function returns its matplotlib Figure; :func:`make_figures`
+saves them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -35,6 +38,9 @@ from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.rollouts.store import atomic_write, claim_output_dir, read_output_marker
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SUMMARY_COLUMNS = (
     "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low",
@@ -109,7 +115,8 @@ def _ordered(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _style() -> None:
+def paper_style() -> None:
+    """The figures' look (Agg backend, seaborn paper theme); make_figures sets it first."""
     import matplotlib as mpl
     import seaborn as sns
 
@@ -177,7 +184,7 @@ def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncol=min(ncol, len(labels)))
 
 
-def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
+def fig2_fixed_beta(results: Path) -> Figure:
     """Initial vs refined MSE against a fixed beta (beta = inf drawn as dotted levels)."""
     df = _read(results / "fixed_beta.csv")
     names = _checkpoints(df)
@@ -213,10 +220,10 @@ def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
         ax.set_xlabel("fixed $\\beta$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=4)
-    return _save(fig, out, "fig2_fixed_beta")
+    return fig
 
 
-def fig3a_mse(results: Path, out: Path) -> list[Path]:
+def fig3a_mse(results: Path) -> Figure:
     """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
     import numpy as np
 
@@ -258,18 +265,16 @@ def fig3a_mse(results: Path, out: Path) -> list[Path]:
     title = "(a) value-estimation MSE (95% CI over repeats)"
     ax.set_title(title + (f"\nzero baseline omitted (MSE {note})" if note else ""), fontsize=9)
     ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out, "fig3a_mse")
+    return fig
 
 
 def _by_bin(
     results: Path,
-    out: Path,
     file: str,
-    stem: str,
     xlabel: str,
     title: str,
     tick: Callable[[dict[str, Any]], str],
-) -> list[Path]:
+) -> Figure:
     df = _ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
     names = _checkpoints(df)
     colours = _palette(df["estimator"].unique().to_list())
@@ -296,30 +301,30 @@ def _by_bin(
     axes[len(axes) // 2].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=9)
     _legend_below(fig, axes, ncol=4)
-    return _save(fig, out, stem)
+    return fig
 
 
-def fig3b_heterogeneity(results: Path, out: Path) -> list[Path]:
+def fig3b_heterogeneity(results: Path) -> Figure:
     """MSE by batch heterogeneity: 500 batches in five equal-width s_b bins."""
     return _by_bin(
-        results, out, "by_heterogeneity.csv", "fig3b_heterogeneity",
+        results, "by_heterogeneity.csv",
         "batch heterogeneity $s_b$ (std of oracle values)",
         "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)",
         lambda r: f"{r['bin_low']:.2f}–{r['bin_high']:.2f}",
     )  # fmt: skip
 
 
-def fig3c_difficulty(results: Path, out: Path) -> list[Path]:
+def fig3c_difficulty(results: Path) -> Figure:
     """MSE by prompt difficulty: oracle value bins [0,.2) ... [.8,1]."""
     return _by_bin(
-        results, out, "by_difficulty.csv", "fig3c_difficulty",
+        results, "by_difficulty.csv",
         "oracle value of the prompt",
         "(c) MSE by prompt difficulty",
         lambda r: f"[{r['bin_low']:.1f}, {r['bin_high']:.1f}" + ("]" if r["bin_high"] >= 1 else ")"),
     )  # fmt: skip
 
 
-def fig3d_extreme(results: Path, out: Path) -> list[Path]:
+def fig3d_extreme(results: Path) -> Figure:
     """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
     import numpy as np
 
@@ -345,10 +350,10 @@ def fig3d_extreme(results: Path, out: Path) -> list[Path]:
     ax.set_ylim(0, 105)
     ax.set_title("(d) uninformative baselines", fontsize=9)
     ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out, "fig3d_extreme")
+    return fig
 
 
-def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
+def fig3_group_sweep(results: Path) -> Figure:
     """GRPO/RLOO MSE against G, with the single-rollout estimators as horizontal lines."""
     sweep = _read(results / "g_sweep.csv")
     summary = _read(results / "summary.csv")
@@ -384,7 +389,7 @@ def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
         ax.set_xlabel("rollouts per prompt $G$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=3)
-    return _save(fig, out, "fig3_group_sweep")
+    return fig
 
 
 SENSITIVITY_AXES = {
@@ -395,7 +400,7 @@ SENSITIVITY_AXES = {
 }
 
 
-def fig5_sensitivity(results: Path, out: Path) -> list[Path]:
+def fig5_sensitivity(results: Path) -> Figure:
     """BASIS's MSE as one knob moves (others at eps=1e-6, n=64, B=64, K=32), per checkpoint."""
 
     df = _read(results / "sensitivity.csv")
@@ -438,10 +443,10 @@ def fig5_sensitivity(results: Path, out: Path) -> list[Path]:
         fontsize=9,
     )
     _legend_below(fig, axes)
-    return _save(fig, out, "fig5_sensitivity")
+    return fig
 
 
-def fig_beta_choice(results: Path, out: Path) -> list[Path]:
+def fig_beta_choice(results: Path) -> Figure:
     """Share of repeats in which online calibration chose each beta, per checkpoint."""
     import numpy as np
 
@@ -465,10 +470,10 @@ def fig_beta_choice(results: Path, out: Path) -> list[Path]:
     ax.set_ylabel("share of batches (%)")
     ax.set_title("online calibration: chosen $\\beta$ per batch", fontsize=9)
     ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out, "fig_beta_choice")
+    return fig
 
 
-def fig_trajectory(results: Path, out: Path) -> list[Path]:
+def fig_trajectory(results: Path) -> Figure:
     """Trajectory replay: noise-corrected MSE per epoch against the training step, one line
     per estimator (95% CI band), dotted lines where the checkpoint changes (labelled
     "a -> b" where the replay blends a into b); log scale."""
@@ -501,10 +506,10 @@ def fig_trajectory(results: Path, out: Path) -> list[Path]:
     ax.set_ylabel("MSE (noise-corrected)")
     ax.set_title("trajectory replay: value error over training", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
-    return _save(fig, out, "fig_trajectory")
+    return fig
 
 
-FIGURES: dict[str, tuple[str, Callable[[Path, Path], list[Path]]]] = {
+FIGURES: dict[str, tuple[str, Callable[[Path], Figure]]] = {
     "fig2_fixed_beta": ("fixed_beta.csv", fig2_fixed_beta),
     "fig3a_mse": ("summary.csv", fig3a_mse),
     "fig3b_heterogeneity": ("by_heterogeneity.csv", fig3b_heterogeneity),
@@ -532,7 +537,7 @@ def make_figures(
         if (results / table).exists() and not (table == "sensitivity.csv" and sensitivity_from):
             _read(results / table)
     _claim_figures_dir(out)
-    _style()
+    paper_style()
     written: list[Path] = []
     skipped: dict[str, str] = {}
     for name, (table, draw) in FIGURES.items():
@@ -544,7 +549,7 @@ def make_figures(
         if table == "sensitivity.csv" and sensitivity_from is not None:
             skipped[name] = sensitivity_from
             continue
-        written += draw(results, out)
+        written += _save(draw(results), out, name)
     return written, skipped
 
 
