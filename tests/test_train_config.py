@@ -128,6 +128,21 @@ def test_make_estimator_basis_reports_beta_and_registry_estimators_get_their_bat
         make_estimator(make_config({}, ["estimator=basis"]))
 
 
+def test_a_trainer_state_in_the_checkpoint_format_loads_into_the_step_estimator():
+    """The estimator keys of trainer_state.pt are unchanged: a stateful estimator's state as
+    plain lists under estimator_state, BASIS's index under basis_previous_index."""
+    ids = [f"p{i}" for i in range(4)]
+    ref = np.tile([[1.0, 0.0, 1.0]], (4, 1))
+    tracker = make_estimator(make_config({}, ["estimator=spo_tracker"]), ids, ref)
+    saved = {
+        "basis_previous_index": None,
+        "estimator_state": {"alpha": [2.0] * 4, "beta": [3.0] * 4},
+    }
+    load_estimator_state(tracker, saved)
+    assert tracker.state_dict()["alpha"].tolist() == [2.0] * 4
+    assert estimator_state(tracker) == saved
+
+
 # ---------------------------------------------------------------- the update, tiny model
 
 
