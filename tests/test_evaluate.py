@@ -12,19 +12,12 @@ import polars as pl
 import pytest
 from conftest import assert_one_line_error, run_main
 
-from basis_bench.bench.config import SensitivityConfig
-from basis_bench.bench.evaluate import (
-    EvaluateConfig,
-    Replay,
-    Series,
-    bin_index,
-    difficulty_table,
-    draw_batches,
-    draw_rollouts,
-    evaluate,
-    heterogeneity_table,
-    open_dataset,
-)
+from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
+from basis_bench.bench.dataset import open_dataset
+from basis_bench.bench.record import RunRecord
+from basis_bench.bench.replay import Replay, Series, draw_batches, draw_rollouts
+from basis_bench.bench.run import evaluate
+from basis_bench.bench.tables import bin_index, difficulty_table, heterogeneity_table
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
 from basis_bench.outputs import write_parquet_atomic
@@ -319,7 +312,9 @@ def test_prompts_missing_from_reference_are_dropped_and_counted(tmp_path):
     )
     run = json.loads((tmp_path / "o" / "run.json").read_text())
     assert run["checkpoints"]["late"] == {"prompts": 20, "dropped_no_reference": 4, "min_pool": 8}
-    assert res.run == run
+    assert res.run == RunRecord.read(tmp_path / "o" / "run.json")
+    # the declared type holds every key evaluate writes: read and written again, the same text
+    assert res.run.to_json() == (tmp_path / "o" / "run.json").read_text()
     write_rewards(tmp_path / "x", {"reference": np.ones((3, 8))}, prefix="other-")
     write_rewards(tmp_path / "x", {"late": np.ones((3, 8))})
     with pytest.raises(InputError, match="none of its prompts is in the reference cache"):
@@ -401,13 +396,13 @@ def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
 
 def test_default_dataset_is_real_and_runs_without_rollouts_option(tmp_path):
     res = evaluate(EvaluateConfig(repeats=5, estimators=("basis", "grpo")), tmp_path)
-    assert res.run["simulated"] is False
+    assert res.run.simulated is False
     assert res.summary["checkpoint"].unique(maintain_order=True).to_list() == [
         "early",
         "middle",
         "late",
     ]
-    assert res.summary.height == 2 * len(res.run["checkpoints"])
+    assert res.summary.height == 2 * len(res.run.checkpoints)
 
 
 def test_each_estimator_gets_only_its_own_options_object():
@@ -471,7 +466,7 @@ def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
 def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_path):
     rows = tilt_result.summary.filter(pl.col("estimator") == "spo_tracker")
     assert sorted(rows["checkpoint"]) == sorted(tilt_result.summary["checkpoint"].unique())
-    assert rows["mse"].is_finite().all() and tilt_result.run["tracker"]["repeats"] == 200
+    assert rows["mse"].is_finite().all() and tilt_result.run.tracker["repeats"] == 200
     named = evaluate(
         EvaluateConfig(rollouts=str(tilt_data), estimators=("basis", "spo_tracker"), **FAST),
         tmp_path / "a",
@@ -481,7 +476,7 @@ def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_
     plain = evaluate(
         EvaluateConfig(rollouts=str(tilt_data), estimators=("basis",), **FAST), tmp_path / "b"
     )
-    assert set(plain.summary["estimator"]) == {"basis"} and "tracker" not in plain.run
+    assert set(plain.summary["estimator"]) == {"basis"} and plain.run.tracker is None
 
 
 @pytest.mark.parametrize(

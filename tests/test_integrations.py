@@ -19,9 +19,9 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import Basis
 from basis_bench.integrations.keys import (
     basis_from_rollouts,
+    keyed_reference_cache,
     prompt_key,
     prompt_text,
-    reference_cache,
 )
 from basis_bench.integrations.trl import basis_advantages, total_rewards
 from basis_bench.integrations.verl import (
@@ -80,20 +80,20 @@ def test_prompt_key_is_content_not_container() -> None:
 
 
 def test_reference_cache_is_keyed_by_rendered_prompt(rollouts: Path) -> None:
-    ids, ref = reference_cache(rollouts)
+    ids, ref = keyed_reference_cache(rollouts)
     assert sorted(ids) == ids and set(ids) == {prompt_key(p) for p in PROBLEMS}
     row0 = ids.index(prompt_key(PROBLEMS[0]))
     assert np.isfinite(ref[row0]).sum() == 3 and ref.shape == (12, 16)
-    ids4, ref4 = reference_cache(rollouts, ref_n=4)
+    ids4, ref4 = keyed_reference_cache(rollouts, ref_n=4)
     assert ids4 == ids and ref4.shape == (12, 4)
     np.testing.assert_array_equal(ref4, ref[:, :4])
     fmt = "{problem}\nAnswer in a box."
-    ids_fmt, _ = reference_cache(rollouts, prompt_format=fmt)
+    ids_fmt, _ = keyed_reference_cache(rollouts, prompt_format=fmt)
     assert set(ids_fmt) == {prompt_key(fmt.format(problem=p)) for p in PROBLEMS}
     with pytest.raises(InputError, match="does not render"):
-        reference_cache(rollouts, prompt_format="{question}")
+        keyed_reference_cache(rollouts, prompt_format="{question}")
     with pytest.raises(InputError, match="no rollouts"):
-        reference_cache(rollouts, reference="nobody")
+        keyed_reference_cache(rollouts, reference="nobody")
 
 
 def test_reference_cache_pools_prompts_with_the_same_text(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_reference_cache_pools_prompts_with_the_same_text(tmp_path: Path) -> Non
         for s in range(2)
     ]
     write_parquet_atomic(pl.DataFrame(rows), tmp_path / "r.parquet")
-    ids, ref = reference_cache(tmp_path)
+    ids, ref = keyed_reference_cache(tmp_path)
     assert ids == [prompt_key("same")]
     assert sorted(ref[0].tolist()) == [0.0, 0.0, 1.0, 1.0]
 
@@ -116,7 +116,7 @@ def test_reference_cache_needs_prompts_table(tmp_path: Path) -> None:
     rows = [{"prompt_id": "a", "policy": "reference", "sample_idx": 0, "reward": 1.0}]
     write_parquet_atomic(pl.DataFrame(rows), tmp_path / "r.parquet")
     with pytest.raises(InputError, match=r"prompts\.parquet"):
-        reference_cache(tmp_path)
+        keyed_reference_cache(tmp_path)
 
 
 # --------------------------------------------------------------------------- verl-shaped batches
@@ -153,7 +153,7 @@ def test_verl_pure_functions() -> None:
 
 def test_verl_adapter_matches_basis_in_any_order(rollouts: Path) -> None:
     b = verl_batch(16, seed=1)
-    expected = Basis(*reference_cache(rollouts))(
+    expected = Basis(*keyed_reference_cache(rollouts))(
         [prompt_key(p) for p in b["problems"]], b["rewards"]
     ).baselines
     for perm in (np.arange(16), RNG.permutation(16), RNG.permutation(16)):
@@ -202,7 +202,7 @@ def test_trl_adapter_matches_basis_in_any_order(rollouts: Path) -> None:
     idx = RNG.integers(0, 12, 20)
     prompts = [chat(PROBLEMS[i]) if k % 3 else PROBLEMS[i] for k, i in enumerate(idx)]
     rewards = (RNG.random(20) < 0.5).astype(float)
-    expected = Basis(*reference_cache(rollouts))(
+    expected = Basis(*keyed_reference_cache(rollouts))(
         [prompt_key(PROBLEMS[i]) for i in idx], rewards
     ).baselines
     for perm in (np.arange(20), RNG.permutation(20)):
@@ -220,7 +220,7 @@ def test_trl_adapter_gives_unscored_completions_zero(rollouts: Path) -> None:
     prompts = PROBLEMS[:4]
     adv, _ = basis_advantages(basis, prompts, rewards)
     keep = [0, 2, 3]
-    want = Basis(*reference_cache(rollouts))(
+    want = Basis(*keyed_reference_cache(rollouts))(
         [prompt_key(PROBLEMS[i]) for i in keep], rewards[keep].numpy()
     )
     assert adv[1] == 0
@@ -275,7 +275,7 @@ def test_real_verl_compute_advantage_uses_basis(rollouts: Path) -> None:
             want = dict(zip(b["uid"], got, strict=True))
         np.testing.assert_allclose(got, [want[u] for u in b["uid"][perm]], atol=1e-12)
     keys = [prompt_key(p) for p in b["problems"]]
-    base = Basis(*reference_cache(rollouts))(keys, b["rewards"]).baselines
+    base = Basis(*keyed_reference_cache(rollouts))(keys, b["rewards"]).baselines
     np.testing.assert_allclose([want[u] for u in b["uid"]], b["rewards"] - base, atol=1e-12)
 
 
@@ -369,6 +369,6 @@ def test_real_trl_step_trains_with_basis_advantages(rollouts: Path, tmp_path: Pa
     rewards = seen[0].double()
     assert len(inputs) == 4  # one completion per prompt
     keys = [prompt_key(x["prompt"]) for x in inputs]
-    base = Basis(*reference_cache(rollouts))(keys, rewards.numpy()).baselines
+    base = Basis(*keyed_reference_cache(rollouts))(keys, rewards.numpy()).baselines
     np.testing.assert_allclose(adv.double().numpy(), rewards.numpy() - base, atol=1e-6)
     assert any("basis/beta" in entry for entry in trainer.state.log_history)

@@ -271,15 +271,17 @@ def test_parallel_streams_equal_separate_streams(cache, monkeypatch, chunk_strea
 def test_train_state_survives_weights_only_torch_load(cache, tmp_path):
     torch = pytest.importorskip("torch")
     from basis_bench.train import make_config, make_estimator
+    from basis_bench.train.checkpoint import estimator_state, load_estimator_state
 
     ids, ref = cache
     est = make_estimator(make_config({}, ["estimator=basis_memory"]), ids, ref)
     for batch_ids, rewards in _stream(ids, steps=2, b=5):
         est(batch_ids, rewards[:, None])
-    torch.save(est.state_dict(), tmp_path / "s.pt")
+    torch.save(estimator_state(est), tmp_path / "s.pt")
     state = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert set(state) == {"basis_previous_index", "estimator_state"}  # the checkpoint's keys
     again = make_estimator(make_config({}, ["estimator=basis_memory"]), ids, ref)
-    again.load_state_dict(state)
+    load_estimator_state(again, state)
     batch_ids, rewards = next(_stream(ids, steps=1, b=5, seed=9))
     np.testing.assert_array_equal(
         est(batch_ids, rewards[:, None]).baselines, again(batch_ids, rewards[:, None]).baselines
@@ -324,14 +326,14 @@ def test_refusals(cache):
 
 
 def test_plugins_call_a_stateful_estimator_like_basis(tmp_path):
-    """verl/TRL's cache builder returns a StepBasis for basis_memory: Basis's call, state kept."""
-    from basis_bench.integrations.keys import StepBasis
+    """verl/TRL call a stateful estimator as they call BASIS, one rollout per prompt, state kept."""
+    from basis_bench.integrations.keys import one_rollout_step
 
     ids = [f"q{i}" for i in range(6)]
     ref = np.tile([[1.0, 0.0, 0.0, 1.0]], (6, 1))
-    adapter = StepBasis(make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref))
+    adapter = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref)
     r = np.array([1.0, 0, 1, 0, 1, 0])
-    first = adapter(ids, r)
-    second = adapter(ids, r)
+    first = one_rollout_step(adapter, ids, r)
+    second = one_rollout_step(adapter, ids, r)
     assert first.baselines.shape == (6,) and not np.array_equal(first.baselines, second.baselines)
     assert set(adapter.state_dict()) == {"successes", "visits", "losses"}

@@ -18,6 +18,7 @@ import torch
 
 from basis_bench.errors import InputError
 from basis_bench.train import make_config, make_estimator, parse_override, read_config_file, train
+from basis_bench.train.checkpoint import estimator_state, load_estimator_state
 from basis_bench.train.config import TrainConfig
 from basis_bench.train.loop import normalise_advantages, step_prompt_indices
 
@@ -116,8 +117,8 @@ def test_make_estimator_basis_reports_beta_and_registry_estimators_get_their_bat
     basis = make_estimator(make_config({}, ["estimator=basis"]), ids, ref)
     out = basis(ids[:4], rewards)
     assert out.baselines.shape == (4, 1) and out.beta is not None and out.beta_index is not None
-    basis.load_state_dict({"basis_previous_index": 3})
-    assert basis.state_dict() == {"basis_previous_index": 3}
+    load_estimator_state(basis, {"basis_previous_index": 3})  # a checkpoint's keys, as written
+    assert estimator_state(basis) == {"basis_previous_index": 3}
 
     rpp = make_estimator(make_config({}, ["estimator=reinforce_pp"]))
     out = rpp(ids[:4], rewards)
@@ -130,6 +131,21 @@ def test_make_estimator_basis_reports_beta_and_registry_estimators_get_their_bat
         make_estimator(make_config({}, ["estimator_options.bogus=1"]), ids, ref)
     with pytest.raises(InputError, match="needs the reference cache"):
         make_estimator(make_config({}, ["estimator=basis"]))
+
+
+def test_a_trainer_state_in_the_checkpoint_format_loads_into_the_step_estimator():
+    """The estimator keys of trainer_state.pt are unchanged: a stateful estimator's state as
+    plain lists under estimator_state, BASIS's index under basis_previous_index."""
+    ids = [f"p{i}" for i in range(4)]
+    ref = np.tile([[1.0, 0.0, 1.0]], (4, 1))
+    tracker = make_estimator(make_config({}, ["estimator=spo_tracker"]), ids, ref)
+    saved = {
+        "basis_previous_index": None,
+        "estimator_state": {"alpha": [2.0] * 4, "beta": [3.0] * 4},
+    }
+    load_estimator_state(tracker, saved)
+    assert tracker.state_dict()["alpha"].tolist() == [2.0] * 4
+    assert estimator_state(tracker) == saved
 
 
 # ---------------------------------------------------------------- the update, tiny model
@@ -241,7 +257,7 @@ def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tm
 
 
 def test_train_figures_from_logs(tmp_path):
-    from basis_bench.bench.figures import COLOURS, label
+    from basis_bench.bench.figures import colours, label
     from basis_bench.outputs import LOCK_FILE, OUTPUT_MARKER
     from basis_bench.train.figures import plot_training
     from basis_bench.train.loop import append_jsonl
@@ -258,7 +274,7 @@ def test_train_figures_from_logs(tmp_path):
             append_jsonl(run / "log.jsonl", record | ({"eval_accuracy": 0.5} if t == 3 else {}))
     assert '"beta": "inf"' in (tmp_path / "b" / "log.jsonl").read_text()
     runs = [tmp_path / "b", tmp_path / "g"]
-    written = plot_training(runs, tmp_path / "figs", smooth=2, label=label, colours=COLOURS)
+    written = plot_training(runs, tmp_path / "figs", smooth=2, label=label, colours=colours())
     assert {p.name for p in written} == {"learning_curves.png", "beta.png", "training_summary.csv"}
     hidden = {p.name for p in (tmp_path / "figs").glob(".*")}
     assert hidden == {OUTPUT_MARKER, LOCK_FILE}, "no temporary file left behind"

@@ -148,7 +148,7 @@ def test_evaluate_writes_trajectory_csv_and_keeps_stateful_out_of_one_step_table
     assert "basis_memory" not in set(summary["estimator"])
     traj = pl.read_csv(tmp_path / "out" / "trajectory.csv")
     assert {"basis", "grpo", "basis_memory", "spo_tracker"} == set(traj["estimator"])
-    assert res.run["trajectory"]["epochs_per_checkpoint"] == 2
+    assert res.run.trajectory["epochs_per_checkpoint"] == 2
 
 
 def _switching_rollouts(p=20, n=12, seed=4) -> pl.DataFrame:

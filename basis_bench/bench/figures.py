@@ -17,6 +17,9 @@ fig_beta_choice            beta_choice.csv        how often calibration chose ea
 The zero baseline (``vanilla``) has an MSE an order of magnitude above the rest; panels
 (a)-(c) leave it out and say so, (d) keeps it. The line plots (b), (c) leave out the
 BASIS-VOP and BASIS-RVG variants so the lines stay readable; (a) and (d) show them. Sizes fit a two-column paper page (6.75 in).
+Estimators are drawn in registration order, with the display name and colour each declared
+at registration. Each figure function returns its matplotlib Figure; :func:`make_figures`
+saves them.
 """
 
 from __future__ import annotations
@@ -25,17 +28,24 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from basis_bench.bench.record import check_one_run, sensitivity_mismatch
 from basis_bench.errors import InputError
+from basis_bench.estimators import available
+from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
+from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.outputs import (
     atomic_write,
     claim_output_dir,
     holds_output_locks,
     read_output_marker,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SUMMARY_COLUMNS = (
     "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low",
@@ -54,59 +64,31 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 """The columns each figure reads from each table; a table without them is refused."""
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
-LABELS = {
-    "vanilla": "REINFORCE (b=0)",
-    "reinforce_pp": "REINFORCE++",
-    "grpo": "GRPO",
-    "rloo": "RLOO",
-    "reference_mean": "Reference mean",
-    "offline": "Offline $\\hat V$",
-    "basis": "BASIS",
-    "basis_paper": "BASIS (paper)",
-    "basis_vop": "BASIS-VOP",
-    "basis_rvg": "BASIS-RVG",
-    "james_stein": "James-Stein",
-    "apo": "A*-PO",
-    "spo_tracker": "SPO tracker",
-    "basis_memory": "BASIS memory",
-}
-ORDER = list(LABELS)
-OMITTED = ("vanilla",)
+OMITTED = (ZERO_BASELINE_NAME,)
 # Line plots (b), (c) keep to the paper's comparison; the variants appear in (a) and (d).
-VARIANTS = ("basis_paper", "basis_vop", "basis_rvg")
+VARIANTS = BASIS_VARIANTS
 
 
 def label(estimator: str, rollouts: int | None = None) -> str:
-    """Display name, with G for group estimators: ``GRPO (G=8)``."""
-    name = LABELS.get(estimator, estimator)
+    """Display name (declared at registration), with G for group estimators: ``GRPO (G=8)``."""
+    registered = available().get(estimator)
+    name = registered.label if registered is not None else estimator
     return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
 
 
-COLOURS = {
-    "basis": "tab:blue",
-    "reinforce_pp": "tab:orange",
-    "grpo": "tab:green",
-    "rloo": "tab:red",
-    "reference_mean": "tab:purple",
-    "offline": "tab:brown",
-    "basis_paper": "tab:olive",
-    "basis_vop": "tab:cyan",
-    "basis_rvg": "darkkhaki",
-    "vanilla": "tab:gray",
-    "james_stein": "tab:pink",
-    "apo": "black",
-    "spo_tracker": "darkgoldenrod",
-    "basis_memory": "navy",
-}
+def colours() -> dict[str, str]:
+    """The colour each registered estimator declared, the same in every figure."""
+    return {n: e.colour for n, e in available().items() if e.colour is not None}
 
 
 def _palette(names: Sequence[str]) -> dict[str, Any]:
-    """One fixed colour per estimator, the same in every figure; unknown names get others."""
+    """One fixed colour per estimator, the same in every figure; others get spare ones."""
     import seaborn as sns
 
-    extra = sorted(set(names) - set(COLOURS))
+    declared = colours()
+    extra = sorted(set(names) - set(declared))
     spare = sns.color_palette("dark", n_colors=max(1, len(extra)))
-    return {**COLOURS, **{n: spare[i] for i, n in enumerate(extra)}}
+    return {**declared, **{n: spare[i] for i, n in enumerate(extra)}}
 
 
 def _stage_colours(n: int) -> list[Any]:
@@ -122,7 +104,7 @@ def _stage_colours(n: int) -> list[Any]:
 
 
 def _ordered(df: pl.DataFrame) -> pl.DataFrame:
-    rank = {n: i for i, n in enumerate(ORDER)}
+    rank = {n: i for i, n in enumerate(available())}  # registration order
     return (
         df.with_columns(
             pl.col("estimator")
@@ -138,7 +120,8 @@ def _ordered(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _style() -> None:
+def paper_style() -> None:
+    """The figures' look (Agg backend, seaborn paper theme); make_figures sets it first."""
     import matplotlib as mpl
     import seaborn as sns
 
@@ -206,24 +189,23 @@ def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncol=min(ncol, len(labels)))
 
 
-def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
+def fig2_fixed_beta(results: Path) -> Figure:
     """Initial vs refined MSE against a fixed beta (beta = inf drawn as dotted levels)."""
     df = _read(results / "fixed_beta.csv")
     names = _checkpoints(df)
     fig, axes = _panels(len(names))
-    colours = {"offline": "tab:orange", "basis": "tab:blue"}
     for ax, name in zip(axes, names, strict=True):
         d = df.filter(pl.col("checkpoint") == name)
         fin = d.filter(pl.col("beta").is_finite()).sort("beta")
         inf = d.filter(~pl.col("beta").is_finite())
-        for col, est, text in (
-            ("initial_mse", "offline", "initial $\\hat V_\\beta$"),
-            ("refined_mse", "basis", "refined $\\tilde V_\\beta$"),
+        for col, colour, text in (
+            ("initial_mse", "tab:orange", "initial $\\hat V_\\beta$"),
+            ("refined_mse", "tab:blue", "refined $\\tilde V_\\beta$"),
         ):
             ax.plot(
                 fin["beta"],
                 fin[col],
-                color=colours[est],
+                color=colour,
                 marker="o",
                 markersize=2.5,
                 lw=1.2,
@@ -232,7 +214,7 @@ def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
             if inf.height:
                 ax.axhline(
                     float(inf[col][0]),
-                    color=colours[est],
+                    color=colour,
                     ls=":",
                     lw=1,
                     label=f"{text.split()[0]} at $\\beta=\\infty$",
@@ -243,10 +225,10 @@ def fig2_fixed_beta(results: Path, out: Path) -> list[Path]:
         ax.set_xlabel("fixed $\\beta$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=4)
-    return _save(fig, out, "fig2_fixed_beta")
+    return fig
 
 
-def fig3a_mse(results: Path, out: Path) -> list[Path]:
+def fig3a_mse(results: Path) -> Figure:
     """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
     import numpy as np
 
@@ -288,18 +270,16 @@ def fig3a_mse(results: Path, out: Path) -> list[Path]:
     title = "(a) value-estimation MSE (95% CI over repeats)"
     ax.set_title(title + (f"\nzero baseline omitted (MSE {note})" if note else ""), fontsize=9)
     ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out, "fig3a_mse")
+    return fig
 
 
 def _by_bin(
     results: Path,
-    out: Path,
     file: str,
-    stem: str,
     xlabel: str,
     title: str,
     tick: Callable[[dict[str, Any]], str],
-) -> list[Path]:
+) -> Figure:
     df = _ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
     names = _checkpoints(df)
     colours = _palette(df["estimator"].unique().to_list())
@@ -309,7 +289,7 @@ def _by_bin(
         bins = d.select("bin", "bin_low", "bin_high").unique().sort("bin")
         for (est, g), part in d.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
             part = part.sort("bin")
-            main = est == "basis"
+            main = est == BASIS_NAME
             ax.plot(
                 part["bin"], part["mse"], marker="o", markersize=3.5 if main else 2.5, lw=2 if main else 1.1,
                 zorder=3 if main else 2, color=colours[str(est)], label=label(str(est), int(g)),
@@ -326,30 +306,30 @@ def _by_bin(
     axes[len(axes) // 2].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=9)
     _legend_below(fig, axes, ncol=4)
-    return _save(fig, out, stem)
+    return fig
 
 
-def fig3b_heterogeneity(results: Path, out: Path) -> list[Path]:
+def fig3b_heterogeneity(results: Path) -> Figure:
     """MSE by batch heterogeneity: 500 batches in five equal-width s_b bins."""
     return _by_bin(
-        results, out, "by_heterogeneity.csv", "fig3b_heterogeneity",
+        results, "by_heterogeneity.csv",
         "batch heterogeneity $s_b$ (std of oracle values)",
         "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)",
         lambda r: f"{r['bin_low']:.2f}–{r['bin_high']:.2f}",
     )  # fmt: skip
 
 
-def fig3c_difficulty(results: Path, out: Path) -> list[Path]:
+def fig3c_difficulty(results: Path) -> Figure:
     """MSE by prompt difficulty: oracle value bins [0,.2) ... [.8,1]."""
     return _by_bin(
-        results, out, "by_difficulty.csv", "fig3c_difficulty",
+        results, "by_difficulty.csv",
         "oracle value of the prompt",
         "(c) MSE by prompt difficulty",
         lambda r: f"[{r['bin_low']:.1f}, {r['bin_high']:.1f}" + ("]" if r["bin_high"] >= 1 else ")"),
     )  # fmt: skip
 
 
-def fig3d_extreme(results: Path, out: Path) -> list[Path]:
+def fig3d_extreme(results: Path) -> Figure:
     """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
     import numpy as np
 
@@ -375,16 +355,16 @@ def fig3d_extreme(results: Path, out: Path) -> list[Path]:
     ax.set_ylim(0, 105)
     ax.set_title("(d) uninformative baselines", fontsize=9)
     ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out, "fig3d_extreme")
+    return fig
 
 
-def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
+def fig3_group_sweep(results: Path) -> Figure:
     """GRPO/RLOO MSE against G, with the single-rollout estimators as horizontal lines."""
     sweep = _read(results / "g_sweep.csv")
     summary = _read(results / "summary.csv")
     single = summary.filter(
         (pl.col("rollouts_per_prompt") == 1)
-        & pl.col("estimator").is_in(["basis", "reinforce_pp", "reference_mean"])
+        & pl.col("estimator").is_in([BASIS_NAME, REINFORCE_PP_NAME, REFERENCE_MEAN_NAME])
     )
     names = _checkpoints(sweep)
     colours = _palette(summary["estimator"].unique().to_list())
@@ -398,7 +378,7 @@ def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
                 marker="o", markersize=3, lw=1.2, capsize=2, color=colours[str(est)], label=label(str(est)),
             )  # fmt: skip
         for row in single.filter(pl.col("checkpoint") == name).iter_rows(named=True):
-            what = "cache only" if row["estimator"] == "reference_mean" else "1 rollout"
+            what = "cache only" if row["estimator"] == REFERENCE_MEAN_NAME else "1 rollout"
             ax.axhline(
                 row["mse"],
                 color=colours[row["estimator"]],
@@ -414,7 +394,7 @@ def fig3_group_sweep(results: Path, out: Path) -> list[Path]:
         ax.set_xlabel("rollouts per prompt $G$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=3)
-    return _save(fig, out, "fig3_group_sweep")
+    return fig
 
 
 SENSITIVITY_AXES = {
@@ -425,7 +405,7 @@ SENSITIVITY_AXES = {
 }
 
 
-def fig5_sensitivity(results: Path, out: Path) -> list[Path]:
+def fig5_sensitivity(results: Path) -> Figure:
     """BASIS's MSE as one knob moves (others at eps=1e-6, n=64, B=64, K=32), per checkpoint."""
 
     df = _read(results / "sensitivity.csv")
@@ -468,10 +448,10 @@ def fig5_sensitivity(results: Path, out: Path) -> list[Path]:
         fontsize=9,
     )
     _legend_below(fig, axes)
-    return _save(fig, out, "fig5_sensitivity")
+    return fig
 
 
-def fig_beta_choice(results: Path, out: Path) -> list[Path]:
+def fig_beta_choice(results: Path) -> Figure:
     """Share of repeats in which online calibration chose each beta, per checkpoint."""
     import numpy as np
 
@@ -495,10 +475,10 @@ def fig_beta_choice(results: Path, out: Path) -> list[Path]:
     ax.set_ylabel("share of batches (%)")
     ax.set_title("online calibration: chosen $\\beta$ per batch", fontsize=9)
     ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out, "fig_beta_choice")
+    return fig
 
 
-def fig_trajectory(results: Path, out: Path) -> list[Path]:
+def fig_trajectory(results: Path) -> Figure:
     """Trajectory replay: noise-corrected MSE per epoch against the training step, one line
     per estimator (95% CI band), dotted lines where the checkpoint changes (labelled
     "a -> b" where the replay blends a into b); log scale."""
@@ -531,10 +511,10 @@ def fig_trajectory(results: Path, out: Path) -> list[Path]:
     ax.set_ylabel("MSE (noise-corrected)")
     ax.set_title("trajectory replay: value error over training", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
-    return _save(fig, out, "fig_trajectory")
+    return fig
 
 
-FIGURES: dict[str, tuple[str, Callable[[Path, Path], list[Path]]]] = {
+FIGURES: dict[str, tuple[str, Callable[[Path], Figure]]] = {
     "fig2_fixed_beta": ("fixed_beta.csv", fig2_fixed_beta),
     "fig3a_mse": ("summary.csv", fig3a_mse),
     "fig3b_heterogeneity": ("by_heterogeneity.csv", fig3b_heterogeneity),
@@ -558,12 +538,12 @@ def make_figures(
             f"no evaluate results in {str(results)!r} (summary.csv missing); run `basis-bench evaluate --out {results}` first"
         )
     run = check_one_run(results)
-    sensitivity_from = _sensitivity_run(results, run)
+    sensitivity_from = sensitivity_mismatch(results, run)
     for table in {t for t, _ in FIGURES.values()}:  # every table checked before any figure
         if (results / table).exists() and not (table == "sensitivity.csv" and sensitivity_from):
             _read(results / table)
     _claim_figures_dir(out)
-    _style()
+    paper_style()
     written: list[Path] = []
     skipped: dict[str, str] = {}
     for name, (table, draw) in FIGURES.items():
@@ -575,79 +555,8 @@ def make_figures(
         if table == "sensitivity.csv" and sensitivity_from is not None:
             skipped[name] = sensitivity_from
             continue
-        written += draw(results, out)
+        written += _save(draw(results), out, name)
     return written, skipped
-
-
-EVALUATE_TABLES = (
-    "summary.csv", "g_sweep.csv", "by_heterogeneity.csv", "by_difficulty.csv",
-    "beta_choice.csv", "fixed_beta.csv",
-)  # fmt: skip
-
-
-def _record(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"{path} is not a readable run record ({err}); rerun the command") from err
-    if not isinstance(data, dict):
-        raise InputError(f"{path} is not a readable run record; rerun the command")
-    return data
-
-
-def _check_tables(folder: Path, record: dict[str, Any], names: Sequence[str], what: str) -> None:
-    from basis_bench.bench.tables import file_sha256
-
-    listed = record.get("tables")
-    if not isinstance(listed, dict):
-        return  # written before run ids: nothing to check against
-    for name in names:
-        path = folder / name
-        if not path.exists():
-            continue
-        if name not in listed:
-            raise InputError(
-                f"{path} is not part of the run recorded in {what} (run {record.get('run_id')}): "
-                "it is left from another run; rerun `basis-bench evaluate`"
-            )
-        if file_sha256(path) != listed[name]:
-            raise InputError(
-                f"{path} is not the table of the run recorded in {what} (changed or cut short "
-                "since); rerun the command that wrote it"
-            )
-
-
-def check_one_run(results: str | os.PathLike[str]) -> dict[str, Any]:
-    """run.json of ``results``, after checking that every evaluate table there belongs to
-    that run (the sha256 run.json records); an InputError names a table that does not."""
-    results = Path(results)
-    if not (results / "run.json").is_file():
-        raise InputError(
-            f"{results} has tables but no run.json (an interrupted or foreign run); rerun "
-            f"`basis-bench evaluate --out {results}`"
-        )
-    run = _record(results / "run.json")
-    _check_tables(results, run, EVALUATE_TABLES, "run.json")
-    return run
-
-
-def _sensitivity_run(results: Path, run: dict[str, Any]) -> str | None:
-    """Why fig5 cannot be drawn from this folder's sensitivity.csv, or None when it can."""
-    if not (results / "sensitivity.csv").exists():
-        return None
-    path = results / "sensitivity.json"
-    if not path.is_file():
-        return None  # written before sensitivity kept a record
-    record = _record(path)
-    _check_tables(results, record, ["sensitivity.csv"], "sensitivity.json")
-    if record.get("rollouts") != run.get("rollouts"):
-        return (
-            f"sensitivity.csv was computed on {record.get('rollouts')}, the other tables on "
-            f"{run.get('rollouts')}; rerun `basis-bench sensitivity --out {results}`"
-        )
-    return None
 
 
 def _claim_figures_dir(out: Path) -> None:

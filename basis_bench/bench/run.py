@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from basis_bench import __version__
 from basis_bench.bench.config import EvaluateConfig
 from basis_bench.bench.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
+from basis_bench.bench.record import RUN_FILE, RunRecord
 from basis_bench.bench.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
 from basis_bench.bench.tables import (
     beta_table,
@@ -54,6 +55,7 @@ from basis_bench.bench.trajectory import (
 )
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
+from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.table import grid_beta_index
 from basis_bench.outputs import (
     METADATA_KEY,
@@ -66,7 +68,7 @@ from basis_bench.outputs import (
 TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
 TRAJECTORY_REPEATS = 200  # the same for the trajectory replay of every estimator
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
-RUN_FILES = (*(f"{t}.csv" for t in TABLES), "trajectory.csv", "estimates.parquet", "run.json")
+RUN_FILES = (*(f"{t}.csv" for t in TABLES), "trajectory.csv", "estimates.parquet", RUN_FILE)
 """The files of one evaluate run: a rerun replaces all of them, whichever it writes."""
 
 
@@ -107,7 +109,7 @@ def resolve_options(
     for est in estimators:
         shared = basis_options if est.options_class is BasisOptions else {}
         options[est.name] = est.parse_options({**shared, **estimator_options.get(est.name, {})})
-    beta = get("basis").parse_options({**basis_options, **estimator_options.get("basis", {})})
+    beta = get(BASIS_NAME).parse_options({**basis_options, **estimator_options.get(BASIS_NAME, {})})
     return options, beta
 
 
@@ -115,7 +117,7 @@ def resolve_options(
 class EvaluateResult:
     out: Path
     summary: pl.DataFrame
-    run: dict[str, Any]
+    run: RunRecord
     trajectory: pl.DataFrame | None = None  # None with cfg.trajectory off
 
 
@@ -145,23 +147,23 @@ class _EstimatesWriter:
 def _run_record(
     cfg: EvaluateConfig, ds: Dataset, estimators: list[Estimator], options: Mapping[str, Any],
     betas: Any, datas: list[CheckpointData],
-) -> dict[str, Any]:  # fmt: skip
-    return {
-        "package_version": __version__,
-        "provenance": provenance(),
-        "rollouts": str(ds.root),
-        "dataset_label": ds.label,
-        "simulated": ds.simulated,
-        "synthetic_order_policies": ds.synthetic_order,
-        "reference": ds.reference,
-        "config": {**asdict(cfg), "rollouts": str(ds.root)},
-        "estimators": [e.name for e in estimators],
-        "estimator_options": {name: asdict(opts) for name, opts in options.items()},
-        "betas": [float(x) for x in betas],
-        "chunk_repeats": CHUNK_REPEATS,
-        "estimates": "one row per (repeat, prompt, estimator); for group estimators sq_err is the mean "
+) -> RunRecord:  # fmt: skip
+    return RunRecord(
+        package_version=__version__,
+        provenance=provenance(),
+        rollouts=str(ds.root),
+        dataset_label=ds.label,
+        simulated=ds.simulated,
+        synthetic_order_policies=ds.synthetic_order,
+        reference=ds.reference,
+        config={**asdict(cfg), "rollouts": str(ds.root)},
+        estimators=[e.name for e in estimators],
+        estimator_options={name: asdict(opts) for name, opts in options.items()},
+        betas=[float(x) for x in betas],
+        chunk_repeats=CHUNK_REPEATS,
+        estimates="one row per (repeat, prompt, estimator); for group estimators sq_err is the mean "
         "over the G rollouts' baselines and estimate is the first rollout's baseline",
-        "checkpoints": {
+        checkpoints={
             d.name: {
                 "prompts": d.n_prompts,
                 "dropped_no_reference": d.dropped_no_reference,
@@ -169,7 +171,7 @@ def _run_record(
             }
             for d in datas
         },
-    }
+    )
 
 
 def _replay_all(
@@ -292,20 +294,20 @@ def evaluate(
         frames = _write_run(
             cfg, ds, datas, estimators, options, settings, run, stage, tracker, progress
         )
-        run = json.loads((stage / "run.json").read_text(encoding="utf-8"))
+        run = RunRecord.read(stage / RUN_FILE)
     return EvaluateResult(out, frames["summary"], run, frames.get("trajectory"))
 
 
 def _write_run(
     cfg: EvaluateConfig, ds: Dataset, datas: list[CheckpointData], estimators: list[Estimator],
-    options: Mapping[str, Any], settings: ReplaySettings, run: dict[str, Any], stage: Path,
+    options: Mapping[str, Any], settings: ReplaySettings, run: RunRecord, stage: Path,
     tracker: bool, progress: Callable[[str, int, int], None] | None,
 ) -> dict[str, pl.DataFrame]:  # fmt: skip
     """Replay, and write every file of the run into ``stage``; run.json last, with the run id
     and the sha256 of every table (what `figures` checks). Stateful estimators have no
     one-step call: they appear in the trajectory replay only."""
     # Provenance (date, argv) lives in run.json only, so the same seed writes the same Parquet.
-    reproducible = {k: v for k, v in run.items() if k != "provenance"}
+    reproducible = {k: v for k, v in asdict(run).items() if k != "provenance" and v is not None}
     writer = (
         _EstimatesWriter(stage / "estimates.parquet", reproducible) if cfg.write_estimates else None
     )
@@ -318,10 +320,10 @@ def _write_run(
         )
         if tracker:
             tables["summary"].append(_tracker(cfg, ds, _summary_columns(tables)))
-            run["tracker"] = {
+            run = replace(run, tracker={
                 "checkpoint_order": ds.checkpoints,
                 "repeats": min(cfg.repeats, TRACKER_REPEATS),
-            }
+            })  # fmt: skip
     except BaseException as exc:
         if writer is not None:
             writer.close(exc)
@@ -331,13 +333,13 @@ def _write_run(
     frames = {k: _concat(v) for k, v in tables.items()}
     if cfg.trajectory:
         frames["trajectory"] = _trajectory(cfg, ds, estimators, options, progress)
-        run["trajectory"] = {
+        run = replace(run, trajectory={
             "checkpoint_order": ds.checkpoints,
             "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
             "epochs_per_checkpoint": cfg.trajectory_epochs,
             "blend": cfg.trajectory_blend,
             "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
-        }
+        })  # fmt: skip
     files = []
     for name, df in frames.items():
         if df.height:
@@ -345,10 +347,8 @@ def _write_run(
             files.append(f"{name}.csv")
     if cfg.write_estimates:
         files.append("estimates.parquet")
-    run["run_id"] = new_run_id()
-    run["tables"] = {f: file_sha256(stage / f) for f in files}
-    text = json.dumps(json.loads(json.dumps(run, default=str)), indent=2, sort_keys=True)
-    write_text_atomic(stage / "run.json", text + "\n")
+    run = replace(run, run_id=new_run_id(), tables={f: file_sha256(stage / f) for f in files})
+    write_text_atomic(stage / RUN_FILE, run.to_json())
     return frames
 
 

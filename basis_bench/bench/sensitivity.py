@@ -16,7 +16,6 @@ estimator) and the columns of ``summary.csv``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -26,6 +25,7 @@ import polars as pl
 
 from basis_bench.bench.config import DEFAULT_VALUES, SensitivityConfig
 from basis_bench.bench.dataset import CheckpointData, checkpoint_data, open_dataset
+from basis_bench.bench.record import SENSITIVITY_FILE, SensitivityRecord
 from basis_bench.bench.replay import ReplaySettings, replay
 from basis_bench.bench.run import resolve_estimators, resolve_options
 from basis_bench.bench.tables import (
@@ -39,7 +39,6 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, TiltTable, default_betas
 from basis_bench.outputs import holds_output_locks, write_text_atomic
 
-RECORD = "sensitivity.json"
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and
 the dataset, so `figures` knows the table is whole and which data it came from."""
 
@@ -118,13 +117,12 @@ def sensitivity(
         "checkpoint", "parameter", "value", pl.exclude("checkpoint", "parameter", "value")
     )
     write_csv(df, out / "sensitivity.csv")
-    record = {
-        "run_id": new_run_id(),
-        "rollouts": str(ds.root),
-        "dataset_label": ds.label,
-        "config": {**asdict(cfg), "rollouts": str(ds.root)},
-        "tables": {"sensitivity.csv": file_sha256(out / "sensitivity.csv")},
-    }
-    text = json.dumps(record, indent=2, sort_keys=True, default=str)
-    write_text_atomic(Path(out) / RECORD, text + "\n")
+    record = SensitivityRecord(
+        run_id=new_run_id(),
+        rollouts=str(ds.root),
+        dataset_label=ds.label,
+        config={**asdict(cfg), "rollouts": str(ds.root)},
+        tables={"sensitivity.csv": file_sha256(out / "sensitivity.csv")},
+    )
+    write_text_atomic(Path(out) / SENSITIVITY_FILE, record.to_json())
     return df

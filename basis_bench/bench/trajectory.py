@@ -56,10 +56,10 @@ from basis_bench.estimators import (
     make_kernel,
 )
 from basis_bench.estimators.options import DEFAULT_PRIOR
-from basis_bench.estimators.related import SPO_DECAY
+from basis_bench.estimators.related import SPO_DECAY, SPO_TRACKER_NAME
 from basis_bench.rollouts.store import reward_matrix
 
-ESTIMATOR_NAME = "spo_tracker"
+ESTIMATOR_NAME = SPO_TRACKER_NAME
 Z_95 = 1.959963984540054
 SUMMARY_COLUMNS = (
     "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low", "ci_high",

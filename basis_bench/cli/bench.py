@@ -40,6 +40,8 @@ from basis_bench.settings import cli_option
 SIMULATION = SimulationConfig()
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import polars as pl
 
 
@@ -152,6 +154,7 @@ def evaluate(
     ] = EVALUATE.trajectory_blend,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3)."""
+    from basis_bench.bench.record import RUN_FILE
     from basis_bench.bench.run import evaluate as run_evaluate
 
     console = Console()
@@ -185,24 +188,24 @@ def evaluate(
 
         result = run_evaluate(cfg, out, progress=tick)
     run = result.run
-    if run["simulated"]:
-        console.print(f"[yellow]dataset is simulated[/]: {run['dataset_label']}", highlight=False)
-    if run["synthetic_order_policies"]:
+    if run.simulated:
+        console.print(f"[yellow]dataset is simulated[/]: {run.dataset_label}", highlight=False)
+    if run.synthetic_order_policies:
         console.print(
-            f"note: order: synthetic: rewards of {', '.join(run['synthetic_order_policies'])} were "
+            f"note: order: synthetic: rewards of {', '.join(run.synthetic_order_policies)} were "
             "expanded from counts in a seeded random order; samples are exchangeable given the "
             "prompt, so the replay is statistically faithful, but sample_idx is not a generation order",
             highlight=False,
         )
-    for name, info in run["checkpoints"].items():
+    for name, info in run.checkpoints.items():
         if info["dropped_no_reference"]:
             console.print(
                 f"[yellow]checkpoint {name}: dropped {info['dropped_no_reference']} prompt(s) missing from the reference cache[/]"
             )
     print_summary(result.summary, console)
-    if result.trajectory is not None:
-        print_trajectory(result.trajectory, run["trajectory"], console)
-    console.print(f"wrote {result.out}/: {', '.join([*run['tables'], 'run.json'])}")
+    if result.trajectory is not None and run.trajectory is not None:
+        print_trajectory(result.trajectory, run.trajectory, console)
+    console.print(f"wrote {result.out}/: {', '.join([*(run.tables or {}), RUN_FILE])}")
 
 
 def print_summary(summary: pl.DataFrame, console: Console) -> None:
@@ -212,6 +215,8 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
     from rich import box
     from rich.table import Table
 
+    from basis_bench.estimators.baselines import REINFORCE_PP_NAME
+
     if summary.is_empty():  # only stateful estimators (basis_memory): no one-step rows
         console.print(
             "no one-step estimates: the estimators asked for are stateful and run in the "
@@ -219,7 +224,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         )
         return
     for (name,), df in summary.group_by("checkpoint", maintain_order=True):
-        base = df.filter(pl.col("estimator") == "reinforce_pp")["mse"]
+        base = df.filter(pl.col("estimator") == REINFORCE_PP_NAME)["mse"]
         ref = float(base[0]) if base.len() else None
         table = Table(
             title=f"checkpoint {name}: value-estimation MSE against the oracle", box=box.SIMPLE_HEAD
@@ -241,7 +246,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         console.print(table)
 
 
-def print_trajectory(trajectory: pl.DataFrame, info: dict[str, Any], console: Console) -> None:
+def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console: Console) -> None:
     """The trajectory replay per checkpoint: noise-corrected MSE over its epochs, one row per
     estimator, and the share of 0/1 baselines over the whole replay."""
     import polars as pl

@@ -20,7 +20,7 @@ functions accept numpy arrays and torch tensors alike and keep their dtype and d
 # Import order is registration order, which is the order of ``--estimators all``.
 from basis_bench.estimators import registry
 from basis_bench.estimators.baselines import grpo, reinforce_pp, rloo, vanilla
-from basis_bench.estimators.basis import BASIS_FAMILY, Basis, BasisOutput, basis_values
+from basis_bench.estimators.basis import BASIS_FAMILY, Basis, basis_values
 from basis_bench.estimators.calibrate import (
     active_fraction,
     basis_estimate,
@@ -37,6 +37,7 @@ from basis_bench.estimators.options import (
     SpoOptions,
     TableOptions,
 )
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.refine import refine
 from basis_bench.estimators.registry import (
     ENTRY_POINT_GROUP,
@@ -63,7 +64,6 @@ from basis_bench.estimators.step import (
     StatelessKernel,
     StepEstimator,
     StepKernel,
-    StepOutput,
     make_kernel,
     make_step_estimator,
 )
@@ -78,7 +78,6 @@ __all__ = [
     "Basis",
     "BasisKernel",
     "BasisOptions",
-    "BasisOutput",
     "Estimator",
     "EstimatorInput",
     "JamesSteinOptions",

@@ -68,26 +68,30 @@ def rloo(rewards: Array, reward_range: RewardRange = None) -> Array:
     return _loo_mean_last(rewards)
 
 
-@register_estimator("vanilla")
+ZERO_BASELINE_NAME = "vanilla"
+REINFORCE_PP_NAME = "reinforce_pp"
+
+
+@register_estimator(ZERO_BASELINE_NAME, label="REINFORCE (b=0)", colour="tab:gray")
 def _vanilla(batch: EstimatorInput, options: NoOptions) -> Array:
     """REINFORCE: zero baseline."""
     return _zeros(batch.rewards)
 
 
-@register_estimator("reinforce_pp")
+@register_estimator(REINFORCE_PP_NAME, label="REINFORCE++", colour="tab:orange")
 def _reinforce_pp(batch: EstimatorInput, options: NoOptions) -> Array:
     """REINFORCE++: mean of all B rewards in the batch."""
     return _mean_last(batch.rewards[..., 0])[..., None]
 
 
-@register_estimator("grpo", group=True)
+@register_estimator("grpo", group=True, label="GRPO", colour="tab:green")
 def _grpo(batch: EstimatorInput, options: NoOptions) -> Array:
     """GRPO(G): mean of the prompt's G rewards."""
     _check_group(batch.rewards, 1)
     return _mean_last(batch.rewards)
 
 
-@register_estimator("rloo", group=True)
+@register_estimator("rloo", group=True, label="RLOO", colour="tab:red")
 def _rloo(batch: EstimatorInput, options: NoOptions) -> Array:
     """RLOO(G): mean of the prompt's other G - 1 rewards."""
     _check_group(batch.rewards, 2)

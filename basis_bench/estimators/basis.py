@@ -14,7 +14,6 @@ calibrated beta), ``basis`` (UNB), ``basis_vop`` and ``basis_rvg``, all reading
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,19 +27,16 @@ from basis_bench.estimators.options import (
     NoOptions,
     options_from_mapping,
 )
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable, grid_beta_index, inf_index
 
-BASIS_FAMILY = ("offline", "basis", "basis_paper", "basis_vop", "basis_rvg")
-
-
-@dataclass(frozen=True)
-class BasisOutput:
-    """Baselines b_i (B,), the beta they used, and its index in the grid."""
-
-    baselines: Array
-    beta: float
-    beta_index: int
+BASIS_NAME = "basis"
+OFFLINE_NAME = "offline"
+REFERENCE_MEAN_NAME = "reference_mean"
+# BASIS with its other refinements or the paper's settings; line plots leave them out.
+BASIS_VARIANTS = ("basis_paper", "basis_vop", "basis_rvg")
+BASIS_FAMILY = (OFFLINE_NAME, BASIS_NAME, *BASIS_VARIANTS)
 
 
 class Basis:
@@ -94,7 +90,7 @@ class Basis:
     def columns(self) -> Any:
         return self.table.index
 
-    def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> BasisOutput:
+    def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> StepOutput:
         """Baselines for one batch: rewards (B,), one per prompt in ``prompt_ids``."""
         rewards = as_rewards(rewards)
         if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
@@ -112,7 +108,7 @@ class Basis:
             values, index = estimate_with(
                 v_grid, var_grid, rewards, self.options, reward_range=self.reward_range
             )
-            return BasisOutput(values, float(self.betas[int(index)]), int(index))
+            return StepOutput(values, float(self.betas[int(index)]), int(index))
         chosen = self.previous_index if self.calibration == "previous" else 0
         values, _ = estimate_with(
             v_grid, var_grid, rewards, self.options, "fixed", chosen, self.reward_range
@@ -121,7 +117,7 @@ class Basis:
             offline = _offline(self.options)
             _, now = estimate_with(v_grid, var_grid, rewards, offline, "current")
             self.previous_index = int(now)
-        return BasisOutput(values, float(self.betas[chosen]), chosen)
+        return StepOutput(values, float(self.betas[chosen]), chosen)
 
 
 def _offline(opts: BasisOptions) -> BasisOptions:
@@ -159,7 +155,9 @@ def calibrated_index(batch: EstimatorInput, options: BasisOptions) -> Array:
     return basis_values(batch, _offline(options))[1]
 
 
-@register_estimator("reference_mean", uses_cache=True)
+@register_estimator(
+    REFERENCE_MEAN_NAME, uses_cache=True, label="Reference mean", colour="tab:purple"
+)
 def _reference_mean(batch: EstimatorInput, options: NoOptions) -> Array:
     """Smoothed reference success rate (beta = inf, no refinement)."""
     v_grid, _, betas = _grids(batch)
@@ -173,31 +171,51 @@ def _basis(batch: EstimatorInput, options: BasisOptions) -> Array:
     return basis_values(batch, options)[0][..., None]
 
 
-for _name, _text, _defaults in (
+for _name, _label, _colour, _text, _defaults in (
     (
-        "offline",
+        OFFLINE_NAME,
+        "Offline $\\hat V$",
+        "tab:brown",
         "Offline tilted value V^ at the calibrated beta, no refinement.",
         {"refine": False},
     ),
     (
-        "basis",
+        BASIS_NAME,
+        "BASIS",
+        "tab:blue",
         "BASIS, robust default: the UNB refinement with its calibration ratio shrunk towards 1 "
         "by its (robust) variance.",
         {"variant": "unb"},
     ),
     (
         "basis_paper",
+        "BASIS (paper)",
+        "tab:olive",
         "BASIS (UNB) as in the paper: unbiased BLUE refinement, no shrinkage.",
         {"variant": "unb", "shrink": False, "ratio_var": "model"},
     ),
-    ("basis_vop", "BASIS-VOP: variance-optimised shrinkage refinement.", {"variant": "vop"}),
+    (
+        "basis_vop",
+        "BASIS-VOP",
+        "tab:cyan",
+        "BASIS-VOP: variance-optimised shrinkage refinement.",
+        {"variant": "vop"},
+    ),
     (
         "basis_rvg",
+        "BASIS-RVG",
+        "darkkhaki",
         "BASIS-RVG as in the paper: ratio-average refinement, no shrinkage (unsound where "
         "V^_j is small; see docs/method.md).",
         {"variant": "rvg", "shrink": False, "ratio_var": "model"},
     ),
 ):
     register_estimator(
-        _name, uses_cache=True, description=_text, options=BasisOptions, defaults=_defaults
+        _name,
+        uses_cache=True,
+        description=_text,
+        options=BasisOptions,
+        defaults=_defaults,
+        label=_label,
+        colour=_colour,
     )(_basis)

@@ -45,6 +45,7 @@ import numpy as np
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
 from basis_bench.estimators.options import LOSSES, _help, _number, _set
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable
 
@@ -237,9 +238,7 @@ class MemoryKernel:
             "losses": np.zeros((*lead, self.n_candidates)),
         }
 
-    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
-        from basis_bench.estimators.step import StepOutput
-
+    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
         r = to_numpy(rewards[..., 0], dtype=np.float64)
         if np.any((r < 0) | (r > 1)):
@@ -277,7 +276,14 @@ def _mode(index: np.ndarray) -> np.ndarray:
     return np.argmax(counts, axis=-1)
 
 
-@register_estimator("basis_memory", uses_cache=True, options=MemoryOptions, kernel=MemoryKernel)
+@register_estimator(
+    "basis_memory",
+    uses_cache=True,
+    options=MemoryOptions,
+    kernel=MemoryKernel,
+    label="BASIS memory",
+    colour="navy",
+)
 def _basis_memory(batch: EstimatorInput, options: MemoryOptions) -> Array:
     """BASIS memory: Beta posterior with the tilted value as prior and the prompt's own past rollouts."""
     raise InputError("basis_memory is stateful; use make_step_estimator or trajectory replay")

@@ -73,6 +73,10 @@ class Estimator:
     # reward_range)`` -> a :class:`~basis_bench.estimators.step.StepKernel`; they run through
     # :func:`~basis_bench.estimators.step.make_step_estimator` and trajectory replay only.
     kernel: Callable[..., Any] | None = None
+    # How figures show it: display name (default: the name) and a matplotlib colour (None:
+    # the figures pick one that no registered estimator uses).
+    label: str = ""
+    colour: str | None = None
 
     @property
     def stateful(self) -> bool:
@@ -166,6 +170,8 @@ def register_estimator(
     options: type = NoOptions,
     defaults: Mapping[str, Any] | None = None,
     kernel: Callable[..., Any] | None = None,
+    label: str | None = None,
+    colour: str | None = None,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator: register ``fn(batch, options) -> (..., B, G)`` under ``name``.
 
@@ -175,7 +181,8 @@ def register_estimator(
     several named variants (``basis_vop`` is BASIS with ``variant="vop"``). The
     description defaults to the first line of ``fn``'s docstring. ``kernel`` makes the
     estimator stateful: the factory of its :class:`~basis_bench.estimators.step.StepKernel`
-    (``fn`` then only documents it and is never called).
+    (``fn`` then only documents it and is never called). ``label`` and ``colour``: how
+    figures show it (display name, default ``name``; a matplotlib colour, default: a spare).
     """
     default_options: Any = options_from_mapping(
         options, dict(defaults or {}), f"estimator {name!r}"
@@ -188,8 +195,9 @@ def register_estimator(
         text = description if description is not None else (doc[0] if doc else "")
         call = _batch_only(fn) if options is NoOptions else fn
         ESTIMATORS[name] = Estimator(
-            name, call, group, uses_cache, text, options, default_options, kernel
-        )
+            name, call, group, uses_cache, text, options, default_options, kernel,
+            label or name, colour,
+        )  # fmt: skip
         return fn
 
     return wrap

@@ -44,6 +44,7 @@ from basis_bench.estimators.options import (
     JamesSteinOptions,
     SpoOptions,
 )
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import PromptIndex, inf_index
 from basis_bench.estimators.tilt import is_binary
@@ -103,7 +104,9 @@ def _james_stein_kernel(rewards: Array, eps: float) -> Array:
     return (1 - lam)[..., None] * rloo + (lam * other_mean)[..., None]
 
 
-@register_estimator("james_stein", group=True, options=JamesSteinOptions)
+@register_estimator(
+    "james_stein", group=True, options=JamesSteinOptions, label="James-Stein", colour="tab:pink"
+)
 def _james_stein(batch: EstimatorInput, options: JamesSteinOptions) -> Array:
     """James-Stein (G): RLOO shrunk towards the other prompts' mean (Zeng et al. 2025)."""
     _check_js_shape(batch.rewards)
@@ -203,7 +206,7 @@ def hermite_weights(
     return a, c
 
 
-@register_estimator("apo", uses_cache=True, options=ApoOptions)
+@register_estimator("apo", uses_cache=True, options=ApoOptions, label="A*-PO", colour="black")
 def _apo(batch: EstimatorInput, options: ApoOptions) -> Array:
     """A*-PO: offline soft value beta log E_ref[e^{r/beta}], beta = 0.5 (Brantley et al. 2025)."""
     beta = options.beta
@@ -381,16 +384,24 @@ class SpoKernel:
             "beta": np.broadcast_to(self.beta0, shape).copy(),
         }
 
-    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
-        from basis_bench.estimators.step import StepOutput
-
+    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
         r = to_numpy(rewards[..., 0], dtype=np.float64)
         out = spo_step(state["alpha"], state["beta"], cols, r, self.options.decay)
         return StepOutput(asarray_like(out[..., None], rewards))
 
 
-@register_estimator("spo_tracker", uses_cache=True, options=SpoOptions, kernel=SpoKernel)
+SPO_TRACKER_NAME = "spo_tracker"
+
+
+@register_estimator(
+    SPO_TRACKER_NAME,
+    uses_cache=True,
+    options=SpoOptions,
+    kernel=SpoKernel,
+    label="SPO tracker",
+    colour="darkgoldenrod",
+)
 def _spo_tracker(batch: EstimatorInput, options: SpoOptions) -> Array:
     """SPO tracker: a Beta posterior per prompt, decayed per sighting (Xu & Ding 2025); stateful."""
     raise InputError("spo_tracker is stateful; use make_step_estimator or trajectory replay")

@@ -23,7 +23,7 @@ with ``kernel=`` (the SPO tracker, ``basis_memory``) gets its own.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,22 +33,11 @@ from basis_bench.estimators._array import Array, RewardRange, asarray_like, to_n
 from basis_bench.estimators.basis import calibrated_index
 from basis_bench.estimators.calibrate import take_beta
 from basis_bench.estimators.options import DEFAULT_PRIOR, BasisOptions
+from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import Estimator, EstimatorInput, get
 from basis_bench.estimators.table import TiltTable
 
 State = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """Baselines (..., B, G) of one step; the calibrated beta and its grid index (scalars
-    for one stream, arrays (...) over parallel streams; None where there is none); ``info``:
-    an estimator's other per-step choices (``basis_memory``: gamma and m per prompt)."""
-
-    baselines: Array
-    beta: Any = None
-    beta_index: Any = None
-    info: Mapping[str, Any] | None = None
 
 
 class StepKernel(Protocol):

@@ -11,16 +11,17 @@ needs neither.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Basis, BasisOutput
+from basis_bench.estimators import StepEstimator, StepOutput, get, make_step_estimator
+from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
 from basis_bench.settings import check_scalar
 
@@ -54,7 +55,7 @@ def prompt_key(prompt: Any) -> str:
     return hashlib.sha256(prompt_text(prompt).encode("utf-8")).hexdigest()[:32]
 
 
-def reference_cache(
+def keyed_reference_cache(
     rollouts: str | os.PathLike[str],
     reference: str = "reference",
     ref_n: int | None = None,
@@ -100,25 +101,11 @@ def reference_cache(
     return ids, reward_matrix(df, reference, ids)
 
 
-class StepBasis:
-    """Any registered single-rollout estimator, stateful or not, called as :class:`Basis` is:
-    ``est(prompt_keys, rewards (B,))`` -> :class:`BasisOutput`; its state (the SPO tracker's,
-    ``basis_memory``'s) is carried across calls and saved with ``state_dict``."""
-
-    def __init__(self, step: Any) -> None:
-        self.step = step  # estimators.StepEstimator
-
-    def __call__(self, prompt_ids: Sequence[str], rewards: Any) -> BasisOutput:
-        out = self.step(list(prompt_ids), rewards[:, None])
-        beta = math.nan if out.beta is None else float(out.beta)
-        index = -1 if out.beta_index is None else int(out.beta_index)
-        return BasisOutput(out.baselines[:, 0], beta, index)
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.step.state_dict())
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.step.load_state_dict(state)
+def one_rollout_step(step: StepEstimator, prompt_keys: Sequence[str], rewards: Any) -> StepOutput:
+    """One step of a single-rollout estimator on a trainer's batch: rewards (B,), one
+    completion per prompt key, -> baselines (B,) (the step estimator takes (B, 1))."""
+    out = step(list(prompt_keys), rewards[:, None])
+    return replace(out, baselines=out.baselines[:, 0])
 
 
 def basis_from_rollouts(
@@ -128,25 +115,26 @@ def basis_from_rollouts(
     prompt_format: str = DEFAULT_PROMPT_FORMAT,
     estimator: str = "basis",
     **basis_options: Any,
-) -> Basis | StepBasis:
-    """A :class:`~basis_bench.estimators.Basis` keyed by :func:`prompt_key` (see
-    reference_cache); with ``estimator`` another registered single-rollout estimator
-    (``basis_memory``, ``spo_tracker``) on the same cache, as a :class:`StepBasis`."""
-    ids, ref = reference_cache(rollouts, reference, ref_n, prompt_format)
-    if estimator == "basis":
-        return Basis(ids, ref, **basis_options)
-    from basis_bench.estimators import get, make_step_estimator
-
+) -> StepEstimator:
+    """The step estimator ``estimator`` (BASIS, or another registered single-rollout one such
+    as ``basis_memory`` or ``spo_tracker``, whose state is carried across steps) on the cache
+    keyed by :func:`prompt_key` (see keyed_reference_cache). ``basis_options``: the estimator's
+    options, and the tilt table's ``prior`` and ``betas``."""
+    ids, ref = keyed_reference_cache(rollouts, reference, ref_n, prompt_format)
     if get(estimator).group:
         raise InputError(f"{estimator!r} is a group estimator; the plug-ins take one rollout")
-    return StepBasis(make_step_estimator(estimator, basis_options, prompt_ids=ids, ref_rewards=ref))
+    prior = basis_options.pop("prior", DEFAULT_PRIOR)
+    betas = basis_options.pop("betas", None)
+    return make_step_estimator(
+        estimator, basis_options, prompt_ids=ids, ref_rewards=ref, betas=betas, prior=prior
+    )
 
 
 __all__ = [
     "DEFAULT_PROMPT_FORMAT",
-    "StepBasis",
     "basis_from_rollouts",
+    "keyed_reference_cache",
+    "one_rollout_step",
     "prompt_key",
     "prompt_text",
-    "reference_cache",
 ]

@@ -30,16 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Basis, BasisOptions, BasisOutput
+from basis_bench.estimators import BasisOptions, StepEstimator, StepOutput
+from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.options import field_names
 from basis_bench.integrations.keys import (
     DEFAULT_PROMPT_FORMAT,
-    StepBasis,
     basis_from_rollouts,
+    one_rollout_step,
     prompt_key,
 )
 
-ESTIMATOR_NAME = "basis"
+ESTIMATOR_NAME = BASIS_NAME  # also the name verl's registry knows it by
 CONFIG_KEY = "basis"  # the +basis.* block of the verl config
 # Every field of BasisOptions, plus the tilt table's prior: the list is written once, there.
 BASIS_OPTIONS = (*field_names(BasisOptions), "prior")
@@ -61,9 +62,9 @@ def broadcast_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
 class BasisVerl:
     """The state verl's advantage function needs: the cache and the uid -> prompt-key memo."""
 
-    basis: Basis | StepBasis  # StepBasis: +basis.estimator=basis_memory (state carried)
+    basis: StepEstimator  # +basis.estimator=basis_memory: another one, its state carried
     keys: dict[str, str] = field(default_factory=dict)
-    last: BasisOutput | None = None
+    last: StepOutput | None = None
 
     @classmethod
     def from_rollouts(
@@ -74,7 +75,7 @@ class BasisVerl:
         prompt_format: str = DEFAULT_PROMPT_FORMAT,
         **basis_options: Any,
     ) -> BasisVerl:
-        """Cache from a rollouts directory in basis-bench's schema (see reference_cache)."""
+        """Cache from a rollouts directory in basis-bench's schema (see keyed_reference_cache)."""
         return cls(basis_from_rollouts(rollouts, reference, ref_n, prompt_format, **basis_options))
 
     def remember(self, uids: Iterable[Any], raw_prompts: Iterable[Any]) -> None:
@@ -100,7 +101,7 @@ class BasisVerl:
     ) -> tuple[Tensor, Tensor]:
         """(advantages, returns), both (bs, L), for a batch whose prompts have ``keys``."""
         rewards = sequence_rewards(token_level_rewards, response_mask)
-        self.last = self.basis(list(keys), rewards)
+        self.last = one_rollout_step(self.basis, keys, rewards)
         adv = broadcast_advantages(rewards - self.last.baselines, response_mask)
         return adv, adv
 
@@ -198,7 +199,7 @@ def settings(config: Mapping[str, Any]) -> dict[str, Any]:
             "(a rollouts directory in basis-bench's schema, with prompts.parquet)"
         )
     known = {"rollouts", "reference", "ref_n", "prompt_format", "estimator", *BASIS_OPTIONS}
-    if block.get("estimator", "basis") != "basis":  # another estimator: its own options
+    if block.get("estimator", BASIS_NAME) != BASIS_NAME:  # another estimator: its own options
         from basis_bench.estimators import get
 
         known = {"rollouts", "reference", "ref_n", "prompt_format", "estimator"}

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
+from basis_bench.estimators import StepEstimator
 from basis_bench.train.config import TrainConfig, config_dict, make_config
 from basis_bench.train.setup import CHECKPOINTS_DIR, Run
 
@@ -27,6 +28,25 @@ PARTIAL = ".partial"
 # Types beyond torch's weights-only defaults that a trainer state may hold. The state is
 # written as plain data, so none are needed today; add a type here, not weights_only=False.
 SAFE_GLOBALS: list[Any] = []
+
+
+def estimator_state(step: StepEstimator) -> dict[str, Any]:
+    """The step estimator's state as a trainer state carries it, in plain data: BASIS's
+    ``previous`` grid index under ``basis_previous_index`` (None for other estimators), any
+    other state (the SPO tracker's, ``basis_memory``'s) as lists under ``estimator_state``."""
+    state: dict[str, Any] = {"basis_previous_index": step.previous_index}
+    other = {k: v.tolist() for k, v in step.state_dict().items() if k != "previous_index"}
+    if other:
+        state["estimator_state"] = other
+    return state
+
+
+def load_estimator_state(step: StepEstimator, state: Mapping[str, Any]) -> None:
+    """Restore :func:`estimator_state`'s keys of a trainer state into ``step``."""
+    if state.get("basis_previous_index") is not None:
+        step.previous_index = int(state["basis_previous_index"])
+    if state.get("estimator_state") is not None:
+        step.load_state_dict({**step.state_dict(), **state["estimator_state"]})
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -67,7 +87,7 @@ def _fsync_tree(directory: Path) -> None:
 
 def save_run_checkpoint(run: Run, step: int) -> Path:
     """Step ``step``'s checkpoint of a run: policy, optimizer, RNG, estimator state, config."""
-    extra = {"config": config_dict(run.config), **run.estimator.state_dict()}
+    extra = {"config": config_dict(run.config), **estimator_state(run.estimator)}
     models = run.models
     return save_checkpoint(
         checkpoint_dir(run.run_dir, step),
@@ -153,5 +173,5 @@ def restore(run: Run, checkpoint: str | os.PathLike[str]) -> int:
         ) from err
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    run.estimator.load_state_dict(state)
+    load_estimator_state(run.estimator, state)
     return int(state["step"]) + 1

@@ -49,9 +49,10 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.estimators import StepOutput
 from basis_bench.outputs import holds_output_locks
 from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
-from basis_bench.train.setup import LOG_FILE, Data, Estimate, Run
+from basis_bench.train.setup import LOG_FILE, Data, Run
 
 Record = dict[str, Any]
 
@@ -120,8 +121,9 @@ def train(
             # 4. baselines b and advantages A = r - b (B_p, G')
             with timer("estimate"):
                 estimate = run.estimator(batch["prompt_id"].to_list(), rewards)
+                baselines = np.asarray(estimate.baselines, dtype=np.float64)
                 advantages = normalise_advantages(
-                    rewards - estimate.baselines, rewards, config.advantage_norm
+                    rewards - baselines, rewards, config.advantage_norm
                 )
 
             # 5. policy update over the step's N = B_p G' responses
@@ -290,7 +292,7 @@ def step_record(
     run: Run,
     rollouts: Rollouts,
     rewards: np.ndarray,
-    estimate: Estimate,
+    estimate: StepOutput,
     advantages: np.ndarray,
     stats: Mapping[str, float | None],
 ) -> Record:
@@ -304,7 +306,7 @@ def step_record(
         "mean_reward": float(rewards.mean()),
         "beta": estimate.beta,
         "beta_index": estimate.beta_index,
-        "baseline_mean": float(estimate.baselines.mean()),
+        "baseline_mean": float(np.mean(estimate.baselines, dtype=np.float64)),
         "adv_mean": float(advantages.mean()),
         "adv_std": float(advantages.std()),
         "zero_adv_share": float(np.mean(np.abs(advantages) < 1e-9)),

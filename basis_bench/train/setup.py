@@ -16,13 +16,16 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from basis_bench.estimators import StepEstimator
 
 LOG_FILE = "log.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
@@ -141,7 +144,7 @@ def load_models(
 # --------------------------------------------------------------------------- samplers
 
 
-def make_sampler(config: TrainConfig, models: Models, template: Any) -> Any:
+def make_training_sampler(config: TrainConfig, models: Models, template: Any) -> Any:
     """The live policy (hf), or a vLLM engine that gets the policy's weights after updates."""
     if config.backend == "vllm":
         # In-process engine: apply_model runs our weight copy directly, nothing is pickled.
@@ -240,56 +243,6 @@ def reference_cache(
 # --------------------------------------------------------------------------- the estimator
 
 
-@dataclass
-class Estimate:
-    """Baselines b (B_p, G) of one step, and BASIS's calibrated beta and its grid index."""
-
-    baselines: np.ndarray
-    beta: float | None = None
-    beta_index: int | None = None
-
-
-class StepEstimator(Protocol):
-    """What the loop calls each step: (prompt ids, rewards (B_p, G)) -> :class:`Estimate`,
-    with a state that checkpoints carry."""
-
-    def __call__(self, prompt_ids: list[str], rewards: np.ndarray) -> Estimate: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass
-class StepBaselines:
-    """A registered estimator for a stream of steps (:func:`estimators.make_step_estimator`).
-
-    Whatever the estimator carries across steps (BASIS's ``previous`` calibration index, the
-    SPO tracker's and ``basis_memory``'s per-prompt state) is in its ``state_dict``, which
-    checkpoints carry as plain lists (``torch.load(weights_only=True)`` reads them back).
-    """
-
-    step: Any  # estimators.StepEstimator
-
-    def __call__(self, prompt_ids: list[str], rewards: np.ndarray) -> Estimate:
-        out = self.step(prompt_ids, rewards)
-        return Estimate(np.asarray(out.baselines, dtype=np.float64), out.beta, out.beta_index)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"basis_previous_index": self.step.previous_index}
-        other = {k: v.tolist() for k, v in self.step.state_dict().items() if k != "previous_index"}
-        if other:
-            state["estimator_state"] = other
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("basis_previous_index") is not None:
-            self.step.previous_index = int(state["basis_previous_index"])
-        if state.get("estimator_state") is not None:
-            full = {**self.step.state_dict(), **state["estimator_state"]}
-            self.step.load_state_dict(full)
-
-
 def make_estimator(
     config: TrainConfig,
     prompt_ids: Sequence[str] = (),
@@ -306,13 +259,11 @@ def make_estimator(
     if estimator.uses_cache and ref_rewards is None:
         raise InputError(f"estimator {estimator.name!r} needs the reference cache's rewards")
     check_estimator_options(config)
-    return StepBaselines(
-        E.make_step_estimator(
-            estimator.name,
-            config.estimator_options,
-            prompt_ids=list(prompt_ids) if estimator.uses_cache else None,
-            ref_rewards=ref_rewards if estimator.uses_cache else None,
-        )
+    return E.make_step_estimator(
+        estimator.name,
+        config.estimator_options,
+        prompt_ids=list(prompt_ids) if estimator.uses_cache else None,
+        ref_rewards=ref_rewards if estimator.uses_cache else None,
     )
 
 
@@ -360,7 +311,7 @@ class Run:
     data: Data
     models: Models
     sampler: Any
-    estimator: StepEstimator
+    estimator: StepEstimator  # its state goes into checkpoints (checkpoint.estimator_state)
 
 
 def setup(
@@ -385,7 +336,7 @@ def setup(
     device = torch_runtime(config)
     data = load_data(config)
     models = load_models(config, device, resume)
-    sampler = make_sampler(config, models, data.template)
+    sampler = make_training_sampler(config, models, data.template)
     ref_rewards = None
     if E.get(config.estimator).uses_cache:
         of_reference = functools.partial(

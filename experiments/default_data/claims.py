@@ -6,7 +6,8 @@ same folder (summary.csv, g_sweep.csv, by_heterogeneity.csv, by_difficulty.csv,
 fixed_beta.csv, sensitivity.csv) and prints one row per claim and checkpoint, with the
 noise-corrected MSEs the verdict rests on; before that, the MSE of every estimator per
 checkpoint (noise-corrected, with the 95% half-width and the share of 0/1 baselines). Every
-number of docs/results.md's "real default" section comes from this script.
+number of docs/results.md's "real default" section comes from this script. The folder is
+read only if its tables are the ones its run.json and sensitivity.json record.
 
     basis-bench evaluate --estimators all --out results/default
     basis-bench sensitivity --out results/default
@@ -19,6 +20,9 @@ import sys
 from pathlib import Path
 
 import polars as pl
+
+from basis_bench.bench.record import RunRecord, check_one_run, sensitivity_mismatch
+from basis_bench.errors import InputError
 
 MSE = "mse_noise_corrected"
 MIN_SHARE = 0.05  # bins holding less than this share of the batches (estimates) are left out
@@ -112,6 +116,20 @@ def claims(folder: Path) -> list[str]:
     return rows
 
 
+def check_folder(folder: Path) -> RunRecord:
+    """run.json of ``folder``, once every table there is known to belong to that run and
+    sensitivity.csv to the same data (an InputError says which is not)."""
+    run = check_one_run(folder)
+    mismatch = sensitivity_mismatch(folder, run)
+    if mismatch is not None:
+        raise InputError(mismatch)
+    return run
+
+
 if __name__ == "__main__":
     folder = Path(sys.argv[1])
+    try:
+        check_folder(folder)
+    except InputError as err:
+        sys.exit(f"error: {err}")
     print("\n".join([*mse_table(folder), "", *claims(folder)]))

@@ -197,139 +197,181 @@ def decode(
 ) -> list[list[int]]:
     """``n`` responses per prompt, prompt-major, each ending at its first stop token or
     after ``max_new_tokens`` tokens. ``temperature == 0`` is greedy."""
-    import torch
-    from transformers import DynamicCache
+    decoder = _Decoder(
+        model, prompt_ids, n, slots, max_new_tokens, temperature, top_p, stop_ids, seed,
+        cache_arg, last_logits_only, stats if stats is not None else DecodeStats(),
+    )  # fmt: skip
+    return decoder.run(on_step)
 
-    stats = stats if stats is not None else DecodeStats()
-    device = model.device
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    longest = max((len(p) for p in prompt_ids), default=0) + max_new_tokens
-    cache = SlotCache(
-        config.num_hidden_layers, slots, kv_heads, head_dim, model.dtype, device, longest
-    )
-    stop_set = set(int(s) for s in stop_ids)
-    keep_last = {"logits_to_keep": 1} if last_logits_only else {}
 
-    outputs: list[list[int]] = [[] for _ in range(len(prompt_ids) * n)]
-    rngs = [
-        np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(p, k)))
-        for p in range(len(prompt_ids))
-        for k in range(n)
-    ]
-    queue: deque[int] = deque(range(len(prompt_ids) * n))
-    prompts: dict[int, _Prompt] = {}
+class _Decoder:
+    """The state of one :func:`decode` call: the slot cache, the queue of sequences waiting
+    for a slot, the prompts whose KV is still to be copied, and rows 0 .. live-1 (live)."""
 
-    # Row state (rows 0 .. live-1 are live).
-    seq_of_row: list[int] = []
-    lengths = torch.zeros(slots, dtype=torch.long, device=device)
-    last = torch.zeros(slots, dtype=torch.long, device=device)
+    def __init__(
+        self, model: Any, prompt_ids: list[list[int]], n: int, slots: int, max_new_tokens: int,
+        temperature: float, top_p: float, stop_ids: Sequence[int], seed: int, cache_arg: str,
+        last_logits_only: bool, stats: DecodeStats,
+    ) -> None:  # fmt: skip
+        import torch
 
-    def draw(logits: Any, seqs: list[int]) -> list[int]:
-        if temperature == 0:
+        self.model, self.prompt_ids, self.n, self.slots = model, prompt_ids, n, slots
+        self.temperature, self.top_p = temperature, top_p
+        self.max_new_tokens, self.cache_arg, self.stats = max_new_tokens, cache_arg, stats
+        self.device = device = model.device
+        config = model.config
+        self.head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        longest = max((len(p) for p in prompt_ids), default=0) + max_new_tokens
+        self.cache = SlotCache(
+            config.num_hidden_layers, slots, self.kv_heads, self.head_dim, model.dtype, device,
+            longest,
+        )  # fmt: skip
+        self.stop_set = set(int(s) for s in stop_ids)
+        self.keep_last = {"logits_to_keep": 1} if last_logits_only else {}
+        self.outputs: list[list[int]] = [[] for _ in range(len(prompt_ids) * n)]
+        self.rngs = [
+            np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(p, k)))
+            for p in range(len(prompt_ids))
+            for k in range(n)
+        ]
+        self.queue: deque[int] = deque(range(len(prompt_ids) * n))
+        self.prompts: dict[int, _Prompt] = {}
+        self.seq_of_row: list[int] = []
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.last = torch.zeros(slots, dtype=torch.long, device=device)
+
+    def draw(self, logits: Any, seqs: list[int]) -> list[int]:
+        """The next token of each sequence ``seqs`` from its logits and its own stream."""
+        import torch
+
+        if self.temperature == 0:
             return [int(t) for t in logits.argmax(-1).tolist()]
-        u = torch.tensor([rngs[s].random() for s in seqs], dtype=torch.float64)
-        return draw_tokens(logits, temperature, top_p, u.to(logits.device))
+        u = torch.tensor([self.rngs[s].random() for s in seqs], dtype=torch.float64)
+        return draw_tokens(logits, self.temperature, self.top_p, u.to(logits.device))
 
-    def prefill(p: int) -> _Prompt:
-        ids = torch.tensor([prompt_ids[p]], dtype=torch.long, device=device)
+    def prefill(self, p: int) -> _Prompt:
+        """Prompt ``p`` run through the model once: its per-layer KV and last logits."""
+        import torch
+        from transformers import DynamicCache
+
+        ids = torch.tensor([self.prompt_ids[p]], dtype=torch.long, device=self.device)
         kv = DynamicCache()
-        out = model(input_ids=ids, use_cache=True, **{cache_arg: kv}, **keep_last)
-        stats.prefill_tokens += ids.shape[1]
+        out = self.model(input_ids=ids, use_cache=True, **{self.cache_arg: kv}, **self.keep_last)
+        self.stats.prefill_tokens += ids.shape[1]
         layers: list[Any] = list(kv.layers)
-        expected = (1, kv_heads, ids.shape[1], head_dim)
-        if len(layers) != config.num_hidden_layers or any(
+        expected = (1, self.kv_heads, ids.shape[1], self.head_dim)
+        if len(layers) != self.model.config.num_hidden_layers or any(
             tuple(getattr(layer, "keys", torch.empty(0)).shape) != expected for layer in layers
         ):
             raise NotImplementedError(
-                f"{type(model).__name__}: continuous batching needs one full-attention KV "
+                f"{type(self.model).__name__}: continuous batching needs one full-attention KV "
                 f"cache {expected} per layer; use HFSampler(..., engine='generate')"
             )
         return _Prompt(
             [layer.keys[0] for layer in layers],
             [layer.values[0] for layer in layers],
             out.logits[:, -1],
-            n,
+            self.n,
         )
 
-    def finished(seq: int, token: int) -> bool:
-        return token in stop_set or len(outputs[seq]) >= max_new_tokens
+    def finished(self, seq: int, token: int) -> bool:
+        return token in self.stop_set or len(self.outputs[seq]) >= self.max_new_tokens
 
-    def admit() -> tuple[int, int]:
+    def admit(self) -> tuple[int, int]:
         """Fill free rows from the queue, drawing each newcomer's first token from its
         prompt's logits; returns (sequences that finished on that token, tokens drawn)."""
         done = drawn = 0
-        while queue and len(seq_of_row) < slots:
-            seq = queue.popleft()
-            p = seq // n
-            prompt = prompts.get(p)
+        while self.queue and len(self.seq_of_row) < self.slots:
+            seq = self.queue.popleft()
+            p = seq // self.n
+            prompt = self.prompts.get(p)
             if prompt is None:
-                prompt = prompts[p] = prefill(p)
+                prompt = self.prompts[p] = self.prefill(p)
             # First tokens of all waiting samples of this prompt come from its logits.
-            (token,) = draw(prompt.logits, [seq])
-            outputs[seq].append(token)
+            (token,) = self.draw(prompt.logits, [seq])
+            self.outputs[seq].append(token)
             drawn += 1
             prompt.waiting -= 1
             if prompt.waiting == 0:
-                del prompts[p]
-            if finished(seq, token):
+                del self.prompts[p]
+            if self.finished(seq, token):
                 done += 1
                 continue
-            row = len(seq_of_row)
-            seq_of_row.append(seq)
-            cache.set_row(row, prompt.keys, prompt.values)
-            lengths[row] = len(prompt_ids[p])
-            last[row] = token
+            row = len(self.seq_of_row)
+            self.seq_of_row.append(seq)
+            self.cache.set_row(row, prompt.keys, prompt.values)
+            self.lengths[row] = len(self.prompt_ids[p])
+            self.last[row] = token
         return done, drawn
 
-    # Eval mode while decoding: in train mode a gradient-checkpointed layer drops the
-    # cache argument, which would silently decode without context.
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            done, drawn = admit()
-            if on_step is not None and drawn:
-                on_step(done, drawn)
-            while seq_of_row:
-                live = len(seq_of_row)
-                cols = lengths[:live]
-                cache.prepare(cols)
-                width = cache.width
-                mask = (torch.arange(width, device=device) <= cols.unsqueeze(1))[:, None, None, :]
-                out = model(
-                    input_ids=last[:live].unsqueeze(1),
-                    position_ids=cols.unsqueeze(1),
-                    attention_mask=mask,
-                    use_cache=True,
-                    **{cache_arg: cache},
-                )
-                stats.steps += 1
-                stats.row_steps += live
-                stats.rows_per_step.append(live)
-                tokens = draw(out.logits[:, -1], seq_of_row)
-                lengths[:live] += 1
-                ended: list[int] = []
-                for row, token in enumerate(tokens):
-                    seq = seq_of_row[row]
-                    outputs[seq].append(token)
-                    if finished(seq, token):
-                        ended.append(row)
-                    else:
-                        last[row] = token
-                for row in reversed(ended):  # highest first: a moved row is never a finished one
-                    tail = len(seq_of_row) - 1
-                    if row != tail:
-                        cache.move_row(tail, row, int(lengths[tail]))
-                        seq_of_row[row] = seq_of_row[tail]
-                        lengths[row] = lengths[tail]
-                        last[row] = last[tail]
-                    seq_of_row.pop()
-                done, drawn = admit()
-                if on_step is not None:
-                    on_step(len(ended) + done, live + drawn)
-    finally:
-        model.train(was_training)
-    stats.generated_tokens += sum(len(o) for o in outputs)
-    return outputs
+    def step(self) -> list[int]:
+        """One batched forward over the live rows; returns the rows that finished."""
+        import torch
+
+        live = len(self.seq_of_row)
+        cols = self.lengths[:live]
+        self.cache.prepare(cols)
+        width = self.cache.width
+        mask = (torch.arange(width, device=self.device) <= cols.unsqueeze(1))[:, None, None, :]
+        out = self.model(
+            input_ids=self.last[:live].unsqueeze(1),
+            position_ids=cols.unsqueeze(1),
+            attention_mask=mask,
+            use_cache=True,
+            **{self.cache_arg: self.cache},
+        )
+        self.stats.steps += 1
+        self.stats.row_steps += live
+        self.stats.rows_per_step.append(live)
+        tokens = self.draw(out.logits[:, -1], self.seq_of_row)
+        self.lengths[:live] += 1
+        ended: list[int] = []
+        for row, token in enumerate(tokens):
+            seq = self.seq_of_row[row]
+            self.outputs[seq].append(token)
+            if self.finished(seq, token):
+                ended.append(row)
+            else:
+                self.last[row] = token
+        return ended
+
+    def release(self, ended: list[int]) -> None:
+        """Free finished rows by moving the last live row into each (highest first: a moved
+        row is never a finished one)."""
+        lengths, last, seq_of_row = self.lengths, self.last, self.seq_of_row
+        for row in reversed(ended):
+            tail = len(seq_of_row) - 1
+            if row != tail:
+                self.cache.move_row(tail, row, int(lengths[tail]))
+                seq_of_row[row] = seq_of_row[tail]
+                lengths[row] = lengths[tail]
+                last[row] = last[tail]
+            seq_of_row.pop()
+
+    def run(self, on_step: StepCallback | None) -> list[list[int]]:
+        """Decode until every sequence has ended; the outputs, prompt-major."""
+        import torch
+
+        # Eval mode while decoding: in train mode a gradient-checkpointed layer drops the
+        # cache argument, which would silently decode without context.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                done, drawn = self.admit()
+                if on_step is not None and drawn:
+                    on_step(done, drawn)
+                while self.seq_of_row:
+                    live = len(self.seq_of_row)
+                    ended = self.step()
+                    self.release(ended)
+                    done, drawn = self.admit()
+                    if on_step is not None:
+                        on_step(len(ended) + done, live + drawn)
+        finally:
+            self.model.train(was_training)
+        self.stats.generated_tokens += sum(len(o) for o in self.outputs)
+        return self.outputs
