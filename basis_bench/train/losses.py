@@ -134,10 +134,12 @@ def kl_k3(
 
         k3_it = exp(ref_logp_it - logp_it) - (ref_logp_it - logp_it) - 1  >= 0
 
-    unbiased for the KL when y ~ pi, and never negative (unlike the plain log-ratio).
+    unbiased for the KL when y ~ pi, and never negative (unlike the plain log-ratio). Written
+    expm1(x) - x, clamped at 0: exp(x) - x - 1 cancels catastrophically in float32 for small
+    x and came out at -6e-8 for x = -6e-8.
     """
     log_ratio = ref_logp - logp
-    return reduce(torch.exp(log_ratio) - log_ratio - 1.0, mask, agg, denom)
+    return reduce((torch.expm1(log_ratio) - log_ratio).clamp(min=0.0), mask, agg, denom)
 
 
 # --------------------------------------------------------------------------- the registry
