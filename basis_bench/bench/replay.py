@@ -55,7 +55,13 @@ def draw_rollouts(
     rng: np.random.Generator, pool_count: np.ndarray, g: int, width: int
 ) -> np.ndarray:
     """(..., g) pool columns per entry of ``pool_count`` (...), without replacement, random order."""
-    keys = rng.random((*pool_count.shape, width))
+    return pick_rollouts(rng.random((*pool_count.shape, width)), pool_count, g)
+
+
+def pick_rollouts(keys: np.ndarray, pool_count: np.ndarray, g: int) -> np.ndarray:
+    """:func:`draw_rollouts` from given uniform ``keys`` (..., width): the g smallest keys
+    among each entry's first ``pool_count`` columns, in key order (``keys`` is overwritten)."""
+    width = keys.shape[-1]
     keys[np.arange(width) >= pool_count[..., None]] = np.inf
     cols = np.argpartition(keys, g - 1, axis=-1)[..., :g]
     order = np.argsort(np.take_along_axis(keys, cols, axis=-1), axis=-1)

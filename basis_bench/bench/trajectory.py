@@ -45,7 +45,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import polars as pl
 
-from basis_bench.bench.replay import draw_rollouts
+from basis_bench.bench.dataset import Rewards, rewards_from_frame
+from basis_bench.bench.replay import pick_rollouts
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
     Estimator,
@@ -57,9 +58,9 @@ from basis_bench.estimators import (
 )
 from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.estimators.related import SPO_DECAY
-from basis_bench.rollouts.store import reward_matrix
 
 ESTIMATOR_NAME = "spo_tracker"
+BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
 Z_95 = 1.959963984540054
 SUMMARY_COLUMNS = (
     "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low", "ci_high",
@@ -68,10 +69,11 @@ SUMMARY_COLUMNS = (
 
 
 def tracker_prompts(
-    rollouts: pl.DataFrame, reference: str, checkpoints: Sequence[str]
+    rollouts: pl.DataFrame | Rewards, reference: str, checkpoints: Sequence[str]
 ) -> tuple[np.ndarray, int]:
     """Sorted prompt ids present in the reference and every checkpoint, and how many are dropped."""
-    policies = set(rollouts["policy"].unique().to_list())
+    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
+    policies = set(rewards)
     missing = [p for p in (reference, *checkpoints) if p not in policies]
     if missing:
         raise InputError(
@@ -79,10 +81,7 @@ def tracker_prompts(
         )
     if len(set(checkpoints)) != len(checkpoints) or not checkpoints:
         raise InputError("checkpoints must be a non-empty sequence of distinct policies, in order")
-    sets = [
-        set(rollouts.filter(pl.col("policy") == p)["prompt_id"].unique().to_list())
-        for p in (reference, *checkpoints)
-    ]
+    sets = [set(rewards[p].prompt_ids.tolist()) for p in (reference, *checkpoints)]
     common = set.intersection(*sets)
     everywhere = set.union(*sets)
     if not common:
@@ -111,7 +110,7 @@ def _split(rewards: np.ndarray, oracle_n: int, checkpoint: str, need: int) -> _S
     return _Split(
         oracle.mean(axis=1),
         oracle.var(axis=1, ddof=1) / oracle_n,
-        rewards[:, oracle_n:],
+        rewards[:, oracle_n:].copy(),  # not a view: the oracle columns are freed
         counts - oracle_n,
     )
 
@@ -205,7 +204,7 @@ def _check(
 
 
 def replay_trajectory(
-    rollouts: pl.DataFrame,
+    rollouts: pl.DataFrame | Rewards,
     reference: str,
     checkpoints: Sequence[str],
     estimators: Sequence[str | Estimator],
@@ -214,22 +213,24 @@ def replay_trajectory(
 ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     """Replay ``estimators`` over ``checkpoints`` in order; rows per epoch and per checkpoint.
 
-    ``rollouts`` is a frame in the store's schema. Returns the table (columns: scope,
+    ``rollouts`` is a frame in the store's schema or a dataset's
+    :class:`~basis_bench.bench.dataset.PolicyRewards` by policy. Returns the table (columns: scope,
     checkpoint, epoch, step, then evaluate's summary columns) and each estimator's per-step
     MSE curve (steps,) keyed by its label. ``settings.options`` maps an estimator name to
     its options (object or mapping). ``progress(checkpoint, epoch)`` after every epoch.
     """
     s = settings or TrajectorySettings()
     ests = [get(e) if isinstance(e, str) else e for e in estimators]
-    ids, _ = tracker_prompts(rollouts, reference, checkpoints)
+    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
+    ids, _ = tracker_prompts(rewards, reference, checkpoints)
     p = len(ids)
     g_max = _check(s, ests, p, len(checkpoints))
-    cache = reward_matrix(rollouts, reference, ids)[:, : s.ref_n]
+    cache = rewards[reference].rows(ids)[:, : s.ref_n]
     from basis_bench.estimators import default_betas
 
     betas = default_betas(s.grid_size) if s.grid_size is not None else None
     table = TiltTable.from_cache(cache, betas, s.prior, list(ids))
-    splits = [_split(reward_matrix(rollouts, c, ids), s.oracle_n, c, g_max) for c in checkpoints]
+    splits = [_split(rewards[c].rows(ids), s.oracle_n, c, g_max) for c in checkpoints]
     rr = _reward_range(cache, *(sp.pool for sp in splits))
     tracks = {}
     for e in ests:
@@ -252,29 +253,28 @@ def replay_trajectory(
             share = 0.0 if following is None else epoch / s.epochs_per_checkpoint
             share_sum += share
             index = np.argsort(rng.random((s.repeats, p)), axis=1)[:, :per_epoch]
-            rewards = _draw(rng, split, index, g_max)
+            mixing = following if share > 0 else None
+            draws = _EpochDraws(rng, index, g_max, split, mixing, share)
             oracle, noise = split.oracle, split.noise
-            if following is not None and share > 0:
+            if mixing is not None:
                 # the mixture policy: each rollout is the next checkpoint's with probability share
-                later = _draw(rng, following, index, g_max)
-                rewards = np.where(rng.random(rewards.shape) < share, later, rewards)
-                oracle = (1 - share) * oracle + share * following.oracle
-                noise = (1 - share) ** 2 * noise + share**2 * following.noise
+                oracle = (1 - share) * oracle + share * mixing.oracle
+                noise = (1 - share) ** 2 * noise + share**2 * mixing.noise
             noise_sum = float(noise[index].sum())
             noise_ckpt += noise_sum
-            epoch_sq = _run_epoch(tracks, index, rewards, oracle, b)
+            epoch_sq = _run_epoch(tracks, draws, oracle, b)
             step_count += per_epoch // b
             for name, t in tracks.items():
-                sq = epoch_sq[name]
+                sq_sum = epoch_sq[name]
                 extreme = t.extreme_last
-                t.sq_ckpt += sq.sum(axis=1)
+                t.sq_ckpt += sq_sum
                 t.extreme_ckpt += extreme
                 rows.append(
                     {
                         "scope": "epoch", "checkpoint": checkpoint, "checkpoint_index": ck,
                         "epoch": ck * s.epochs_per_checkpoint + epoch + 1, "step": step_count,
                         "next_share": share, "estimator": name, "rollouts_per_prompt": t.g,
-                        **_summary(sq.sum(axis=1), per_epoch, noise_sum, extreme),
+                        **_summary(sq_sum, per_epoch, noise_sum, extreme),
                     }
                 )  # fmt: skip
             if progress is not None:
@@ -294,41 +294,107 @@ def replay_trajectory(
     return pl.DataFrame(rows, schema_overrides={"epoch": pl.Int64}), curves
 
 
-def _draw(rng: np.random.Generator, split: _Split, index: np.ndarray, g_max: int) -> np.ndarray:
-    """One visit's rewards (R, per_epoch, g_max) for the prompts ``index`` from a checkpoint's
-    pool: one draw per visit, or g_max without replacement."""
+class _Uniforms:
+    """The uniforms of one ``rng.random((R, n, *rest))`` call, read a block of columns at a
+    time. PCG64 spends one 64-bit draw per double, so row i's block [lo, hi) starts
+    (i * n + lo) * prod(rest) draws into the call: the blocks are exactly the whole call's
+    numbers while only (R, hi - lo, *rest) of them are ever held. Constructing it moves
+    ``rng`` past the whole call, as drawing it would."""
+
+    def __init__(self, rng: np.random.Generator, shape: tuple[int, ...]) -> None:
+        self.state: Any = rng.bit_generator.state
+        self.shape = shape
+        self.inner = math.prod(shape[2:])
+        rng.bit_generator.advance(math.prod(shape))  # type: ignore[attr-defined]
+
+    def block(self, lo: int, hi: int) -> np.ndarray:
+        rows, n, rest = self.shape[0], self.shape[1], self.shape[2:]
+        out = np.empty((rows, hi - lo, *rest))
+        bits = np.random.PCG64()
+        for i in range(rows):
+            bits.state = self.state
+            bits.advance((i * n + lo) * self.inner)
+            out[i] = np.random.Generator(bits).random((hi - lo, *rest))
+        return out
+
+
+class _EpochDraws:
+    """One epoch's rewards (R, per_epoch, g_max) for the prompts ``index`` (R, per_epoch),
+    made a block of visits at a time: one pool draw per visit, or g_max without
+    replacement; with a ``mixing`` checkpoint, each rollout is its draw with probability
+    ``share``. The same numbers, in the same order, as drawing the whole epoch at once."""
+
+    def __init__(
+        self, rng: np.random.Generator, index: np.ndarray, g_max: int, split: _Split,
+        mixing: _Split | None, share: float,
+    ) -> None:  # fmt: skip
+        self.index, self.g_max, self.split, self.mixing, self.share = (
+            index, g_max, split, mixing, share
+        )  # fmt: skip
+        self.own = _Uniforms(rng, self._key_shape(split))
+        self.later = None if mixing is None else _Uniforms(rng, self._key_shape(mixing))
+        self.mix = None if mixing is None else _Uniforms(rng, (*index.shape, g_max))
+
+    def _key_shape(self, split: _Split) -> tuple[int, ...]:
+        return self.index.shape if self.g_max == 1 else (*self.index.shape, split.pool.shape[1])
+
+    def block_size(self, b: int) -> int:
+        """Visits per block, whole batches of ``b``: at most about BLOCK_DRAWS uniforms."""
+        keys = math.prod(self._key_shape(self.split)[2:]) * self.index.shape[0]
+        return max(1, BLOCK_DRAWS // max(keys * b, 1)) * b
+
+    def rewards(self, lo: int, hi: int) -> np.ndarray:
+        """The rewards (R, hi - lo, g_max) of visits [lo, hi)."""
+        index = self.index[:, lo:hi]
+        out = _pick(self.split, index, self.own.block(lo, hi), self.g_max)
+        if self.mixing is not None and self.later is not None and self.mix is not None:
+            later = _pick(self.mixing, index, self.later.block(lo, hi), self.g_max)
+            out = np.where(self.mix.block(lo, hi) < self.share, later, out)
+        return out
+
+
+def _pick(split: _Split, index: np.ndarray, keys: np.ndarray, g_max: int) -> np.ndarray:
+    """Rewards (..., g_max) of the prompts ``index`` (...) from a checkpoint's pool, given the
+    uniforms ``keys``: one draw per visit, or g_max without replacement."""
     pool, pool_count = split.pool, split.pool_count
     if g_max == 1:
-        col = np.floor(rng.random(index.shape) * pool_count[index]).astype(np.int64)
+        col = np.floor(keys * pool_count[index]).astype(np.int64)
         return pool[index, col][..., None]
-    cols = draw_rollouts(rng, pool_count[index], g_max, pool.shape[1])
+    cols = pick_rollouts(keys, pool_count[index], g_max)
     return pool[index[..., None], cols]
 
 
 def _run_epoch(
-    tracks: Mapping[str, _Track],
-    index: np.ndarray,
-    rewards: np.ndarray,
-    oracle: np.ndarray,
-    b: int,
+    tracks: Mapping[str, _Track], draws: _EpochDraws, oracle: np.ndarray, b: int
 ) -> dict[str, np.ndarray]:
-    """Every estimator over one epoch's batches, in order: squared errors (R, per_epoch)."""
-    out: dict[str, np.ndarray] = {}
+    """Every estimator over one epoch's batches, in order: each repeat's summed squared
+    error (R,). The rewards are drawn a block of batches at a time; estimators carry no
+    state between one another, so each runs its steps of a block before the next."""
+    index = draws.index
+    out = {name: np.zeros(index.shape[0]) for name in tracks}
+    extreme = dict.fromkeys(tracks, 0)
+    size = draws.block_size(b)
+    for lo in range(0, index.shape[1], size):
+        hi = min(lo + size, index.shape[1])
+        rewards = draws.rewards(lo, hi)
+        for name, t in tracks.items():
+            for start in range(lo, hi, b):
+                sl = slice(start, start + b)
+                res = t.step.step_columns(
+                    index[:, sl], rewards[:, start - lo : start - lo + b, : t.g]
+                )
+                base = np.asarray(res.baselines, dtype=np.float64)
+                err = (base - oracle[index[:, sl], None]) ** 2
+                t.curve.append(float(err.mean()))
+                out[name] += err.mean(axis=-1).sum(axis=1)
+                extreme[name] += int(((base == 0) | (base == 1)).sum())
     for name, t in tracks.items():
-        base = np.empty((*index.shape, t.g))
-        for start in range(0, index.shape[1], b):
-            sl = slice(start, start + b)
-            res = t.step.step_columns(index[:, sl], rewards[:, sl, : t.g])
-            base[:, sl] = np.asarray(res.baselines, dtype=np.float64)
-            t.curve.append(float(((base[:, sl] - oracle[index[:, sl], None]) ** 2).mean()))
-        out[name] = ((base - oracle[index][..., None]) ** 2).mean(axis=-1)
-        extreme = int(((base == 0) | (base == 1)).sum())
-        t.extreme_last = extreme if t.g == 1 else extreme / t.g
+        t.extreme_last = extreme[name] if t.g == 1 else extreme[name] / t.g
     return out
 
 
 def replay_tracker(
-    rollouts: pl.DataFrame,
+    rollouts: pl.DataFrame | Rewards,
     reference: str,
     checkpoints: Sequence[str],
     batch_size: int = 64,
