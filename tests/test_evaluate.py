@@ -22,6 +22,7 @@ from basis_bench.bench.evaluate import (
     heterogeneity_table,
     open_dataset,
 )
+from basis_bench.bench.replay import Moments
 from basis_bench.cli import main
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
@@ -181,8 +182,9 @@ def test_heterogeneity_bins_follow_the_protocol():
     mse = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
     rep = Replay(
         checkpoint="c",
-        series={("x", 1): Series("x", 1, [mse], [np.zeros(7)])},
+        series={("x", 1): Series.of("x", 1, mse, np.zeros(7))},
         sweep={},
+        noise=Moments(7, 0.5),
         batch_noise=np.full(7, 0.5),
         batch_spread=spread,
         difficulty=pl.DataFrame(),
@@ -207,6 +209,7 @@ def test_difficulty_bins_follow_the_protocol():
         checkpoint="c",
         series={},
         sweep={},
+        noise=Moments(1, 0.0),
         batch_noise=np.zeros(1),
         batch_spread=np.zeros(1),
         difficulty=pl.DataFrame(
