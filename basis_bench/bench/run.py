@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from basis_bench import __version__
 from basis_bench.bench.config import EvaluateConfig
+from basis_bench.bench.cost import check_memory, held_bytes
 from basis_bench.bench.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
 from basis_bench.bench.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
 from basis_bench.bench.tables import (
@@ -275,6 +276,8 @@ def evaluate(
     )
     min_pool = cfg.group_size if has_group else 1
     datas = [checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, min_pool) for c in ds.checkpoints]
+    streams = min(cfg.repeats, TRAJECTORY_REPEATS) if cfg.trajectory else 0
+    check_memory(max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams)
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
     # One run, all or nothing: written into a hidden sibling folder and swapped in whole.
     with staged_run(out, RUN_FILES) as stage:

@@ -1,0 +1,41 @@
+"""evaluate's memory model and the pre-flight check that names the option that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from basis_bench.bench import cost
+from basis_bench.bench.config import EvaluateConfig
+from basis_bench.bench.cost import check_memory, evaluate_memory
+from basis_bench.bench.run import evaluate
+from basis_bench.errors import InputError
+
+GIB = 2**30
+
+
+def test_the_model_is_linear_in_prompts_and_flat_in_repeats_beyond_the_streams():
+    small, large = evaluate_memory(2500, 0, 200), evaluate_memory(17398, 0, 200)
+    assert small < large < 2 * GIB
+    per_prompt = (large - small) / (17398 - 2500)
+    assert per_prompt == cost.REPLAY_BYTES + 200 * cost.TRAJECTORY_BYTES
+    assert evaluate_memory(17398, 0, 0) < large
+
+
+def test_a_run_over_free_memory_is_refused_with_the_option_that_fits(monkeypatch):
+    need, lighter = evaluate_memory(17398, 0, 200), evaluate_memory(17398, 0, 0)
+    monkeypatch.setattr(cost, "available_memory", lambda: (need + lighter) // 2)
+    with pytest.raises(InputError, match=r"17398 prompts.*pass --no-trajectory"):
+        check_memory(17398, 0, 200)
+    assert check_memory(17398, 0, 0) == lighter
+    monkeypatch.setattr(cost, "available_memory", lambda: lighter // 2)
+    with pytest.raises(InputError, match=r"fewer checkpoints at a time \(--checkpoint NAME\)"):
+        check_memory(17398, 0, 200)
+    monkeypatch.setattr(cost, "available_memory", lambda: None)  # the system does not say
+    assert check_memory(17398, 0, 200) == need
+
+
+def test_evaluate_checks_before_the_replay(monkeypatch, tmp_path):
+    monkeypatch.setattr(cost, "available_memory", lambda: 1)
+    with pytest.raises(InputError, match=r"pass --no-trajectory|--checkpoint"):
+        evaluate(EvaluateConfig(repeats=2), tmp_path / "out")
+    assert not (tmp_path / "out" / "summary.csv").exists()
