@@ -213,17 +213,21 @@ def test_blend_without_a_next_checkpoint_or_epochs_is_refused():
     ("names", "blend"),
     [(["basis", "grpo", "basis_memory", "spo_tracker"], True), (["basis"], False)],
 )
-def test_an_epoch_drawn_in_blocks_is_the_epoch_drawn_at_once(monkeypatch, names, blend):
-    """Bounded memory: with one batch per block the draws, states and errors are the same as
-    with the whole epoch in one block (sums of squared errors up to rounding order)."""
+@pytest.mark.parametrize("knob", ["BLOCK_DRAWS", "STREAM_BYTES"])
+def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
+    monkeypatch, names, blend, knob
+):
+    """Bounded memory: with one batch per block of draws (BLOCK_DRAWS), or one repeat per
+    pass (STREAM_BYTES), the draws, states and errors are those of one block and one pass
+    (sums over repeats and steps up to rounding order)."""
     settings = TrajectorySettings(
         batch_size=3, repeats=4, epochs_per_checkpoint=2, group_size=2, oracle_n=4, ref_n=8,
         seed=3, blend=blend,
     )  # fmt: skip
     df = _rollouts()
     whole, whole_curves = replay_trajectory(df, "reference", ["a", "b"], names, settings)
-    monkeypatch.setattr(trajectory, "BLOCK_DRAWS", 1)
-    blocks, block_curves = replay_trajectory(df, "reference", ["a", "b"], names, settings)
-    assert_frame_equal(blocks, whole, rtol=1e-12)
+    monkeypatch.setattr(trajectory, knob, 1)
+    parts, part_curves = replay_trajectory(df, "reference", ["a", "b"], names, settings)
+    assert_frame_equal(parts, whole, rtol=1e-12)
     for name in names:
-        np.testing.assert_array_equal(block_curves[name], whole_curves[name])
+        np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)

@@ -4,15 +4,16 @@ cannot hold before any replay starts.
 Peak resident memory of evaluate, the model fitted to the runs of
 benchmarks/bench_scale.py (docs/scale.md), for P prompts:
 
-    BASE + held + CHUNK_REPEATS * P * 16 + R_t * P * TRAJECTORY_BYTES
+    BASE + held + CHUNK_REPEATS * P * 16 + min(R_t * P * 104, STREAM_BYTES)
 
 ``held``: the reward matrices (one narrow matrix per policy, 2 bytes a rollout for 0/1
 rewards) and each checkpoint's oracle, pool and cache arrays; the replay draws a chunk of
 CHUNK_REPEATS batches from P sort keys and their order (16 bytes a prompt); the trajectory
-replay (when on) runs R_t = min(repeats, 200) parallel streams, each holding per prompt its shuffle
+replay (when on) runs R_t = min(repeats, 200) streams, each holding per prompt its shuffle
 (3 x 8 bytes) and the stateful estimators' state (basis_memory: successes and visits for 4
-gammas, 64 bytes; the SPO tracker: alpha and beta, 16 bytes). Repeats beyond that cost time,
-never memory: per-repeat values are running sums.
+gammas, 64 bytes; the SPO tracker: alpha and beta, 16 bytes), as many together as
+STREAM_BYTES (64 MiB) holds (:func:`~basis_bench.bench.trajectory.stream_group`). Repeats
+beyond that cost time, never memory: per-repeat values are running sums.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from pathlib import Path
 
 from basis_bench.bench.dataset import CheckpointData, Rewards
 from basis_bench.bench.replay import CHUNK_REPEATS
+from basis_bench.bench.trajectory import STREAM_PROMPT_BYTES, stream_group
 from basis_bench.errors import InputError
 
 BASE_BYTES = 320 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
 REPLAY_BYTES = 16 * CHUNK_REPEATS  # a chunk's sort keys and argpartition, per prompt
-TRAJECTORY_BYTES = 24 + 64 + 16  # per stream and prompt: shuffle, basis_memory, SPO tracker
 
 
 def held_bytes(rewards: Rewards, datas: Iterable[CheckpointData]) -> int:
@@ -38,7 +39,8 @@ def held_bytes(rewards: Rewards, datas: Iterable[CheckpointData]) -> int:
 def evaluate_memory(prompts: int, held: int, streams: int) -> int:
     """Predicted peak resident bytes of evaluate (the model above); ``streams`` = R_t, 0
     without the trajectory replay."""
-    return BASE_BYTES + held + REPLAY_BYTES * prompts + streams * prompts * TRAJECTORY_BYTES
+    together = stream_group(streams, prompts) if streams else 0
+    return BASE_BYTES + held + REPLAY_BYTES * prompts + together * prompts * STREAM_PROMPT_BYTES
 
 
 def available_memory() -> int | None:
