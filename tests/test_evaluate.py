@@ -15,7 +15,7 @@ from conftest import assert_one_line_error, run_main
 from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
 from basis_bench.bench.dataset import open_dataset
 from basis_bench.bench.record import RunRecord
-from basis_bench.bench.replay import Replay, Series, draw_batches, draw_rollouts
+from basis_bench.bench.replay import Moments, Replay, Series, draw_batches, draw_rollouts
 from basis_bench.bench.run import evaluate
 from basis_bench.bench.tables import bin_index, difficulty_table, heterogeneity_table
 from basis_bench.errors import InputError
@@ -177,8 +177,9 @@ def test_heterogeneity_bins_follow_the_protocol():
     mse = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
     rep = Replay(
         checkpoint="c",
-        series={("x", 1): Series("x", 1, [mse], [np.zeros(7)])},
+        series={("x", 1): Series.of("x", 1, mse, np.zeros(7))},
         sweep={},
+        noise=Moments(7, 0.5),
         batch_noise=np.full(7, 0.5),
         batch_spread=spread,
         difficulty=pl.DataFrame(),
@@ -203,6 +204,7 @@ def test_difficulty_bins_follow_the_protocol():
         checkpoint="c",
         series={},
         sweep={},
+        noise=Moments(1, 0.0),
         batch_noise=np.zeros(1),
         batch_spread=np.zeros(1),
         difficulty=pl.DataFrame(

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
+from basis_bench.bench import trajectory
 from basis_bench.bench.trajectory import (
     TrajectorySettings,
     replay_tracker,
@@ -205,3 +207,27 @@ def test_blend_without_a_next_checkpoint_or_epochs_is_refused():
         )
         with pytest.raises(InputError, match="blending"):
             replay_trajectory(df, "reference", checkpoints, ["grpo"], settings)
+
+
+@pytest.mark.parametrize(
+    ("names", "blend"),
+    [(["basis", "grpo", "basis_memory", "spo_tracker"], True), (["basis"], False)],
+)
+@pytest.mark.parametrize("knob", ["BLOCK_DRAWS", "STREAM_BYTES"])
+def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
+    monkeypatch, names, blend, knob
+):
+    """Bounded memory: with one batch per block of draws (BLOCK_DRAWS), or one repeat per
+    pass (STREAM_BYTES), the draws, states and errors are those of one block and one pass
+    (sums over repeats and steps up to rounding order)."""
+    settings = TrajectorySettings(
+        batch_size=3, repeats=4, epochs_per_checkpoint=2, group_size=2, oracle_n=4, ref_n=8,
+        seed=3, blend=blend,
+    )  # fmt: skip
+    df = _rollouts()
+    whole, whole_curves = replay_trajectory(df, "reference", ["a", "b"], names, settings)
+    monkeypatch.setattr(trajectory, knob, 1)
+    parts, part_curves = replay_trajectory(df, "reference", ["a", "b"], names, settings)
+    assert_frame_equal(parts, whole, rtol=1e-12)
+    for name in names:
+        np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)

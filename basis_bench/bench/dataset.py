@@ -9,21 +9,28 @@ checkpoint into the held-out oracle, the pool the estimators draw from, and the 
 Prompts without any reference sample cannot use the cache: they are dropped and counted.
 The oracle is itself noisy: Var(oracle_i) = sigma_i^2 / oracle_n, estimated without bias
 by the oracle samples' variance (ddof = 1) over oracle_n.
+
+Memory: a dataset is held as one reward matrix per policy (:class:`PolicyRewards`, about
+one to eight bytes per rollout), read from Parquet in record batches, never as a long
+frame of rows; see docs/scale.md.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
+from basis_bench.outputs import publishing
 from basis_bench.rollouts.store import (
+    ROLLOUT_COLUMNS,
     dataset_metadata,
     default_dataset,
     file_policies,
@@ -35,6 +42,149 @@ from basis_bench.settings import check_scalar
 
 DEFAULT_DATASET = default_dataset()
 REFERENCE_NAME = "reference"
+BATCH_ROWS = 1 << 16  # Parquet rows read at a time: the loader's working set is O(this)
+SPARSE_FACTOR = 4  # a matrix this many times larger than its rows: sample_idx too sparse
+
+
+@dataclass(frozen=True)
+class PolicyRewards:
+    """One policy's rewards: row p of ``matrix`` holds prompt ``prompt_ids[p]``'s samples in
+    sample_idx order, NaN-padded on the right. Stored in the narrowest float type that
+    holds every value exactly (float16 for 0/1 rewards), so :meth:`rows` returns the same
+    float64 values the rows held."""
+
+    prompt_ids: np.ndarray  # (P,) object, sorted
+    matrix: np.ndarray  # (P, S)
+
+    @classmethod
+    def build(cls, prompt_ids: np.ndarray, matrix: np.ndarray) -> PolicyRewards:
+        for dtype in (np.float16, np.float32):
+            narrow = matrix.astype(dtype)
+            if np.array_equal(narrow.astype(np.float64), matrix, equal_nan=True):
+                return cls(prompt_ids, narrow)
+        return cls(prompt_ids, matrix)
+
+    def rows(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """The (len(prompt_ids), S) float64 rewards of ``prompt_ids``; all NaN for a prompt
+        the policy never answered (what :func:`~basis_bench.rollouts.store.reward_matrix` gives)."""
+        index = {pid: i for i, pid in enumerate(self.prompt_ids)}
+        at = np.fromiter((index.get(p, -1) for p in prompt_ids), np.int64, len(prompt_ids))
+        out = self.matrix[np.maximum(at, 0)].astype(np.float64)
+        out[at < 0] = np.nan
+        return out
+
+    def reward_bounds(self) -> tuple[float, float] | None:
+        """(min, max) reward, None without any."""
+        if not np.isfinite(self.matrix).any():
+            return None
+        return float(np.nanmin(self.matrix)), float(np.nanmax(self.matrix))
+
+
+Rewards = dict[str, PolicyRewards]
+"""Each policy's :class:`PolicyRewards`, by name."""
+
+
+def rewards_from_frame(df: pl.DataFrame) -> Rewards:
+    """Every policy of a rollouts frame in the store's schema as :class:`PolicyRewards`."""
+    out: Rewards = {}
+    for policy in sorted(df["policy"].unique().to_list()):
+        ids = df.filter(pl.col("policy") == policy)["prompt_id"].unique().sort().to_numpy()
+        out[policy] = PolicyRewards.build(ids, reward_matrix(df, policy, ids))
+    return out
+
+
+class _Irregular(Exception):
+    """Rows the streaming loader leaves to the store's full validator (which names the error)."""
+
+
+def _batches(files: Sequence[Path], policies: Sequence[str]) -> Iterator[pl.DataFrame]:
+    """The four required columns of every file, ``BATCH_ROWS`` rows at a time, cast to the
+    schema and restricted to ``policies``; rows the validator would refuse raise _Irregular."""
+    for f in files:
+        handle = pq.ParquetFile(f)
+        if any(c not in handle.schema_arrow.names for c in ROLLOUT_COLUMNS):
+            raise _Irregular
+        for batch in handle.iter_batches(BATCH_ROWS, columns=list(ROLLOUT_COLUMNS)):
+            df = pl.DataFrame(pl.from_arrow(batch)).with_columns(
+                pl.col(c).cast(t, strict=False) for c, t in ROLLOUT_COLUMNS.items()
+            )
+            if sum(df.null_count().row(0)) or not df["reward"].is_finite().all():
+                raise _Irregular
+            yield df.filter(pl.col("policy").is_in(list(policies)))
+
+
+@dataclass
+class _Shape:
+    """What the first pass learns of one policy: its prompts, widest sample_idx, rows, files."""
+
+    ids: set[str] = field(default_factory=set)
+    width: int = 0
+    count: int = 0
+    files: list[Path] = field(default_factory=list)
+
+
+def _survey(files: Sequence[Path], policies: Sequence[str]) -> dict[str, _Shape]:
+    shapes = {p: _Shape() for p in policies}
+    for f in files:
+        for df in _batches([f], policies):
+            for (policy,), sub in df.group_by("policy"):
+                shape, idx = shapes[str(policy)], sub["sample_idx"].to_numpy()
+                if idx.min() < 0:
+                    raise _Irregular
+                shape.ids.update(sub["prompt_id"].unique().to_list())
+                shape.width = max(shape.width, int(idx.max()) + 1)
+                shape.count += sub.height
+                if not shape.files or shape.files[-1] != f:
+                    shape.files.append(f)
+    return shapes
+
+
+def _stream_rewards(files: Sequence[Path], policies: Sequence[str]) -> Rewards:
+    """A first pass over the files learns each policy's prompts and widest sample_idx; then,
+    one policy at a time, its matrix is filled from its files and narrowed. Duplicate keys,
+    negative or very sparse sample_idx raise _Irregular."""
+    shapes = _survey(files, policies)
+    out: Rewards = {}
+    for p in policies:
+        shape = shapes[p]
+        order = np.array(sorted(shape.ids), dtype=object)
+        if len(order) * shape.width > SPARSE_FACTOR * shape.count + BATCH_ROWS:
+            raise _Irregular
+        m = np.full((len(order), shape.width), np.nan)
+        rows = pl.DataFrame({"prompt_id": order.tolist(), "_row": np.arange(len(order))})
+        for df in _batches(shape.files, [p]):
+            at = df.join(rows, on="prompt_id", how="left")
+            m[at["_row"].to_numpy(), at["sample_idx"].to_numpy()] = at["reward"].to_numpy()
+        if int(np.isfinite(m).sum()) != shape.count:  # a key written twice
+            raise _Irregular
+        out[p] = PolicyRewards.build(order, _pack_left(m))
+    return out
+
+
+def _pack_left(m: np.ndarray) -> np.ndarray:
+    """Each row's samples moved left in sample_idx order (gaps in sample_idx closed), the
+    width cut to the longest row: the columns of :func:`reward_matrix`."""
+    present = np.isfinite(m)
+    longest = int(present.sum(axis=1).max()) if m.size else 0
+    if present[:, :longest].all():
+        return m[:, :longest]
+    order = np.argsort(~present, axis=1, kind="stable")
+    return np.take_along_axis(m, order, axis=1)[:, :longest]
+
+
+def load_rewards(root: Path, policies: Sequence[str]) -> Rewards:
+    """``policies``' rewards under ``root``, streamed from Parquet in bounded memory; data the
+    streaming loader does not take (bad rows, duplicate keys, very sparse sample_idx) goes
+    through the store's full reader, which names the problem or reads it whole. Read under
+    the dataset's publish lock, so an import that replaces policies is seen whole or not
+    at all."""
+    try:
+        with publishing(root, reading=True):
+            return _stream_rewards(rollout_files(root), policies)
+    except _Irregular:
+        df = load_rollouts(root, policies, optional=())  # raises the InputError, if any
+        frame = rewards_from_frame(df)
+        return {p: frame[p] for p in policies if p in frame}
 
 
 @dataclass(frozen=True)
@@ -42,7 +192,7 @@ class Dataset:
     """The rewards of a rollouts directory, with its reference policy resolved."""
 
     root: Path
-    rollouts: pl.DataFrame  # prompt_id, policy, sample_idx, reward; sorted
+    rewards: Rewards  # the reference's and the checkpoints'
     reference: str
     policies: list[str]  # the reference, then the checkpoints to evaluate (metadata order)
     metadata: list[dict[str, Any]]
@@ -153,8 +303,8 @@ def open_dataset(
         )
     if not wanted:
         raise InputError(f"{root}: no checkpoint policies besides the reference {ref!r}")
-    df = load_rollouts(root, [ref, *wanted], optional=())  # rewards only, never the texts
-    return Dataset(root, df, ref, [ref, *wanted], metadata)
+    rewards = load_rewards(root, [ref, *wanted])  # rewards only, never the texts
+    return Dataset(root, rewards, ref, [ref, *wanted], metadata)
 
 
 @dataclass(frozen=True)
@@ -195,17 +345,17 @@ def checkpoint_data(
     check_scalar(oracle_n, "--oracle-n", int, min_val=2)  # its noise estimate needs a variance
     if ref_n is not None:
         check_scalar(ref_n, "--ref-n", int, min_val=1)
-    df = ds.rollouts
-    ids = df.filter(pl.col("policy") == checkpoint)["prompt_id"].unique().sort().to_numpy()
-    ref_ids = df.filter(pl.col("policy") == ds.reference)["prompt_id"].unique().to_numpy()
-    has_ref = np.isin(ids, ref_ids)
+    ids = ds.rewards[checkpoint].prompt_ids
+    ref_ids = ds.rewards[ds.reference].prompt_ids
+    known = set(ref_ids.tolist())
+    has_ref = np.fromiter((p in known for p in ids), bool, len(ids))
     dropped = int((~has_ref).sum())
     ids = ids[has_ref]
     if ids.size == 0:
         raise InputError(
             f"checkpoint {checkpoint!r}: none of its prompts is in the reference cache ({ds.reference!r})"
         )
-    rewards = reward_matrix(df, checkpoint, ids)
+    rewards = ds.rewards[checkpoint].rows(ids)
     counts = np.isfinite(rewards).sum(axis=1)
     short = counts < oracle_n + min_pool
     if short.any():
@@ -218,7 +368,7 @@ def checkpoint_data(
     oracle_samples = rewards[:, :oracle_n]
     pool = rewards[:, oracle_n:]
     pool = pool[:, : int(np.isfinite(pool).sum(axis=1).max())]
-    ref = reward_matrix(df, ds.reference, ids)
+    ref = ds.rewards[ds.reference].rows(ids)
     if ref_n is not None and ref.shape[1] < ref_n:
         raise InputError(
             f"--ref-n {ref_n} asks for more reference samples than the dataset has (at most {ref.shape[1]} per prompt)"

@@ -14,6 +14,7 @@ rollout's baseline (for GRPO all G are equal).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,10 @@ from basis_bench.estimators import (
 from basis_bench.estimators.basis import calibrated_index
 
 CHUNK_REPEATS = 256
+KEPT_REPEATS = 500
+"""Per-repeat values kept for the first KEPT_REPEATS repeats only (by_heterogeneity.csv bins
+the first 500 batches); every other statistic is a running sum, so a replay's memory stays
+flat however many repeats run."""
 DIFFICULTY_REPEATS = 10
 G_SWEEP = (2, 4, 8, 16)
 
@@ -55,7 +60,13 @@ def draw_rollouts(
     rng: np.random.Generator, pool_count: np.ndarray, g: int, width: int
 ) -> np.ndarray:
     """(..., g) pool columns per entry of ``pool_count`` (...), without replacement, random order."""
-    keys = rng.random((*pool_count.shape, width))
+    return pick_rollouts(rng.random((*pool_count.shape, width)), pool_count, g)
+
+
+def pick_rollouts(keys: np.ndarray, pool_count: np.ndarray, g: int) -> np.ndarray:
+    """:func:`draw_rollouts` from given uniform ``keys`` (..., width): the g smallest keys
+    among each entry's first ``pool_count`` columns, in key order (``keys`` is overwritten)."""
+    width = keys.shape[-1]
     keys[np.arange(width) >= pool_count[..., None]] = np.inf
     cols = np.argpartition(keys, g - 1, axis=-1)[..., :g]
     order = np.argsort(np.take_along_axis(keys, cols, axis=-1), axis=-1)
@@ -63,21 +74,72 @@ def draw_rollouts(
 
 
 @dataclass
+class Moments:
+    """Count, mean and sum of squared deviations M2 of a stream of values, merged chunk by
+    chunk (Chan, Golub and LeVeque): mean += d k / n, M2 += M2_chunk + d^2 n_old k / n with
+    d = chunk mean - mean."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, x: np.ndarray) -> None:
+        k = x.size
+        if not k:
+            return
+        mu = float(x.mean())
+        delta, total = mu - self.mean, self.n + k
+        self.mean += delta * k / total
+        self.m2 += float(((x - mu) ** 2).sum()) + delta**2 * self.n * k / total
+        self.n = total
+
+    def std(self) -> float:
+        """Sample standard deviation (ddof = 1); NaN below two values."""
+        return math.sqrt(self.m2 / (self.n - 1)) if self.n > 1 else math.nan
+
+
+@dataclass
+class Kept:
+    """The first KEPT_REPEATS values of a per-repeat stream."""
+
+    chunks: list[np.ndarray] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, x: np.ndarray) -> None:
+        if self.size < KEPT_REPEATS:
+            self.chunks.append(x[: KEPT_REPEATS - self.size])
+            self.size += len(self.chunks[-1])
+
+    def array(self) -> np.ndarray:
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0)
+
+
+@dataclass
 class Series:
-    """Per-repeat statistics of one (estimator, rollouts per prompt)."""
+    """Per-repeat statistics of one (estimator, rollouts per prompt): the running moments of
+    each batch's mean squared error and 0/1 baseline share, and the first batches' MSE."""
 
     estimator: str
     rollouts_per_prompt: int
-    batch_mse: list[np.ndarray] = field(default_factory=list)  # (R,) mean sq err per batch
-    extreme: list[np.ndarray] = field(default_factory=list)  # (R,) share of 0/1 baselines
+    batch_mse: Moments = field(default_factory=Moments)
+    extreme: Moments = field(default_factory=Moments)
+    first_mse: Kept = field(default_factory=Kept)
+
+    @classmethod
+    def of(cls, estimator: str, g: int, batch_mse: np.ndarray, extreme: np.ndarray) -> Series:
+        """A series from whole arrays of per-batch MSE and 0/1 shares (R,)."""
+        s = cls(estimator, g)
+        s.record(batch_mse, extreme)
+        return s
 
     def add(self, sq_err: np.ndarray, extreme: np.ndarray) -> None:
         """Record a chunk: squared errors (r, B) and 0/1 baseline shares (r,)."""
-        self.batch_mse.append(sq_err.mean(axis=1))
-        self.extreme.append(extreme)
+        self.record(sq_err.mean(axis=1), extreme)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.concatenate(self.batch_mse), np.concatenate(self.extreme)
+    def record(self, batch_mse: np.ndarray, extreme: np.ndarray) -> None:
+        self.batch_mse.add(batch_mse)
+        self.extreme.add(extreme)
+        self.first_mse.add(batch_mse)
 
 
 @dataclass
@@ -87,8 +149,9 @@ class Replay:
     checkpoint: str
     series: dict[tuple[str, int], Series]
     sweep: dict[tuple[str, int], Series]
-    batch_noise: np.ndarray  # (R,) mean oracle noise of each batch
-    batch_spread: np.ndarray  # (R,) s_b = std of the batch's oracle values
+    noise: Moments  # of each batch's mean oracle noise
+    batch_noise: np.ndarray  # (min(R, KEPT_REPEATS),) mean oracle noise of the first batches
+    batch_spread: np.ndarray  # (min(R, KEPT_REPEATS),) s_b = std of their oracle values
     # estimator, rollouts_per_prompt, oracle, sq_err, noise of the first DIFFICULTY_REPEATS
     difficulty: pl.DataFrame
     beta_counts: np.ndarray  # (K,) how often each beta was chosen
@@ -215,8 +278,8 @@ class _Collector:
         self.sweep = {
             (e.name, gg): Series(e.name, gg) for e in estimators if e.group for gg in plan.sweep_gs
         }
-        self.noise: list[np.ndarray] = []
-        self.spread: list[np.ndarray] = []
+        self.noise = Moments()
+        self.first_noise, self.first_spread = Kept(), Kept()
         self.difficulty: list[pl.DataFrame] = []
         k = len(tilt.betas)
         self.beta_counts = np.zeros(k, dtype=np.int64)
@@ -230,8 +293,10 @@ class _Collector:
 
     def chunk(self, c: _Chunk, sink: EstimateSink | None) -> None:
         """Every estimator on one chunk, then the extras."""
-        self.noise.append(c.noise.mean(axis=1))
-        self.spread.append(c.oracle.std(axis=1))
+        noise = c.noise.mean(axis=1)
+        self.noise.add(noise)
+        self.first_noise.add(noise)
+        self.first_spread.add(c.oracle.std(axis=1))
         rows: list[pa.Table] = []
         for est in self.estimators:
             for gg in self.group_sizes(est):
@@ -290,8 +355,9 @@ class _Collector:
             checkpoint=self.data.name,
             series=self.series,
             sweep=self.sweep,
-            batch_noise=np.concatenate(self.noise),
-            batch_spread=np.concatenate(self.spread),
+            noise=self.noise,
+            batch_noise=self.first_noise.array(),
+            batch_spread=self.first_spread.array(),
             difficulty=pl.concat(self.difficulty) if self.difficulty else pl.DataFrame(),
             beta_counts=self.beta_counts,
             fixed_beta=self.fixed,

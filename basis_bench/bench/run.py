@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from basis_bench import __version__
 from basis_bench.bench.config import EvaluateConfig
+from basis_bench.bench.cost import check_memory, held_bytes
 from basis_bench.bench.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
 from basis_bench.bench.record import RUN_FILE, RunRecord
 from basis_bench.bench.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
@@ -207,7 +208,7 @@ def _replay_all(
 def _tracker(cfg: EvaluateConfig, ds: Dataset, columns: list[str]) -> pl.DataFrame:
     """The SPO tracker's summary rows: one tracker per repeat, across the checkpoints in order."""
     return replay_tracker(
-        ds.rollouts, ds.reference, ds.checkpoints, batch_size=cfg.batch_size,
+        ds.rewards, ds.reference, ds.checkpoints, batch_size=cfg.batch_size,
         repeats=min(cfg.repeats, TRACKER_REPEATS), oracle_n=cfg.oracle_n, ref_n=cfg.ref_n,
         seed=cfg.seed,
     ).select(columns)  # fmt: skip
@@ -234,16 +235,16 @@ def _trajectory(
         if progress is not None:
             progress(f"trajectory {checkpoint}", epoch, cfg.trajectory_epochs)
 
-    table, _ = replay_trajectory(ds.rollouts, ds.reference, ds.checkpoints, names, settings, tick)
+    table, _ = replay_trajectory(ds.rewards, ds.reference, ds.checkpoints, names, settings, tick)
     return table
 
 
 def _check_tracker_rewards(cfg: EvaluateConfig, ds: Dataset) -> None:
     """The SPO tracker's Beta posterior needs rewards in [0, 1]: say so before any replay."""
-    rewards = ds.rollouts.filter(pl.col("policy").is_in([ds.reference, *ds.checkpoints]))["reward"]
-    if rewards.len() == 0:
+    bounds = [b for p in (ds.reference, *ds.checkpoints) if (b := ds.rewards[p].reward_bounds())]
+    if not bounds:
         return
-    lo, hi = float(rewards.min()), float(rewards.max())  # type: ignore[arg-type]
+    lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
     if 0 <= lo and hi <= 1:
         return
     others = [e.name for e in resolve_estimators(cfg.estimators)]
@@ -288,6 +289,8 @@ def evaluate(
     )
     min_pool = cfg.group_size if has_group else 1
     datas = [checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, min_pool) for c in ds.checkpoints]
+    streams = min(cfg.repeats, TRAJECTORY_REPEATS) if cfg.trajectory else 0
+    check_memory(max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams)
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
     # One run, all or nothing: written into a hidden sibling folder and swapped in whole.
     with staged_run(out, RUN_FILES) as stage:

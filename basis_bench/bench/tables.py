@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from basis_bench.bench.replay import Replay, Series
+from basis_bench.bench.replay import KEPT_REPEATS, Moments, Replay, Series
 from basis_bench.errors import InputError
 from basis_bench.outputs import LOCK_FILE, atomic_write, claim_output_dir
 
-HETEROGENEITY_BATCHES = 500
+HETEROGENEITY_BATCHES = KEPT_REPEATS
 HETEROGENEITY_BINS = 5
 DIFFICULTY_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 Z_95 = 1.959963984540054
@@ -136,19 +136,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _series_row(s: Series, noise: np.ndarray, batch_size: int) -> dict[str, Any]:
-    mse_r, ext_r = s.arrays()
-    n = len(mse_r)
-    mse = float(mse_r.mean())
-    half = Z_95 * float(mse_r.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+def _series_row(s: Series, noise: Moments, batch_size: int) -> dict[str, Any]:
+    n = s.batch_mse.n
+    mse = s.batch_mse.mean
+    half = Z_95 * s.batch_mse.std() / math.sqrt(n) if n > 1 else math.nan
     return {
         "estimator": s.estimator,
         "rollouts_per_prompt": s.rollouts_per_prompt,
         "mse": mse,
-        "mse_noise_corrected": mse - float(noise.mean()),
+        "mse_noise_corrected": mse - noise.mean,
         "ci_low": mse - half,
         "ci_high": mse + half,
-        "extreme_rate": float(ext_r.mean()),
+        "extreme_rate": s.extreme.mean,
         "n_estimates": n * batch_size,
     }
 
@@ -156,7 +155,7 @@ def _series_row(s: Series, noise: np.ndarray, batch_size: int) -> dict[str, Any]
 def summary_table(rep: Replay, batch_size: int) -> pl.DataFrame:
     """summary.csv rows: MSE over all (repeat, prompt) estimates with a normal 95% CI over repeats."""
     rows = [
-        {"checkpoint": rep.checkpoint, **_series_row(s, rep.batch_noise, batch_size)}
+        {"checkpoint": rep.checkpoint, **_series_row(s, rep.noise, batch_size)}
         for s in rep.series.values()
     ]
     return pl.DataFrame(rows)
@@ -165,7 +164,7 @@ def summary_table(rep: Replay, batch_size: int) -> pl.DataFrame:
 def g_sweep_table(rep: Replay, batch_size: int) -> pl.DataFrame:
     """g_sweep.csv rows: group estimators at each G the pool allows."""
     rows = [
-        {"checkpoint": rep.checkpoint, **_series_row(s, rep.batch_noise, batch_size)}
+        {"checkpoint": rep.checkpoint, **_series_row(s, rep.noise, batch_size)}
         for s in rep.sweep.values()
     ]
     return (
@@ -195,7 +194,7 @@ def heterogeneity_table(rep: Replay, n_batches: int = HETEROGENEITY_BATCHES) -> 
     noise = rep.batch_noise[:n_batches]
     rows = []
     for s in rep.series.values():
-        mse_r = s.arrays()[0][:n_batches]
+        mse_r = s.first_mse.array()[:n_batches]
         for i in range(len(edges) - 1):
             m = bins == i
             rows.append(
@@ -270,7 +269,7 @@ def beta_table(rep: Replay) -> pl.DataFrame:
 def fixed_beta_table(rep: Replay) -> pl.DataFrame:
     """fixed_beta.csv (Fig. 2): MSE of the initial V^_beta and refined V~_beta at each fixed beta."""
     mse = rep.fixed_beta / rep.fixed_beta_n
-    noise = float(rep.batch_noise.mean())
+    noise = rep.noise.mean
     return pl.DataFrame(
         {
             "checkpoint": rep.checkpoint,

@@ -45,7 +45,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import polars as pl
 
-from basis_bench.bench.replay import draw_rollouts
+from basis_bench.bench.dataset import Rewards, rewards_from_frame
+from basis_bench.bench.replay import pick_rollouts
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
     Estimator,
@@ -57,9 +58,11 @@ from basis_bench.estimators import (
 )
 from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.estimators.related import SPO_DECAY, SPO_TRACKER_NAME
-from basis_bench.rollouts.store import reward_matrix
 
 ESTIMATOR_NAME = SPO_TRACKER_NAME
+BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
+STREAM_PROMPT_BYTES = 24 + 64 + 16  # per stream and prompt: shuffle, basis_memory, SPO tracker
+STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
 Z_95 = 1.959963984540054
 SUMMARY_COLUMNS = (
     "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low", "ci_high",
@@ -68,10 +71,11 @@ SUMMARY_COLUMNS = (
 
 
 def tracker_prompts(
-    rollouts: pl.DataFrame, reference: str, checkpoints: Sequence[str]
+    rollouts: pl.DataFrame | Rewards, reference: str, checkpoints: Sequence[str]
 ) -> tuple[np.ndarray, int]:
     """Sorted prompt ids present in the reference and every checkpoint, and how many are dropped."""
-    policies = set(rollouts["policy"].unique().to_list())
+    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
+    policies = set(rewards)
     missing = [p for p in (reference, *checkpoints) if p not in policies]
     if missing:
         raise InputError(
@@ -79,10 +83,7 @@ def tracker_prompts(
         )
     if len(set(checkpoints)) != len(checkpoints) or not checkpoints:
         raise InputError("checkpoints must be a non-empty sequence of distinct policies, in order")
-    sets = [
-        set(rollouts.filter(pl.col("policy") == p)["prompt_id"].unique().to_list())
-        for p in (reference, *checkpoints)
-    ]
+    sets = [set(rewards[p].prompt_ids.tolist()) for p in (reference, *checkpoints)]
     common = set.intersection(*sets)
     everywhere = set.union(*sets)
     if not common:
@@ -111,7 +112,7 @@ def _split(rewards: np.ndarray, oracle_n: int, checkpoint: str, need: int) -> _S
     return _Split(
         oracle.mean(axis=1),
         oracle.var(axis=1, ddof=1) / oracle_n,
-        rewards[:, oracle_n:],
+        rewards[:, oracle_n:].copy(),  # not a view: the oracle columns are freed
         counts - oracle_n,
     )
 
@@ -135,14 +136,30 @@ class TrajectorySettings:
 
 @dataclass
 class _Track:
-    """One estimator's parallel streams and its running sums over one checkpoint."""
+    """One estimator's parallel streams in one pass."""
 
     step: StepEstimator
     g: int
-    sq_ckpt: np.ndarray
-    extreme_ckpt: float = 0.0
     extreme_last: float = 0.0  # 0/1 baselines of the latest epoch, per prompt (/ G)
-    curve: list[float] = field(default_factory=list)  # mean squared error of each step
+    curve: list[float] = field(default_factory=list)  # summed squared error of each step
+
+
+def stream_group(repeats: int, prompts: int) -> int:
+    """Streams run together in one pass: as many as STREAM_BYTES of per-prompt state hold."""
+    return max(1, min(repeats, STREAM_BYTES // max(prompts * STREAM_PROMPT_BYTES, 1)))
+
+
+@dataclass
+class _Totals:
+    """What the passes add up, per (checkpoint, epoch) e: each repeat's summed squared error
+    (E, R) and the 0/1 baselines per estimator, the oracle noise summed over the visits, the
+    share of the next checkpoint; and each estimator's summed squared error per step."""
+
+    sq: dict[str, np.ndarray]
+    extreme: dict[str, np.ndarray]
+    noise: np.ndarray
+    share: np.ndarray
+    curve: dict[str, np.ndarray]
 
 
 def _summary(
@@ -205,7 +222,7 @@ def _check(
 
 
 def replay_trajectory(
-    rollouts: pl.DataFrame,
+    rollouts: pl.DataFrame | Rewards,
     reference: str,
     checkpoints: Sequence[str],
     estimators: Sequence[str | Estimator],
@@ -214,121 +231,242 @@ def replay_trajectory(
 ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     """Replay ``estimators`` over ``checkpoints`` in order; rows per epoch and per checkpoint.
 
-    ``rollouts`` is a frame in the store's schema. Returns the table (columns: scope,
+    ``rollouts`` is a frame in the store's schema or a dataset's
+    :class:`~basis_bench.bench.dataset.PolicyRewards` by policy. Returns the table (columns: scope,
     checkpoint, epoch, step, then evaluate's summary columns) and each estimator's per-step
     MSE curve (steps,) keyed by its label. ``settings.options`` maps an estimator name to
     its options (object or mapping). ``progress(checkpoint, epoch)`` after every epoch.
     """
     s = settings or TrajectorySettings()
     ests = [get(e) if isinstance(e, str) else e for e in estimators]
-    ids, _ = tracker_prompts(rollouts, reference, checkpoints)
+    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
+    ids, _ = tracker_prompts(rewards, reference, checkpoints)
     p = len(ids)
     g_max = _check(s, ests, p, len(checkpoints))
-    cache = reward_matrix(rollouts, reference, ids)[:, : s.ref_n]
+    cache = rewards[reference].rows(ids)[:, : s.ref_n]
     from basis_bench.estimators import default_betas
 
     betas = default_betas(s.grid_size) if s.grid_size is not None else None
     table = TiltTable.from_cache(cache, betas, s.prior, list(ids))
-    splits = [_split(reward_matrix(rollouts, c, ids), s.oracle_n, c, g_max) for c in checkpoints]
+    splits = [_split(rewards[c].rows(ids), s.oracle_n, c, g_max) for c in checkpoints]
     rr = _reward_range(cache, *(sp.pool for sp in splits))
-    tracks = {}
+    steppers = []
     for e in ests:
         opts = e.parse_options(s.options.get(e.name))
         kernel = make_kernel(e, opts, table if e.uses_cache else None, cache, rr)
-        step = StepEstimator(e, opts, kernel, table, rr, lead=(s.repeats,))
-        tracks[e.name] = _Track(step, e.rollouts_per_prompt(s.group_size), np.zeros(s.repeats))
-    rng = np.random.default_rng(s.seed)
-    b = s.batch_size
+        steppers.append((e, opts, kernel))
+    b, n_epochs = s.batch_size, len(checkpoints) * s.epochs_per_checkpoint
     per_epoch = (p // b) * b
-    rows: list[dict[str, Any]] = []
-    step_count = 0
+    names = [e.name for e in ests]
+    totals = _Totals(
+        {n: np.zeros((n_epochs, s.repeats)) for n in names}, {n: np.zeros(n_epochs) for n in names},
+        np.zeros(n_epochs), np.zeros(n_epochs), dict.fromkeys(names, np.zeros(0)),
+    )  # fmt: skip
+    group = stream_group(s.repeats, p)
+    for lo in range(0, s.repeats, group):
+        streams = (lo, min(lo + group, s.repeats))
+        tracks = {
+            e.name: _Track(
+                StepEstimator(e, opts, kernel, table, rr, lead=(streams[1] - lo,)),
+                e.rollouts_per_prompt(s.group_size),
+            )
+            for e, opts, kernel in steppers
+        }
+        _replay_streams(s, checkpoints, splits, tracks, streams, g_max, totals, progress)
+        for name, t in tracks.items():
+            curve = np.asarray(t.curve)
+            totals.curve[name] = curve if lo == 0 else totals.curve[name] + curve
+    g = {e.name: e.rollouts_per_prompt(s.group_size) for e in ests}
+    table_rows = _rows(s, checkpoints, per_epoch, g, totals)
+    curves = {n: totals.curve[n] / (s.repeats * b * g[n]) for n in names}
+    return pl.DataFrame(table_rows, schema_overrides={"epoch": pl.Int64}), curves
+
+
+def _replay_streams(
+    s: TrajectorySettings, checkpoints: Sequence[str], splits: Sequence[_Split],
+    tracks: Mapping[str, _Track], streams: tuple[int, int], g_max: int, totals: _Totals,
+    progress: Callable[[str, int], None] | None,
+) -> None:  # fmt: skip
+    """Repeats [lo, hi) over every checkpoint and epoch, added into ``totals``. Each draw reads
+    its rows of the seeded stream (:class:`_Uniforms`), so a pass of some repeats draws what
+    one pass of all would for them."""
+    rng = np.random.default_rng(s.seed)
+    p, b = len(splits[0].oracle), s.batch_size
+    per_epoch = (p // b) * b
+    e = 0
     for ck, (checkpoint, split) in enumerate(zip(checkpoints, splits, strict=True)):
         following = splits[ck + 1] if s.blend and ck + 1 < len(splits) else None
-        for t in tracks.values():
-            t.sq_ckpt = np.zeros(s.repeats)
-            t.extreme_ckpt = 0.0
-        noise_ckpt = share_sum = 0.0
         for epoch in range(s.epochs_per_checkpoint):
             share = 0.0 if following is None else epoch / s.epochs_per_checkpoint
-            share_sum += share
-            index = np.argsort(rng.random((s.repeats, p)), axis=1)[:, :per_epoch]
-            rewards = _draw(rng, split, index, g_max)
+            keys = _Uniforms(rng, (s.repeats, p)).block(0, p, streams)
+            index = np.argsort(keys, axis=1)[:, :per_epoch]
+            mixing = following if share > 0 else None
+            draws = _EpochDraws(rng, index, g_max, split, mixing, share, (s.repeats, streams))
             oracle, noise = split.oracle, split.noise
-            if following is not None and share > 0:
+            if mixing is not None:
                 # the mixture policy: each rollout is the next checkpoint's with probability share
-                later = _draw(rng, following, index, g_max)
-                rewards = np.where(rng.random(rewards.shape) < share, later, rewards)
-                oracle = (1 - share) * oracle + share * following.oracle
-                noise = (1 - share) ** 2 * noise + share**2 * following.noise
-            noise_sum = float(noise[index].sum())
-            noise_ckpt += noise_sum
-            epoch_sq = _run_epoch(tracks, index, rewards, oracle, b)
-            step_count += per_epoch // b
+                oracle = (1 - share) * oracle + share * mixing.oracle
+                noise = (1 - share) ** 2 * noise + share**2 * mixing.noise
+            totals.noise[e] += float(noise[index].sum())
+            totals.share[e] = share
+            epoch_sq = _run_epoch(tracks, draws, oracle, b)
             for name, t in tracks.items():
-                sq = epoch_sq[name]
-                extreme = t.extreme_last
-                t.sq_ckpt += sq.sum(axis=1)
-                t.extreme_ckpt += extreme
+                totals.sq[name][e, streams[0] : streams[1]] = epoch_sq[name]
+                totals.extreme[name][e] += t.extreme_last
+            e += 1
+            if progress is not None:
+                progress(checkpoint, epoch + 1)
+
+
+def _rows(
+    s: TrajectorySettings, checkpoints: Sequence[str], per_epoch: int, g: Mapping[str, int],
+    totals: _Totals,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The table: a row per (checkpoint, epoch, estimator), then per (checkpoint, estimator)."""
+    rows: list[dict[str, Any]] = []
+    step_count = e = 0
+    for ck, checkpoint in enumerate(checkpoints):
+        sq_ckpt = {name: np.zeros(s.repeats) for name in g}
+        extreme_ckpt = dict.fromkeys(g, 0.0)
+        noise_ckpt = share_sum = 0.0
+        for epoch in range(s.epochs_per_checkpoint):
+            share, noise_sum = float(totals.share[e]), float(totals.noise[e])
+            share_sum += share
+            noise_ckpt += noise_sum
+            step_count += per_epoch // s.batch_size
+            for name in g:
+                sq_sum, extreme = totals.sq[name][e], float(totals.extreme[name][e])
+                sq_ckpt[name] += sq_sum
+                extreme_ckpt[name] += extreme
                 rows.append(
                     {
                         "scope": "epoch", "checkpoint": checkpoint, "checkpoint_index": ck,
                         "epoch": ck * s.epochs_per_checkpoint + epoch + 1, "step": step_count,
-                        "next_share": share, "estimator": name, "rollouts_per_prompt": t.g,
-                        **_summary(sq.sum(axis=1), per_epoch, noise_sum, extreme),
+                        "next_share": share, "estimator": name, "rollouts_per_prompt": g[name],
+                        **_summary(sq_sum, per_epoch, noise_sum, extreme),
                     }
                 )  # fmt: skip
-            if progress is not None:
-                progress(checkpoint, epoch + 1)
+            e += 1
         share_ckpt = share_sum / s.epochs_per_checkpoint
-        for name, t in tracks.items():
+        for name in g:
             rows.append(
                 {
                     "scope": "checkpoint", "checkpoint": checkpoint, "checkpoint_index": ck,
                     "epoch": None, "step": step_count, "next_share": share_ckpt,
-                    "estimator": name, "rollouts_per_prompt": t.g,
-                    **_summary(t.sq_ckpt, s.epochs_per_checkpoint * per_epoch, noise_ckpt,
-                               t.extreme_ckpt),
+                    "estimator": name, "rollouts_per_prompt": g[name],
+                    **_summary(sq_ckpt[name], s.epochs_per_checkpoint * per_epoch, noise_ckpt,
+                               extreme_ckpt[name]),
                 }
             )  # fmt: skip
-    curves = {name: np.asarray(t.curve) for name, t in tracks.items()}
-    return pl.DataFrame(rows, schema_overrides={"epoch": pl.Int64}), curves
+    return rows
 
 
-def _draw(rng: np.random.Generator, split: _Split, index: np.ndarray, g_max: int) -> np.ndarray:
-    """One visit's rewards (R, per_epoch, g_max) for the prompts ``index`` from a checkpoint's
-    pool: one draw per visit, or g_max without replacement."""
+class _Uniforms:
+    """The uniforms of one ``rng.random((R, n, *rest))`` call, read a block of columns at a
+    time. PCG64 spends one 64-bit draw per double, so row i's block [lo, hi) starts
+    (i * n + lo) * prod(rest) draws into the call: the blocks are exactly the whole call's
+    numbers while only (R, hi - lo, *rest) of them are ever held. Constructing it moves
+    ``rng`` past the whole call, as drawing it would."""
+
+    def __init__(self, rng: np.random.Generator, shape: tuple[int, ...]) -> None:
+        self.state: Any = rng.bit_generator.state
+        self.shape = shape
+        self.inner = math.prod(shape[2:])
+        rng.bit_generator.advance(math.prod(shape))  # type: ignore[attr-defined]
+
+    def block(self, lo: int, hi: int, rows: tuple[int, int]) -> np.ndarray:
+        """Columns [lo, hi) of rows [rows[0], rows[1])."""
+        n, rest = self.shape[1], self.shape[2:]
+        out = np.empty((rows[1] - rows[0], hi - lo, *rest))
+        bits = np.random.PCG64()
+        for j, i in enumerate(range(*rows)):
+            bits.state = self.state
+            bits.advance((i * n + lo) * self.inner)
+            out[j] = np.random.Generator(bits).random((hi - lo, *rest))
+        return out
+
+
+class _EpochDraws:
+    """One epoch's rewards (r, per_epoch, g_max) for the prompts ``index`` (r, per_epoch) of
+    repeats [lo, hi) of R (``streams`` = (R, (lo, hi))), made a block of visits at a time: one
+    pool draw per visit, or g_max without replacement; with a ``mixing`` checkpoint, each
+    rollout is its draw with probability ``share``. The same numbers, in the same order, as
+    drawing the whole epoch of all R repeats at once."""
+
+    def __init__(
+        self, rng: np.random.Generator, index: np.ndarray, g_max: int, split: _Split,
+        mixing: _Split | None, share: float, streams: tuple[int, tuple[int, int]],
+    ) -> None:  # fmt: skip
+        self.index, self.g_max, self.split, self.mixing, self.share = (
+            index, g_max, split, mixing, share
+        )  # fmt: skip
+        self.repeats, self.rows = streams
+        self.own = _Uniforms(rng, self._key_shape(split))
+        self.later = None if mixing is None else _Uniforms(rng, self._key_shape(mixing))
+        self.mix = None if mixing is None else _Uniforms(rng, (*self._key_shape(None), g_max))
+
+    def _key_shape(self, split: _Split | None) -> tuple[int, ...]:
+        """The shape of one whole draw of all R repeats (width: the pool's, with g_max > 1)."""
+        visits = (self.repeats, self.index.shape[1])
+        return visits if self.g_max == 1 or split is None else (*visits, split.pool.shape[1])
+
+    def block_size(self, b: int) -> int:
+        """Visits per block, whole batches of ``b``: at most about BLOCK_DRAWS uniforms."""
+        keys = math.prod(self._key_shape(self.split)[2:]) * self.index.shape[0]
+        return max(1, BLOCK_DRAWS // max(keys * b, 1)) * b
+
+    def rewards(self, lo: int, hi: int) -> np.ndarray:
+        """The rewards (r, hi - lo, g_max) of visits [lo, hi)."""
+        index = self.index[:, lo:hi]
+        out = _pick(self.split, index, self.own.block(lo, hi, self.rows), self.g_max)
+        if self.mixing is not None and self.later is not None and self.mix is not None:
+            later = _pick(self.mixing, index, self.later.block(lo, hi, self.rows), self.g_max)
+            out = np.where(self.mix.block(lo, hi, self.rows) < self.share, later, out)
+        return out
+
+
+def _pick(split: _Split, index: np.ndarray, keys: np.ndarray, g_max: int) -> np.ndarray:
+    """Rewards (..., g_max) of the prompts ``index`` (...) from a checkpoint's pool, given the
+    uniforms ``keys``: one draw per visit, or g_max without replacement."""
     pool, pool_count = split.pool, split.pool_count
     if g_max == 1:
-        col = np.floor(rng.random(index.shape) * pool_count[index]).astype(np.int64)
+        col = np.floor(keys * pool_count[index]).astype(np.int64)
         return pool[index, col][..., None]
-    cols = draw_rollouts(rng, pool_count[index], g_max, pool.shape[1])
+    cols = pick_rollouts(keys, pool_count[index], g_max)
     return pool[index[..., None], cols]
 
 
 def _run_epoch(
-    tracks: Mapping[str, _Track],
-    index: np.ndarray,
-    rewards: np.ndarray,
-    oracle: np.ndarray,
-    b: int,
+    tracks: Mapping[str, _Track], draws: _EpochDraws, oracle: np.ndarray, b: int
 ) -> dict[str, np.ndarray]:
-    """Every estimator over one epoch's batches, in order: squared errors (R, per_epoch)."""
-    out: dict[str, np.ndarray] = {}
+    """Every estimator over one epoch's batches, in order: each repeat's summed squared
+    error (R,). The rewards are drawn a block of batches at a time; estimators carry no
+    state between one another, so each runs its steps of a block before the next."""
+    index = draws.index
+    out = {name: np.zeros(index.shape[0]) for name in tracks}
+    extreme = dict.fromkeys(tracks, 0)
+    size = draws.block_size(b)
+    for lo in range(0, index.shape[1], size):
+        hi = min(lo + size, index.shape[1])
+        rewards = draws.rewards(lo, hi)
+        for name, t in tracks.items():
+            for start in range(lo, hi, b):
+                sl = slice(start, start + b)
+                res = t.step.step_columns(
+                    index[:, sl], rewards[:, start - lo : start - lo + b, : t.g]
+                )
+                base = np.asarray(res.baselines, dtype=np.float64)
+                err = (base - oracle[index[:, sl], None]) ** 2
+                t.curve.append(float(err.sum()))
+                out[name] += err.mean(axis=-1).sum(axis=1)
+                extreme[name] += int(((base == 0) | (base == 1)).sum())
     for name, t in tracks.items():
-        base = np.empty((*index.shape, t.g))
-        for start in range(0, index.shape[1], b):
-            sl = slice(start, start + b)
-            res = t.step.step_columns(index[:, sl], rewards[:, sl, : t.g])
-            base[:, sl] = np.asarray(res.baselines, dtype=np.float64)
-            t.curve.append(float(((base[:, sl] - oracle[index[:, sl], None]) ** 2).mean()))
-        out[name] = ((base - oracle[index][..., None]) ** 2).mean(axis=-1)
-        extreme = int(((base == 0) | (base == 1)).sum())
-        t.extreme_last = extreme if t.g == 1 else extreme / t.g
+        t.extreme_last = extreme[name] if t.g == 1 else extreme[name] / t.g
     return out
 
 
 def replay_tracker(
-    rollouts: pl.DataFrame,
+    rollouts: pl.DataFrame | Rewards,
     reference: str,
     checkpoints: Sequence[str],
     batch_size: int = 64,

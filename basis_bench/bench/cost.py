@@ -1,0 +1,73 @@
+"""What an ``evaluate`` run costs in memory, and the check that refuses a run this machine
+cannot hold before any replay starts.
+
+Peak resident memory of evaluate, the model fitted to the runs of
+benchmarks/bench_scale.py (docs/scale.md), for P prompts:
+
+    BASE + held + CHUNK_REPEATS * P * 16 + min(R_t * P * 104, STREAM_BYTES)
+
+``held``: the reward matrices (one narrow matrix per policy, 2 bytes a rollout for 0/1
+rewards) and each checkpoint's oracle, pool and cache arrays; the replay draws a chunk of
+CHUNK_REPEATS batches from P sort keys and their order (16 bytes a prompt); the trajectory
+replay (when on) runs R_t = min(repeats, 200) streams, each holding per prompt its shuffle
+(3 x 8 bytes) and the stateful estimators' state (basis_memory: successes and visits for 4
+gammas, 64 bytes; the SPO tracker: alpha and beta, 16 bytes), as many together as
+STREAM_BYTES (64 MiB) holds (:func:`~basis_bench.bench.trajectory.stream_group`). Repeats
+beyond that cost time, never memory: per-repeat values are running sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from basis_bench.bench.dataset import CheckpointData, Rewards
+from basis_bench.bench.replay import CHUNK_REPEATS
+from basis_bench.bench.trajectory import STREAM_PROMPT_BYTES, stream_group
+from basis_bench.errors import InputError
+
+BASE_BYTES = 320 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
+REPLAY_BYTES = 16 * CHUNK_REPEATS  # a chunk's sort keys and argpartition, per prompt
+
+
+def held_bytes(rewards: Rewards, datas: Iterable[CheckpointData]) -> int:
+    """Bytes of the loaded data: reward matrices and the checkpoints' pools and caches."""
+    held = sum(r.matrix.nbytes for r in rewards.values())
+    return held + sum(d.pool.nbytes + d.cache.nbytes for d in datas)
+
+
+def evaluate_memory(prompts: int, held: int, streams: int) -> int:
+    """Predicted peak resident bytes of evaluate (the model above); ``streams`` = R_t, 0
+    without the trajectory replay."""
+    together = stream_group(streams, prompts) if streams else 0
+    return BASE_BYTES + held + REPLAY_BYTES * prompts + together * prompts * STREAM_PROMPT_BYTES
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where the system does not say)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(prompts: int, held: int, streams: int) -> int:
+    """The predicted peak; an InputError naming the option that fits when it exceeds the
+    machine's free memory (``held`` is already resident, so it counts as free)."""
+    need = evaluate_memory(prompts, held, streams)
+    free = available_memory()
+    if free is None or need <= free + held:
+        return need
+    gib = 2**30
+    lighter = evaluate_memory(prompts, held, 0)
+    if streams and lighter <= free + held:
+        fix = f"pass --no-trajectory (about {lighter / gib:.1f} GiB)"
+    else:
+        fix = "evaluate fewer checkpoints at a time (--checkpoint NAME) or free memory"
+    raise InputError(
+        f"this evaluate needs about {need / gib:.1f} GiB ({prompts} prompts) but "
+        f"{free / gib:.1f} GiB is free; {fix}"
+    )
