@@ -54,7 +54,13 @@ from basis_bench.bench.trajectory import (
 )
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
-from basis_bench.rollouts.store import METADATA_KEY, atomic_write, provenance, write_text_atomic
+from basis_bench.rollouts.store import (
+    METADATA_KEY,
+    atomic_write,
+    load_prompts,
+    provenance,
+    write_text_atomic,
+)
 
 TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
 TRAJECTORY_REPEATS = 200  # the same for the trajectory replay of every estimator
@@ -225,7 +231,10 @@ def _trajectory(
         if progress is not None:
             progress(f"trajectory {checkpoint}", epoch, cfg.trajectory_epochs)
 
-    table, _ = replay_trajectory(ds.rollouts, ds.reference, ds.checkpoints, names, settings, tick)
+    prompts = load_prompts(ds.root)
+    table, _ = replay_trajectory(
+        ds.rollouts, ds.reference, ds.checkpoints, names, settings, tick, prompts
+    )
     return table
 
 

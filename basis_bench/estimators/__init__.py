@@ -28,6 +28,7 @@ from basis_bench.estimators.calibrate import (
     select_beta,
     take_beta,
 )
+from basis_bench.estimators.context import ContextOptions
 from basis_bench.estimators.memory import MemoryOptions, memory_values
 from basis_bench.estimators.options import (
     ApoOptions,
@@ -79,6 +80,7 @@ __all__ = [
     "BasisKernel",
     "BasisOptions",
     "BasisOutput",
+    "ContextOptions",
     "Estimator",
     "EstimatorInput",
     "JamesSteinOptions",

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -73,6 +73,7 @@ class MemoryOptions:
     """Options of ``basis_memory``: the grids its calibration chooses from, and how far back
     the calibration's losses reach."""
 
+    estimator: ClassVar[str] = "basis_memory"  # the name its errors give
     gammas: tuple[float, ...] = field(
         default=MEMORY_GAMMAS,
         metadata=_help("Candidate discounts per visit of the prompt's history, each in (0, 1]."),
@@ -105,7 +106,7 @@ class MemoryOptions:
     )
 
     def __post_init__(self) -> None:
-        c = "basis_memory"
+        c = self.estimator
         _set(self, "loss_memory", _number(c, "loss_memory", self.loss_memory, low=0.0, high=1.0))
         _set(self, "gammas", _grid(c, "gammas", self.gammas, 0.0, 1.0, True))
         _set(self, "weights", _grid(c, "weights", self.weights, 0.0, math.inf, True))
@@ -226,7 +227,12 @@ class MemoryKernel:
         self.gammas = np.asarray(options.gammas, dtype=np.float64)
         self.reward_range = reward_range
         self.n_prompts = table.values.shape[1]
-        self.shape = (len(table.betas), len(self.gammas), len(options.weights), len(options.shifts))
+        self.shape = (
+            self.n_priors,
+            len(self.gammas),
+            len(options.weights),
+            len(options.shifts),
+        )
         self.n_candidates = math.prod(self.shape)
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -237,6 +243,18 @@ class MemoryKernel:
             "losses": np.zeros((*lead, self.n_candidates)),
         }
 
+    @property
+    def n_priors(self) -> int:
+        """Candidate prior means per prompt: the table's tilted values, one per beta."""
+        return len(self.table.betas)
+
+    def priors(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """The batch's candidate prior means (n_priors, *lead, B), from before this step."""
+        return self.table.gather(cols)[0]
+
+    def learn(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> None:
+        """What else the step's rewards teach, after the baselines are made (nothing here)."""
+
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
         from basis_bench.estimators.step import StepOutput
 
@@ -246,20 +264,24 @@ class MemoryKernel:
             raise InputError("basis_memory's Beta posterior needs rewards in [0, 1]")
         _check_distinct(cols)
         s, n = _gather(state["successes"], cols), _gather(state["visits"], cols)
-        v, _ = self.table.gather(cols)  # (K, *lead, B)
+        v = self.priors(state, cols, r)  # (n_priors, *lead, B)
         values, choice, total = memory_values(v, s, n, r, self.options, state["losses"])
         state["losses"] += total  # a step's losses weigh lambda^age, age 0 = the current step
         state["losses"] *= self.options.loss_memory
         g = self.gammas[:, None]
         _scatter(state["successes"], cols, g * s + r[..., None, :])
         _scatter(state["visits"], cols, g * n + 1.0)
+        self.learn(state, cols, r)
         k, gi, mi, di = np.unravel_index(choice, self.shape)
+        n_betas = len(self.table.betas)
         info = {
             "gamma": self.gammas[gi],
             "weight": np.asarray(self.options.weights)[mi],
             "shift": np.asarray(self.options.shifts)[di],
         }
-        beta_index = _mode(k)
+        if self.n_priors > n_betas:  # several priors per beta: which one each prompt took
+            info["prior"] = k // n_betas
+        beta_index = _mode(k % n_betas)
         return StepOutput(
             asarray_like(values[..., None], rewards),
             self.table.betas[beta_index]
