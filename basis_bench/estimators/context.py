@@ -1,54 +1,53 @@
-"""``basis_context``: ``basis_memory`` whose tilt may shift each prompt by what the prompt is.
+"""``basis_context``: ``basis_memory`` with a second copy of its grid, each prompt's log-odds
+moved by an online logistic fit of how the batch departs from its history, by what the
+prompt is (docs/method.md, "A one-rollout estimator that conditions on the prompt").
 
-BASIS moves every prompt's log-odds by one shift 1/beta. Prompts that look alike drift
-alike, so the context tilt adds a prompt-dependent shift (docs/method.md, "A tilt that
-depends on the prompt"):
+``basis_memory``'s candidates give b_i(c) = sigmoid(logit p^_i(c) + delta). Here every
+candidate comes twice: as it is, and moved by a per-prompt shift
 
-    logit V^c_{i,beta} = logit V^_{i,beta} + w . phi_i
+    b~_i(c) = sigmoid(logit b_i(c) + a_{-i} + w_{-i} . phi_i)
 
-phi_i: the prompt's features (``TiltTable.features``), standardised over the cached
-prompts (mean 0: the batch-wide part of the shift stays beta's). w comes from a ridge
-logistic regression of the rewards on phi with the reference log-odds as offset and a free
-intercept a (the shift of the whole batch, not used in V^c):
+phi_i: the prompt's features (``TiltTable.features``, standardised over the cached
+prompts; none: the intercept alone). (a, w) = theta is a ridge logistic regression of the
+rewards with the stream's best candidate's posterior as offset,
 
-    P(r = 1 | x_i) = sigmoid(o_i + a + w . phi_i),   o_i = logit V^_{i, beta = inf}
+    P(r_j = 1) = sigmoid(o_j + x_j . theta),  x_j = (1, phi_j),  o_j = logit b_j(c*),
+    c* = the unmoved candidate of least accumulated loss (history only),
 
-fitted on the discounted history of every prompt's rewards (per-prompt counts S^f, N^f,
-discounted by ``fit_memory`` per step) plus the current batch LEAVE-ONE-OUT: prompt i's w
-is one Newton step from the history's fit theta on the history and the batch without
-prompt i, theta_{-i} = theta + (H - c_i x_i x_i^T)^{-1} (g - e_i x_i), written in closed
-form by Sherman-Morrison, O(B d) per stream after one d x d inverse. So b_i never uses r_i.
-
-The context values enter ``basis_memory``'s calibration as a second prior per beta: the
-candidates are (prior in {tilt, context tilt}, beta, gamma, m, delta), chosen by the same
-accumulated leave-one-out losses. With phi = 0 the two priors coincide and the choice
-(ties go to the plain tilt, listed first) is ``basis_memory``'s, bit for bit.
+fitted online: the history enters as its discounted curvature H (``fit_memory`` per step;
+an online Newton method, the history's gradient taken as 0 at the running theta), the
+current batch LEAVE-ONE-OUT: prompt i gets one Newton step on the batch without itself,
+theta_{-i} = theta + (H + R + sum_{j != i} c_j x_j x_j')^-1 (sum_{j != i} e_j x_j - R theta),
+in closed form by Sherman-Morrison (O(B D) per stream after one D x D inverse). So b~_i
+never uses r_i. The calibration (``basis_memory``'s accumulated leave-one-out losses)
+chooses among the 2C candidates. ``lag=false`` moves by w . phi alone; with phi = 0 the
+copies then coincide and the choice (ties go to the unmoved copy) is ``basis_memory``'s,
+bit for bit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange
-from basis_bench.estimators.memory import MemoryKernel, MemoryOptions
+from basis_bench.estimators.memory import History, MemoryKernel, MemoryOptions
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
 from basis_bench.estimators.table import TiltTable
 from basis_bench.settings import check_settings, setting
 
 FIT_MEMORY = 0.9
 RIDGE = 4.0
-INTERCEPT_RIDGE = 1e-3  # the batch-wide shift: almost free, it is beta's job
-NEWTON_STEPS = 2  # per step on the history, warm-started: the fit tracks a moving policy
-MAX_SHIFT = 8.0  # |w . phi| cap: the context tilt never moves a prompt beyond beta's range
+INTERCEPT_RIDGE = 1e-3  # the batch-wide lag a: almost free
+MAX_SHIFT = 8.0  # |shift| cap: never 0/1 in float64, whatever the fit does
 
 
 @dataclass(frozen=True)
 class ContextOptions(MemoryOptions):
-    """Options of ``basis_context``: ``basis_memory``'s, and how the prompt shift is fitted."""
+    """Options of ``basis_context``: ``basis_memory``'s, and how the per-prompt shift is fitted."""
 
     estimator: ClassVar[str] = "basis_context"
     ridge: float = setting(
@@ -64,6 +63,12 @@ class ContextOptions(MemoryOptions):
         "(0: the current batch alone).",
         min_val=0.0,
         max_val=1.0,
+    )
+    lag: bool = setting(
+        True,
+        help="Move the second copy by the fitted intercept too (the batch's lag behind its "
+        "history, learned online); false: by w . phi alone (phi = 0 is then basis_memory).",
+        choices=(True, False),
     )
 
     def __post_init__(self) -> None:
@@ -84,16 +89,21 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return np.exp(-np.logaddexp(0.0, -z))
 
 
-def shift_tilt(v: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """sigmoid(logit v + shift) = 1 / (1 + e^-shift (1 - v) / v), exact at v = 0 or 1 and
-    v itself, bit for bit, where shift = 0."""
-    with np.errstate(divide="ignore"):
-        return np.where(shift == 0.0, v, 1.0 / (1.0 + np.exp(-shift) * (1.0 - v) / v))
+class ShiftFit(NamedTuple):
+    """One step's fit: the batch's leave-one-out shifts and the batch terms of the update."""
+
+    judged: np.ndarray  # (*lead, B) v_i . theta: the history's fit, what the choice sees
+    served: np.ndarray  # (*lead, B) v_i . theta_{-i}: with the batch, leave-one-out
+    x: np.ndarray  # (*lead, B, D) design rows of the batch
+    resid: np.ndarray  # (*lead, B) r_j - sigmoid(o_j + x_j . theta)
+    curv: np.ndarray  # (*lead, B) sigmoid' at the same point
 
 
 class ContextKernel(MemoryKernel):
-    """``basis_context`` on the step interface: ``basis_memory`` with a second, prompt-shifted
-    prior per beta and the ridge-logistic fit of the shift as extra state."""
+    """``basis_context`` on the step interface: ``basis_memory``'s grid twice, the second copy
+    moved by each prompt's leave-one-out w . phi; the online logistic fit as extra state."""
+
+    variants = 2
 
     def __init__(
         self,
@@ -104,81 +114,70 @@ class ContextKernel(MemoryKernel):
         reward_range: RewardRange,
     ) -> None:
         super().__init__(estimator, options, table, ref_rewards, reward_range)
-        assert self.table is not None  # the parent refused a missing table
-        self.fit_options = options
+        self.fit_memory, self.lag = options.fit_memory, options.lag
         self.x = standardised(self.table.features, self.n_prompts)
-        inf = self.table.inf_index
-        self.offset = _logit(self.table.values[0 if inf is None else inf])
         self.penalty = np.full(self.x.shape[1], options.ridge)
         self.penalty[0] = INTERCEPT_RIDGE
 
-    @property
-    def n_priors(self) -> int:
-        """Two priors per beta: the tilt, then the context tilt."""
-        return 2 * len(self.table.betas)
-
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         state = super().initial_state(lead)
-        state["fit_successes"] = np.zeros((*lead, self.n_prompts))
-        state["fit_visits"] = np.zeros((*lead, self.n_prompts))
-        state["coef"] = np.zeros((*lead, self.x.shape[1]))
+        d = self.x.shape[1]
+        state["fit_curvature"] = np.zeros((*lead, d, d))
+        state["coef"] = np.zeros((*lead, d))
         return state
 
-    def _history(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Gradient (*lead, D) and Hessian (*lead, D, D) of the penalised history
-        log-likelihood at the state's coefficients (negative Hessian: positive definite)."""
-        theta = state["coef"]
-        s = _sigmoid(self.offset + theta @ self.x.T)  # (*lead, P)
-        resid = state["fit_successes"] - state["fit_visits"] * s
-        grad = resid @ self.x - self.penalty * theta
-        curv = state["fit_visits"] * s * (1.0 - s)
-        hess = np.einsum("...p,pd,pe->...de", curv, self.x, self.x, optimize=True)
-        hess += np.diag(self.penalty)
-        return grad, hess
+    def offsets(self, state: dict[str, np.ndarray], history: History) -> np.ndarray:
+        """logit of each prompt's posterior (*lead, B) under the stream's best unmoved
+        candidate so far (least accumulated loss; history only)."""
+        best = np.argmin(state["losses"][..., : self.n_candidates // 2], axis=-1)
+        k, g, m, d = np.unravel_index(best, self.grid)
+        v = np.take_along_axis(history.v, k[None, ..., None], axis=0)[0]
+        s = np.take_along_axis(history.s, g[..., None, None], axis=-2)[..., 0, :]
+        n = np.take_along_axis(history.n, g[..., None, None], axis=-2)[..., 0, :]
+        weight = np.asarray(self.options.weights)[m][..., None]
+        delta = np.asarray(self.options.shifts)[d][..., None]
+        p = (weight * v + s) / (weight + n)
+        with np.errstate(divide="ignore"):
+            return np.log(p) - np.log1p(-p) + delta
 
-    def context_shift(
-        self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray
-    ) -> np.ndarray:
-        """w_{-i} . phi_i for the batch (*lead, B): one leave-one-out Newton step each."""
+    def fit_shift(
+        self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray, history: History
+    ) -> ShiftFit:
+        """w_{-i} . phi_i (*lead, B): one Newton step from theta on the discounted history's
+        curvature and the batch without prompt i, by Sherman-Morrison."""
         theta = state["coef"]
-        grad, hess = self._history(state)
         xb = self.x[cols]  # (*lead, B, D)
-        sb = _sigmoid(self.offset[cols] + np.einsum("...bd,...d->...b", xb, theta))
+        sb = _sigmoid(self.offsets(state, history) + np.einsum("...bd,...d->...b", xb, theta))
         e, c = r - sb, sb * (1.0 - sb)
-        grad = grad + np.einsum("...b,...bd->...d", e, xb)
+        grad = np.einsum("...b,...bd->...d", e, xb) - self.penalty * theta
+        hess = self.fit_memory * state["fit_curvature"] + np.diag(self.penalty)
         hess = hess + np.einsum("...b,...bd,...be->...de", c, xb, xb)
         h_inv = np.linalg.inv(hess)
         hx = np.einsum("...de,...be->...bd", h_inv, xb)  # H^-1 x_i
         hg = np.einsum("...de,...e->...d", h_inv, grad)  # H^-1 g
         q = np.einsum("...bd,...bd->...b", xb, hx)  # x_i' H^-1 x_i
         a = np.einsum("...bd,...d->...b", hx, grad)  # x_i' H^-1 g
-        phi = xb[..., 1:]  # v_i = (0, phi_i): the shift leaves the intercept out
-        t = np.einsum("...bd,...bd->...b", phi, hx[..., 1:])
-        vhg = np.einsum("...bd,...d->...b", phi, hg[..., 1:])
-        now = np.einsum("...bd,...d->...b", phi, theta[..., 1:])
+        j = 0 if self.lag else 1  # the shift is v_i . theta_{-i}, v_i = x_i or (0, phi_i)
+        phi = xb[..., j:]
+        t = np.einsum("...bd,...bd->...b", phi, hx[..., j:])
+        vhg = np.einsum("...bd,...d->...b", phi, hg[..., j:])
+        now = np.einsum("...bd,...d->...b", phi, theta[..., j:])
         shift = now + vhg - e * t + c * t * (a - e * q) / (1.0 - c * q)
-        return np.clip(shift, -MAX_SHIFT, MAX_SHIFT)
+        clip = (-MAX_SHIFT, MAX_SHIFT)
+        return ShiftFit(np.clip(now, *clip), np.clip(shift, *clip), xb, e, c)
 
-    def priors(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
-        """(2K, *lead, B): the K tilted values, then each shifted by the prompt's w_{-i} . phi_i."""
-        v = self.table.gather(cols)[0]
-        return np.concatenate([v, shift_tilt(v, self.context_shift(state, cols, r))])
+    def shift_of(self, fit: ShiftFit) -> tuple[np.ndarray, np.ndarray]:
+        return fit.judged, fit.served
 
-    def learn(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> None:
-        """Discount the fit's counts, add the batch, refit theta by Newton steps on them."""
-        lam = self.fit_options.fit_memory
-        for key, add in (("fit_successes", r), ("fit_visits", 1.0)):
-            state[key] *= lam
-            past = np.take_along_axis(state[key], cols, axis=-1)
-            np.put_along_axis(state[key], cols, past + add, axis=-1)
-        for _ in range(NEWTON_STEPS):
-            grad, hess = self._history(state)
-            state["coef"] += np.linalg.solve(hess, grad[..., None])[..., 0]
-
-
-def _logit(p: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
-        return np.log(p) - np.log1p(-p)
+    def learn(self, state: dict[str, np.ndarray], fit: ShiftFit) -> None:
+        """H <- lambda H + sum_j c_j x_j x_j';  theta <- theta + (H + ridge)^-1 (sum_j e_j x_j
+        - ridge theta): the online Newton step on the whole batch."""
+        curv = state["fit_curvature"]
+        curv *= self.fit_memory
+        curv += np.einsum("...b,...bd,...be->...de", fit.curv, fit.x, fit.x)
+        grad = np.einsum("...b,...bd->...d", fit.resid, fit.x) - self.penalty * state["coef"]
+        step = np.linalg.solve(curv + np.diag(self.penalty), grad[..., None])[..., 0]
+        state["coef"] += step
 
 
 @register_estimator("basis_context", uses_cache=True, options=ContextOptions, kernel=ContextKernel)

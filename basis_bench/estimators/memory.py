@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -140,6 +140,13 @@ def posterior_grid(
     return np.reciprocal(out, out=out)
 
 
+def shift_logit(p: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """sigmoid(logit p + shift) = 1 / (1 + e^-shift (1 - p) / p): exact at p = 0 or 1, and p
+    itself, bit for bit, where shift = 0."""
+    with np.errstate(divide="ignore"):
+        return np.where(shift == 0.0, p, 1.0 / (1.0 + np.exp(-shift) * (1.0 - p) / p))
+
+
 def _losses(pred: np.ndarray, r: np.ndarray, loss: str) -> np.ndarray:
     if loss == "squared":
         out = np.subtract(r, pred)
@@ -155,13 +162,19 @@ def memory_values(
     rewards: np.ndarray,
     options: MemoryOptions,
     past: np.ndarray | None = None,
+    prompt_shift: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Baselines (*lead, B), each prompt's chosen flat grid index (*lead, B), and this
     batch's loss per candidate (*lead, C).
 
     v: (K, *lead, B) tilted values of the batch; s, n: (*lead, Gm, B) the history before
     this step; rewards: (*lead, B); past: (*lead, C) the discounted losses of earlier steps
-    (None: none). The flat index runs over C = (K, Gm, M, D) in C order. The streams (lead)
+    (None: none). The flat index runs over C = (K, Gm, M, D) in C order; with
+    ``prompt_shift`` = (judged, served), each (*lead, B), over C = (2, K, Gm, M, D): every
+    candidate, then every candidate with prompt j's log-odds moved by judged_j, the shift
+    its loss is computed with; a prompt i that chooses a moved candidate gets it moved by
+    served_i (basis_context: judged from the history alone, served leave-one-out with the
+    batch, so that r_i enters neither prompt i's choice nor its value). The streams (lead)
     go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions: the (B, C)
     arrays of a chunk stay in cache and their memory is reused, instead of one array of
     R B C floats that is faulted in afresh every step.
@@ -172,16 +185,21 @@ def memory_values(
     weights = np.asarray(options.weights, dtype=np.float64)
     shifts = np.asarray(options.shifts, dtype=np.float64)
     n_cand = len(v) * s.shape[-2] * len(weights) * len(shifts)
+    n_cand *= 1 if prompt_shift is None else 2
     streams = math.prod(lead)
     v, s, n = v.reshape(len(v), streams, b), s.reshape(streams, -1, b), n.reshape(streams, -1, b)
     r = rewards.reshape(streams, b)
+    moved = None if prompt_shift is None else [x.reshape(streams, b) for x in prompt_shift]
     prior = None if past is None else past.reshape(streams, n_cand)
     values, choice = np.empty((streams, b)), np.empty((streams, b), dtype=np.intp)
     total = np.empty((streams, n_cand))
     step = max(1, _CHUNK_ELEMENTS // (b * n_cand))
     for a in range(0, streams, step):
         z = slice(a, a + step)
-        flat = posterior_grid(v[:, z], s[z], n[z], weights, shifts).reshape(-1, b, n_cand)
+        flat = posterior_grid(v[:, z], s[z], n[z], weights, shifts)
+        flat = flat.reshape(*flat.shape[:2], -1)
+        if moved is not None:
+            flat = np.concatenate([flat, shift_logit(flat, moved[0][z, :, None])], axis=-1)
         loss = _losses(flat, r[z, :, None], options.loss)  # (chunk, B, C)
         total[z] = loss.sum(axis=-2)
         score = total[z, None] if prior is None else (total[z] + prior[z])[:, None]
@@ -190,7 +208,20 @@ def memory_values(
         else:
             choice[z] = np.argmin(score, axis=-1)
         values[z] = np.take_along_axis(flat, choice[z, :, None], axis=-1)[..., 0]
+        if moved is not None:  # a moved choice: its unmoved value, moved by the served shift
+            half = n_cand // 2
+            unmoved = np.take_along_axis(flat, choice[z, :, None] % half, axis=-1)[..., 0]
+            served = shift_logit(unmoved, moved[1][z])
+            values[z] = np.where(choice[z] >= half, served, values[z])
     return values.reshape(rewards.shape), choice.reshape(rewards.shape), total.reshape(*lead, -1)
+
+
+class History(NamedTuple):
+    """A batch's tilted values v (K, *lead, B) and its history s, n (*lead, Gm, B)."""
+
+    v: np.ndarray
+    s: np.ndarray
+    n: np.ndarray
 
 
 def _gather(state: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -227,12 +258,8 @@ class MemoryKernel:
         self.gammas = np.asarray(options.gammas, dtype=np.float64)
         self.reward_range = reward_range
         self.n_prompts = table.values.shape[1]
-        self.shape = (
-            self.n_priors,
-            len(self.gammas),
-            len(options.weights),
-            len(options.shifts),
-        )
+        self.grid = (len(table.betas), len(self.gammas), len(options.weights), len(options.shifts))
+        self.shape = (self.variants, *self.grid)
         self.n_candidates = math.prod(self.shape)
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -243,17 +270,20 @@ class MemoryKernel:
             "losses": np.zeros((*lead, self.n_candidates)),
         }
 
-    @property
-    def n_priors(self) -> int:
-        """Candidate prior means per prompt: the table's tilted values, one per beta."""
-        return len(self.table.betas)
+    variants = 1  # the grid once; basis_context adds a copy moved by a per-prompt shift
 
-    def priors(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
-        """The batch's candidate prior means (n_priors, *lead, B), from before this step."""
-        return self.table.gather(cols)[0]
+    def fit_shift(
+        self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray, history: History
+    ) -> Any:
+        """The per-prompt shift of the grid's second copy, and what ``learn`` needs (None)."""
+        return None
 
-    def learn(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> None:
-        """What else the step's rewards teach, after the baselines are made (nothing here)."""
+    def shift_of(self, fit: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (judged, served) shifts inside ``fit_shift``'s result (None: no second copy)."""
+        return None
+
+    def learn(self, state: dict[str, np.ndarray], fit: Any) -> None:
+        """Update what the shift is fitted from, after the baselines are made (nothing here)."""
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> Any:
         from basis_bench.estimators.step import StepOutput
@@ -264,24 +294,26 @@ class MemoryKernel:
             raise InputError("basis_memory's Beta posterior needs rewards in [0, 1]")
         _check_distinct(cols)
         s, n = _gather(state["successes"], cols), _gather(state["visits"], cols)
-        v = self.priors(state, cols, r)  # (n_priors, *lead, B)
-        values, choice, total = memory_values(v, s, n, r, self.options, state["losses"])
+        v, _ = self.table.gather(cols)  # (K, *lead, B)
+        fit = self.fit_shift(state, cols, r, History(v, s, n))
+        values, choice, total = memory_values(
+            v, s, n, r, self.options, state["losses"], self.shift_of(fit)
+        )
+        self.learn(state, fit)
         state["losses"] += total  # a step's losses weigh lambda^age, age 0 = the current step
         state["losses"] *= self.options.loss_memory
         g = self.gammas[:, None]
         _scatter(state["successes"], cols, g * s + r[..., None, :])
         _scatter(state["visits"], cols, g * n + 1.0)
-        self.learn(state, cols, r)
-        k, gi, mi, di = np.unravel_index(choice, self.shape)
-        n_betas = len(self.table.betas)
+        moved, k, gi, mi, di = np.unravel_index(choice, self.shape)
         info = {
             "gamma": self.gammas[gi],
             "weight": np.asarray(self.options.weights)[mi],
             "shift": np.asarray(self.options.shifts)[di],
         }
-        if self.n_priors > n_betas:  # several priors per beta: which one each prompt took
-            info["prior"] = k // n_betas
-        beta_index = _mode(k % n_betas)
+        if self.variants > 1:
+            info["moved"] = moved.astype(bool)  # took the copy moved by the per-prompt shift
+        beta_index = _mode(k)
         return StepOutput(
             asarray_like(values[..., None], rewards),
             self.table.betas[beta_index]

@@ -30,7 +30,7 @@ FEATURE_KINDS = ("auto", "stored", "plain", "text", "none")
 TEXT_DIM = 32
 OPERATORS = ("+", "-", "*", "/")
 _TOKEN = re.compile(r"\d+|[A-Za-z]+|[^\sA-Za-z\d]")
-_OPERATION = re.compile(r"(?<=[\d)\s])([+\-*/])(?=[\s\d(])")
+_OPERATION = re.compile(r"(?<=[\d)])\s*([+\-*/])(?=\s*[\d(])")  # binary: a number each side
 
 
 def _bucket(token: str, dim: int) -> tuple[int, float]:
