@@ -288,3 +288,46 @@ def test_prompt_features_read_the_stored_column_in_prompt_order():
     bad = prompts.with_columns(pl.Series("features", [[1.0], [1.0, 2.0]]))
     with pytest.raises(InputError, match="one length"):
         stored_features(bad)
+
+
+def test_training_and_plugins_take_it(cache, tmp_path):
+    """The training loop's estimator (state through a weights-only torch checkpoint) and the
+    verl/TRL adapter run basis_context like basis_memory (no features: the lag alone)."""
+    torch = pytest.importorskip("torch")
+    from basis_bench.integrations.keys import StepBasis
+    from basis_bench.train import make_config, make_estimator
+
+    ids, ref, _ = cache
+    est = make_estimator(make_config({}, ["estimator=basis_context"]), ids, ref)
+    for batch_ids, rewards in _stream(ids, steps=3, b=5):
+        est(batch_ids, rewards[:, None])
+    torch.save(est.state_dict(), tmp_path / "s.pt")
+    again = make_estimator(make_config({}, ["estimator=basis_context"]), ids, ref)
+    again.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
+    batch_ids, rewards = next(_stream(ids, steps=1, b=5, seed=9))
+    np.testing.assert_array_equal(
+        est(batch_ids, rewards[:, None]).baselines, again(batch_ids, rewards[:, None]).baselines
+    )
+    adapter = StepBasis(make_step_estimator("basis_context", prompt_ids=ids, ref_rewards=ref))
+    out = adapter(ids[:6], np.array([1.0, 0, 1, 0, 1, 0]))
+    assert out.baselines.shape == (6,) and np.all((out.baselines > 0) & (out.baselines < 1))
+
+
+def test_replay_hands_the_prompts_features_to_it():
+    """Trajectory replay on the shipped data: the prompts table's features reach the
+    estimator (kind none runs the lag alone, which differs), never a 0/1 baseline."""
+    from basis_bench.bench.dataset import open_dataset
+    from basis_bench.bench.trajectory import TrajectorySettings, replay_trajectory
+    from basis_bench.rollouts.store import load_prompts
+
+    ds = open_dataset()
+    rows = {}
+    for kind in ("auto", "none"):
+        s = TrajectorySettings(batch_size=16, repeats=4, epochs_per_checkpoint=2, features=kind)
+        table, _ = replay_trajectory(
+            ds.rollouts, ds.reference, ds.checkpoints[:2], ["basis_context"], s,
+            prompts=load_prompts(ds.root),
+        )  # fmt: skip
+        rows[kind] = table.filter(pl.col("scope") == "epoch")
+    assert rows["auto"]["extreme_rate"].max() == 0
+    assert not rows["auto"]["mse"].equals(rows["none"]["mse"])
