@@ -331,3 +331,20 @@ def test_replay_hands_the_prompts_features_to_it():
         rows[kind] = table.filter(pl.col("scope") == "epoch")
     assert rows["auto"]["extreme_rate"].max() == 0
     assert not rows["auto"]["mse"].equals(rows["none"]["mse"])
+
+
+def test_wide_features_are_reduced_to_principal_components():
+    """A hidden state (d > MAX_FEATURES) enters as its leading principal components, each
+    of variance 1; narrow features are only standardised."""
+    from basis_bench.estimators.context import MAX_FEATURES
+
+    rng = np.random.default_rng(1)
+    wide = rng.normal(size=(150, 200)) @ rng.normal(size=(200, 200))
+    x = standardised(wide, 150)
+    assert x.shape == (150, 1 + MAX_FEATURES)
+    np.testing.assert_allclose(x[:, 1:].std(axis=0), 1.0)
+    np.testing.assert_allclose(x[:, 1:].mean(axis=0), 0.0, atol=1e-12)
+    narrow = standardised(wide[:, :5], 150)
+    np.testing.assert_allclose(
+        narrow[:, 1:], (wide[:, :5] - wide[:, :5].mean(0)) / wide[:, :5].std(0)
+    )

@@ -42,6 +42,7 @@ from basis_bench.settings import check_settings, setting
 FIT_MEMORY = 0.9
 RIDGE = 4.0
 INTERCEPT_RIDGE = 1e-3  # the batch-wide lag a: almost free
+MAX_FEATURES = 64  # wider features (hidden states) go through PCA: a D x D solve per stream
 MAX_SHIFT = 8.0  # |shift| cap: never 0/1 in float64, whatever the fit does
 
 
@@ -77,12 +78,22 @@ class ContextOptions(MemoryOptions):
 
 
 def standardised(features: np.ndarray | None, n_prompts: int) -> np.ndarray:
-    """Design rows x_i = [1, (phi_i - mean) / std] (P, 1 + d); constant columns become 0."""
+    """Design rows x_i = [1, z_i] (P, 1 + d): z the features standardised over the prompts
+    (constant columns 0); more than ``MAX_FEATURES`` columns (a hidden state) are first
+    reduced to their leading principal components, each rescaled to variance 1. Neither
+    step looks at a reward."""
     if features is None:
         return np.ones((n_prompts, 1))
-    sd = features.std(axis=0)
-    z = np.divide(features - features.mean(axis=0), sd, out=np.zeros_like(features), where=sd > 0)
+    z = _unit_variance(features - features.mean(axis=0))
+    if z.shape[1] > MAX_FEATURES:
+        u, sv, _ = np.linalg.svd(z, full_matrices=False)
+        z = _unit_variance(u[:, :MAX_FEATURES] * sv[:MAX_FEATURES])
     return np.concatenate([np.ones((n_prompts, 1)), z], axis=1)
+
+
+def _unit_variance(z: np.ndarray) -> np.ndarray:
+    sd = z.std(axis=0)
+    return np.divide(z, sd, out=np.zeros_like(z), where=sd > 1e-12 * max(1.0, sd.max(initial=0)))
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

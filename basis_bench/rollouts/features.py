@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -128,3 +129,20 @@ def prompt_features(
     if kind in ("text", "auto") and "problem" in table.columns:
         parts.append(text_features(table["problem"].to_list()))
     return np.concatenate(parts, axis=1) if parts else None
+
+
+def hidden_state_features(model: Any, tokenizer: Any, problems: Sequence[str]) -> np.ndarray:
+    """The model's final hidden state at the last token of each prompt as the model sees it
+    (the chat template's assistant header included: the state the first response token is
+    drawn from), (P, hidden size) float64. One forward pass per prompt."""
+    import torch
+
+    from basis_bench.rollouts.prompts import build_prompt
+
+    rows = []
+    with torch.no_grad():
+        for problem in problems:
+            ids = tokenizer(build_prompt(tokenizer, problem), return_tensors="pt")
+            out = model(**ids.to(model.device), output_hidden_states=True)
+            rows.append(out.hidden_states[-1][0, -1].float().cpu().numpy())
+    return np.asarray(rows, dtype=np.float64)
