@@ -2,7 +2,7 @@
 
 Features are data: ``prompts.parquet`` may hold a ``features`` column (a list of floats per
 prompt, one length for all: e.g. the reference model's final hidden state of the prompt).
-Where it does not, two featurizers need no model:
+Where it does not, two featurizers need no model (``auto`` takes plain):
 
 * ``plain``: what a prompt visibly is: the answer is negative, its number of digits, the
   operators of the problem (+, -, *, /), and MATH's ``level`` and ``subject`` (one-hot)
@@ -106,7 +106,8 @@ def prompt_features(
     """Features (P, d) of ``prompt_ids`` in that order, or None (``none``, or no table).
 
     kind: ``stored`` (the ``features`` column), ``plain``, ``text``, or ``auto``: stored
-    when the column exists, else plain and text side by side.
+    when the column exists, else plain. Text is there on request only: on the default data
+    its 32 hashed buckets made ``basis_context`` worse than plain (docs/results.md).
     """
     if kind not in FEATURE_KINDS:
         raise InputError(f"unknown prompt feature kind {kind!r}; choose one of {FEATURE_KINDS}")
@@ -123,12 +124,11 @@ def prompt_features(
         if not has_stored:
             raise InputError(f"the prompts table has no {FEATURE_COLUMN!r} column")
         return stored_features(table)
-    parts = []
-    if kind in ("plain", "auto"):
-        parts.append(plain_features(table)[0])
-    if kind in ("text", "auto") and "problem" in table.columns:
-        parts.append(text_features(table["problem"].to_list()))
-    return np.concatenate(parts, axis=1) if parts else None
+    if kind == "text":
+        if "problem" not in table.columns:
+            raise InputError("the text featurizer needs the prompts table's 'problem' column")
+        return text_features(table["problem"].to_list())
+    return plain_features(table)[0]
 
 
 def hidden_state_features(model: Any, tokenizer: Any, problems: Sequence[str]) -> np.ndarray:
