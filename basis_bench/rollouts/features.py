@@ -19,7 +19,6 @@ import hashlib
 import itertools
 import re
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import polars as pl
@@ -130,19 +129,3 @@ def prompt_features(
         return text_features(table["problem"].to_list())
     return plain_features(table)[0]
 
-
-def hidden_state_features(model: Any, tokenizer: Any, problems: Sequence[str]) -> np.ndarray:
-    """The model's final hidden state at the last token of each prompt as the model sees it
-    (the chat template's assistant header included: the state the first response token is
-    drawn from), (P, hidden size) float64. One forward pass per prompt."""
-    import torch
-
-    from basis_bench.rollouts.prompts import build_prompt
-
-    rows = []
-    with torch.no_grad():
-        for problem in problems:
-            ids = tokenizer(build_prompt(tokenizer, problem), return_tensors="pt")
-            out = model(**ids.to(model.device), output_hidden_states=True)
-            rows.append(out.hidden_states[-1][0, -1].float().cpu().numpy())
-    return np.asarray(rows, dtype=np.float64)
