@@ -128,4 +128,3 @@ def prompt_features(
             raise InputError("the text featurizer needs the prompts table's 'problem' column")
         return text_features(table["problem"].to_list())
     return plain_features(table)[0]
-
