@@ -112,7 +112,8 @@ class ShiftFit(NamedTuple):
 
 class ContextKernel(MemoryKernel):
     """``basis_context`` on the step interface: ``basis_memory``'s grid twice, the second copy
-    moved by each prompt's leave-one-out w . phi; the online logistic fit as extra state."""
+    moved by each prompt's a + w . phi (leave-one-out when served); the online logistic fit
+    (theta and the history's curvature) as extra state."""
 
     variants = 2
 
@@ -193,5 +194,5 @@ class ContextKernel(MemoryKernel):
 
 @register_estimator("basis_context", uses_cache=True, options=ContextOptions, kernel=ContextKernel)
 def _basis_context(batch: EstimatorInput, options: ContextOptions) -> Array:
-    """BASIS context: basis_memory with a prompt-dependent tilt w . phi(x), w fitted leave-one-out."""
+    """BASIS context: basis_memory plus its candidates moved by an online fit of the lag and w . phi(x)."""
     raise InputError("basis_context is stateful; use make_step_estimator or trajectory replay")
