@@ -348,3 +348,25 @@ def test_wide_features_are_reduced_to_principal_components():
     np.testing.assert_allclose(
         narrow[:, 1:], (wide[:, :5] - wide[:, :5].mean(0)) / wide[:, :5].std(0)
     )
+
+
+def test_a_features_column_survives_prompts_parquet(tmp_path):
+    """prompts.parquet keeps a list column through the store's writer and reader (the import
+    path's), and ``auto`` then takes it over the plain features."""
+    from basis_bench.rollouts.store import load_prompts, write_parquet_atomic
+
+    prompts = pl.DataFrame(
+        {
+            "prompt_id": ["a", "b", "c"],
+            "problem": ["What is 1 + 2?", "What is 3 - 5?", "What is 2 * 2?"],
+            "answer": ["3", "-2", "4"],
+            "features": [[0.5, 1.0, -1.0], [0.25, 0.0, 2.0], [1.0, 1.0, 1.0]],
+        }
+    )
+    write_parquet_atomic(prompts, tmp_path / "prompts.parquet")
+    back = load_prompts(tmp_path)
+    assert back is not None
+    np.testing.assert_array_equal(
+        prompt_features(back, ["c", "a"]), [[1.0, 1.0, 1.0], [0.5, 1.0, -1.0]]
+    )
+    assert prompt_features(back, ["a"], "plain").shape[1] == 6  # negative, digits, 4 operators
