@@ -65,6 +65,7 @@ from basis_bench.outputs import (
     provenance,
     write_text_atomic,
 )
+from basis_bench.rollouts.store import load_prompts
 
 TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
 TRAJECTORY_REPEATS = 200  # the same for the trajectory replay of every estimator
@@ -235,7 +236,10 @@ def _trajectory(
         if progress is not None:
             progress(f"trajectory {checkpoint}", epoch, cfg.trajectory_epochs)
 
-    table, _ = replay_trajectory(ds.rewards, ds.reference, ds.checkpoints, names, settings, tick)
+    prompts = load_prompts(ds.root)
+    table, _ = replay_trajectory(
+        ds.rewards, ds.reference, ds.checkpoints, names, settings, tick, prompts
+    )
     return table
 
 

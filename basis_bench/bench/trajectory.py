@@ -53,11 +53,13 @@ from basis_bench.estimators import (
     SpoOptions,
     StepEstimator,
     TiltTable,
+    default_betas,
     get,
     make_kernel,
 )
 from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.estimators.related import SPO_DECAY, SPO_TRACKER_NAME
+from basis_bench.rollouts.features import prompt_features
 
 ESTIMATOR_NAME = SPO_TRACKER_NAME
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
@@ -132,6 +134,7 @@ class TrajectorySettings:
     prior: float = DEFAULT_PRIOR
     options: Mapping[str, Any] = field(default_factory=dict)
     blend: bool = False  # move from each checkpoint towards the next over its epochs
+    features: str = "auto"  # prompt features for basis_context (rollouts/features.py kinds)
 
 
 @dataclass
@@ -228,6 +231,7 @@ def replay_trajectory(
     estimators: Sequence[str | Estimator],
     settings: TrajectorySettings | None = None,
     progress: Callable[[str, int], None] | None = None,
+    prompts: pl.DataFrame | None = None,
 ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     """Replay ``estimators`` over ``checkpoints`` in order; rows per epoch and per checkpoint.
 
@@ -236,6 +240,8 @@ def replay_trajectory(
     checkpoint, epoch, step, then evaluate's summary columns) and each estimator's per-step
     MSE curve (steps,) keyed by its label. ``settings.options`` maps an estimator name to
     its options (object or mapping). ``progress(checkpoint, epoch)`` after every epoch.
+    ``prompts``: the prompts table, whose features (``settings.features``) go to the tilt
+    table for the estimators that condition on the prompt.
     """
     s = settings or TrajectorySettings()
     ests = [get(e) if isinstance(e, str) else e for e in estimators]
@@ -244,10 +250,10 @@ def replay_trajectory(
     p = len(ids)
     g_max = _check(s, ests, p, len(checkpoints))
     cache = rewards[reference].rows(ids)[:, : s.ref_n]
-    from basis_bench.estimators import default_betas
 
     betas = default_betas(s.grid_size) if s.grid_size is not None else None
-    table = TiltTable.from_cache(cache, betas, s.prior, list(ids))
+    features = prompt_features(prompts, list(ids), s.features)  # None: no prompts table
+    table = TiltTable.from_cache(cache, betas, s.prior, list(ids), features)
     splits = [_split(rewards[c].rows(ids), s.oracle_n, c, g_max) for c in checkpoints]
     rr = _reward_range(cache, *(sp.pool for sp in splits))
     steppers = []

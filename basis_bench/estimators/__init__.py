@@ -28,6 +28,7 @@ from basis_bench.estimators.calibrate import (
     select_beta,
     take_beta,
 )
+from basis_bench.estimators.context import ContextOptions
 from basis_bench.estimators.memory import MemoryOptions, memory_values
 from basis_bench.estimators.options import (
     ApoOptions,
@@ -78,6 +79,7 @@ __all__ = [
     "Basis",
     "BasisKernel",
     "BasisOptions",
+    "ContextOptions",
     "Estimator",
     "EstimatorInput",
     "JamesSteinOptions",

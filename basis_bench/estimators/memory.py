@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -74,6 +74,7 @@ class MemoryOptions:
     """Options of ``basis_memory``: the grids its calibration chooses from, and how far back
     the calibration's losses reach."""
 
+    estimator: ClassVar[str] = "basis_memory"  # the name its errors give
     gammas: tuple[float, ...] = field(
         default=MEMORY_GAMMAS,
         metadata=_help("Candidate discounts per visit of the prompt's history, each in (0, 1]."),
@@ -106,7 +107,7 @@ class MemoryOptions:
     )
 
     def __post_init__(self) -> None:
-        c = "basis_memory"
+        c = self.estimator
         _set(self, "loss_memory", _number(c, "loss_memory", self.loss_memory, low=0, high=1))
         _set(self, "gammas", _grid(c, "gammas", self.gammas, 0, 1, True))
         _set(self, "weights", _grid(c, "weights", self.weights, 0, None, True))
@@ -140,6 +141,13 @@ def posterior_grid(
     return np.reciprocal(out, out=out)
 
 
+def shift_logit(p: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """sigmoid(logit p + shift) = 1 / (1 + e^-shift (1 - p) / p): exact at p = 0 or 1, and p
+    itself, bit for bit, where shift = 0."""
+    with np.errstate(divide="ignore"):
+        return np.where(shift == 0.0, p, 1.0 / (1.0 + np.exp(-shift) * (1.0 - p) / p))
+
+
 def _losses(pred: np.ndarray, r: np.ndarray, loss: str) -> np.ndarray:
     if loss == "squared":
         out = np.subtract(r, pred)
@@ -155,13 +163,19 @@ def memory_values(
     rewards: np.ndarray,
     options: MemoryOptions,
     past: np.ndarray | None = None,
+    prompt_shift: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Baselines (*lead, B), each prompt's chosen flat grid index (*lead, B), and this
     batch's loss per candidate (*lead, C).
 
     v: (K, *lead, B) tilted values of the batch; s, n: (*lead, Gm, B) the history before
     this step; rewards: (*lead, B); past: (*lead, C) the discounted losses of earlier steps
-    (None: none). The flat index runs over C = (K, Gm, M, D) in C order. The streams (lead)
+    (None: none). The flat index runs over C = (K, Gm, M, D) in C order; with
+    ``prompt_shift`` = (judged, served), each (*lead, B), over C = (2, K, Gm, M, D): every
+    candidate, then every candidate with prompt j's log-odds moved by judged_j, the shift
+    its loss is computed with; a prompt i that chooses a moved candidate gets it moved by
+    served_i (basis_context: judged from the history alone, served leave-one-out with the
+    batch, so that r_i enters neither prompt i's choice nor its value). The streams (lead)
     go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions: the (B, C)
     arrays of a chunk stay in cache and their memory is reused, instead of one array of
     R B C floats that is faulted in afresh every step.
@@ -172,16 +186,21 @@ def memory_values(
     weights = np.asarray(options.weights, dtype=np.float64)
     shifts = np.asarray(options.shifts, dtype=np.float64)
     n_cand = len(v) * s.shape[-2] * len(weights) * len(shifts)
+    n_cand *= 1 if prompt_shift is None else 2
     streams = math.prod(lead)
     v, s, n = v.reshape(len(v), streams, b), s.reshape(streams, -1, b), n.reshape(streams, -1, b)
     r = rewards.reshape(streams, b)
+    moved = None if prompt_shift is None else [x.reshape(streams, b) for x in prompt_shift]
     prior = None if past is None else past.reshape(streams, n_cand)
     values, choice = np.empty((streams, b)), np.empty((streams, b), dtype=np.intp)
     total = np.empty((streams, n_cand))
     step = max(1, _CHUNK_ELEMENTS // (b * n_cand))
     for a in range(0, streams, step):
         z = slice(a, a + step)
-        flat = posterior_grid(v[:, z], s[z], n[z], weights, shifts).reshape(-1, b, n_cand)
+        flat = posterior_grid(v[:, z], s[z], n[z], weights, shifts)
+        flat = flat.reshape(*flat.shape[:2], -1)
+        if moved is not None:
+            flat = np.concatenate([flat, shift_logit(flat, moved[0][z, :, None])], axis=-1)
         loss = _losses(flat, r[z, :, None], options.loss)  # (chunk, B, C)
         total[z] = loss.sum(axis=-2)
         score = total[z, None] if prior is None else (total[z] + prior[z])[:, None]
@@ -190,7 +209,20 @@ def memory_values(
         else:
             choice[z] = np.argmin(score, axis=-1)
         values[z] = np.take_along_axis(flat, choice[z, :, None], axis=-1)[..., 0]
+        if moved is not None:  # a moved choice: its unmoved value, moved by the served shift
+            half = n_cand // 2
+            unmoved = np.take_along_axis(flat, choice[z, :, None] % half, axis=-1)[..., 0]
+            served = shift_logit(unmoved, moved[1][z])
+            values[z] = np.where(choice[z] >= half, served, values[z])
     return values.reshape(rewards.shape), choice.reshape(rewards.shape), total.reshape(*lead, -1)
+
+
+class History(NamedTuple):
+    """A batch's tilted values v (K, *lead, B) and its history s, n (*lead, Gm, B)."""
+
+    v: np.ndarray
+    s: np.ndarray
+    n: np.ndarray
 
 
 def _gather(state: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -227,7 +259,8 @@ class MemoryKernel:
         self.gammas = np.asarray(options.gammas, dtype=np.float64)
         self.reward_range = reward_range
         self.n_prompts = table.values.shape[1]
-        self.shape = (len(table.betas), len(self.gammas), len(options.weights), len(options.shifts))
+        self.grid = (len(table.betas), len(self.gammas), len(options.weights), len(options.shifts))
+        self.shape = (self.variants, *self.grid)
         self.n_candidates = math.prod(self.shape)
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -238,6 +271,21 @@ class MemoryKernel:
             "losses": np.zeros((*lead, self.n_candidates)),
         }
 
+    variants = 1  # the grid once; basis_context adds a copy moved by a per-prompt shift
+
+    def fit_shift(
+        self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray, history: History
+    ) -> Any:
+        """The per-prompt shift of the grid's second copy, and what ``learn`` needs (None)."""
+        return None
+
+    def shift_of(self, fit: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (judged, served) shifts inside ``fit_shift``'s result (None: no second copy)."""
+        return None
+
+    def learn(self, state: dict[str, np.ndarray], fit: Any) -> None:
+        """Update what the shift is fitted from, after the baselines are made (nothing here)."""
+
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
         r = to_numpy(rewards[..., 0], dtype=np.float64)
@@ -246,18 +294,24 @@ class MemoryKernel:
         _check_distinct(cols)
         s, n = _gather(state["successes"], cols), _gather(state["visits"], cols)
         v, _ = self.table.gather(cols)  # (K, *lead, B)
-        values, choice, total = memory_values(v, s, n, r, self.options, state["losses"])
+        fit = self.fit_shift(state, cols, r, History(v, s, n))
+        values, choice, total = memory_values(
+            v, s, n, r, self.options, state["losses"], self.shift_of(fit)
+        )
+        self.learn(state, fit)
         state["losses"] += total  # a step's losses weigh lambda^age, age 0 = the current step
         state["losses"] *= self.options.loss_memory
         g = self.gammas[:, None]
         _scatter(state["successes"], cols, g * s + r[..., None, :])
         _scatter(state["visits"], cols, g * n + 1.0)
-        k, gi, mi, di = np.unravel_index(choice, self.shape)
+        moved, k, gi, mi, di = np.unravel_index(choice, self.shape)
         info = {
             "gamma": self.gammas[gi],
             "weight": np.asarray(self.options.weights)[mi],
             "shift": np.asarray(self.options.shifts)[di],
         }
+        if self.variants > 1:
+            info["moved"] = moved.astype(bool)  # took the copy moved by the per-prompt shift
         beta_index = _mode(k)
         return StepOutput(
             asarray_like(values[..., None], rewards),

@@ -249,6 +249,7 @@ def make_step_estimator(
     prior: float = DEFAULT_PRIOR,
     reward_range: RewardRange = (0.0, 1.0),
     lead: tuple[int, ...] = (),
+    features: Array | None = None,
 ) -> StepEstimator:
     """A :class:`StepEstimator` for the registered estimator ``name``.
 
@@ -256,7 +257,8 @@ def make_step_estimator(
     options dataclass (an unknown key names the valid ones). Cache estimators need
     ``prompt_ids`` and ``ref_rewards`` (P, n); ``betas`` (default grid) and ``prior`` shape
     their tilt table (BASIS with ``calibration="fixed"`` uses the grid ``[fixed_beta]``).
-    ``lead``: parallel streams (trajectory replay), () for one.
+    ``lead``: parallel streams (trajectory replay), () for one. ``features`` (P, d): one
+    row per cached prompt, for ``basis_context`` (None: it runs as ``basis_memory``).
     """
     est = get(name)
     opts = est.parse_options(options)
@@ -270,6 +272,6 @@ def make_step_estimator(
     if isinstance(opts, BasisOptions) and opts.calibration == "fixed":
         betas = [opts.fixed_beta]  # type: ignore[list-item]
     ref = to_numpy(ref_rewards, dtype=np.float64)
-    table = TiltTable.from_cache(ref, betas, prior, prompt_ids)
+    table = TiltTable.from_cache(ref, betas, prior, prompt_ids, features)
     kernel = make_kernel(est, opts, table, ref, reward_range)
     return StepEstimator(est, opts, kernel, table, reward_range, lead)

@@ -49,6 +49,7 @@ class TiltTable:
     values: np.ndarray  # (K, P)
     variances: np.ndarray  # (K, P)
     index: PromptIndex | None = None  # prompt id -> column, when built with ids
+    features: np.ndarray | None = None  # (P, d) per-prompt features (basis_context), or None
 
     @classmethod
     def from_cache(
@@ -57,9 +58,11 @@ class TiltTable:
         betas: Sequence[float] | np.ndarray | None = None,
         prior: float = DEFAULT_PRIOR,
         prompt_ids: Sequence[str] | None = None,
+        features: Array | None = None,
     ) -> TiltTable:
         """The table of a (P, n) reference cache (NaN = missing sample); default grid
-        :func:`~basis_bench.estimators.tilt.default_betas`."""
+        :func:`~basis_bench.estimators.tilt.default_betas`; ``features`` (P, d), one row per
+        cached prompt, for the estimators that condition on the prompt."""
         ref = to_numpy(ref_rewards, dtype=np.float64)
         if prompt_ids is not None and (ref.ndim != 2 or ref.shape[0] != len(prompt_ids)):
             raise InputError(
@@ -68,7 +71,15 @@ class TiltTable:
         grid = np.asarray(default_betas() if betas is None else betas, dtype=np.float64)
         v, var = tilted_moments(ref, grid, prior=prior)
         index = PromptIndex(prompt_ids) if prompt_ids is not None else None
-        return cls(grid, np.asarray(v), np.asarray(var), index)
+        feats = None if features is None else to_numpy(features, dtype=np.float64)
+        if feats is not None and (feats.ndim != 2 or len(feats) != len(ref)):
+            raise InputError(
+                f"features must be (prompts, d) = ({len(ref)}, d), one row per cached prompt; "
+                f"got {feats.shape}"
+            )
+        if feats is not None and not np.all(np.isfinite(feats)):
+            raise InputError("prompt features must be finite")
+        return cls(grid, np.asarray(v), np.asarray(var), index, feats)
 
     @property
     def inf_index(self) -> int | None:
