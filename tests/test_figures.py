@@ -169,6 +169,6 @@ def test_sensitivity_and_trajectory_draw_one_line_per_series(results, drawn):
     assert _texts(fig.legends[0]) == checkpoints
     (ax,) = drawn["fig_trajectory"].axes
     epochs = pl.read_csv(results / "trajectory.csv").filter(pl.col("scope") == "epoch")
-    labels = [*ONE_STEP_LABELS[:9], "BASIS memory", *ONE_STEP_LABELS[9:]]
+    labels = [*ONE_STEP_LABELS[:9], "BASIS memory", "BASIS context", *ONE_STEP_LABELS[9:]]
     assert _texts(ax.get_legend()) == ["REINFORCE (b=0)", *labels]
     assert len(ax.collections) == epochs["estimator"].n_unique()  # one CI band per line

@@ -192,7 +192,14 @@ class ContextKernel(MemoryKernel):
         state["coef"] += step
 
 
-@register_estimator("basis_context", uses_cache=True, options=ContextOptions, kernel=ContextKernel)
+@register_estimator(
+    "basis_context",
+    uses_cache=True,
+    options=ContextOptions,
+    kernel=ContextKernel,
+    label="BASIS context",
+    colour="darkcyan",
+)
 def _basis_context(batch: EstimatorInput, options: ContextOptions) -> Array:
     """BASIS context: basis_memory plus its candidates moved by an online fit of the lag and w . phi(x)."""
     raise InputError("basis_context is stateful; use make_step_estimator or trajectory replay")
