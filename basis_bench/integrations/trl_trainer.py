@@ -12,7 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
-from basis_bench.integrations.trl import SCALES, Tensor, basis_advantages, total_rewards
+from basis_bench.integrations.trl_advantages import SCALES, Tensor, basis_advantages, total_rewards
 
 
 @dataclass
