@@ -26,9 +26,9 @@ from pathlib import Path
 
 def child(data: str, repeats: int, out: str, trace: bool) -> dict[str, float]:
     """One evaluate run in this process; returns its measurements."""
-    from basis_bench.bench.config import EvaluateConfig
-    from basis_bench.bench.dataset import open_dataset
-    from basis_bench.bench.run import evaluate
+    from basis_bench.evaluation.config import EvaluateConfig
+    from basis_bench.evaluation.dataset import open_dataset
+    from basis_bench.evaluation.run import evaluate
 
     if trace:
         tracemalloc.start()

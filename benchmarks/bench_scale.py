@@ -6,7 +6,7 @@ reference samples, 3 checkpoints x 272 samples: 256 oracle + 16 pool) with `simu
 runs the default evaluate (every estimator, the trajectory replay, estimates.parquet) on
 each, every run a fresh child process whose own peak resident memory (ru_maxrss) is
 printed, with its wall time and the memory evaluate's pre-flight check predicted
-(:func:`basis_bench.bench.cost.evaluate_memory`). Default: 2,500 / 10,000 / 17,398 prompts
+(:func:`basis_bench.evaluation.cost.evaluate_memory`). Default: 2,500 / 10,000 / 17,398 prompts
 at 1,000 repeats, and 2,500 prompts at 10,000 repeats (the table in docs/scale.md).
 
     python benchmarks/bench_scale.py [--prompts 2500 10000 17398] [--repeats 1000]
@@ -27,10 +27,10 @@ from pathlib import Path
 
 def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, float]:
     """One evaluate run in this process; returns its measurements."""
-    from basis_bench.bench.config import EvaluateConfig
-    from basis_bench.bench.cost import evaluate_memory, held_bytes
-    from basis_bench.bench.dataset import checkpoint_data, open_dataset
-    from basis_bench.bench.run import TRAJECTORY_REPEATS, evaluate
+    from basis_bench.evaluation.config import EvaluateConfig
+    from basis_bench.evaluation.cost import evaluate_memory, held_bytes
+    from basis_bench.evaluation.dataset import checkpoint_data, open_dataset
+    from basis_bench.evaluation.run import TRAJECTORY_REPEATS, evaluate
 
     t0 = time.perf_counter()
     cfg = EvaluateConfig(rollouts=data, repeats=repeats, trajectory=trajectory)

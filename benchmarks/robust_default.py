@@ -65,8 +65,8 @@ def measure(
     oracle_n: int, ref_n: int,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """One evaluate run of ``names`` at batch size ``batch``; one row per checkpoint x estimator."""
-    from basis_bench.bench.config import EvaluateConfig
-    from basis_bench.bench.run import evaluate
+    from basis_bench.evaluation.config import EvaluateConfig
+    from basis_bench.evaluation.run import evaluate
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = EvaluateConfig(

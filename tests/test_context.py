@@ -317,8 +317,8 @@ def test_training_and_plugins_take_it(cache, tmp_path):
 def test_replay_hands_the_prompts_features_to_it():
     """Trajectory replay on the shipped data: the prompts table's features reach the
     estimator (kind none runs the lag alone, which differs), never a 0/1 baseline."""
-    from basis_bench.bench.dataset import open_dataset
-    from basis_bench.bench.trajectory import TrajectorySettings, replay_trajectory
+    from basis_bench.evaluation.dataset import open_dataset
+    from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
     from basis_bench.rollouts.store import load_prompts
 
     ds = open_dataset()

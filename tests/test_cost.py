@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from basis_bench.bench import cost, trajectory
-from basis_bench.bench.config import EvaluateConfig
-from basis_bench.bench.cost import check_memory, evaluate_memory
-from basis_bench.bench.run import evaluate
 from basis_bench.errors import InputError
+from basis_bench.evaluation import cost, trajectory
+from basis_bench.evaluation.config import EvaluateConfig
+from basis_bench.evaluation.cost import check_memory, evaluate_memory
+from basis_bench.evaluation.run import evaluate
 
 GIB = 2**30
 

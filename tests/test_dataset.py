@@ -6,9 +6,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from basis_bench.bench import dataset
-from basis_bench.bench.dataset import PolicyRewards, load_rewards, rewards_from_frame
 from basis_bench.errors import InputError
+from basis_bench.evaluation import dataset
+from basis_bench.evaluation.dataset import PolicyRewards, load_rewards, rewards_from_frame
 from basis_bench.rollouts.store import load_rollouts, write_parquet_atomic
 
 

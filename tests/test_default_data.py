@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from basis_bench.bench.dataset import open_dataset
+from basis_bench.evaluation.dataset import open_dataset
 from basis_bench.rollouts.store import dataset_metadata, default_dataset, load_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,14 +12,14 @@ import polars as pl
 import pytest
 from conftest import assert_one_line_error, run_main
 
-from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
-from basis_bench.bench.dataset import open_dataset
-from basis_bench.bench.record import RunRecord
-from basis_bench.bench.replay import Moments, Replay, Series, draw_batches, draw_rollouts
-from basis_bench.bench.run import evaluate
-from basis_bench.bench.tables import bin_index, difficulty_table, heterogeneity_table
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
+from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
+from basis_bench.evaluation.dataset import open_dataset
+from basis_bench.evaluation.record import RunRecord
+from basis_bench.evaluation.replay import Moments, Replay, Series, draw_batches, draw_rollouts
+from basis_bench.evaluation.run import evaluate
+from basis_bench.evaluation.tables import bin_index, difficulty_table, heterogeneity_table
 from basis_bench.outputs import write_parquet_atomic
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import load_rollouts
@@ -128,7 +128,7 @@ def test_beta_choices_and_fixed_beta_curve(tilt_result):
 
 
 def test_same_seed_same_files_other_seed_other_numbers(tilt_data, tmp_path, monkeypatch):
-    import basis_bench.bench.run as run_module
+    import basis_bench.evaluation.run as run_module
 
     # The provenance's date has one-second resolution; two runs may straddle a second.
     fixed = run_module.provenance()
@@ -408,8 +408,8 @@ def test_default_dataset_is_real_and_runs_without_rollouts_option(tmp_path):
 
 
 def test_each_estimator_gets_only_its_own_options_object():
-    from basis_bench.bench.run import resolve_options
     from basis_bench.estimators import ApoOptions, BasisOptions, JamesSteinOptions, NoOptions, get
+    from basis_bench.evaluation.run import resolve_options
 
     names = ("basis", "basis_vop", "grpo", "reference_mean", "james_stein", "apo")
     opts, beta = resolve_options(
@@ -438,8 +438,8 @@ def test_each_estimator_gets_only_its_own_options_object():
     ],
 )
 def test_bad_estimator_options_are_clear_errors(extra, message):
-    from basis_bench.bench.run import resolve_options
     from basis_bench.estimators import get
+    from basis_bench.evaluation.run import resolve_options
 
     with pytest.raises(InputError) as err:
         resolve_options([get("basis"), get("apo"), get("grpo")], {}, extra)

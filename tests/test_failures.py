@@ -644,7 +644,7 @@ def test_a_rerun_replaces_the_whole_run(monkeypatch, capsys, sim_dataset, tmp_pa
 
 
 def test_a_failed_run_keeps_the_earlier_run_whole(monkeypatch, capsys, sim_dataset, tmp_path):
-    import basis_bench.bench.run as run_module
+    import basis_bench.evaluation.run as run_module
 
     out = tmp_path / "res"
     assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))[0] == 0
@@ -661,7 +661,7 @@ def test_a_failed_run_keeps_the_earlier_run_whole(monkeypatch, capsys, sim_datas
 
 
 def test_a_read_only_parent_is_one_line(monkeypatch, capsys, sim_dataset, tmp_path):
-    import basis_bench.bench.tables as tables_module
+    import basis_bench.evaluation.tables as tables_module
 
     def read_only(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
@@ -689,8 +689,8 @@ def test_figures_refuse_a_table_of_another_run(monkeypatch, capsys, sim_dataset,
 @pytest.fixture(scope="module")
 def legacy_results(tmp_path_factory) -> Path:
     """A results folder whose run.json predates run ids (no table checksums)."""
-    from basis_bench.bench.config import EvaluateConfig
-    from basis_bench.bench.run import evaluate
+    from basis_bench.evaluation.config import EvaluateConfig
+    from basis_bench.evaluation.run import evaluate
 
     data = simulate(
         SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6),
@@ -754,8 +754,8 @@ def test_figures_out_a_file_or_a_results_folder(monkeypatch, capsys, legacy_resu
 
 
 def test_estimator_lists(sim_dataset, tmp_path):
-    from basis_bench.bench.config import EvaluateConfig
-    from basis_bench.bench.run import evaluate
+    from basis_bench.evaluation.config import EvaluateConfig
+    from basis_bench.evaluation.run import evaluate
 
     cfg = EvaluateConfig(
         rollouts=str(sim_dataset), repeats=3, oracle_n=2, ref_n=4, batch_size=4, group_size=2
@@ -800,7 +800,7 @@ def test_sensitivity_repeats_zero_is_one_line(monkeypatch, capsys, sim_dataset, 
 def test_rewards_outside_unit_interval_name_the_tracker_before_the_replay(
     monkeypatch, capsys, tmp_path
 ):
-    import basis_bench.bench.run as run_module
+    import basis_bench.evaluation.run as run_module
 
     data = tmp_path / "wide"
     simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), data)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from basis_bench.bench.config import EvaluateConfig
-from basis_bench.bench.figures import FIGURES, make_figures, paper_style
-from basis_bench.bench.run import evaluate
-from basis_bench.bench.sensitivity import SensitivityConfig, sensitivity
 from basis_bench.errors import InputError
+from basis_bench.evaluation.config import EvaluateConfig
+from basis_bench.evaluation.figures import FIGURES, make_figures, paper_style
+from basis_bench.evaluation.run import evaluate
+from basis_bench.evaluation.sensitivity import SensitivityConfig, sensitivity
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import rollouts_frame
 
-from basis_bench.bench.trajectory import replay_tracker, tracker_prompts
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
     ESTIMATORS,
@@ -24,6 +23,7 @@ from basis_bench.estimators import (
     tilted_moments,
 )
 from basis_bench.estimators.related import hermite_weights
+from basis_bench.evaluation.trajectory import replay_tracker, tracker_prompts
 
 RNG = np.random.default_rng(7)
 

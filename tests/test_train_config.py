@@ -257,7 +257,7 @@ def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tm
 
 
 def test_train_figures_from_logs(tmp_path):
-    from basis_bench.bench.figures import colours, label
+    from basis_bench.evaluation.figures import colours, label
     from basis_bench.outputs import LOCK_FILE, OUTPUT_MARKER
     from basis_bench.train.figures import plot_training
     from basis_bench.train.loop import append_jsonl

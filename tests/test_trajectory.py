@@ -8,15 +8,15 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from basis_bench.bench import trajectory
-from basis_bench.bench.trajectory import (
+from basis_bench.errors import InputError
+from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get
+from basis_bench.evaluation import trajectory
+from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
     replay_tracker,
     replay_trajectory,
     tracker_prompts,
 )
-from basis_bench.errors import InputError
-from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get
 from basis_bench.rollouts.store import reward_matrix
 
 
@@ -53,7 +53,7 @@ def _per_step_reference(df, name, settings):
     rng = np.random.default_rng(settings.seed)
     p, b = len(ids), settings.batch_size
     per_epoch = (p // b) * b
-    from basis_bench.bench.replay import draw_rollouts
+    from basis_bench.evaluation.replay import draw_rollouts
 
     sq = []
     for ck in ("a", "b"):
@@ -134,8 +134,8 @@ def test_stateful_estimators_carry_state_and_never_return_zero_or_one():
 
 
 def test_evaluate_writes_trajectory_csv_and_keeps_stateful_out_of_one_step_tables(tmp_path):
-    from basis_bench.bench.config import EvaluateConfig
-    from basis_bench.bench.run import evaluate
+    from basis_bench.evaluation.config import EvaluateConfig
+    from basis_bench.evaluation.run import evaluate
     from basis_bench.rollouts.simulate import SimulationConfig, simulate
 
     root = tmp_path / "data"

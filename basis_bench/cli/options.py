@@ -1,7 +1,7 @@
 """Every option shared by the benchmark commands, declared once.
 
 Help, flag and default of an option come from its config field
-(:mod:`basis_bench.bench.config`, read by :func:`~basis_bench.settings.cli_option`); the
+(:mod:`basis_bench.evaluation.config`, read by :func:`~basis_bench.settings.cli_option`); the
 BASIS options' help text comes from :class:`~basis_bench.estimators.BasisOptions`' field
 metadata, so none is written twice. Commands write ``name: SomeOpt = DEFAULTS.name``.
 """
@@ -15,9 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
 from basis_bench.errors import InputError
 from basis_bench.estimators.options import BasisOptions
+from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
 from basis_bench.settings import cli_option, setting_help
 
 EVALUATE = EvaluateConfig()

@@ -116,7 +116,7 @@ def train_figures(
 ) -> None:
     """Learning curves per run (held-out greedy accuracy and training reward against step) and
     the calibrated beta against step (the paper's Fig. 8)."""
-    from basis_bench.bench.figures import colours, label
+    from basis_bench.evaluation.figures import colours, label
     from basis_bench.train.figures import plot_training
 
     for path in plot_training(runs, out, smooth, label=label, colours=colours(), force=force):

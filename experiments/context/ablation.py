@@ -11,8 +11,8 @@ import argparse
 
 import polars as pl
 
-from basis_bench.bench.dataset import open_dataset
-from basis_bench.bench.trajectory import TrajectorySettings, replay_trajectory
+from basis_bench.evaluation.dataset import open_dataset
+from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
 from basis_bench.rollouts.store import load_prompts
 
 

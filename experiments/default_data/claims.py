@@ -21,8 +21,8 @@ from pathlib import Path
 
 import polars as pl
 
-from basis_bench.bench.record import RunRecord, check_one_run, sensitivity_mismatch
 from basis_bench.errors import InputError
+from basis_bench.evaluation.record import RunRecord, check_one_run, sensitivity_mismatch
 
 MSE = "mse_noise_corrected"
 MIN_SHARE = 0.05  # bins holding less than this share of the batches (estimates) are left out

@@ -45,8 +45,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import polars as pl
 
-from basis_bench.bench.dataset import Rewards, rewards_from_frame
-from basis_bench.bench.replay import pick_rollouts
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
     Estimator,
@@ -59,6 +57,8 @@ from basis_bench.estimators import (
 )
 from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.estimators.related import SPO_DECAY, SPO_TRACKER_NAME
+from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
+from basis_bench.evaluation.replay import pick_rollouts
 from basis_bench.rollouts.features import prompt_features
 
 ESTIMATOR_NAME = SPO_TRACKER_NAME
@@ -236,7 +236,7 @@ def replay_trajectory(
     """Replay ``estimators`` over ``checkpoints`` in order; rows per epoch and per checkpoint.
 
     ``rollouts`` is a frame in the store's schema or a dataset's
-    :class:`~basis_bench.bench.dataset.PolicyRewards` by policy. Returns the table (columns: scope,
+    :class:`~basis_bench.evaluation.dataset.PolicyRewards` by policy. Returns the table (columns: scope,
     checkpoint, epoch, step, then evaluate's summary columns) and each estimator's per-step
     MSE curve (steps,) keyed by its label. ``settings.options`` maps an estimator name to
     its options (object or mapping). ``progress(checkpoint, epoch)`` after every epoch.

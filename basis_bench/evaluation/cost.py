@@ -12,7 +12,7 @@ CHUNK_REPEATS batches from P sort keys and their order (16 bytes a prompt); the 
 replay (when on) runs R_t = min(repeats, 200) streams, each holding per prompt its shuffle
 (3 x 8 bytes) and the stateful estimators' state (basis_memory: successes and visits for 4
 gammas, 64 bytes; the SPO tracker: alpha and beta, 16 bytes), as many together as
-STREAM_BYTES (64 MiB) holds (:func:`~basis_bench.bench.trajectory.stream_group`). Repeats
+STREAM_BYTES (64 MiB) holds (:func:`~basis_bench.evaluation.trajectory.stream_group`). Repeats
 beyond that cost time, never memory: per-repeat values are running sums.
 """
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from basis_bench.bench.dataset import CheckpointData, Rewards
-from basis_bench.bench.replay import CHUNK_REPEATS
-from basis_bench.bench.trajectory import STREAM_PROMPT_BYTES, stream_group
 from basis_bench.errors import InputError
+from basis_bench.evaluation.dataset import CheckpointData, Rewards
+from basis_bench.evaluation.replay import CHUNK_REPEATS
+from basis_bench.evaluation.trajectory import STREAM_PROMPT_BYTES, stream_group
 
 BASE_BYTES = 320 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
 REPLAY_BYTES = 16 * CHUNK_REPEATS  # a chunk's sort keys and argpartition, per prompt

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from basis_bench.bench.record import check_one_run, sensitivity_mismatch
 from basis_bench.errors import InputError
 from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
+from basis_bench.evaluation.record import check_one_run, sensitivity_mismatch
 from basis_bench.outputs import (
     atomic_write,
     claim_output_dir,

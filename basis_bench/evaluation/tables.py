@@ -1,4 +1,4 @@
-"""The benchmark's tables, from one checkpoint's :class:`~basis_bench.bench.replay.Replay`.
+"""The benchmark's tables, from one checkpoint's :class:`~basis_bench.evaluation.replay.Replay`.
 
 summary.csv (MSE with a normal 95% CI over repeats), g_sweep.csv, by_heterogeneity.csv
 (batches binned by the spread of their oracle values), by_difficulty.csv (estimates binned
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from basis_bench.bench.replay import KEPT_REPEATS, Moments, Replay, Series
 from basis_bench.errors import InputError
+from basis_bench.evaluation.replay import KEPT_REPEATS, Moments, Replay, Series
 from basis_bench.outputs import LOCK_FILE, atomic_write, claim_output_dir
 
 HETEROGENEITY_BATCHES = KEPT_REPEATS

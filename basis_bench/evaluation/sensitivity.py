@@ -23,20 +23,20 @@ from pathlib import Path
 
 import polars as pl
 
-from basis_bench.bench.config import DEFAULT_VALUES, SensitivityConfig
-from basis_bench.bench.dataset import CheckpointData, checkpoint_data, open_dataset
-from basis_bench.bench.record import SENSITIVITY_FILE, SensitivityRecord
-from basis_bench.bench.replay import ReplaySettings, replay
-from basis_bench.bench.run import resolve_estimators, resolve_options
-from basis_bench.bench.tables import (
+from basis_bench.errors import InputError
+from basis_bench.estimators import Estimator, TiltTable, default_betas
+from basis_bench.evaluation.config import DEFAULT_VALUES, SensitivityConfig
+from basis_bench.evaluation.dataset import CheckpointData, checkpoint_data, open_dataset
+from basis_bench.evaluation.record import SENSITIVITY_FILE, SensitivityRecord
+from basis_bench.evaluation.replay import ReplaySettings, replay
+from basis_bench.evaluation.run import resolve_estimators, resolve_options
+from basis_bench.evaluation.tables import (
     claim_results_dir,
     file_sha256,
     new_run_id,
     summary_table,
     write_csv,
 )
-from basis_bench.errors import InputError
-from basis_bench.estimators import Estimator, TiltTable, default_betas
 from basis_bench.outputs import holds_output_locks, write_text_atomic
 
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and

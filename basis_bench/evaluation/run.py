@@ -1,11 +1,11 @@
 """``basis-bench evaluate``: replay every checkpoint, write the tables and run.json.
 
 Protocol (the paper's section 5.1 and appendix A), per checkpoint: split the samples into
-oracle, pool and cache (:mod:`basis_bench.bench.dataset`), replay repeated batch draws
-through every estimator (:mod:`basis_bench.bench.replay`), and summarise them
-(:mod:`basis_bench.bench.tables`). Estimators that carry state across steps (the SPO
+oracle, pool and cache (:mod:`basis_bench.evaluation.dataset`), replay repeated batch draws
+through every estimator (:mod:`basis_bench.evaluation.replay`), and summarise them
+(:mod:`basis_bench.evaluation.tables`). Estimators that carry state across steps (the SPO
 tracker, ``basis_memory``) have no one-step call; trajectory replay
-(:mod:`basis_bench.bench.trajectory`) runs every estimator, stateful or not, over the
+(:mod:`basis_bench.evaluation.trajectory`) runs every estimator, stateful or not, over the
 checkpoints in training order and writes trajectory.csv. The SPO tracker's summary.csv
 rows come from its own single-rollout trajectory replay, as before.
 
@@ -29,12 +29,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench import __version__
-from basis_bench.bench.config import EvaluateConfig
-from basis_bench.bench.cost import check_memory, held_bytes
-from basis_bench.bench.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
-from basis_bench.bench.record import RUN_FILE, RunRecord
-from basis_bench.bench.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
-from basis_bench.bench.tables import (
+from basis_bench.errors import InputError
+from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
+from basis_bench.estimators.basis import BASIS_NAME
+from basis_bench.estimators.table import grid_beta_index
+from basis_bench.evaluation.config import EvaluateConfig
+from basis_bench.evaluation.cost import check_memory, held_bytes
+from basis_bench.evaluation.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
+from basis_bench.evaluation.record import RUN_FILE, RunRecord
+from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
+from basis_bench.evaluation.tables import (
     beta_table,
     claim_results_dir,
     difficulty_table,
@@ -47,17 +51,13 @@ from basis_bench.bench.tables import (
     summary_table,
     write_csv,
 )
-from basis_bench.bench.trajectory import ESTIMATOR_NAME as TRACKER_NAME
-from basis_bench.bench.trajectory import (
+from basis_bench.evaluation.trajectory import ESTIMATOR_NAME as TRACKER_NAME
+from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
     check_blend,
     replay_tracker,
     replay_trajectory,
 )
-from basis_bench.errors import InputError
-from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
-from basis_bench.estimators.basis import BASIS_NAME
-from basis_bench.estimators.table import grid_beta_index
 from basis_bench.outputs import (
     METADATA_KEY,
     atomic_write,

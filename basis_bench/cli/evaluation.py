@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from basis_bench.bench.config import EvaluateConfig, SensitivityConfig
 from basis_bench.cli.app import app
 from basis_bench.cli.options import (
     EVALUATE,
@@ -34,6 +33,7 @@ from basis_bench.cli.options import (
     estimator_options,
     split_names,
 )
+from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
 from basis_bench.rollouts.simulation import SimulationConfig, parse_stages
 from basis_bench.settings import cli_option
 
@@ -157,8 +157,8 @@ def evaluate(
 
     Cost (docs/scale.md): peak memory is about 0.35 GB + 8 KB per prompt, plus at most 64 MiB for the trajectory replay, whatever --repeats (0.5 GB at the paper's 17,398 prompts x 880 rollouts); time grows linearly in prompts x repeats. A run that would not fit in free memory stops before the replay and names the option that fits.
     """
-    from basis_bench.bench.record import RUN_FILE
-    from basis_bench.bench.run import evaluate as run_evaluate
+    from basis_bench.evaluation.record import RUN_FILE
+    from basis_bench.evaluation.run import evaluate as run_evaluate
 
     console = Console()
     _load_plugins(console)
@@ -309,7 +309,7 @@ def sensitivity(
     option: EstimatorOptionOpt = None,
 ) -> None:
     """Sensitivity of BASIS to eps, cache size n, batch size B and grid size (the paper's Fig. 5)."""
-    from basis_bench.bench.sensitivity import sensitivity as run_sensitivity
+    from basis_bench.evaluation.sensitivity import sensitivity as run_sensitivity
 
     console = Console()
     _load_plugins(console)
@@ -369,7 +369,7 @@ def figures(
     ] = Path("figures"),
 ) -> None:
     """Plot the paper's Fig. 2, Fig. 3(a)-(d), Fig. 5 and the G sweep from evaluate's tables."""
-    from basis_bench.bench.figures import make_figures
+    from basis_bench.evaluation.figures import make_figures
 
     console = Console()
     written, skipped = make_figures(results, out)

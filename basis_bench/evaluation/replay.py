@@ -23,7 +23,6 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from basis_bench.bench.dataset import CheckpointData
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
     BasisOptions,
@@ -33,6 +32,7 @@ from basis_bench.estimators import (
     refine,
 )
 from basis_bench.estimators.basis import calibrated_index
+from basis_bench.evaluation.dataset import CheckpointData
 
 CHUNK_REPEATS = 256
 KEPT_REPEATS = 500
