@@ -4,11 +4,14 @@ cannot hold before any replay starts.
 Peak resident memory of evaluate, the model fitted to the runs of
 benchmarks/bench_scale.py (docs/scale.md), for P prompts:
 
-    BASE + held + CHUNK_REPEATS * P * 16 + min(R_t * P * 104, STREAM_BYTES)
+    BASE + held + (CHUNK_REPEATS * 16 + TRANSIENT) * P + min(R_t * P * 104, STREAM_BYTES)
 
 ``held``: the reward matrices (one narrow matrix per policy, 2 bytes a rollout for 0/1
 rewards) and each checkpoint's oracle, pool and cache arrays; the replay draws a chunk of
-CHUNK_REPEATS batches from P sort keys and their order (16 bytes a prompt); the trajectory
+CHUNK_REPEATS batches from P sort keys and their order (16 bytes a prompt); TRANSIENT
+(8 KiB a prompt, fitted to the measured peaks at 2,500 and 17,398 prompts) covers the
+temporaries: a checkpoint's float64 rewards while its oracle is split off, the trajectory's
+tilt table and estimator kernels, allocator slack; the trajectory
 replay (when on) runs R_t = min(repeats, 200) streams, each holding per prompt its shuffle
 (3 x 8 bytes) and the stateful estimators' state (basis_memory: successes and visits for 4
 gammas, 64 bytes; the SPO tracker: alpha and beta, 16 bytes), as many together as
@@ -28,6 +31,7 @@ from basis_bench.evaluation.trajectory import STREAM_PROMPT_BYTES, stream_group
 
 BASE_BYTES = 320 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
 REPLAY_BYTES = 16 * CHUNK_REPEATS  # a chunk's sort keys and argpartition, per prompt
+TRANSIENT_BYTES = 8 * 1024  # per prompt: float64 copies while splitting, tables, kernels
 
 
 def held_bytes(rewards: Rewards, datas: Iterable[CheckpointData]) -> int:
@@ -40,7 +44,8 @@ def evaluate_memory(prompts: int, held: int, streams: int) -> int:
     """Predicted peak resident bytes of evaluate (the model above); ``streams`` = R_t, 0
     without the trajectory replay."""
     together = stream_group(streams, prompts) if streams else 0
-    return BASE_BYTES + held + REPLAY_BYTES * prompts + together * prompts * STREAM_PROMPT_BYTES
+    per_prompt = REPLAY_BYTES + TRANSIENT_BYTES + together * STREAM_PROMPT_BYTES
+    return BASE_BYTES + held + per_prompt * prompts
 
 
 def available_memory() -> int | None:

@@ -59,9 +59,8 @@ class PolicyRewards:
     @classmethod
     def build(cls, prompt_ids: np.ndarray, matrix: np.ndarray) -> PolicyRewards:
         for dtype in (np.float16, np.float32):
-            narrow = matrix.astype(dtype)
-            if np.array_equal(narrow.astype(np.float64), matrix, equal_nan=True):
-                return cls(prompt_ids, narrow)
+            if _exact_in(matrix, dtype):
+                return cls(prompt_ids, matrix.astype(dtype))
         return cls(prompt_ids, matrix)
 
     def rows(self, prompt_ids: np.ndarray) -> np.ndarray:
@@ -78,6 +77,17 @@ class PolicyRewards:
         if not np.isfinite(self.matrix).any():
             return None
         return float(np.nanmin(self.matrix)), float(np.nanmax(self.matrix))
+
+
+def _exact_in(matrix: np.ndarray, dtype: type[np.floating[Any]]) -> bool:
+    """Whether every value of ``matrix`` survives a round trip through ``dtype`` (NaN
+    included); checked BATCH_ROWS values at a time, so its temporaries stay small."""
+    rows = max(1, BATCH_ROWS // max(matrix.shape[1], 1))
+    for lo in range(0, len(matrix), rows):
+        part = matrix[lo : lo + rows]
+        if not np.array_equal(part.astype(dtype).astype(np.float64), part, equal_nan=True):
+            return False
+    return True
 
 
 Rewards = dict[str, PolicyRewards]
