@@ -243,11 +243,15 @@ def oracle(
         ),
     ] = "auto",
     instruction: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--instruction", help="Appended to each problem in the user turn ('' for none)."
+            "--instruction",
+            help="Appended to each problem in the user turn ('' for none). Default by --prompts "
+            "source: 'Answer with the number only.' for arithmetic:..., 'Please reason step by "
+            "step, and put your final answer within \\boxed{}.' for files and hf: datasets.",
+            show_default=False,
         ),
-    ] = "Please reason step by step, and put your final answer within \\boxed{}.",
+    ] = None,
     system: Annotated[
         str | None,
         typer.Option("--system", help="System message replacing the chat template's default one."),
@@ -301,7 +305,12 @@ def oracle(
         run_identity,
         write_prompts_table,
     )
-    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source, parse_levels
+    from basis_bench.rollouts.prompts import (
+        PromptTemplate,
+        default_instruction,
+        load_prompt_source,
+        parse_levels,
+    )
     from basis_bench.rollouts.rewards import ANSWER_FORMATS, RewardConfig, scoring_pool
     from basis_bench.rollouts.sampling import BACKENDS, SamplingConfig, make_sampler
     from basis_bench.rollouts.store import claim_output_dir
@@ -343,6 +352,8 @@ def oracle(
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
 
+    if instruction is None:
+        instruction = default_instruction(prompts)
     template = PromptTemplate(instruction=instruction, system=system)
     identity = run_identity(
         job,
