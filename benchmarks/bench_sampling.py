@@ -59,14 +59,18 @@ def old_rows(sampler: HFSampler, lengths: np.ndarray, n: int, max_new: int) -> i
     return rows
 
 
-def start_vllm(engine: str, template: PromptTemplate) -> Sampler | None:
+def start_vllm(engine: str, template: PromptTemplate, kv_cache_gib: float) -> Sampler | None:
     """A vllm sampler of SmolLM2 on the CPU, or None (with the reason) where vllm is absent."""
     from basis_bench.rollouts.sampling.vllm import VLLMSampler
 
     start = time.perf_counter()
     try:
         sampler = VLLMSampler(
-            resolve_checkpoint("smollm2-135m"), template, device="cpu", eager=VLLM_ENGINES[engine]
+            resolve_checkpoint("smollm2-135m"),
+            template,
+            device="cpu",
+            kv_cache_gib=kv_cache_gib,
+            eager=VLLM_ENGINES[engine],
         )
     except InputError as err:
         print(f"{engine} left out: {err}", flush=True)
@@ -114,6 +118,13 @@ def main() -> None:
     )
     parser.add_argument("--engines", default="generate,continuous,vllm-eager,vllm-compiled")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=2.0,
+        help="KV cache of each vllm engine (2 GiB: 46,000 SmolLM2 tokens, enough for 4 x 64 "
+        "at 256 new tokens; two engines at the sampler's default share ran out of memory here)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="rounds; each engine's best counts")
     parser.add_argument(
         "--instruction",
@@ -142,7 +153,7 @@ def main() -> None:
     )
     samplers: dict[str, Sampler] = {e: hf for e in engines if e in ENGINES}
     for engine in (e for e in engines if e in VLLM_ENGINES):
-        started = start_vllm(engine, template)
+        started = start_vllm(engine, template, args.kv_cache_gib)
         if started is not None:
             samplers[engine] = started
     engines = [e for e in engines if e in samplers]
