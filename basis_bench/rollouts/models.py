@@ -12,9 +12,11 @@ torch and transformers are imported inside the functions, so importing this modu
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import pickle
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -173,6 +175,52 @@ def load_policy(
     """``(model, tokenizer)`` of a checkpoint (``--ckpt`` text or a resolved one)."""
     resolved = ckpt if isinstance(ckpt, Checkpoint) else resolve_checkpoint(ckpt)
     return load_model(resolved, device, dtype), load_tokenizer(resolved)
+
+
+def checkpoint_cache_root() -> Path:
+    """Where converted checkpoints are kept: ``$XDG_CACHE_HOME/basis-bench/checkpoints``
+    (``~/.cache`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "basis-bench" / "checkpoints"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hf_format_directory(ckpt: Checkpoint, cache_root: Path | None = None) -> Path:
+    """A Hugging Face model directory holding ``ckpt``, for engines that read only that
+    format (vLLM does not load a .gguf file).
+
+    A model directory is returned as it is. A .gguf file is dequantized once to a float32
+    copy (model, tokenizer, generation config) in ``cache_root/<stem>-<sha256[:16]>``,
+    keyed by the file's contents, so an edited file gets a new copy. The copy is written
+    under a temporary name and renamed when complete: a killed conversion leaves no
+    half-written folder, and concurrent jobs end with one copy.
+    """
+    if ckpt.gguf_file is None:
+        return ckpt.directory
+    root = cache_root if cache_root is not None else checkpoint_cache_root()
+    target = root / f"{Path(ckpt.gguf_file).stem}-{file_sha256(ckpt.path)[:16]}"
+    if (target / "config.json").is_file():
+        return target
+    staging = root / f".{target.name}.{os.getpid()}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    model, tokenizer = load_model(ckpt, "cpu", "float32"), load_tokenizer(ckpt)
+    model.save_pretrained(staging)
+    model.generation_config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # another job finished its copy first; keep that one
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise
+    return target
 
 
 def stop_token_ids(tokenizer: Any, *configs: Any) -> list[int]:

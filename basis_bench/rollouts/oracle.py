@@ -277,6 +277,7 @@ def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
             job.batch_size,
             job.tensor_parallel_size,
             job.dtype,
+            job.kv_cache_gib,
         ),
     )
 

