@@ -4,7 +4,7 @@ The paper's training set is DAPO-Math-17K (17,398 prompts) and its value study s
 oracle rollouts per prompt per checkpoint. This builds simulated sets of that shape (64
 reference samples, 3 checkpoints x 272 samples: 256 oracle + 16 pool) with `simulate`, and
 runs the default evaluate (every estimator, the trajectory replay, estimates.parquet) on
-each, every run a fresh child process whose own peak resident memory (ru_maxrss) is
+each, every run a fresh child process whose own peak resident memory (VmHWM) is
 printed, with its wall time and the memory evaluate's pre-flight check predicted
 (:func:`basis_bench.evaluation.cost.evaluate_memory`). Default: 2,500 / 10,000 / 17,398 prompts
 at 1,000 repeats, and 2,500 prompts at 10,000 repeats (the table in docs/scale.md).
@@ -25,6 +25,18 @@ import time
 from pathlib import Path
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM, which exec resets. ru_maxrss does not on
+    Linux (it keeps the forking parent's peak, here the one that simulated the data)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, float]:
     """One evaluate run in this process; returns its measurements."""
     from basis_bench.evaluation.config import EvaluateConfig
@@ -35,7 +47,7 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     t0 = time.perf_counter()
     cfg = EvaluateConfig(rollouts=data, repeats=repeats, trajectory=trajectory)
     evaluate(cfg, out)
-    wall, peak = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    wall, peak = time.perf_counter() - t0, peak_rss_mb()
     ds = open_dataset(data)  # after the run: what evaluate's check predicted
     datas = [
         checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, cfg.group_size) for c in ds.checkpoints
@@ -46,7 +58,7 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     )
     return {
         "wall_s": wall,
-        "max_rss_mb": peak / 1024,
+        "max_rss_mb": peak,
         "predicted_mb": predicted / 2**20,
         "estimates_mb": (Path(out) / "estimates.parquet").stat().st_size / 2**20,
     }
