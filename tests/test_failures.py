@@ -210,6 +210,184 @@ def test_import_refuses_a_simulated_dataset_and_a_training_run(
     assert run_main(monkeypatch, capsys, *args, str(run), "--force")[0] == 0
 
 
+def import_into(
+    monkeypatch, capsys, dataset: Path, fmt: str, source: Path, *extra: str
+) -> tuple[int, str]:
+    """Import ``source`` as a new policy into ``dataset``: (exit code, last stderr line)."""
+    args = ["import", fmt, str(source), "--policy", "new", "--out", str(dataset), *extra]
+    code, message, _ = run_main(monkeypatch, capsys, *args)
+    return code, message
+
+
+NOT_UTF8 = [  # (format, file name, bytes with a Latin-1 byte on line 3)
+    ("counts", "c.csv", b"prompt_id,n,n_correct\na,4,1\ncaf\xe9,4,2\n"),
+    ("counts", "c.tsv", b"prompt_id\tn\tn_correct\na\t4\t1\ncaf\xe9\t4\t2\n"),
+    ("counts", "c.jsonl", b'{"prompt_id":"a","n":4,"n_correct":1}\n\n{"prompt_id":"caf\xe9"}\n'),
+    ("eval-jsonl", "e.jsonl", b'{"idx":1,"score":[true]}\n\n{"idx":"caf\xe9","score":[true]}\n'),
+    ("long", "l.csv", b"prompt_id,sample_idx,reward\na,0,1\ncaf\xe9,0,1\n"),
+    ("acc-history", "h.json", b'{"a": [0.5],\n "b": [0.25],\n "caf\xe9": [1.0]}\n'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt, name, data", NOT_UTF8, ids=[f"{f}-{n}" for f, n, _ in NOT_UTF8])
+def test_import_refuses_text_that_is_not_utf8_naming_the_line(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, name, data
+):
+    """Replacement characters would let two distinct ids collide: refused, not coerced."""
+    source = tmp_path / name
+    source.write_bytes(data)
+    before = snapshot(real_dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    result = run_main(
+        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
+        "--out", str(real_dataset), *extra,
+    )  # fmt: skip
+    assert_one_line_error(result, f"{source}:3: not UTF-8 text", "0xe9")
+    assert snapshot(real_dataset) == before
+
+
+BOOLEAN_COUNTS = {  # a boolean where an integer count belongs, in every reader
+    "first line": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":true}\n{"prompt_id":"b","n":4,"n_correct":2}\n',
+        ":1: 'n_correct' true is not an integer",
+    ),
+    "later line": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":2}\n{"prompt_id":"b","n":4,"n_correct":true}\n',
+        ":2: 'n_correct' true is not an integer",
+    ),
+    "every line": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":true}\n{"prompt_id":"b","n":4,"n_correct":false}\n',
+        ":2: 'n_correct' is a boolean, expected an integer",
+    ),
+    "n": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":1}\n{"prompt_id":"b","n":true,"n_correct":1}\n',
+        ":2: 'n' true is not an integer",
+    ),
+    "csv": ("c.csv", "prompt_id,n,n_correct\na,4,1\nb,4,true\n", ":3: 'n_correct' true is not"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOOLEAN_COUNTS))
+def test_import_refuses_a_boolean_among_integer_counts(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    name, text, needle = BOOLEAN_COUNTS[case]
+    source = tmp_path / name
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", source)
+    assert code == 2 and f"{source}{needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_import_refuses_booleans_in_a_parquet_count_and_a_long_jsonl(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    before = snapshot(real_dataset)
+    parquet = tmp_path / "c.parquet"
+    pl.DataFrame({"prompt_id": ["a"], "n": [4], "n_correct": [True]}).write_parquet(parquet)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", parquet)
+    assert code == 2 and f"{parquet}: row 1: 'n_correct' is a boolean" in message, message
+    long = tmp_path / "l.jsonl"
+    long.write_text(
+        '{"prompt_id":"a","sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"a","sample_idx":true,"reward":0.5}\n'
+        '{"prompt_id":"b","sample_idx":0,"reward":true}\n'
+    )
+    code, message = run_main(
+        monkeypatch, capsys, "import", "long", str(long), "--policy", "new",
+        "--out", str(real_dataset),
+    )[:2]  # fmt: skip
+    assert code == 2 and f"{long}:3: 'reward' true is not a finite number" in message, message
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize(
+    "fmt, text, needle",
+    [
+        ("long", "prompt_id,sample_idx,reward\na,0,1\na,3000000000,0\n",
+         ":3: 'sample_idx' 3000000000 is above 2147483647"),
+        ("counts", "prompt_id,n,n_correct\na,4,1\nb,1000000000000,2\n",
+         ":3: 'n' 1000000000000 is above 2147483647"),
+        ("counts", "prompt_id,n,n_correct\na,-1e30,1\n", ":2: 'n' -1e30 is below 1"),
+    ],
+)  # fmt: skip
+def test_import_refuses_integers_the_store_cannot_hold(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, text, needle
+):
+    """A sample index is Int32: larger ones (or counts that would make them) are refused by
+    line, not a polars overflow or a 7 TiB allocation."""
+    source = tmp_path / "s.csv"
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source)
+    assert code == 2 and f"{source}{needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_import_refuses_counts_that_cannot_fit_in_memory_before_allocating(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    source = tmp_path / "c.csv"  # 40 x 2e9 = 8e10 rollouts: terabytes, on any machine
+    source.write_text(
+        "prompt_id,n,n_correct\n" + "".join(f"p{i},2000000000,1\n" for i in range(40))
+    )
+    history = tmp_path / "h.json"
+    history.write_text('{"a": [0.5, 0.5, 0.5]}')
+    before = snapshot(real_dataset)
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(source), "--policy", "new",
+        "--out", str(real_dataset),
+    )  # fmt: skip
+    assert_one_line_error(result, "expands to 80,000,000,000 rollouts", "GiB of memory is free")
+    result = run_main(
+        monkeypatch, capsys, "import", "acc-history", str(history), "--policy", "new",
+        "--out", str(real_dataset), "--rollouts-per-visit", "1000000000000",
+    )  # fmt: skip
+    assert_one_line_error(result, "--rollouts-per-visit must be in [1, 2147483647]")
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize(
+    "fmt, name, text",
+    [
+        ("counts", "c.csv", "prompt_id,n,n_correct\n"),
+        ("counts", "c.tsv", "prompt_id\tn\tn_correct\n"),
+        ("acc-history", "h.json", "{}"),
+        ("acc-history", "h.json", '{"a": [], "b": []}'),
+    ],
+)
+def test_import_refuses_a_source_without_rows(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, name, text
+):
+    source = tmp_path / name
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    result = run_main(
+        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
+        "--out", str(tmp_path / "fresh"), *extra,
+    )  # fmt: skip
+    assert_one_line_error(result, "no rollouts to import")
+    assert not (tmp_path / "fresh").exists()
+    result = run_main(
+        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
+        "--out", str(real_dataset), *extra,
+    )  # fmt: skip
+    assert_one_line_error(result, "no rollouts to import")
+    assert snapshot(real_dataset) == before
+    parquet = tmp_path / "empty.parquet"
+    pl.DataFrame(
+        schema={"prompt_id": pl.String, "n": pl.Int64, "n_correct": pl.Int64}
+    ).write_parquet(parquet)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", parquet)
+    assert code == 2 and "no rollouts to import" in message
+
+
 # --------------------------------------------------------------------------- oracle
 
 
