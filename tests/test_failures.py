@@ -479,6 +479,23 @@ def test_oracle_names_a_corrupt_checkpoint(monkeypatch, capsys, tmp_path, broken
     assert_one_line_error(result, str(target.resolve()), "cannot load the model", "corrupt")
 
 
+def test_an_oracle_whose_model_cannot_load_writes_nothing(
+    monkeypatch, capsys, tmp_path, real_dataset
+):
+    """The model loads before prompts.parquet is merged: a corrupt checkpoint leaves the
+    dataset's bytes as they were."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    claim_output_dir(real_dataset, "rollouts", simulated=False)  # as an earlier run left it
+    before = snapshot(real_dataset)
+    assert "prompts.parquet" in before
+    result = run_main(monkeypatch, capsys, *oracle_args(ckpt, real_dataset))
+    assert_one_line_error(result, "cannot load the model")
+    assert snapshot(real_dataset) == before
+
+
 def test_oracle_refuses_a_simulated_dataset(monkeypatch, capsys, fake_ckpt, sim_dataset):
     before = snapshot(sim_dataset)
     result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, sim_dataset))
