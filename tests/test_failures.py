@@ -992,6 +992,26 @@ def test_sensitivity_repeats_zero_is_one_line(monkeypatch, capsys, sim_dataset, 
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("command", ["evaluate", "sensitivity", "simulate"])
+def test_a_negative_seed_is_one_line_and_writes_nothing(
+    monkeypatch, capsys, sim_dataset, tmp_path, command
+):
+    new, earlier = tmp_path / "new", tmp_path / "earlier"
+    if command == "simulate":
+        args = ["simulate", *SMALL_SIM, "--out"]
+        simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)
+    else:
+        options = EVAL_GROUP if command == "evaluate" else EVAL
+        args = [command, "--rollouts", str(sim_dataset), *options, "--out"]
+        assert run_main(monkeypatch, capsys, *args, str(earlier)).code == 0
+    before = snapshot(earlier)
+    for out in (new, earlier):
+        result = run_main(monkeypatch, capsys, *args, str(out), "--seed", "-1")
+        assert_one_line_error(result, "--seed must be >= 0; got -1")
+    assert not new.exists()
+    assert snapshot(earlier) == before
+
+
 def test_rewards_outside_unit_interval_name_the_tracker_before_the_replay(
     monkeypatch, capsys, tmp_path
 ):
