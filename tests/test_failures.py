@@ -343,7 +343,7 @@ def test_import_refuses_counts_that_cannot_fit_in_memory_before_allocating(
         monkeypatch, capsys, "import", "counts", str(source), "--policy", "new",
         "--out", str(real_dataset),
     )  # fmt: skip
-    assert_one_line_error(result, "expands to 80,000,000,000 rollouts", "GiB of memory is free")
+    assert_one_line_error(result, "makes 80,000,000,000 rollouts", "GiB of memory is free")
     result = run_main(
         monkeypatch, capsys, "import", "acc-history", str(history), "--policy", "new",
         "--out", str(real_dataset), "--rollouts-per-visit", "1000000000000",
@@ -990,6 +990,22 @@ def test_sensitivity_repeats_zero_is_one_line(monkeypatch, capsys, sim_dataset, 
     args = ["sensitivity", "--rollouts", str(sim_dataset), "--out", str(tmp_path / "s")]
     assert_one_line_error(run_main(monkeypatch, capsys, *args, "--repeats", "0"), "--repeats")
     assert not (tmp_path / "s").exists()
+
+
+def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):
+    earlier = tmp_path / "earlier"
+    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)
+    before = snapshot(earlier)
+    for out in (tmp_path / "new", earlier):
+        for extra, needle in [
+            (["--prompts", "1000000000"], "GiB of memory is free"),
+            (["--checkpoint-n", "1000000000000"], "--checkpoint-n must be in [1, 2147483647]"),
+            (["--reference-n", "3000000000"], "--reference-n must be in [1, 2147483647]"),
+        ]:
+            result = run_main(monkeypatch, capsys, "simulate", "--out", str(out), *extra)
+            assert_one_line_error(result, needle)
+    assert not (tmp_path / "new").exists()
+    assert snapshot(earlier) == before
 
 
 @pytest.mark.parametrize("command", ["evaluate", "sensitivity", "simulate"])

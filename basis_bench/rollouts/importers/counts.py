@@ -6,14 +6,13 @@ given the count has exactly the law of the real sequence."""
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from basis_bench.errors import InputError
+from basis_bench.memory import check_rollouts_fit
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     Imported,
@@ -36,31 +35,6 @@ def policy_seed(seed: int, policy: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-BYTES_PER_SAMPLE = 100  # peak memory of one expanded sample (index arrays, keys, the rows)
-
-
-def available_memory() -> int:
-    """Bytes the system can still give this process (MemAvailable on Linux)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def check_fits_in_memory(samples: int) -> None:
-    """Refuse, before allocating, an expansion that cannot fit in the free memory."""
-    need, free = samples * BYTES_PER_SAMPLE, available_memory()
-    if need > free:
-        raise InputError(
-            f"this import expands to {samples:,} rollouts, about {need / 2**30:,.1f} GiB while "
-            f"expanded; only {free / 2**30:,.1f} GiB of memory is free (import fewer samples)"
-        )
-
-
 def expand_counts(counts: pl.DataFrame, seed: int) -> pl.DataFrame:
     """``prompt_id, policy, n, n_correct`` -> one row per sample with a binary reward.
 
@@ -69,7 +43,7 @@ def expand_counts(counts: pl.DataFrame, seed: int) -> pl.DataFrame:
     policy draws its own keys from ``policy_seed(seed, policy)``, and samples are ordered by
     their key within the group. Depends only on the counts and the seed, not on row order.
     """
-    check_fits_in_memory(int(counts["n"].sum()))
+    check_rollouts_fit(int(counts["n"].sum()), "this import", "import fewer samples")
     counts = counts.sort(["policy", "prompt_id"])
     frames = []
     for (policy,), part in counts.group_by("policy", maintain_order=True):

@@ -1,0 +1,33 @@
+"""Refusing work that cannot fit in memory before allocating it: a size the user gave (a
+count of 10^12 samples, a simulation of 10^9 prompts) is one line, not a numpy
+``MemoryError`` traceback or the kernel's out-of-memory kill after minutes."""
+
+from __future__ import annotations
+
+import os
+
+from basis_bench.errors import InputError
+
+BYTES_PER_ROLLOUT = 100  # peak bytes of one rollout row while it is built (arrays, keys, rows)
+
+
+def available_memory() -> int:
+    """Bytes the system can still give this process (MemAvailable on Linux)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_rollouts_fit(rows: int, what: str, advice: str) -> None:
+    """Refuse building ``rows`` rollout rows at once when they cannot fit in free memory."""
+    need, free = rows * BYTES_PER_ROLLOUT, available_memory()
+    if need > free:
+        raise InputError(
+            f"{what} makes {rows:,} rollouts at once, about {need / 2**30:,.1f} GiB; only "
+            f"{free / 2**30:,.1f} GiB of memory is free; {advice}"
+        )
