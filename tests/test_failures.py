@@ -246,6 +246,40 @@ def test_import_refuses_text_that_is_not_utf8_naming_the_line(
     assert snapshot(real_dataset) == before
 
 
+def test_import_refuses_parquet_bytes_lists_and_wild_id_formats(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """Each once a polars traceback: a byte-string id that is not UTF-8, a list where one
+    value per row belongs, a zero-padding width of a trillion digits."""
+    before = snapshot(real_dataset)
+    binary = tmp_path / "b.parquet"
+    pl.DataFrame({"prompt_id": [b"a", b"caf\xe9"], "n": [4, 4], "n_correct": [1, 2]}).write_parquet(
+        binary
+    )
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(binary), "--policy", "new",
+        "--out", str(real_dataset),
+    )  # fmt: skip
+    assert_one_line_error(result, f"{binary}: row 2: column 'prompt_id' is not UTF-8 text")
+    lists = tmp_path / "l.parquet"
+    pl.DataFrame({"prompt_id": ["a"], "sample_idx": [0], "reward": [[1.0]]}).write_parquet(lists)
+    result = run_main(
+        monkeypatch, capsys, "import", "long", str(lists), "--policy", "new",
+        "--out", str(real_dataset),
+    )  # fmt: skip
+    assert_one_line_error(result, "column 'reward' holds List(Float64), not one value per row")
+    counts = tmp_path / "c.csv"
+    counts.write_text("prompt_id,n,n_correct\n7,4,1\n")
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(counts), "--policy", "new",
+        "--out", str(real_dataset), "--id-format", "p{:0999999999999d}",
+    )  # fmt: skip
+    assert_one_line_error(result, "--id-format", "N up to 64")
+    assert snapshot(real_dataset) == before
+    pl.DataFrame({"prompt_id": [b"a"], "n": [4], "n_correct": [1]}).write_parquet(binary)
+    assert import_into(monkeypatch, capsys, real_dataset, "counts", binary)[0] == 0
+
+
 BOOLEAN_COUNTS = {  # a boolean where an integer count belongs, in every reader
     "first line": (
         "c.jsonl",

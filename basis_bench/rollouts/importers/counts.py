@@ -24,6 +24,7 @@ from basis_bench.rollouts.importers.reading import (
     read_table,
     report_duplicates,
     require_columns,
+    require_scalars,
     sources_label,
     stack_sources,
 )
@@ -89,6 +90,7 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
         require_columns(
             df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
         )
+        require_scalars(df, src, [id_col, opt.n_col, opt.correct_col])
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.n_col, "n", problems, minimum=1)
         df = integer_column(df, src, opt.correct_col, "n_correct", problems, minimum=0)

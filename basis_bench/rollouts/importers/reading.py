@@ -180,7 +180,7 @@ def read_table(path: Path) -> tuple[pl.DataFrame, Source]:
             df = pl.read_parquet(path)
         except (pl.exceptions.PolarsError, OSError) as err:
             raise InputError(f"{path}: not a readable Parquet file ({err})") from err
-        return df.with_row_index(LOC, offset=1), Source(path, "row")
+        return binary_as_text(df, path).with_row_index(LOC, offset=1), Source(path, "row")
     if suffix in (".jsonl", ".ndjson", ".json"):
         data, numbers = nonblank_lines(path)
         if not numbers.size:
@@ -196,6 +196,34 @@ def read_table(path: Path) -> tuple[pl.DataFrame, Source]:
     raise InputError(
         f"{path}: unsupported table type {suffix!r}; use .csv, .tsv, .parquet or .jsonl"
     )
+
+
+def binary_as_text(df: pl.DataFrame, path: Path) -> pl.DataFrame:
+    """Parquet byte-string columns as text; bytes that are not UTF-8 are refused by row."""
+    for name in [c for c, t in df.schema.items() if t == pl.Binary]:
+        try:
+            df = df.with_columns(pl.col(name).cast(pl.String))
+        except pl.exceptions.ComputeError as err:  # error path: find the row
+            row = next(i for i, v in enumerate(df[name].to_list(), 1) if not _is_utf8(v))
+            raise InputError(f"{path}: row {row}: column {name!r} is not UTF-8 text") from err
+    return df
+
+
+def _is_utf8(value: bytes | None) -> bool:
+    try:
+        value is None or value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def require_scalars(df: pl.DataFrame, src: Source, columns: Sequence[str]) -> None:
+    """Columns read as one value per row must not hold lists or records."""
+    for name in columns:
+        if df.schema[name].is_nested():
+            raise InputError(
+                f"{src.path}: column {name!r} holds {df.schema[name]}, not one value per row"
+            )
 
 
 def mixed_rows_frame(path: Path, rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
@@ -230,6 +258,7 @@ def require_columns(df: pl.DataFrame, src: Source, columns: Mapping[str, str]) -
 # ---------------------------------------------------------------- shared checks
 
 
+MAX_ID_WIDTH = 64  # digits of a zero-padded id (--id-format {:0Nd})
 _ID_FORMAT = re.compile(r"^(?P<pre>[^{}]*)\{(?::0(?P<width>\d+)d)?\}(?P<post>[^{}]*)$")
 
 
@@ -248,9 +277,10 @@ def add_prompt_ids(
     if id_format is None:
         return df
     m = _ID_FORMAT.match(id_format)
-    if m is None:
+    if m is None or int(m["width"] or 0) > MAX_ID_WIDTH:
         raise InputError(
-            f"--id-format {id_format!r}: use fixed text around {{}} or {{:0Nd}}, e.g. math500_{{:03d}}"
+            f"--id-format {id_format!r}: use fixed text around {{}} or {{:0Nd}} (N up to "
+            f"{MAX_ID_WIDTH}), e.g. math500_{{:03d}}"
         )
     ident = pl.col("prompt_id")
     if m["width"] is not None:
