@@ -1026,6 +1026,19 @@ def test_sensitivity_repeats_zero_is_one_line(monkeypatch, capsys, sim_dataset, 
     assert not (tmp_path / "s").exists()
 
 
+def test_sensitivity_batch_larger_than_the_prompts_is_one_line(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """Every point of the sweep would be skipped: once an empty-concat traceback."""
+    out = tmp_path / "s"
+    args = ["sensitivity", "--rollouts", str(sim_dataset), *EVAL, "--out", str(out)]
+    assert run_main(monkeypatch, capsys, *args).code == 0
+    before = snapshot(out)
+    result = run_main(monkeypatch, capsys, *args, "--batch-size", "4000000000")
+    assert_one_line_error(result, "--batch-size 4000000000 exceeds the 12 prompts")
+    assert snapshot(out) == before
+
+
 def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):
     earlier = tmp_path / "earlier"
     simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)
