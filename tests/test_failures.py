@@ -696,6 +696,37 @@ def test_a_log_line_cut_by_a_crash_is_dropped(tmp_path):
         read_log(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("config", "log", "needle"),
+    [
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"}, b"\xff\xfe\n",
+         "log.jsonl:1: not UTF-8 text"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": 1, "mean_reward": 0.5}\n[1, 2]\n', "log.jsonl:2: not a JSON record (a list)"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": 1, "mean_reward": "high"}\n', "'mean_reward' is 'high', not a number"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": "x", "mean_reward": 0.5}\n', "'step' is 'x', not a number"),
+        (None, b'{"step": 1, "mean_reward": 0.5}\n', "config.json: not a JSON configuration"),
+        ({"estimator": "basis"}, b'{"step": 1, "mean_reward": 0.5}\n',
+         "'group_size' is missing or not a int"),
+    ],
+)  # fmt: skip
+def test_train_figures_refuses_a_broken_run_in_one_line(
+    monkeypatch, capsys, tmp_path, config, log, needle
+):
+    """Each once a traceback (UnicodeDecodeError, AttributeError, a polars builder error,
+    TypeError, KeyError); nothing is written."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "log.jsonl").write_bytes(log)
+    out = tmp_path / "figs"
+    result = run_main(monkeypatch, capsys, "train-figures", str(run), "--out", str(out))
+    assert_one_line_error(result, needle)
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- the messages
 
 
