@@ -280,6 +280,20 @@ def test_import_refuses_parquet_bytes_lists_and_wild_id_formats(
     assert import_into(monkeypatch, capsys, real_dataset, "counts", binary)[0] == 0
 
 
+def test_import_refuses_a_second_reference_policy(monkeypatch, capsys, real_dataset, tmp_path):
+    """Once written silently: files that disagree on the reference make every later evaluate
+    stop ("files disagree on the reference policy"). Replacing the reference itself is fine."""
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\nb,4,2\n")
+    assert import_into(monkeypatch, capsys, real_dataset, "counts", source, "--reference")[0] == 0
+    before = snapshot(real_dataset)
+    args = ["import", "counts", str(source), "--out", str(real_dataset), "--reference"]
+    result = run_main(monkeypatch, capsys, *args, "--policy", "other")
+    assert_one_line_error(result, "already names 'new' as its reference policy", "rollouts/new/")
+    assert snapshot(real_dataset) == before
+    assert run_main(monkeypatch, capsys, *args, "--policy", "new", "--replace").code == 0
+
+
 BOOLEAN_COUNTS = {  # a boolean where an integer count belongs, in every reader
     "first line": (
         "c.jsonl",
