@@ -284,10 +284,18 @@ def claim_output_dir(
     return path
 
 
+def real_path(path: str | os.PathLike[str], option: str) -> Path:
+    """``path`` with every symbolic link resolved; a link loop is one line."""
+    real = Path(os.path.realpath(path))
+    if any(p.is_symlink() for p in (real, *real.parents)):  # realpath left a link: a loop
+        raise InputError(f"{option} {path} is a loop of symbolic links; give a directory")
+    return real
+
+
 def _writable_folder(path: Path, option: str) -> Path:
     """``path`` with links resolved, refused in one line where no command may write: a file,
-    a path through a file, the installed package data."""
-    real = Path(os.path.realpath(path))
+    a path through a file, a link loop, the installed package data."""
+    real = real_path(path, option)
     if real.exists() and not real.is_dir():
         raise InputError(f"{option} {path} is a file; give a directory")
     above = next((p for p in real.parents if p.exists()), None)

@@ -210,6 +210,232 @@ def test_import_refuses_a_simulated_dataset_and_a_training_run(
     assert run_main(monkeypatch, capsys, *args, str(run), "--force")[0] == 0
 
 
+def import_into(
+    monkeypatch, capsys, dataset: Path, fmt: str, source: Path, *extra: str
+) -> tuple[int, str]:
+    """Import ``source`` as a new policy into ``dataset``: (exit code, last stderr line)."""
+    args = ["import", fmt, str(source), "--policy", "new", "--out", str(dataset), *extra]
+    code, message, _ = run_main(monkeypatch, capsys, *args)
+    return code, message
+
+
+NOT_UTF8 = [  # (format, file name, bytes with a Latin-1 byte on line 3)
+    ("counts", "c.csv", b"prompt_id,n,n_correct\na,4,1\ncaf\xe9,4,2\n"),
+    ("counts", "c.tsv", b"prompt_id\tn\tn_correct\na\t4\t1\ncaf\xe9\t4\t2\n"),
+    ("counts", "c.jsonl", b'{"prompt_id":"a","n":4,"n_correct":1}\n\n{"prompt_id":"caf\xe9"}\n'),
+    ("eval-jsonl", "e.jsonl", b'{"idx":1,"score":[true]}\n\n{"idx":"caf\xe9","score":[true]}\n'),
+    ("long", "l.csv", b"prompt_id,sample_idx,reward\na,0,1\ncaf\xe9,0,1\n"),
+    ("acc-history", "h.json", b'{"a": [0.5],\n "b": [0.25],\n "caf\xe9": [1.0]}\n'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt, name, data", NOT_UTF8, ids=[f"{f}-{n}" for f, n, _ in NOT_UTF8])
+def test_import_refuses_text_that_is_not_utf8_naming_the_line(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, name, data
+):
+    """Replacement characters would let two distinct ids collide: refused, not coerced."""
+    source = tmp_path / name
+    source.write_bytes(data)
+    before = snapshot(real_dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    result = run_main(
+        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
+        "--out", str(real_dataset), *extra,
+    )  # fmt: skip
+    assert_one_line_error(result, f"{source}:3: not UTF-8 text", "0xe9")
+    assert snapshot(real_dataset) == before
+
+
+def test_import_refuses_parquet_bytes_lists_and_wild_id_formats(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """Each once a polars traceback: a byte-string id that is not UTF-8, a list where one
+    value per row belongs, a zero-padding width of a trillion digits."""
+    before = snapshot(real_dataset)
+    binary = tmp_path / "b.parquet"
+    pl.DataFrame({"prompt_id": [b"a", b"caf\xe9"], "n": [4, 4], "n_correct": [1, 2]}).write_parquet(
+        binary
+    )
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(binary), "--policy", "new",
+        "--out", str(real_dataset),
+    )  # fmt: skip
+    assert_one_line_error(result, f"{binary}: row 2: column 'prompt_id' is not UTF-8 text")
+    lists = tmp_path / "l.parquet"
+    pl.DataFrame({"prompt_id": ["a"], "sample_idx": [0], "reward": [[1.0]]}).write_parquet(lists)
+    result = run_main(
+        monkeypatch, capsys, "import", "long", str(lists), "--policy", "new",
+        "--out", str(real_dataset),
+    )  # fmt: skip
+    assert_one_line_error(result, "column 'reward' holds List(Float64), not one value per row")
+    counts = tmp_path / "c.csv"
+    counts.write_text("prompt_id,n,n_correct\n7,4,1\n")
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(counts), "--policy", "new",
+        "--out", str(real_dataset), "--id-format", "p{:0999999999999d}",
+    )  # fmt: skip
+    assert_one_line_error(result, "--id-format", "N up to 64")
+    assert snapshot(real_dataset) == before
+    pl.DataFrame({"prompt_id": [b"a"], "n": [4], "n_correct": [1]}).write_parquet(binary)
+    assert import_into(monkeypatch, capsys, real_dataset, "counts", binary)[0] == 0
+
+
+def test_import_refuses_a_second_reference_policy(monkeypatch, capsys, real_dataset, tmp_path):
+    """Once written silently: files that disagree on the reference make every later evaluate
+    stop ("files disagree on the reference policy"). Replacing the reference itself is fine."""
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\nb,4,2\n")
+    assert import_into(monkeypatch, capsys, real_dataset, "counts", source, "--reference")[0] == 0
+    before = snapshot(real_dataset)
+    args = ["import", "counts", str(source), "--out", str(real_dataset), "--reference"]
+    result = run_main(monkeypatch, capsys, *args, "--policy", "other")
+    assert_one_line_error(result, "already names 'new' as its reference policy", "rollouts/new/")
+    assert snapshot(real_dataset) == before
+    assert run_main(monkeypatch, capsys, *args, "--policy", "new", "--replace").code == 0
+
+
+BOOLEAN_COUNTS = {  # a boolean where an integer count belongs, in every reader
+    "first line": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":true}\n{"prompt_id":"b","n":4,"n_correct":2}\n',
+        ":1: 'n_correct' true is not an integer",
+    ),
+    "later line": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":2}\n{"prompt_id":"b","n":4,"n_correct":true}\n',
+        ":2: 'n_correct' true is not an integer",
+    ),
+    "every line": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":true}\n{"prompt_id":"b","n":4,"n_correct":false}\n',
+        ":2: 'n_correct' is a boolean, expected an integer",
+    ),
+    "n": (
+        "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":1}\n{"prompt_id":"b","n":true,"n_correct":1}\n',
+        ":2: 'n' true is not an integer",
+    ),
+    "csv": ("c.csv", "prompt_id,n,n_correct\na,4,1\nb,4,true\n", ":3: 'n_correct' true is not"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOOLEAN_COUNTS))
+def test_import_refuses_a_boolean_among_integer_counts(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    name, text, needle = BOOLEAN_COUNTS[case]
+    source = tmp_path / name
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", source)
+    assert code == 2 and f"{source}{needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_import_refuses_booleans_in_a_parquet_count_and_a_long_jsonl(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    before = snapshot(real_dataset)
+    parquet = tmp_path / "c.parquet"
+    pl.DataFrame({"prompt_id": ["a"], "n": [4], "n_correct": [True]}).write_parquet(parquet)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", parquet)
+    assert code == 2 and f"{parquet}: row 1: 'n_correct' is a boolean" in message, message
+    long = tmp_path / "l.jsonl"
+    long.write_text(
+        '{"prompt_id":"a","sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"a","sample_idx":true,"reward":0.5}\n'
+        '{"prompt_id":"b","sample_idx":0,"reward":true}\n'
+    )
+    code, message = run_main(
+        monkeypatch, capsys, "import", "long", str(long), "--policy", "new",
+        "--out", str(real_dataset),
+    )[:2]  # fmt: skip
+    assert code == 2 and f"{long}:3: 'reward' true is not a finite number" in message, message
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize(
+    "fmt, text, needle",
+    [
+        ("long", "prompt_id,sample_idx,reward\na,0,1\na,3000000000,0\n",
+         ":3: 'sample_idx' 3000000000 is above 2147483647"),
+        ("counts", "prompt_id,n,n_correct\na,4,1\nb,1000000000000,2\n",
+         ":3: 'n' 1000000000000 is above 2147483647"),
+        ("counts", "prompt_id,n,n_correct\na,-1e30,1\n", ":2: 'n' -1e30 is below 1"),
+    ],
+)  # fmt: skip
+def test_import_refuses_integers_the_store_cannot_hold(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, text, needle
+):
+    """A sample index is Int32: larger ones (or counts that would make them) are refused by
+    line, not a polars overflow or a 7 TiB allocation."""
+    source = tmp_path / "s.csv"
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source)
+    assert code == 2 and f"{source}{needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_import_refuses_counts_that_cannot_fit_in_memory_before_allocating(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    source = tmp_path / "c.csv"  # 40 x 2e9 = 8e10 rollouts: terabytes, on any machine
+    source.write_text(
+        "prompt_id,n,n_correct\n" + "".join(f"p{i},2000000000,1\n" for i in range(40))
+    )
+    history = tmp_path / "h.json"
+    history.write_text('{"a": [0.5, 0.5, 0.5]}')
+    before = snapshot(real_dataset)
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(source), "--policy", "new",
+        "--out", str(real_dataset),
+    )  # fmt: skip
+    assert_one_line_error(result, "makes 80,000,000,000 rollouts", "GiB of memory is free")
+    result = run_main(
+        monkeypatch, capsys, "import", "acc-history", str(history), "--policy", "new",
+        "--out", str(real_dataset), "--rollouts-per-visit", "1000000000000",
+    )  # fmt: skip
+    assert_one_line_error(result, "--rollouts-per-visit must be in [1, 2147483647]")
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize(
+    "fmt, name, text",
+    [
+        ("counts", "c.csv", "prompt_id,n,n_correct\n"),
+        ("counts", "c.tsv", "prompt_id\tn\tn_correct\n"),
+        ("acc-history", "h.json", "{}"),
+        ("acc-history", "h.json", '{"a": [], "b": []}'),
+    ],
+)
+def test_import_refuses_a_source_without_rows(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, name, text
+):
+    source = tmp_path / name
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    result = run_main(
+        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
+        "--out", str(tmp_path / "fresh"), *extra,
+    )  # fmt: skip
+    assert_one_line_error(result, "no rollouts to import")
+    assert not (tmp_path / "fresh").exists()
+    result = run_main(
+        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
+        "--out", str(real_dataset), *extra,
+    )  # fmt: skip
+    assert_one_line_error(result, "no rollouts to import")
+    assert snapshot(real_dataset) == before
+    parquet = tmp_path / "empty.parquet"
+    pl.DataFrame(
+        schema={"prompt_id": pl.String, "n": pl.Int64, "n_correct": pl.Int64}
+    ).write_parquet(parquet)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", parquet)
+    assert code == 2 and "no rollouts to import" in message
+
+
 # --------------------------------------------------------------------------- oracle
 
 
@@ -299,6 +525,23 @@ def test_oracle_names_a_corrupt_checkpoint(monkeypatch, capsys, tmp_path, broken
     out = tmp_path / "out"
     result = run_main(monkeypatch, capsys, *oracle_args(target, out))
     assert_one_line_error(result, str(target.resolve()), "cannot load the model", "corrupt")
+
+
+def test_an_oracle_whose_model_cannot_load_writes_nothing(
+    monkeypatch, capsys, tmp_path, real_dataset
+):
+    """The model loads before prompts.parquet is merged: a corrupt checkpoint leaves the
+    dataset's bytes as they were."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    claim_output_dir(real_dataset, "rollouts", simulated=False)  # as an earlier run left it
+    before = snapshot(real_dataset)
+    assert "prompts.parquet" in before
+    result = run_main(monkeypatch, capsys, *oracle_args(ckpt, real_dataset))
+    assert_one_line_error(result, "cannot load the model")
+    assert snapshot(real_dataset) == before
 
 
 def test_oracle_refuses_a_simulated_dataset(monkeypatch, capsys, fake_ckpt, sim_dataset):
@@ -465,6 +708,37 @@ def test_a_log_line_cut_by_a_crash_is_dropped(tmp_path):
     (tmp_path / "log.jsonl").write_text('{"step": 0}\nnot json\n')
     with pytest.raises(InputError, match=r"log\.jsonl:2: not a JSON record"):
         read_log(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("config", "log", "needle"),
+    [
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"}, b"\xff\xfe\n",
+         "log.jsonl:1: not UTF-8 text"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": 1, "mean_reward": 0.5}\n[1, 2]\n', "log.jsonl:2: not a JSON record (a list)"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": 1, "mean_reward": "high"}\n', "'mean_reward' is 'high', not a number"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": "x", "mean_reward": 0.5}\n', "'step' is 'x', not a number"),
+        (None, b'{"step": 1, "mean_reward": 0.5}\n', "config.json: not a JSON configuration"),
+        ({"estimator": "basis"}, b'{"step": 1, "mean_reward": 0.5}\n',
+         "'group_size' is missing or not a int"),
+    ],
+)  # fmt: skip
+def test_train_figures_refuses_a_broken_run_in_one_line(
+    monkeypatch, capsys, tmp_path, config, log, needle
+):
+    """Each once a traceback (UnicodeDecodeError, AttributeError, a polars builder error,
+    TypeError, KeyError); nothing is written."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "log.jsonl").write_bytes(log)
+    out = tmp_path / "figs"
+    result = run_main(monkeypatch, capsys, "train-figures", str(run), "--out", str(out))
+    assert_one_line_error(result, needle)
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------- the messages
@@ -795,6 +1069,55 @@ def test_sensitivity_repeats_zero_is_one_line(monkeypatch, capsys, sim_dataset, 
     args = ["sensitivity", "--rollouts", str(sim_dataset), "--out", str(tmp_path / "s")]
     assert_one_line_error(run_main(monkeypatch, capsys, *args, "--repeats", "0"), "--repeats")
     assert not (tmp_path / "s").exists()
+
+
+def test_sensitivity_batch_larger_than_the_prompts_is_one_line(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """Every point of the sweep would be skipped: once an empty-concat traceback."""
+    out = tmp_path / "s"
+    args = ["sensitivity", "--rollouts", str(sim_dataset), *EVAL, "--out", str(out)]
+    assert run_main(monkeypatch, capsys, *args).code == 0
+    before = snapshot(out)
+    result = run_main(monkeypatch, capsys, *args, "--batch-size", "4000000000")
+    assert_one_line_error(result, "--batch-size 4000000000 exceeds the 12 prompts")
+    assert snapshot(out) == before
+
+
+def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):
+    earlier = tmp_path / "earlier"
+    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)
+    before = snapshot(earlier)
+    for out in (tmp_path / "new", earlier):
+        for extra, needle in [
+            (["--prompts", "1000000000"], "GiB of memory is free"),
+            (["--checkpoint-n", "1000000000000"], "--checkpoint-n must be in [1, 2147483647]"),
+            (["--reference-n", "3000000000"], "--reference-n must be in [1, 2147483647]"),
+        ]:
+            result = run_main(monkeypatch, capsys, "simulate", "--out", str(out), *extra)
+            assert_one_line_error(result, needle)
+    assert not (tmp_path / "new").exists()
+    assert snapshot(earlier) == before
+
+
+@pytest.mark.parametrize("command", ["evaluate", "sensitivity", "simulate"])
+def test_a_negative_seed_is_one_line_and_writes_nothing(
+    monkeypatch, capsys, sim_dataset, tmp_path, command
+):
+    new, earlier = tmp_path / "new", tmp_path / "earlier"
+    if command == "simulate":
+        args = ["simulate", *SMALL_SIM, "--out"]
+        simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)
+    else:
+        options = EVAL_GROUP if command == "evaluate" else EVAL
+        args = [command, "--rollouts", str(sim_dataset), *options, "--out"]
+        assert run_main(monkeypatch, capsys, *args, str(earlier)).code == 0
+    before = snapshot(earlier)
+    for out in (new, earlier):
+        result = run_main(monkeypatch, capsys, *args, str(out), "--seed", "-1")
+        assert_one_line_error(result, "--seed must be >= 0; got -1")
+    assert not new.exists()
+    assert snapshot(earlier) == before
 
 
 def test_rewards_outside_unit_interval_name_the_tracker_before_the_replay(

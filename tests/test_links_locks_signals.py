@@ -88,6 +88,26 @@ def test_the_installed_package_data_is_read_only(monkeypatch, capsys, tmp_path, 
     assert snapshot(shipped) == before
 
 
+@pytest.mark.parametrize("command", ["evaluate", "sensitivity", "import", "simulate", "figures"])
+def test_a_loop_of_links_is_one_line(monkeypatch, capsys, sim_dataset, tmp_path, command):
+    """A link loop as --out (or above it) is refused before anything is written, not an
+    ELOOP traceback."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    results = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, results)).code == 0
+    for out in (tmp_path / "loop1", tmp_path / "loop2" / "sub"):
+        args = {
+            "evaluate": evaluate_args(sim_dataset, out),
+            "sensitivity": ["sensitivity", "--rollouts", str(sim_dataset), "--out", str(out)],
+            "import": import_args(counts_file(tmp_path, "c.csv", 2), out),
+            "simulate": ["simulate", "--out", str(out), "--prompts", "4"],
+            "figures": ["figures", "--results", str(results), "--out", str(out)],
+        }[command]
+        assert_one_line_error(run_main(monkeypatch, capsys, *args), "loop of symbolic links")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "loop1", "loop2", "res", "sim"]
+
+
 def armed(pid: int) -> bool:
     """Whether the process catches SIGTERM (its SigCgt mask): the entry point has run."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -22,12 +22,12 @@ beyond that cost time, never memory: per-repeat values are running sums.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from basis_bench.errors import InputError
 from basis_bench.evaluation.dataset import CheckpointData, Rewards
 from basis_bench.evaluation.replay import CHUNK_REPEATS
 from basis_bench.evaluation.trajectory import STREAM_PROMPT_BYTES, stream_group
+from basis_bench.fits import available_memory
 
 BASE_BYTES = 320 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
 REPLAY_BYTES = 16 * CHUNK_REPEATS  # a chunk's sort keys and argpartition, per prompt
@@ -46,17 +46,6 @@ def evaluate_memory(prompts: int, held: int, streams: int) -> int:
     together = stream_group(streams, prompts) if streams else 0
     per_prompt = REPLAY_BYTES + TRANSIENT_BYTES + together * STREAM_PROMPT_BYTES
     return BASE_BYTES + held + per_prompt * prompts
-
-
-def available_memory() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where the system does not say)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def check_memory(prompts: int, held: int, streams: int) -> int:

@@ -107,6 +107,11 @@ def sensitivity(
             raise InputError(
                 f"--ref-n {cfg.ref_n} exceeds the {full.cache.shape[1]} cached reference samples"
             )
+        if cfg.batch_size > full.n_prompts:  # every point of the sweep would be skipped
+            raise InputError(
+                f"--batch-size {cfg.batch_size} exceeds the {full.n_prompts} prompts of "
+                f"checkpoint {name!r}"
+            )
         for done, (param, value) in enumerate(points, start=1):
             row = _point(cfg, full, estimators, param, value)
             if row is not None:

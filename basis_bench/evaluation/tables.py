@@ -28,7 +28,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.evaluation.replay import KEPT_REPEATS, Moments, Replay, Series
-from basis_bench.outputs import LOCK_FILE, atomic_write, claim_output_dir
+from basis_bench.outputs import LOCK_FILE, atomic_write, claim_output_dir, real_path
 
 HETEROGENEITY_BATCHES = KEPT_REPEATS
 HETEROGENEITY_BINS = 5
@@ -61,7 +61,7 @@ def claim_results_dir(
     """``out`` as a results folder (new, empty or already results), never inside the
     rollouts dataset ``rollouts`` (its tables would then be read as rollouts)."""
     out = Path(out)
-    root, target = Path(rollouts).resolve(), out.resolve()
+    root, target = Path(rollouts).resolve(), real_path(out, "--out")
     if target == root or root in target.parents:
         raise InputError(
             f"--out {out} is inside the rollouts dataset {rollouts}; write results outside it "

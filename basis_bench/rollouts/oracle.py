@@ -332,8 +332,8 @@ def run_oracle(
     """Fill the dataset ``job.out`` with this shard's missing parts.
 
     Claims ``out`` (new, empty or a dataset of real rollouts), refuses parts written with
-    other settings, merges the prompts into ``prompts.parquet``, then samples, grades and
-    writes each missing chunk. ``source`` defaults to :func:`open_source`; ``pool`` to
+    other settings, loads the model (only when a chunk is missing), merges the prompts into
+    ``prompts.parquet``, then samples, grades and writes each missing chunk. ``source`` defaults to :func:`open_source`; ``pool`` to
     ``job.score_workers`` grading processes started for this run (None: grade here).
     """
     progress = progress or _Quiet()
@@ -344,11 +344,11 @@ def run_oracle(
         job.out, "rollouts", simulated=False, force=job.force, option=source.out_label, shared=True
     )
     todo, done = pending_chunks(source.prompts, job, identity)
-    write_prompts_table(source.prompts, job.out, metadata)
     progress.planned(job, source.prompts.height, len(todo), len(done))
-    if not todo:
+    sampler = source.sampler() if todo else None  # a model that cannot load writes nothing
+    write_prompts_table(source.prompts, job.out, metadata)
+    if sampler is None:
         return OracleReport()
-    sampler = source.sampler()
     own_pool = pool is None and job.score_workers > 0
     if own_pool:
         pool = scoring_pool(job.score_workers)

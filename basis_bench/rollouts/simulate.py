@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench import __version__
+from basis_bench.fits import check_rollouts_fit
 from basis_bench.outputs import (
     claim_output_dir,
     holds_output_locks,
@@ -131,6 +132,8 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
     stage no longer simulated) are removed once the new files are in place.
     """
     setting = cfg.generative_setting()
+    largest = cfg.n_prompts * (max(cfg.reference_n, cfg.checkpoint_n) + 2)  # a policy, prompts
+    check_rollouts_fit(largest, "this simulation", "lower --prompts or the samples per prompt")
     out = claim_output_dir(out, "rollouts", simulated=True, force=force)
     rng = np.random.default_rng(_stream(cfg.seed, "values"))
     p_ref = reference_values(cfg, rng)

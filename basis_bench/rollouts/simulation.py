@@ -64,13 +64,17 @@ class SimulationConfig:
 
     n_prompts: int = settings.setting(600, flag="--prompts", help="Number of prompts.", min_val=2)
     reference_n: int = settings.setting(
-        64, help="Reference-policy samples per prompt (BASIS's cache).", min_val=1
+        64,
+        help="Reference-policy samples per prompt (BASIS's cache).",
+        min_val=1,
+        max_val=2**31 - 1,  # a sample index is Int32
     )
     checkpoint_n: int = settings.setting(
         320,
         help="Samples per prompt for each checkpoint: the oracle (--oracle-n of evaluate) "
         "plus the pool.",
         min_val=1,
+        max_val=2**31 - 1,
     )
     setting: str = settings.setting(
         "tilt",

@@ -47,11 +47,29 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise InputError(f"{run_dir}: no config.json; is this a training run directory?")
-    config = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{path}: not a JSON configuration ({err})") from err
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: not a JSON configuration (a {type(config).__name__})")
+    for key, kind in (("estimator", str), ("group_size", int), ("loss", str)):
+        if not isinstance(config.get(key), kind) or isinstance(config.get(key), bool):
+            raise InputError(f"{path}: {key!r} is missing or not a {kind.__name__}")
     columns = ("step", "mean_reward", "eval_accuracy", "beta")
     rows = [{c: r.get(c) for c in columns} for r in read_log(run_dir)]
     if not rows:
         raise InputError(f"{run_dir}: log.jsonl is empty")
+    for number, row in enumerate(rows, start=1):
+        for column, value in row.items():
+            wanted = int if column == "step" else (int, float)
+            if (value is not None or column == "step") and (
+                isinstance(value, bool) or not isinstance(value, wanted)
+            ):
+                raise InputError(
+                    f"{run_dir}: step record {number} of log.jsonl: {column!r} is {value!r}, "
+                    "not a number"
+                )
     schema = {
         "step": pl.Int64,
         "mean_reward": pl.Float64,

@@ -384,7 +384,12 @@ def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
     path = Path(run_dir) / LOG_FILE
     if not path.is_file():
         raise InputError(f"{run_dir}: no {LOG_FILE}; is this a training run directory?")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        where = raw.count(b"\n", 0, err.start) + 1
+        raise InputError(f"{path}:{where}: not UTF-8 text; is this a training run's log?") from err
     lines = text.splitlines()
     if lines and not text.endswith("\n"):
         lines.pop()  # a record cut short by a crash mid-append: that step is redone on resume
@@ -393,9 +398,12 @@ def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
         if not line:
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{number}: not a JSON record ({err.msg})") from err
+        if not isinstance(record, dict):
+            raise InputError(f"{path}:{number}: not a JSON record (a {type(record).__name__})")
+        records.append(record)
     for r in records:
         if r.get("beta") == "inf":
             r["beta"] = math.inf

@@ -26,6 +26,7 @@ from basis_bench.rollouts.importers.reading import (
     report_duplicates,
     sources_label,
     stack_sources,
+    utf8_text,
 )
 from basis_bench.rollouts.store import check_policy_name
 
@@ -44,11 +45,9 @@ def _load_history(path: Path, problems: Problems) -> dict[str, Any]:
         return out
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=pairs)
+        data = json.loads(utf8_text(path), object_pairs_hook=pairs)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from err
-    except UnicodeDecodeError as err:
-        raise InputError(f"{path}: not UTF-8 text ({err})") from err
     if not isinstance(data, dict):
         raise InputError(
             f"{path}: expected a JSON object {{id: [mean reward per visit]}}, got {type(data).__name__}"

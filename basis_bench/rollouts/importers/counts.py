@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from basis_bench.fits import check_rollouts_fit
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     Imported,
@@ -23,6 +24,7 @@ from basis_bench.rollouts.importers.reading import (
     read_table,
     report_duplicates,
     require_columns,
+    require_scalars,
     sources_label,
     stack_sources,
 )
@@ -42,6 +44,7 @@ def expand_counts(counts: pl.DataFrame, seed: int) -> pl.DataFrame:
     policy draws its own keys from ``policy_seed(seed, policy)``, and samples are ordered by
     their key within the group. Depends only on the counts and the seed, not on row order.
     """
+    check_rollouts_fit(int(counts["n"].sum()), "this import", "import fewer samples")
     counts = counts.sort(["policy", "prompt_id"])
     frames = []
     for (policy,), part in counts.group_by("policy", maintain_order=True):
@@ -87,6 +90,7 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
         require_columns(
             df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
         )
+        require_scalars(df, src, [id_col, opt.n_col, opt.correct_col])
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.n_col, "n", problems, minimum=1)
         df = integer_column(df, src, opt.correct_col, "n_correct", problems, minimum=0)

@@ -33,5 +33,9 @@ def import_sources(
         raise InputError("give at least one source file")
     check_policy_name(policy)
     result = IMPORTERS[fmt]([Path(p) for p in paths], policy, opt or ImportOptions())
+    if result.rollouts.height == 0:
+        raise InputError(
+            f"{', '.join(str(p) for p in paths)}: no rollouts to import (the sources hold no rows)"
+        )
     result.rollouts = conform_rollouts(result.rollouts, what=f"{fmt} import")
     return result

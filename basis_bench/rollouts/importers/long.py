@@ -19,6 +19,7 @@ from basis_bench.rollouts.importers.reading import (
     read_table,
     report_duplicates,
     require_columns,
+    require_scalars,
     sources_label,
     stack_sources,
 )
@@ -36,6 +37,8 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
             src,
             {"--id-col": id_col, "--sample-col": opt.sample_col, "--reward-col": opt.reward_col},
         )
+        present_policy = [opt.policy_col] if opt.policy_col in df.columns else []
+        require_scalars(df, src, [id_col, opt.sample_col, opt.reward_col, *present_policy])
         if opt.policy_col in df.columns:  # a table of several policies: take this one's rows
             df = df.filter(pl.col(opt.policy_col).cast(pl.String) == policy)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)

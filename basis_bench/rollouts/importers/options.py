@@ -36,7 +36,11 @@ class ImportOptions:
     sample_col: str = setting("sample_idx", help="long: sample index column.")
     reward_col: str = setting("reward", help="long: reward column.")
     rollouts_per_visit: int | None = setting(
-        None, help="acc-history: rollouts per example per visit (G)."
+        None,
+        help="acc-history: rollouts per example per visit (G).",
+        min_val=1,
+        max_val=2**31 - 1,  # a sample index is Int32
+        optional=True,
     )
     id_format: str | None = setting(
         None,

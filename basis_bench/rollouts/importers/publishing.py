@@ -24,6 +24,7 @@ from basis_bench.outputs import (
     holds_output_locks,
     provenance,
     publishing,
+    read_metadata,
     write_parquet_atomic,
 )
 from basis_bench.rollouts.importers.reading import Imported
@@ -40,6 +41,18 @@ def existing_policies(out: Path) -> dict[str, list[Path]]:
         for p in file_policies(f):
             held.setdefault(p, []).append(f)
     return held
+
+
+def _check_one_reference(out: Path, policy: str, to_remove: Sequence[Path]) -> None:
+    """``--reference`` may not name a second reference policy beside the dataset's own
+    (files that disagree make every later evaluate ask which one is meant)."""
+    for f in rollout_files(out):
+        named = read_metadata(f).get("reference_policy") if f not in to_remove else None
+        if named is not None and named != policy:
+            raise InputError(
+                f"{out} already names {named!r} as its reference policy ({f.relative_to(out)}); import "
+                f"{policy!r} without --reference, or into another dataset"
+            )
 
 
 @dataclass
@@ -192,5 +205,7 @@ def write_import(
             how="diagonal_relaxed",
         )
     base = _import_metadata(result, label, reference)
+    if reference:
+        _check_one_reference(out, result.policies[0], to_remove)
     published = _publish(result, out, base, table, to_remove)
     return WriteReport(published, clash, table is not None)

@@ -114,10 +114,22 @@ def check_exists(path: Path) -> None:
         raise InputError(f"source {str(path)!r} does not exist or is not a file")
 
 
+def utf8_text(path: Path) -> str:
+    """The file as UTF-8 text; other bytes are refused naming the line (replacing them
+    would let two distinct ids collide)."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise InputError(
+            f"{path}:{line}: not UTF-8 text (byte {raw[err.start]:#04x}); save the file as UTF-8"
+        ) from err
+
+
 def nonblank_lines(path: Path) -> tuple[bytes, np.ndarray]:
     """The file's non-blank lines joined by newlines, and their 1-based line numbers."""
-    raw = path.read_bytes()
-    lines = pl.Series("l", raw.decode("utf-8", errors="replace").split("\n"))
+    lines = pl.Series("l", utf8_text(path).split("\n"))
     keep = lines.str.strip_chars().str.len_bytes() > 0
     numbers = (keep.arg_true() + 1).to_numpy()
     return "\n".join(lines.filter(keep).to_list()).encode(), numbers
@@ -150,9 +162,12 @@ def read_table(path: Path) -> tuple[pl.DataFrame, Source]:
     check_exists(path)
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
+        text = utf8_text(path).encode()
         try:
-            df = pl.read_csv(path, infer_schema=False, separator="\t" if suffix == ".tsv" else ",")
-        except (pl.exceptions.PolarsError, UnicodeDecodeError) as err:
+            df = pl.read_csv(
+                io.BytesIO(text), infer_schema=False, separator="\t" if suffix == ".tsv" else ","
+            )
+        except pl.exceptions.PolarsError as err:
             raise InputError(f"{path}: not a readable CSV file ({err})") from err
         multiline = any(
             df[c].str.contains("\n").any() for c in df.columns if df.schema[c] == pl.String
@@ -165,27 +180,68 @@ def read_table(path: Path) -> tuple[pl.DataFrame, Source]:
             df = pl.read_parquet(path)
         except (pl.exceptions.PolarsError, OSError) as err:
             raise InputError(f"{path}: not a readable Parquet file ({err})") from err
-        return df.with_row_index(LOC, offset=1), Source(path, "row")
+        return binary_as_text(df, path).with_row_index(LOC, offset=1), Source(path, "row")
     if suffix in (".jsonl", ".ndjson", ".json"):
         data, numbers = nonblank_lines(path)
         if not numbers.size:
             raise InputError(f"{path}: the file is empty")
         try:
             df = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)
-        except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as err:
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
             problems = Problems()
             rows = diagnose_jsonl(path, numbers, data, problems)
             problems.raise_if_any(str(path))
-            try:  # valid JSON whose lines mix types polars will not unify: build it by rows
-                df = pl.DataFrame(rows, infer_schema_length=None)
-            except (pl.exceptions.PolarsError, TypeError, ValueError):
-                raise InputError(
-                    f"{path}: lines do not share one set of field types ({err})"
-                ) from err
+            df = mixed_rows_frame(path, rows)
         return df.with_columns(pl.Series(LOC, numbers)), Source(path, "line")
     raise InputError(
         f"{path}: unsupported table type {suffix!r}; use .csv, .tsv, .parquet or .jsonl"
     )
+
+
+def binary_as_text(df: pl.DataFrame, path: Path) -> pl.DataFrame:
+    """Parquet byte-string columns as text; bytes that are not UTF-8 are refused by row."""
+    for name in [c for c, t in df.schema.items() if t == pl.Binary]:
+        try:
+            df = df.with_columns(pl.col(name).cast(pl.String))
+        except pl.exceptions.ComputeError as err:  # error path: find the row
+            row = next(i for i, v in enumerate(df[name].to_list(), 1) if not _is_utf8(v))
+            raise InputError(f"{path}: row {row}: column {name!r} is not UTF-8 text") from err
+    return df
+
+
+def _is_utf8(value: bytes | None) -> bool:
+    try:
+        value is None or value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def require_scalars(df: pl.DataFrame, src: Source, columns: Sequence[str]) -> None:
+    """Columns read as one value per row must not hold lists or records."""
+    for name in columns:
+        if df.schema[name].is_nested():
+            raise InputError(
+                f"{src.path}: column {name!r} holds {df.schema[name]}, not one value per row"
+            )
+
+
+def mixed_rows_frame(path: Path, rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
+    """Valid JSON lines whose fields mix value types polars will not unify (``true`` among
+    integers): each field that mixes types is kept as its JSON text, so the checks report
+    the values that are not what the column needs (polars would read ``true`` as 1)."""
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    columns: dict[str, list[Any]] = {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        kinds = {type(v) for v in values if v is not None}
+        if len(kinds) > 1 and kinds != {int, float}:
+            values = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
+        columns[name] = values
+    try:
+        return pl.DataFrame(columns, strict=False)
+    except (pl.exceptions.PolarsError, TypeError, ValueError) as err:
+        raise InputError(f"{path}: lines do not share one set of field types ({err})") from err
 
 
 def require_columns(df: pl.DataFrame, src: Source, columns: Mapping[str, str]) -> None:
@@ -202,6 +258,7 @@ def require_columns(df: pl.DataFrame, src: Source, columns: Mapping[str, str]) -
 # ---------------------------------------------------------------- shared checks
 
 
+MAX_ID_WIDTH = 64  # digits of a zero-padded id (--id-format {:0Nd})
 _ID_FORMAT = re.compile(r"^(?P<pre>[^{}]*)\{(?::0(?P<width>\d+)d)?\}(?P<post>[^{}]*)$")
 
 
@@ -220,9 +277,10 @@ def add_prompt_ids(
     if id_format is None:
         return df
     m = _ID_FORMAT.match(id_format)
-    if m is None:
+    if m is None or int(m["width"] or 0) > MAX_ID_WIDTH:
         raise InputError(
-            f"--id-format {id_format!r}: use fixed text around {{}} or {{:0Nd}}, e.g. math500_{{:03d}}"
+            f"--id-format {id_format!r}: use fixed text around {{}} or {{:0Nd}} (N up to "
+            f"{MAX_ID_WIDTH}), e.g. math500_{{:03d}}"
         )
     ident = pl.col("prompt_id")
     if m["width"] is not None:
@@ -240,10 +298,20 @@ def add_prompt_ids(
     return df.with_columns((pl.lit(m["pre"]) + ident + pl.lit(m["post"])).alias("prompt_id"))
 
 
+INT32_MAX = 2**31 - 1  # the store's sample_idx is Int32
+
+
 def integer_column(
-    df: pl.DataFrame, src: Source, col: str, alias: str, problems: Problems, minimum: int
+    df: pl.DataFrame,
+    src: Source,
+    col: str,
+    alias: str,
+    problems: Problems,
+    minimum: int,
+    maximum: int = INT32_MAX,
 ) -> pl.DataFrame:
-    """Cast ``col`` to Int64 as ``alias``; non-integers and values below ``minimum`` are reported."""
+    """Cast ``col`` to Int64 as ``alias``; non-integers and values outside
+    [``minimum``, ``maximum``] are reported."""
     value = pl.col(col).cast(pl.Float64, strict=False) if df.schema[col] != pl.Boolean else None
     if value is None:
         problems.add_rows(src, df, f"{col!r} is a boolean, expected an integer")
@@ -266,13 +334,24 @@ def integer_column(
         src,
         low,
         pl.format(
-            "{} {} is below {}", pl.lit(repr(col)), pl.col("_f").cast(pl.Int64), pl.lit(minimum)
+            "{} {} is below {}", pl.lit(repr(col)), pl.col(col).cast(pl.String), pl.lit(minimum)
+        ),
+    )
+    high = df.filter(pl.col("_f").is_finite() & (pl.col("_f") > maximum))
+    problems.add_rows(
+        src,
+        high,
+        pl.format(
+            "{} {} is above {}",
+            pl.lit(repr(col)),
+            pl.col(col).cast(pl.String),
+            pl.lit(maximum),
         ),
     )
     fine = (
         pl.col("_f").is_finite()
         & (pl.col("_f") == pl.col("_f").round(0))
-        & (pl.col("_f") >= minimum)
+        & pl.col("_f").is_between(minimum, maximum)
     )  # invalid values become null, so later checks (n_correct <= n) skip reported rows
     return df.with_columns(
         pl.when(fine).then(pl.col("_f")).otherwise(None).cast(pl.Int64).alias(alias)
