@@ -37,6 +37,19 @@ from basis_bench.settings import check_scalar
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
+FAMILY_INSTRUCTIONS = {"arithmetic": "Answer with the number only."}
+"""The oracle's default instruction by prompt source (``arithmetic:...``), where
+:data:`DEFAULT_INSTRUCTION` does not serve: asked to reason step by step, SmolLM2-135M
+never finished a 1-2 digit arithmetic problem correctly in 256 tokens (mean reward 0 of
+64 samples), while asked for the number alone it answers in a few tokens and scores
+(docs/oracle.md)."""
+
+
+def default_instruction(source: str) -> str:
+    """The instruction a prompt source gets when none is given."""
+    return FAMILY_INSTRUCTIONS.get(source.partition(":")[0], DEFAULT_INSTRUCTION)
+
+
 # DAPO-Math-17K wraps each problem in this instruction; the problem text is what lies between.
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be "
