@@ -395,6 +395,33 @@ def test_workers_write_the_same_dataset_as_one_process(tiny_model, tmp_path):
     assert load_prompts(two).equals(load_prompts(one))  # type: ignore[union-attr]
 
 
+def test_sigkill_of_a_run_with_workers_stops_them_and_the_rerun_completes(tiny_model, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert CliRunner().invoke(app, tiny_args(tiny_model, whole, "--workers", "1")).exit_code == 0
+    job = subprocess.Popen(
+        [*CLI, *tiny_args(tiny_model, resumed, "--workers", "2")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ONE_THREAD,
+    )
+    deadline = time.monotonic() + 240
+    while not parts(resumed, "tiny") and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    children = Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait(timeout=30)
+    assert len(children) >= 2  # the two workers (and multiprocessing's resource tracker)
+    deadline = time.monotonic() + 120
+    while any(Path(f"/proc/{pid}").exists() for pid in children):
+        assert time.monotonic() < deadline, "a worker outlived its killed run"
+        time.sleep(0.05)
+    assert 1 <= len(parts(resumed, "tiny")) < 6
+
+    rerun = CliRunner().invoke(app, tiny_args(tiny_model, resumed, "--workers", "2"))
+    assert rerun.exit_code == 0, rerun.output
+    assert load_rollouts(resumed).equals(load_rollouts(whole))
+
+
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tiny_model, tmp_path):
     result = run_cli(tiny_args(tiny_model, tmp_path / "log", "--workers", "2"))
     assert result.returncode == 0, result.stderr
