@@ -120,6 +120,7 @@ class _LogSink:
         self.total, self.n_prompts = samples, n_prompts
         self.done = self.tokens = self.prompts = 0
         self.start = self.last = time.monotonic()
+        self.printed = (-1, -1)
 
     def __call__(self, finished: int, tokens: int) -> None:
         self.done += finished
@@ -131,9 +132,15 @@ class _LogSink:
         self.prompts += n_prompts
         self.line()
 
+    def finish(self) -> None:
+        """The last line, unless the last part's line already said it all."""
+        if self.printed != (self.done, self.prompts):
+            self.line()
+
     def line(self) -> None:
         """samples done/total, prompts written, samples/s, tokens/s, ETA, elapsed."""
         self.last = time.monotonic()
+        self.printed = (self.done, self.prompts)
         elapsed = max(self.last - self.start, 1e-9)
         rate = self.done / elapsed
         eta = _clock((self.total - self.done) / rate) if rate else "--:--:--"
@@ -179,7 +186,7 @@ class _ConsoleProgress:
         if not self.console.is_terminal:  # a batch job's log: plain lines, no live bar
             sink = _LogSink(self.console, label, samples, n_prompts, LOG_INTERVAL_S)
             yield sink
-            sink.line()
+            sink.finish()
             return
         with Progress(
             TextColumn("[bold]{task.description}"),
