@@ -29,6 +29,7 @@ from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.rollouts.oracle_workers import auto_workers, free_cores
 from basis_bench.rollouts.prompts import (
     DEFAULT_INSTRUCTION,
+    FAMILY_INSTRUCTIONS,
     arithmetic_prompts,
     load_prompt_source,
 )
@@ -356,12 +357,12 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
 def test_each_prompt_family_has_a_default_instruction_the_run_records():
     job = {"ckpt": "m", "policy": "p", "out": Path("o"), "n": 2}
     arithmetic = OracleJob(prompts="arithmetic:n=2", **job)
-    assert arithmetic.template.instruction == "Answer with the number only."
-    assert arithmetic.sampling.max_new_tokens == 24
+    assert arithmetic.template.instruction == FAMILY_INSTRUCTIONS["arithmetic"]
+    assert arithmetic.sampling.max_new_tokens == 48
     assert arithmetic.reward.answer_format == "number"
     identity = run_identity(arithmetic, {"name": "m"})
-    assert identity["template"]["instruction"] == "Answer with the number only."
-    assert identity["sampling"]["max_new_tokens"] == 24
+    assert identity["template"]["instruction"] == FAMILY_INSTRUCTIONS["arithmetic"]
+    assert identity["sampling"]["max_new_tokens"] == 48
 
     own = OracleJob(prompts="arithmetic:n=2", instruction="Think step by step.", **job)
     assert own.template.instruction == "Think step by step."

@@ -64,9 +64,9 @@ MAX_NEW_TOKENS = {"arithmetic": 256, "default": 3072}
 generated arithmetic is answered in tens of tokens (256 leaves room for step-by-step
 working); MATH-style files and hub datasets need thousands."""
 
-ANSWER_ONLY_MAX_NEW_TOKENS = 24
-"""The most new tokens under a source's own default instruction, which asks for the answer
-alone (``prompts.FAMILY_INSTRUCTIONS``): a number and the end of the turn take a few tokens."""
+SHORT_ANSWER_MAX_NEW_TOKENS = 48
+"""The most new tokens under a source's own default instruction, which asks for one short
+line (``prompts.FAMILY_INSTRUCTIONS``)."""
 
 
 def default_max_new_tokens(prompts: str, instruction: str | None = None) -> int:
@@ -76,7 +76,7 @@ def default_max_new_tokens(prompts: str, instruction: str | None = None) -> int:
 
     family = prompts.partition(":")[0]
     if instruction is None and family in FAMILY_INSTRUCTIONS:
-        return ANSWER_ONLY_MAX_NEW_TOKENS
+        return SHORT_ANSWER_MAX_NEW_TOKENS
     return MAX_NEW_TOKENS.get(family, MAX_NEW_TOKENS["default"])
 
 
@@ -120,7 +120,7 @@ class OracleJob:
         min_val=1,
         optional=True,
         help="Most tokens per response. Default by --prompts source: "
-        f"{ANSWER_ONLY_MAX_NEW_TOKENS} for arithmetic:... under its default instruction "
+        f"{SHORT_ANSWER_MAX_NEW_TOKENS} for arithmetic:... under its default instruction "
         f"({MAX_NEW_TOKENS['arithmetic']} with an --instruction of your own), "
         f"{MAX_NEW_TOKENS['default']} for files and hf: datasets (MATH-style).",
     )
@@ -156,7 +156,7 @@ class OracleJob:
     instruction: str | None = setting(
         None,
         help="Appended to each problem in the user turn ('' for none). Default by --prompts "
-        "source: 'Answer with the number only.' for arithmetic:..., else step-by-step "
+        "source: one short line of working for arithmetic:..., else step-by-step "
         "reasoning and a \\boxed{} final answer.",
     )
     system: str | None = setting(

@@ -37,12 +37,14 @@ from basis_bench.settings import check_scalar
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
-FAMILY_INSTRUCTIONS = {"arithmetic": "Answer with the number only."}
+FAMILY_INSTRUCTIONS = {
+    "arithmetic": "Work it out in one short line, e.g. 9 - 4 + 1 = 5 + 1 = 6.",
+}
 """The oracle's default instruction by prompt source (``arithmetic:...``), where
-:data:`DEFAULT_INSTRUCTION` does not serve: asked to reason step by step, SmolLM2-135M
-never finished a 1-2 digit arithmetic problem correctly in 256 tokens (mean reward 0 of
-64 samples), while asked for the number alone it answers in a few tokens and scores
-(docs/oracle.md)."""
+:data:`DEFAULT_INSTRUCTION` does not serve. On ``arithmetic:n=4,digits=1-2,steps=1-2,seed=5``
+SmolLM2-135M at T = 1 scored 0 of 64 asked to reason step by step (256 tokens), 0 of 128
+asked for the number only, and 6 of 128 (4.7%) with this one line of working, whose
+last number is the answer (docs/oracle.md)."""
 
 
 def default_instruction(source: str) -> str:
