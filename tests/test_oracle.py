@@ -390,8 +390,10 @@ def test_workers_write_the_same_dataset_as_one_process(tiny_model, tmp_path):
     for out, workers in ((one, "1"), (two, "2")):
         result = runner.invoke(app, tiny_args(tiny_model, out, "--workers", workers))
         assert result.exit_code == 0, result.output
-        assert f"{workers} sampling worker(s)" in result.output
-        assert "wrote 6 part(s), 18 rollouts" in " ".join(result.output.split())
+        output = " ".join(result.output.split())
+        assert (
+            f"{workers} sampling worker(s)" in output and "wrote 6 part(s), 18 rollouts" in output
+        )
     assert load_rollouts(two).equals(load_rollouts(one))
     assert load_prompts(two).equals(load_prompts(one))  # type: ignore[union-attr]
 

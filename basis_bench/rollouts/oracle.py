@@ -369,7 +369,7 @@ def run_oracle(
     )
     todo, done = pending_chunks(source.prompts, job, identity)
     write_prompts_table(source.prompts, job.out, metadata)
-    workers = auto_workers(job, len(todo)) if own_source else 1
+    workers = auto_workers(job, len(todo)) if own_source and todo else 1
     progress.planned(job, source.prompts.height, len(todo), len(done), workers)
     if not todo:
         return OracleReport()
