@@ -467,9 +467,11 @@ class FakeSampler:
 
 
 def oracle_args(ckpt: Path, out: Path, *extra: str) -> list[str]:
+    # one worker: the fakes patched in below live in this process
     return [
         "oracle", "--ckpt", str(ckpt), "--policy", "p", "--prompts", "arithmetic:n=40,seed=3",
-        "--n", "2", "--chunk-size", "1", "--device", "cpu", "--out", str(out), *extra,
+        "--n", "2", "--chunk-size", "1", "--device", "cpu", "--workers", "1", "--out", str(out),
+        *extra,
     ]  # fmt: skip
 
 

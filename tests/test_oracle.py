@@ -3,8 +3,10 @@ and an end-to-end run of the real SmolLM2 model on CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -24,7 +26,13 @@ from basis_bench.rollouts.oracle import (
     run_identity,
 )
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
-from basis_bench.rollouts.prompts import arithmetic_prompts, load_prompt_source
+from basis_bench.rollouts.oracle_workers import auto_workers, free_cores
+from basis_bench.rollouts.prompts import (
+    DEFAULT_INSTRUCTION,
+    FAMILY_INSTRUCTIONS,
+    arithmetic_prompts,
+    load_prompt_source,
+)
 from basis_bench.rollouts.store import (
     dataset_metadata,
     load_prompts,
@@ -341,6 +349,95 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
         pending_chunks(prompts, job, other)
     with pytest.raises(InputError, match="the chunk's prompts"):
         pending_chunks(prompts.reverse(), job, identity)
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def test_each_prompt_family_has_a_default_instruction_the_run_records():
+    job = {"ckpt": "m", "policy": "p", "out": Path("o"), "n": 2}
+    arithmetic = OracleJob(prompts="arithmetic:n=2", **job)
+    assert arithmetic.template.instruction == FAMILY_INSTRUCTIONS["arithmetic"]
+    assert arithmetic.sampling.max_new_tokens == 48
+    assert arithmetic.reward.answer_format == "number"
+    identity = run_identity(arithmetic, {"name": "m"})
+    assert identity["template"]["instruction"] == FAMILY_INSTRUCTIONS["arithmetic"]
+    assert identity["sampling"]["max_new_tokens"] == 48
+
+    own = OracleJob(prompts="arithmetic:n=2", instruction="Think step by step.", **job)
+    assert own.template.instruction == "Think step by step."
+    assert own.sampling.max_new_tokens == 256  # room for the working it asks for
+    assert OracleJob(prompts="arithmetic:n=2", instruction="", **job).template.instruction == ""
+
+    math = OracleJob(prompts=str(SAMPLE), **job)
+    assert math.template.instruction == DEFAULT_INSTRUCTION
+    assert math.sampling.max_new_tokens == 3072
+
+
+def test_auto_workers_use_the_free_cores_and_never_exceed_the_chunks(tmp_path):
+    job = OracleJob(ckpt="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, device="cpu")
+    assert 1 <= free_cores() <= len(os.sched_getaffinity(0))
+    assert 1 <= auto_workers(job, 100) <= len(os.sched_getaffinity(0))
+    assert auto_workers(job, 1) == 1
+    assert auto_workers(dataclasses.replace(job, workers=3), 2) == 2
+    assert auto_workers(dataclasses.replace(job, workers=3), 5) == 3
+    assert auto_workers(dataclasses.replace(job, backend="vllm", device="auto"), 100) == 1
+
+
+def test_workers_write_the_same_dataset_as_one_process(tiny_model, tmp_path):
+    runner = CliRunner()
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, workers in ((one, "1"), (two, "2")):
+        result = runner.invoke(app, tiny_args(tiny_model, out, "--workers", workers))
+        assert result.exit_code == 0, result.output
+        output = " ".join(result.output.split())
+        assert (
+            f"{workers} sampling worker(s)" in output and "wrote 6 part(s), 18 rollouts" in output
+        )
+    assert load_rollouts(two).equals(load_rollouts(one))
+    assert load_prompts(two).equals(load_prompts(one))  # type: ignore[union-attr]
+
+
+def test_sigkill_of_a_run_with_workers_stops_them_and_the_rerun_completes(tiny_model, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert CliRunner().invoke(app, tiny_args(tiny_model, whole, "--workers", "1")).exit_code == 0
+    job = subprocess.Popen(
+        [*CLI, *tiny_args(tiny_model, resumed, "--workers", "2")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ONE_THREAD,
+    )
+    deadline = time.monotonic() + 240
+    while not parts(resumed, "tiny") and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    children = Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait(timeout=30)
+    assert len(children) >= 2  # the two workers (and multiprocessing's resource tracker)
+    deadline = time.monotonic() + 120
+    while any(Path(f"/proc/{pid}").exists() for pid in children):
+        assert time.monotonic() < deadline, "a worker outlived its killed run"
+        time.sleep(0.05)
+    assert 1 <= len(parts(resumed, "tiny")) < 6
+
+    rerun = CliRunner().invoke(app, tiny_args(tiny_model, resumed, "--workers", "2"))
+    assert rerun.exit_code == 0, rerun.output
+    assert load_rollouts(resumed).equals(load_rollouts(whole))
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tiny_model, tmp_path):
+    result = run_cli(tiny_args(tiny_model, tmp_path / "log", "--workers", "2"))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tiny on hf: ")]
+    # one line per part written (and every 30 s), each with every figure
+    assert len(lines) >= 6, result.stderr
+    pattern = (
+        r"tiny on hf: \d+/18 samples, \d/6 prompts, [\d.]+ samples/s, [\d.,]+ tokens/s, "
+        r"ETA (\d+:\d\d:\d\d|--:--:--), elapsed \d+:\d\d:\d\d"
+    )
+    assert all(re.fullmatch(pattern, line) for line in lines), lines
+    assert lines[-1].startswith("tiny on hf: 18/18 samples, 6/6 prompts")
+    assert "\r" not in result.stderr and "\x1b[" not in result.stderr  # no live bar
 
 
 # --------------------------------------------------------------------------- reference cache

@@ -15,6 +15,7 @@ from basis_bench.rollouts.prompts import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
     DEFAULT_INSTRUCTION,
+    FAMILY_INSTRUCTIONS,
     PromptTemplate,
     arithmetic_prompts,
     build_prompt,
@@ -292,7 +293,9 @@ def test_build_prompt_without_a_chat_template(smol_tokenizer):
 
 
 def test_default_instruction_by_prompt_family():
-    # Arithmetic is graded on its last number: ask for the number (what SmolLM2 can do).
-    assert default_instruction("arithmetic:n=4,seed=5") == "Answer with the number only."
+    # Arithmetic is graded on its last number: one short line of working ending in it
+    # (what SmolLM2 can do; docs/oracle.md has what each candidate scored).
+    assert default_instruction("arithmetic:n=4,seed=5") == FAMILY_INSTRUCTIONS["arithmetic"]
+    assert FAMILY_INSTRUCTIONS["arithmetic"] != DEFAULT_INSTRUCTION
     assert default_instruction("data/math.jsonl") == DEFAULT_INSTRUCTION
     assert default_instruction("hf:HuggingFaceH4/MATH-500") == DEFAULT_INSTRUCTION

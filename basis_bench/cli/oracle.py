@@ -8,6 +8,7 @@ here as a rich progress bar.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -83,9 +84,12 @@ class _EtaColumn(ProgressColumn):
             return Text("ETA 0:00:00")
         if not elapsed or not done:
             return Text("ETA --:--:--")
-        left = (total - done) * elapsed / done
-        hours, rest = divmod(int(left), 3600)
-        return Text(f"ETA {hours}:{rest // 60:02d}:{rest % 60:02d}")
+        return Text(f"ETA {_clock((total - done) * elapsed / done)}")
+
+
+def _clock(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 class _ProgressSink:
@@ -105,6 +109,54 @@ class _ProgressSink:
         self.progress.update(self.task, prompts=self.prompts)  # type: ignore[arg-type]
 
 
+class _LogSink:
+    """Progress as plain lines, for a log file (stderr not a terminal): one every
+    ``interval`` seconds of sampling and one per part written."""
+
+    def __init__(
+        self, console: Console, label: str, samples: int, n_prompts: int, interval: float
+    ) -> None:
+        self.console, self.label, self.interval = console, label, interval
+        self.total, self.n_prompts = samples, n_prompts
+        self.done = self.tokens = self.prompts = 0
+        self.start = self.last = time.monotonic()
+        self.printed = (-1, -1)
+
+    def __call__(self, finished: int, tokens: int) -> None:
+        self.done += finished
+        self.tokens += tokens
+        if time.monotonic() - self.last >= self.interval:
+            self.line()
+
+    def part_written(self, n_prompts: int) -> None:
+        self.prompts += n_prompts
+        self.line()
+
+    def finish(self) -> None:
+        """The last line, unless the last part's line already said it all."""
+        if self.printed != (self.done, self.prompts):
+            self.line()
+
+    def line(self) -> None:
+        """samples done/total, prompts written, samples/s, tokens/s, ETA, elapsed."""
+        self.last = time.monotonic()
+        self.printed = (self.done, self.prompts)
+        elapsed = max(self.last - self.start, 1e-9)
+        rate = self.done / elapsed
+        eta = _clock((self.total - self.done) / rate) if rate else "--:--:--"
+        self.console.print(
+            f"{self.label}: {self.done:,}/{self.total:,} samples, "
+            f"{self.prompts}/{self.n_prompts} prompts, {rate:,.2f} samples/s, "
+            f"{self.tokens / elapsed:,.1f} tokens/s, ETA {eta}, elapsed {_clock(elapsed)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+LOG_INTERVAL_S = 30.0
+"""Seconds between progress lines when stderr is not a terminal."""
+
+
 class _ConsoleProgress:
     """The oracle's progress on stderr: warnings, the plan, a live bar, the summary."""
 
@@ -114,18 +166,28 @@ class _ConsoleProgress:
     def warning(self, message: str) -> None:
         self.console.print(f"[yellow]warning:[/] {message}", highlight=False)
 
-    def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int) -> None:
+    def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int, workers: int) -> None:
         self.console.print(
             f"{n_prompts} prompts from {job.prompts}; shard {job.shard}: "
             f"{todo + done} chunk(s), {done} already complete; "
-            f"at most {job.sampling.max_new_tokens} new tokens per response",
+            f"at most {job.sampling.max_new_tokens} new tokens per response; "
+            f"instruction {job.template.instruction!r}"
+            + (f"; {workers} sampling worker(s)" if todo else ""),
             highlight=False,
         )
         if not todo:
             self.console.print(f"nothing to do: every chunk of shard {job.shard} is in {job.out}")
 
     @contextlib.contextmanager
-    def sampling(self, job: OracleJob, samples: int, n_prompts: int) -> Iterator[_ProgressSink]:
+    def sampling(
+        self, job: OracleJob, samples: int, n_prompts: int
+    ) -> Iterator[_ProgressSink | _LogSink]:
+        label = f"{job.policy} on {job.backend}"
+        if not self.console.is_terminal:  # a batch job's log: plain lines, no live bar
+            sink = _LogSink(self.console, label, samples, n_prompts, LOG_INTERVAL_S)
+            yield sink
+            sink.finish()
+            return
         with Progress(
             TextColumn("[bold]{task.description}"),
             _SamplesColumn(),
@@ -135,7 +197,6 @@ class _ConsoleProgress:
             _EtaColumn(),
             console=self.console,
         ) as progress:
-            label = f"{job.policy} on {job.backend}"
             yield _ProgressSink(
                 progress, progress.add_task(label, total=samples, tokens=0, prompts=0)
             )
@@ -179,6 +240,7 @@ def oracle(
     system: Annotated[str | None, _opt("system")] = _default("system"),
     answer_format: Annotated[str, _opt("answer_format")] = _default("answer_format"),
     verify_timeout: Annotated[float, _opt("verify_timeout")] = _default("verify_timeout"),
+    workers: Annotated[int, _opt("workers")] = _default("workers"),
     score_workers: Annotated[int, _opt("score_workers")] = _default("score_workers"),
     keep_responses: Annotated[bool, _opt("keep_responses")] = _default("keep_responses"),
     force: Annotated[bool, _opt("force")] = _default("force"),

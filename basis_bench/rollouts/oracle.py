@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -45,8 +46,15 @@ from basis_bench.outputs import (
     read_metadata,
     write_parquet_atomic,
 )
-from basis_bench.rollouts.models import resolve_checkpoint
+from basis_bench.rollouts.models import Checkpoint, resolve_checkpoint
 from basis_bench.rollouts.oracle_job import OracleJob
+from basis_bench.rollouts.oracle_workers import (
+    WorkerTask,
+    auto_workers,
+    one_torch_thread,
+    run_in_workers,
+    runs_on_cpu,
+)
 from basis_bench.rollouts.prompts import (
     load_prompt_source,
     parse_levels,
@@ -255,10 +263,31 @@ class OracleSource:
     """How messages name the output folder's setting."""
 
 
+@dataclass(frozen=True)
+class JobSampler:
+    """The sampler factory of a job's checkpoint (picklable: workers load it themselves)."""
+
+    job: OracleJob
+    checkpoint: Checkpoint
+
+    def __call__(self) -> Sampler:
+        from basis_bench.rollouts import sampling
+
+        job = self.job
+        return sampling.make_sampler(
+            job.backend,
+            self.checkpoint,
+            job.template,
+            job.device,
+            job.batch_size,
+            job.tensor_parallel_size,
+            job.dtype,
+            job.kv_cache_gib,
+        )
+
+
 def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
     """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``)."""
-    from basis_bench.rollouts import sampling
-
     checkpoint = resolve_checkpoint(job.ckpt)
     levels = parse_levels(job.levels) if job.levels is not None else None
     with warnings.catch_warnings(record=True) as caught:
@@ -269,16 +298,7 @@ def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
     return OracleSource(
         prompts,
         {"name": checkpoint.name, "path": str(checkpoint.path)},
-        lambda: sampling.make_sampler(
-            job.backend,
-            checkpoint,
-            job.template,
-            job.device,
-            job.batch_size,
-            job.tensor_parallel_size,
-            job.dtype,
-            job.kv_cache_gib,
-        ),
+        JobSampler(job, checkpoint),
     )
 
 
@@ -295,7 +315,9 @@ class OracleProgress(Protocol):
 
     def warning(self, message: str) -> None: ...
 
-    def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int) -> None: ...
+    def planned(
+        self, job: OracleJob, n_prompts: int, todo: int, done: int, workers: int
+    ) -> None: ...
 
     def sampling(
         self, job: OracleJob, samples: int, n_prompts: int
@@ -308,7 +330,7 @@ class _Quiet:
     def warning(self, message: str) -> None:
         warnings.warn(message, stacklevel=2)
 
-    def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int) -> None:
+    def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int, workers: int) -> None:
         pass
 
     @contextlib.contextmanager
@@ -332,11 +354,15 @@ def run_oracle(
     """Fill the dataset ``job.out`` with this shard's missing parts.
 
     Claims ``out`` (new, empty or a dataset of real rollouts), refuses parts written with
-    other settings, loads the model (only when a chunk is missing), merges the prompts into
-    ``prompts.parquet``, then samples, grades and writes each missing chunk. ``source`` defaults to :func:`open_source`; ``pool`` to
+    other settings, merges the prompts into ``prompts.parquet`` (after the model loaded,
+    when it loads in this process: a model that cannot load writes nothing), then samples,
+    grades and writes each missing chunk: in ``job.workers`` processes (0: one per free core
+    on the CPU, see :mod:`.oracle_workers`) when ``source`` is the job's own, in this process
+    otherwise. ``source`` defaults to :func:`open_source`; ``pool`` to
     ``job.score_workers`` grading processes started for this run (None: grade here).
     """
     progress = progress or _Quiet()
+    own_source = source is None
     source = source or open_source(job, progress.warning)
     identity = run_identity(job, source.model)
     metadata = oracle_metadata(job, source.prompts.height)
@@ -344,18 +370,45 @@ def run_oracle(
         job.out, "rollouts", simulated=False, force=job.force, option=source.out_label, shared=True
     )
     todo, done = pending_chunks(source.prompts, job, identity)
-    progress.planned(job, source.prompts.height, len(todo), len(done))
-    sampler = source.sampler() if todo else None  # a model that cannot load writes nothing
-    write_prompts_table(source.prompts, job.out, metadata)
-    if sampler is None:
+    workers = auto_workers(job, len(todo)) if own_source and todo else 1
+    progress.planned(job, source.prompts.height, len(todo), len(done), workers)
+    if not todo:
+        write_prompts_table(source.prompts, job.out, metadata)
         return OracleReport()
+    n_prompts = sum(c.prompts.height for c in todo)
+    factory = source.sampler
+    if workers > 1:
+        write_prompts_table(source.prompts, job.out, metadata)
+        with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
+            return run_in_workers(
+                workers,
+                lambda chunks: WorkerTask(job, chunks, identity, metadata, factory, os.getpid()),
+                todo,
+                sink,
+            )
+    with one_torch_thread(own_source and runs_on_cpu(job)):
+        sampler = factory()  # a model that cannot load writes nothing
+        write_prompts_table(source.prompts, job.out, metadata)
+        with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
+            return _run_here(todo, sampler, job, identity, metadata, pool, sink)
+
+
+def _run_here(
+    todo: list[Chunk],
+    sampler: Sampler,
+    job: OracleJob,
+    identity: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    pool: ProcessPoolExecutor | None,
+    sink: PartProgress,
+) -> OracleReport:
+    """:func:`run_chunks` in this process, with ``job.score_workers`` grading processes
+    when no ``pool`` is given."""
     own_pool = pool is None and job.score_workers > 0
     if own_pool:
         pool = scoring_pool(job.score_workers)
-    n_prompts = sum(c.prompts.height for c in todo)
     try:
-        with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
-            return run_chunks(todo, sampler, job, identity, metadata, pool, sink, sink.part_written)
+        return run_chunks(todo, sampler, job, identity, metadata, pool, sink, sink.part_written)
     finally:
         if own_pool and pool is not None:
             pool.shutdown()

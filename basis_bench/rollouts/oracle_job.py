@@ -60,14 +60,24 @@ class Shard:
 
 
 MAX_NEW_TOKENS = {"arithmetic": 256, "default": 3072}
-"""The most new tokens when not given, by prompt source: generated arithmetic is answered
-in tens of tokens (256 leaves room for step-by-step working); MATH-style files and hub
-datasets need thousands."""
+"""The most new tokens when not given, by prompt source, under an instruction of your own:
+generated arithmetic is answered in tens of tokens (256 leaves room for step-by-step
+working); MATH-style files and hub datasets need thousands."""
+
+SHORT_ANSWER_MAX_NEW_TOKENS = 48
+"""The most new tokens under a source's own default instruction, which asks for one short
+line (``prompts.FAMILY_INSTRUCTIONS``)."""
 
 
-def default_max_new_tokens(prompts: str) -> int:
-    """The ``max_new_tokens`` default for a prompt source."""
-    return MAX_NEW_TOKENS.get(prompts.partition(":")[0], MAX_NEW_TOKENS["default"])
+def default_max_new_tokens(prompts: str, instruction: str | None = None) -> int:
+    """The ``max_new_tokens`` default for a prompt source and ``--instruction`` (None: the
+    source's default instruction)."""
+    from basis_bench.rollouts.prompts import FAMILY_INSTRUCTIONS
+
+    family = prompts.partition(":")[0]
+    if instruction is None and family in FAMILY_INSTRUCTIONS:
+        return SHORT_ANSWER_MAX_NEW_TOKENS
+    return MAX_NEW_TOKENS.get(family, MAX_NEW_TOKENS["default"])
 
 
 @dataclass(frozen=True)
@@ -112,7 +122,8 @@ class OracleJob:
         min_val=1,
         optional=True,
         help="Most tokens per response. Default by --prompts source: "
-        f"{MAX_NEW_TOKENS['arithmetic']} for arithmetic:..., "
+        f"{SHORT_ANSWER_MAX_NEW_TOKENS} for arithmetic:... under its default instruction "
+        f"({MAX_NEW_TOKENS['arithmetic']} with an --instruction of your own), "
         f"{MAX_NEW_TOKENS['default']} for files and hf: datasets (MATH-style).",
     )
     temperature: float = setting(
@@ -154,8 +165,9 @@ class OracleJob:
     )
     instruction: str | None = setting(
         None,
-        help="Appended to each problem in the user turn ('' for none). Default: the prompt "
-        "template's, which asks for step-by-step reasoning and a \\boxed{} final answer.",
+        help="Appended to each problem in the user turn ('' for none). Default by --prompts "
+        "source: one short line of working for arithmetic:..., else step-by-step "
+        "reasoning and a \\boxed{} final answer.",
     )
     system: str | None = setting(
         None, help="System message replacing the chat template's default one."
@@ -173,6 +185,13 @@ class OracleJob:
         min_val=0,
         include_boundaries="neither",
         help="Seconds allowed to parse and verify one response.",
+    )
+    workers: int = setting(
+        0,
+        min_val=0,
+        help="Sampling processes, each on one torch thread, each writing its own chunks (the "
+        "dataset is the same for any number). 0: one per free CPU core (cores minus the load "
+        "average) on the CPU, one on a GPU; never more than the chunks to sample.",
     )
     score_workers: int = setting(
         0, min_val=0, help="Processes grading responses in parallel (0: in this process)."
@@ -197,7 +216,7 @@ class OracleJob:
     def sampling(self) -> SamplingConfig:
         from basis_bench.rollouts.sampling.base import SamplingConfig
 
-        tokens = self.max_new_tokens or default_max_new_tokens(self.prompts)
+        tokens = self.max_new_tokens or default_max_new_tokens(self.prompts, self.instruction)
         return SamplingConfig(self.n, self.temperature, self.top_p, tokens)
 
     @property
@@ -212,8 +231,9 @@ class OracleJob:
 
     @property
     def template(self) -> PromptTemplate:
-        from basis_bench.rollouts.prompts import PromptTemplate
+        from basis_bench.rollouts.prompts import PromptTemplate, default_instruction
 
-        if self.instruction is None:
-            return PromptTemplate(system=self.system)
-        return PromptTemplate(self.instruction, self.system)
+        instruction = (
+            default_instruction(self.prompts) if self.instruction is None else self.instruction
+        )
+        return PromptTemplate(instruction, self.system)

@@ -37,18 +37,19 @@ from basis_bench.settings import check_scalar
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
-INSTRUCTIONS = {"arithmetic": "Answer with the number only."}
-"""The default instruction of a prompt family when it is not :data:`DEFAULT_INSTRUCTION`.
-Generated arithmetic is graded on its last number, and SmolLM2-135M-Instruct never
-finishes the step-by-step instruction correctly on it (every reward 0 on
-``arithmetic:n=4,digits=1-2,steps=1-2,seed=5``); asked for the number only, it answers
-a share of the problems (docs/oracle.md has the figures)."""
+FAMILY_INSTRUCTIONS = {
+    "arithmetic": "Work it out in one short line, e.g. 9 - 4 + 1 = 5 + 1 = 6.",
+}
+"""The oracle's default instruction by prompt source (``arithmetic:...``), where
+:data:`DEFAULT_INSTRUCTION` does not serve. On ``arithmetic:n=4,digits=1-2,steps=1-2,seed=5``
+SmolLM2-135M at T = 1 scored 0 of 64 asked to reason step by step (256 tokens), 0 of 128
+asked for the number only, and 6 of 128 (4.7%) with this one line of working, whose
+last number is the answer (docs/oracle.md)."""
 
 
 def default_instruction(source: str) -> str:
-    """The instruction for a ``--prompts`` source when none is given: by its family
-    (the part before ``:``), :data:`DEFAULT_INSTRUCTION` for files and hub datasets."""
-    return INSTRUCTIONS.get(source.partition(":")[0], DEFAULT_INSTRUCTION)
+    """The instruction a prompt source gets when none is given."""
+    return FAMILY_INSTRUCTIONS.get(source.partition(":")[0], DEFAULT_INSTRUCTION)
 
 
 # DAPO-Math-17K wraps each problem in this instruction; the problem text is what lies between.
