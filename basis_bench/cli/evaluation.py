@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -61,6 +62,18 @@ def _load_plugins(console: Console) -> None:
             )
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _checkpoint_bars(bar: Any) -> Callable[[str, int, int], None]:
+    """A replay's progress callback: one bar per checkpoint, made on its first tick."""
+    tasks: dict[str, Any] = {}
+
+    def tick(name: str, done: int, total: int) -> None:
+        if name not in tasks:
+            tasks[name] = bar.add_task(f"checkpoint {name}", total=total)
+        bar.update(tasks[name], completed=done)
+
+    return tick
 
 
 def _progress(console: Console) -> Any:
@@ -182,14 +195,7 @@ def evaluate(
         trajectory_blend=trajectory_blend,
     )
     with _progress(console) as bar:
-        tasks: dict[str, Any] = {}
-
-        def tick(name: str, done: int, total: int) -> None:
-            if name not in tasks:
-                tasks[name] = bar.add_task(f"checkpoint {name}", total=total)
-            bar.update(tasks[name], completed=done)
-
-        result = run_evaluate(cfg, out, progress=tick)
+        result = run_evaluate(cfg, out, progress=_checkpoint_bars(bar))
     run = result.run
     if run.simulated:
         console.print(f"[yellow]dataset is simulated[/]: {run.dataset_label}", highlight=False)
@@ -330,14 +336,7 @@ def sensitivity(
         estimator_options=estimator_options(option),
     )
     with _progress(console) as bar:
-        tasks: dict[str, Any] = {}
-
-        def tick(name: str, done: int, total: int) -> None:
-            if name not in tasks:
-                tasks[name] = bar.add_task(f"checkpoint {name}", total=total)
-            bar.update(tasks[name], completed=done)
-
-        df = run_sensitivity(cfg, out, progress=tick)
+        df = run_sensitivity(cfg, out, progress=_checkpoint_bars(bar))
     from rich.table import Table
 
     table = Table(title="sensitivity: MSE as one knob moves")
