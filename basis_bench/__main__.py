@@ -12,7 +12,7 @@ import signal
 import sys
 from types import FrameType
 
-from basis_bench.errors import Terminated
+from basis_bench.errors import Terminated, interrupt_exit
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -24,9 +24,9 @@ def main() -> None:
     try:
         from basis_bench.cli import main as run
     except KeyboardInterrupt as stop:
-        word = "terminated" if isinstance(stop, Terminated) else "interrupted"
+        word, code = interrupt_exit(stop)
         print(f"{word} before the command started: nothing was written", file=sys.stderr)
-        sys.exit(143 if isinstance(stop, Terminated) else 130)
+        sys.exit(code)
     run()
 
 

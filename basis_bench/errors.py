@@ -13,3 +13,9 @@ class InputError(ValueError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is (like Ctrl-C's KeyboardInterrupt) so that every
     cleanup that runs on Ctrl-C runs on a polite kill too; the CLI exits with 143."""
+
+
+def interrupt_exit(stop: KeyboardInterrupt) -> tuple[str, int]:
+    """How an interrupted command ends: ("interrupted", 130) for Ctrl-C, ("terminated",
+    143) for SIGTERM (:class:`Terminated`), the shells' 128 + signal number."""
+    return ("terminated", 143) if isinstance(stop, Terminated) else ("interrupted", 130)

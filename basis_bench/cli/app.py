@@ -9,7 +9,7 @@ import sys
 import typer
 from rich.console import Console
 
-from basis_bench.errors import InputError, Terminated
+from basis_bench.errors import InputError, interrupt_exit
 
 app = typer.Typer(
     name="basis-bench",
@@ -92,9 +92,9 @@ def main() -> None:
 
 def _say_interrupted(console: Console, stop: KeyboardInterrupt) -> None:
     """One line on what an interrupted (Ctrl-C, 130) or terminated (SIGTERM, 143) run kept."""
-    word = "terminated" if isinstance(stop, Terminated) else "interrupted"
+    word, code = interrupt_exit(stop)
     console.print(f"[yellow]{word}[/]: {after_failure(sys.argv)}", highlight=False)
-    sys.exit(143 if isinstance(stop, Terminated) else 130)
+    sys.exit(code)
 
 
 def _interrupted(error: BaseException) -> KeyboardInterrupt | None:
