@@ -98,3 +98,16 @@ def rollouts_frame(policy: str, rewards: dict[str, list[float]]) -> pl.DataFrame
         },
         orient="row",
     )
+
+
+def assert_own_reward_unused(step, batch_ids, rewards) -> None:
+    """A one-rollout step estimator's b_i uses the cache, prompt i's history and r_{-i}:
+    flipping r_i (binary) leaves b_i unchanged, from the same state."""
+    state = step.state_dict()
+    base = step(batch_ids, rewards[:, None]).baselines[:, 0]
+    for i in range(len(rewards)):
+        flipped = rewards.copy()
+        flipped[i] = 1 - flipped[i]
+        step.load_state_dict(state)
+        other = step(batch_ids, flipped[:, None]).baselines[:, 0]
+        assert other[i] == base[i], "the current reward entered its own baseline"
