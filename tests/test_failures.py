@@ -686,6 +686,27 @@ def test_resume_refuses_truncated_garbage_and_partial_checkpoints(monkeypatch, c
         assert ".partial" not in result[1]
 
 
+def test_resume_cannot_move_the_run_elsewhere(monkeypatch, capsys, tmp_path):
+    """Seen on a GPU: `--resume RUN/checkpoints/step-T --set run_dir=OTHER` loaded the model,
+    then failed on OTHER's missing log. It is refused before anything loads."""
+    import torch
+
+    import basis_bench.train.setup as setup
+    from basis_bench.train import make_config
+    from basis_bench.train.checkpoint import TRAINER_STATE
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
+    torch.save({**state, "config": vars(make_config({}))}, ckpt / TRAINER_STATE)
+    result = run_main(
+        monkeypatch, capsys, "train", "--resume", str(ckpt), "--set", f'run_dir="{tmp_path / "b"}"'
+    )
+    assert_one_line_error(result, "--set run_dir cannot move it", str(tmp_path / "run"))
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_checkpoints_corrupt_model_file_is_named(tmp_path):
     from transformers import LlamaConfig
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
-from basis_bench.train.config import TrainConfig, config_dict, make_config
+from basis_bench.train.config import TrainConfig, config_dict, make_config, parse_override
 from basis_bench.train.setup import CHECKPOINTS_DIR, Run
 
 TRAINER_STATE = "trainer_state.pt"
@@ -153,8 +153,16 @@ def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
 def resume_config(checkpoint: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainConfig:
     """The run's own configuration from a checkpoint, ``run_dir`` set to the directory that
     holds it (so a moved run resumes in place), then ``overrides`` (e.g. ``steps=60``)."""
+    run_dir = Path(checkpoint).resolve().parent.parent
+    for text in overrides:
+        if parse_override(text)[0] == "run_dir":
+            # The run's log and checkpoints after T live in RUN and are cut back to T there.
+            raise InputError(
+                f"--resume continues the run in its own folder ({run_dir}); --set run_dir "
+                "cannot move it: copy the run folder and resume from the copy's checkpoint"
+            )
     values = dict(load_trainer_state(checkpoint)["config"])
-    values["run_dir"] = str(Path(checkpoint).resolve().parent.parent)
+    values["run_dir"] = str(run_dir)
     return make_config(values, overrides)
 
 

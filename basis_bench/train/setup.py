@@ -131,7 +131,9 @@ def load_models(
     policy = trainable(load_model(policy_ckpt, device, config.dtype))
     tokenizer = load_tokenizer(policy_ckpt)
     if config.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        # transformers 5.2x renamed it (the old name warns); older versions have only the old one.
+        enable = getattr(policy, "activation_checkpointing_enable", None)
+        (enable or policy.gradient_checkpointing_enable)()
     reference = None
     if config.kl_coef > 0:
         reference = load_model(reference_ckpt, device, config.dtype).requires_grad_(False)
