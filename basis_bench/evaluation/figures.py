@@ -228,48 +228,54 @@ def fig2_fixed_beta(results: Path) -> Figure:
     return fig
 
 
-def fig3a_mse(results: Path) -> Figure:
-    """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
+def _grouped_bars(
+    ax: Any,
+    df: pl.DataFrame,
+    value: Callable[[dict[str, Any]], float],
+    error: Callable[[dict[str, Any]], tuple[float, float]] | None = None,
+) -> None:
+    """One bar per (estimator, G) and checkpoint, the checkpoints side by side in stage
+    colours; a missing (estimator, G, checkpoint) is a gap."""
     import numpy as np
 
-    df = _ordered(_read(results / "summary.csv"))
-    omitted = df.filter(pl.col("estimator").is_in(OMITTED))
-    df = df.filter(~pl.col("estimator").is_in(OMITTED))
     names = _checkpoints(df)
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
-    fig, axes = _panels(1, height=2.8)
-    ax = axes[0]
     width = 0.8 / len(names)
-
     shades = _stage_colours(len(names))
     for i, name in enumerate(names):
         d = df.filter(pl.col("checkpoint") == name)
         lookup = {(r["estimator"], r["rollouts_per_prompt"]): r for r in d.iter_rows(named=True)}
         rows = [lookup.get(k) for k in keys]
-        mse = np.array([r["mse"] if r else np.nan for r in rows])
-        err = np.array(
-            [
-                [r["mse"] - r["ci_low"], r["ci_high"] - r["mse"]] if r else [np.nan, np.nan]
-                for r in rows
-            ]
-        ).T
         x = np.arange(len(keys)) + (i - (len(names) - 1) / 2) * width
+        heights = [value(r) if r else np.nan for r in rows]
+        if error is None:
+            ax.bar(x, heights, width=width, color=shades[i], label=name)
+            continue
+        err = np.array([error(r) if r else (np.nan, np.nan) for r in rows]).T
         ax.bar(
-            x,
-            mse,
-            width=width,
-            yerr=err,
-            capsize=1.5,
-            color=shades[i],
-            label=name,
+            x, heights, width=width, yerr=err, capsize=1.5, color=shades[i], label=name,
             error_kw={"lw": 0.8},
-        )
+        )  # fmt: skip
     ax.set_xticks(np.arange(len(keys)), [label(e, g) for e, g in keys], rotation=25, ha="right")
+    ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def fig3a_mse(results: Path) -> Figure:
+    """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
+    df = _ordered(_read(results / "summary.csv"))
+    omitted = df.filter(pl.col("estimator").is_in(OMITTED))
+    fig, axes = _panels(1, height=2.8)
+    ax = axes[0]
+    _grouped_bars(
+        ax,
+        df.filter(~pl.col("estimator").is_in(OMITTED)),
+        lambda r: r["mse"],
+        lambda r: (r["mse"] - r["ci_low"], r["ci_high"] - r["mse"]),
+    )
     ax.set_ylabel("MSE against oracle")
     note = ", ".join(f"{n}: {m:.3f}" for n, m in omitted.select("checkpoint", "mse").rows())
     title = "(a) value-estimation MSE (95% CI over repeats)"
     ax.set_title(title + (f"\nzero baseline omitted (MSE {note})" if note else ""), fontsize=9)
-    ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
@@ -331,30 +337,12 @@ def fig3c_difficulty(results: Path) -> Figure:
 
 def fig3d_extreme(results: Path) -> Figure:
     """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
-    import numpy as np
-
-    df = _ordered(_read(results / "summary.csv"))
-    names = _checkpoints(df)
-    keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     fig, axes = _panels(1, height=2.6)
     ax = axes[0]
-    width = 0.8 / len(names)
-    shades = _stage_colours(len(names))
-    for i, name in enumerate(names):
-        d = df.filter(pl.col("checkpoint") == name)
-        lookup = {
-            (r["estimator"], r["rollouts_per_prompt"]): r["extreme_rate"]
-            for r in d.iter_rows(named=True)
-        }
-        x = np.arange(len(keys)) + (i - (len(names) - 1) / 2) * width
-        ax.bar(
-            x, [100 * lookup.get(k, np.nan) for k in keys], width=width, color=shades[i], label=name
-        )
-    ax.set_xticks(np.arange(len(keys)), [label(e, g) for e, g in keys], rotation=25, ha="right")
+    _grouped_bars(ax, _ordered(_read(results / "summary.csv")), lambda r: 100 * r["extreme_rate"])
     ax.set_ylabel("baselines exactly 0 or 1 (%)")
     ax.set_ylim(0, 105)
     ax.set_title("(d) uninformative baselines", fontsize=9)
-    ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
