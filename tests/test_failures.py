@@ -1029,6 +1029,25 @@ def test_figures_out_a_file_or_a_results_folder(monkeypatch, capsys, legacy_resu
     assert snapshot(legacy_results) == before
 
 
+@pytest.mark.parametrize("command", ["evaluate", "sensitivity", "figures"])
+@pytest.mark.parametrize("given", ["file", "missing"])
+def test_a_file_or_a_missing_path_as_input_folder_says_which(
+    monkeypatch, capsys, tmp_path, command, given
+):
+    """``--rollouts FILE`` once said "does not exist", and figures advised running evaluate
+    into the file: the message says what the path is, and nothing is written."""
+    source = tmp_path / "rollouts.parquet"
+    if given == "file":
+        source.write_text("mine")
+    option = "--results" if command == "figures" else "--rollouts"
+    out = tmp_path / "out"
+    result = run_main(monkeypatch, capsys, command, option, str(source), "--out", str(out))
+    needle = "is a file, not a" if given == "file" else "does not exist"
+    assert_one_line_error(result, str(source), needle)
+    assert not out.exists()
+    assert given == "missing" or source.read_text() == "mine"
+
+
 def test_estimator_lists(sim_dataset, tmp_path):
     from basis_bench.evaluation.config import EvaluateConfig
     from basis_bench.evaluation.run import evaluate
