@@ -87,7 +87,9 @@ def sim_dataset(tmp_path) -> Path:
 @contextlib.contextmanager
 def mounted_tmpfs(path: Path, options: str) -> Iterator[bool]:
     """A tmpfs at ``path`` when this machine lets us mount one (root in a container that
-    allows it); yields whether it is mounted."""
+    allows it); yields whether it is mounted. Unmounted lazily: the command under test ran
+    in this process and keeps its lock file there open, so a plain umount fails (busy) and
+    left one mount per run behind."""
     path.mkdir(parents=True, exist_ok=True)
     ok = (
         shutil.which("mount") is not None
@@ -102,7 +104,7 @@ def mounted_tmpfs(path: Path, options: str) -> Iterator[bool]:
         yield ok
     finally:
         if ok:
-            subprocess.run(["umount", str(path)], capture_output=True, check=False)
+            subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=True)
 
 
 # --------------------------------------------------------------------------- claim_output_dir
@@ -563,6 +565,7 @@ def test_oracle_on_a_read_only_out_is_one_line(monkeypatch, capsys, fake_ckpt, t
         result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, ro / "out"))
         with contextlib.suppress(OSError):
             ro.chmod(0o755)
+    assert not ro.is_mount()
     assert_one_line_error(result, "ro/out", "rerun the same command to resume", code=1)
     assert ("read-only" in result[1]) or ("permission denied" in result[1])
 
@@ -595,6 +598,7 @@ def test_oracle_disk_full_keeps_completed_parts_valid(monkeypatch, capsys, fake_
         assert not [f for f in out.rglob("*") if f.name.endswith((".tmp", ".staged"))]
         kept = snapshot(out / "rollouts")
         shutil.copytree(out, tmp_path / "out")
+    assert not disk.is_mount()
     monkeypatch.setattr(oracle_module, "write_parquet_atomic", write_parquet_atomic)
     assert run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, tmp_path / "out"))[0] == 0
     assert load_rollouts(tmp_path / "out")["prompt_id"].n_unique() == 40
