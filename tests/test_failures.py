@@ -282,6 +282,76 @@ def test_import_refuses_parquet_bytes_lists_and_wild_id_formats(
     assert import_into(monkeypatch, capsys, real_dataset, "counts", binary)[0] == 0
 
 
+ODD_IDS = {  # (format, file name, text, what the error says at which line)
+    "int beside text": (
+        "eval-jsonl", "e.jsonl", '{"idx":7,"score":[1]}\n{"idx":"8","score":[0]}\n',
+        ':2: \'idx\' "8" is text but the file\'s first id is an integer',
+    ),
+    "text beside int": (
+        "counts", "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":1}\n{"prompt_id":8,"n":4,"n_correct":1}\n',
+        ":2: 'prompt_id' 8 is an integer but the file's first id is text",
+    ),
+    "float": ("eval-jsonl", "e.jsonl", '{"idx":7.0,"score":[1]}\n', ":1: 'idx' 7.0 is not text"),
+    "boolean": (
+        "eval-jsonl", "e.jsonl", '{"idx":1,"score":[1]}\n{"idx":true,"score":[1]}\n',
+        ":2: 'idx' true is not text or an integer",
+    ),
+    "list": (
+        "long", "l.jsonl",
+        '{"prompt_id":1,"sample_idx":0,"reward":1}\n{"prompt_id":[1],"sample_idx":0,"reward":1}\n',
+        ":2: 'prompt_id' [1] is not text or an integer",
+    ),
+    "padded csv": (
+        "counts", "c.csv", "prompt_id,n,n_correct\na,4,1\n a,4,2\n",
+        ":3: 'prompt_id' \" a\" has leading or trailing whitespace (ids are used exactly)",
+    ),
+    "padded jsonl": (
+        "eval-jsonl", "e.jsonl", '{"idx":"a ","score":[1]}\n',
+        ":1: 'idx' \"a \" has leading or trailing whitespace",
+    ),
+    "padded key": (
+        "acc-history", "h.json", '{"a": [0.5], "b\\t": [0.25]}',
+        ": id 'b\\t': 'id' \"b\\t\" has leading or trailing whitespace",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(ODD_IDS))
+def test_import_uses_ids_exactly_or_refuses_them_naming_the_line(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """An id is text (used as it is, never stripped) or an integer (its decimal digits); an
+    integer 7 beside a text "7" in one file, a float, boolean or list id, and padded text
+    were once read as text ("7", "true", "a"), so distinct ids could collide."""
+    fmt, name, text, needle = ODD_IDS[case]
+    source = tmp_path / name
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source, *extra)
+    assert code == 2 and f"{source}{needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_import_reads_integer_ids_as_their_digits(monkeypatch, capsys, real_dataset, tmp_path):
+    """The documented eval-jsonl shape (integer ``idx``) and an integer Parquet id column
+    give the same prompt ids as text "0", "1"; a float id column is refused by row."""
+    lines = tmp_path / "e.jsonl"
+    lines.write_text('{"idx":0,"score":[true,false]}\n{"idx":1,"score":[1,1]}\n')
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", lines)[0] == 0
+    ids = load_rollouts(real_dataset, ["new"])["prompt_id"].unique().sort().to_list()
+    assert ids == ["0", "1"]
+    table = tmp_path / "c.parquet"
+    pl.DataFrame({"prompt_id": [0, 1], "n": [4, 4], "n_correct": [1, 2]}).write_parquet(table)
+    args = ["import", "counts", str(table), "--policy", "ints", "--out", str(real_dataset)]
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    assert load_rollouts(real_dataset, ["ints"])["prompt_id"].unique().sort().to_list() == ids
+    pl.DataFrame({"prompt_id": [0.0], "n": [4], "n_correct": [1]}).write_parquet(table)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", table)
+    assert code == 2 and f"{table}: row 1: 'prompt_id' 0.0 is not text" in message, message
+
+
 def test_import_refuses_a_second_reference_policy(monkeypatch, capsys, real_dataset, tmp_path):
     """Once written silently: files that disagree on the reference make every later evaluate
     stop ("files disagree on the reference policy"). Replacing the reference itself is fine."""

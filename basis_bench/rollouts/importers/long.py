@@ -31,7 +31,7 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
     id_col = opt.id_col or "prompt_id"
     frames, sources = [], []
     for path in paths:
-        df, src = read_table(path)
+        df, src = read_table(path, id_col)
         require_columns(
             df,
             src,
