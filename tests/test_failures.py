@@ -426,6 +426,25 @@ def test_import_refuses_booleans_in_a_parquet_count_and_a_long_jsonl(
     assert snapshot(real_dataset) == before
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_long_import_refuses_a_reward_column_of_booleans(
+    monkeypatch, capsys, real_dataset, tmp_path, suffix
+):
+    """Every reward a boolean was once read as 1.0/0.0 (only a boolean among numbers was
+    refused): a reward is a number in every format, as in CSV."""
+    rows = pl.DataFrame({"prompt_id": ["a", "b"], "sample_idx": [0, 0], "reward": [True, False]})
+    source = tmp_path / f"l{suffix}"
+    if suffix == ".parquet":
+        rows.write_parquet(source)
+    else:
+        rows.write_ndjson(source)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "long", source)
+    where = f"{source}: row 2" if suffix == ".parquet" else f"{source}:2"
+    assert code == 2 and f"{where}: 'reward' false is not a finite number" in message, message
+    assert snapshot(real_dataset) == before
+
+
 @pytest.mark.parametrize(
     "fmt, text, needle",
     [
