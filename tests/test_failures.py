@@ -87,7 +87,9 @@ def sim_dataset(tmp_path) -> Path:
 @contextlib.contextmanager
 def mounted_tmpfs(path: Path, options: str) -> Iterator[bool]:
     """A tmpfs at ``path`` when this machine lets us mount one (root in a container that
-    allows it); yields whether it is mounted."""
+    allows it); yields whether it is mounted. Unmounted lazily: the command under test ran
+    in this process and keeps its lock file there open, so a plain umount fails (busy) and
+    left one mount per run behind."""
     path.mkdir(parents=True, exist_ok=True)
     ok = (
         shutil.which("mount") is not None
@@ -102,7 +104,7 @@ def mounted_tmpfs(path: Path, options: str) -> Iterator[bool]:
         yield ok
     finally:
         if ok:
-            subprocess.run(["umount", str(path)], capture_output=True, check=False)
+            subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=True)
 
 
 # --------------------------------------------------------------------------- claim_output_dir
@@ -280,6 +282,76 @@ def test_import_refuses_parquet_bytes_lists_and_wild_id_formats(
     assert import_into(monkeypatch, capsys, real_dataset, "counts", binary)[0] == 0
 
 
+ODD_IDS = {  # (format, file name, text, what the error says at which line)
+    "int beside text": (
+        "eval-jsonl", "e.jsonl", '{"idx":7,"score":[1]}\n{"idx":"8","score":[0]}\n',
+        ':2: \'idx\' "8" is text but the file\'s first id is an integer',
+    ),
+    "text beside int": (
+        "counts", "c.jsonl",
+        '{"prompt_id":"a","n":4,"n_correct":1}\n{"prompt_id":8,"n":4,"n_correct":1}\n',
+        ":2: 'prompt_id' 8 is an integer but the file's first id is text",
+    ),
+    "float": ("eval-jsonl", "e.jsonl", '{"idx":7.0,"score":[1]}\n', ":1: 'idx' 7.0 is not text"),
+    "boolean": (
+        "eval-jsonl", "e.jsonl", '{"idx":1,"score":[1]}\n{"idx":true,"score":[1]}\n',
+        ":2: 'idx' true is not text or an integer",
+    ),
+    "list": (
+        "long", "l.jsonl",
+        '{"prompt_id":1,"sample_idx":0,"reward":1}\n{"prompt_id":[1],"sample_idx":0,"reward":1}\n',
+        ":2: 'prompt_id' [1] is not text or an integer",
+    ),
+    "padded csv": (
+        "counts", "c.csv", "prompt_id,n,n_correct\na,4,1\n a,4,2\n",
+        ":3: 'prompt_id' \" a\" has leading or trailing whitespace (ids are used exactly)",
+    ),
+    "padded jsonl": (
+        "eval-jsonl", "e.jsonl", '{"idx":"a ","score":[1]}\n',
+        ":1: 'idx' \"a \" has leading or trailing whitespace",
+    ),
+    "padded key": (
+        "acc-history", "h.json", '{"a": [0.5], "b\\t": [0.25]}',
+        ": id 'b\\t': 'id' \"b\\t\" has leading or trailing whitespace",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(ODD_IDS))
+def test_import_uses_ids_exactly_or_refuses_them_naming_the_line(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """An id is text (used as it is, never stripped) or an integer (its decimal digits); an
+    integer 7 beside a text "7" in one file, a float, boolean or list id, and padded text
+    were once read as text ("7", "true", "a"), so distinct ids could collide."""
+    fmt, name, text, needle = ODD_IDS[case]
+    source = tmp_path / name
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source, *extra)
+    assert code == 2 and f"{source}{needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_import_reads_integer_ids_as_their_digits(monkeypatch, capsys, real_dataset, tmp_path):
+    """The documented eval-jsonl shape (integer ``idx``) and an integer Parquet id column
+    give the same prompt ids as text "0", "1"; a float id column is refused by row."""
+    lines = tmp_path / "e.jsonl"
+    lines.write_text('{"idx":0,"score":[true,false]}\n{"idx":1,"score":[1,1]}\n')
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", lines)[0] == 0
+    ids = load_rollouts(real_dataset, ["new"])["prompt_id"].unique().sort().to_list()
+    assert ids == ["0", "1"]
+    table = tmp_path / "c.parquet"
+    pl.DataFrame({"prompt_id": [0, 1], "n": [4, 4], "n_correct": [1, 2]}).write_parquet(table)
+    args = ["import", "counts", str(table), "--policy", "ints", "--out", str(real_dataset)]
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    assert load_rollouts(real_dataset, ["ints"])["prompt_id"].unique().sort().to_list() == ids
+    pl.DataFrame({"prompt_id": [0.0], "n": [4], "n_correct": [1]}).write_parquet(table)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", table)
+    assert code == 2 and f"{table}: row 1: 'prompt_id' 0.0 is not text" in message, message
+
+
 def test_import_refuses_a_second_reference_policy(monkeypatch, capsys, real_dataset, tmp_path):
     """Once written silently: files that disagree on the reference make every later evaluate
     stop ("files disagree on the reference policy"). Replacing the reference itself is fine."""
@@ -351,6 +423,25 @@ def test_import_refuses_booleans_in_a_parquet_count_and_a_long_jsonl(
         "--out", str(real_dataset),
     )[:2]  # fmt: skip
     assert code == 2 and f"{long}:3: 'reward' true is not a finite number" in message, message
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_long_import_refuses_a_reward_column_of_booleans(
+    monkeypatch, capsys, real_dataset, tmp_path, suffix
+):
+    """Every reward a boolean was once read as 1.0/0.0 (only a boolean among numbers was
+    refused): a reward is a number in every format, as in CSV."""
+    rows = pl.DataFrame({"prompt_id": ["a", "b"], "sample_idx": [0, 0], "reward": [True, False]})
+    source = tmp_path / f"l{suffix}"
+    if suffix == ".parquet":
+        rows.write_parquet(source)
+    else:
+        rows.write_ndjson(source)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "long", source)
+    where = f"{source}: row 2" if suffix == ".parquet" else f"{source}:2"
+    assert code == 2 and f"{where}: 'reward' false is not a finite number" in message, message
     assert snapshot(real_dataset) == before
 
 
@@ -563,6 +654,7 @@ def test_oracle_on_a_read_only_out_is_one_line(monkeypatch, capsys, fake_ckpt, t
         result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, ro / "out"))
         with contextlib.suppress(OSError):
             ro.chmod(0o755)
+    assert not ro.is_mount()
     assert_one_line_error(result, "ro/out", "rerun the same command to resume", code=1)
     assert ("read-only" in result[1]) or ("permission denied" in result[1])
 
@@ -595,6 +687,7 @@ def test_oracle_disk_full_keeps_completed_parts_valid(monkeypatch, capsys, fake_
         assert not [f for f in out.rglob("*") if f.name.endswith((".tmp", ".staged"))]
         kept = snapshot(out / "rollouts")
         shutil.copytree(out, tmp_path / "out")
+    assert not disk.is_mount()
     monkeypatch.setattr(oracle_module, "write_parquet_atomic", write_parquet_atomic)
     assert run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, tmp_path / "out"))[0] == 0
     assert load_rollouts(tmp_path / "out")["prompt_id"].n_unique() == 40
@@ -1048,6 +1141,25 @@ def test_figures_out_a_file_or_a_results_folder(monkeypatch, capsys, legacy_resu
     result = run_main(monkeypatch, capsys, *args, str(legacy_results))
     assert_one_line_error(result, "already holds a results folder")
     assert snapshot(legacy_results) == before
+
+
+@pytest.mark.parametrize("command", ["evaluate", "sensitivity", "figures"])
+@pytest.mark.parametrize("given", ["file", "missing"])
+def test_a_file_or_a_missing_path_as_input_folder_says_which(
+    monkeypatch, capsys, tmp_path, command, given
+):
+    """``--rollouts FILE`` once said "does not exist", and figures advised running evaluate
+    into the file: the message says what the path is, and nothing is written."""
+    source = tmp_path / "rollouts.parquet"
+    if given == "file":
+        source.write_text("mine")
+    option = "--results" if command == "figures" else "--rollouts"
+    out = tmp_path / "out"
+    result = run_main(monkeypatch, capsys, command, option, str(source), "--out", str(out))
+    needle = "is a file, not a" if given == "file" else "does not exist"
+    assert_one_line_error(result, str(source), needle)
+    assert not out.exists()
+    assert given == "missing" or source.read_text() == "mine"
 
 
 def test_estimator_lists(sim_dataset, tmp_path):

@@ -70,6 +70,8 @@ def rloo(rewards: Array, reward_range: RewardRange = None) -> Array:
 
 ZERO_BASELINE_NAME = "vanilla"
 REINFORCE_PP_NAME = "reinforce_pp"
+GRPO_NAME = "grpo"
+RLOO_NAME = "rloo"
 
 
 @register_estimator(ZERO_BASELINE_NAME, label="REINFORCE (b=0)", colour="tab:gray")
@@ -84,14 +86,14 @@ def _reinforce_pp(batch: EstimatorInput, options: NoOptions) -> Array:
     return _mean_last(batch.rewards[..., 0])[..., None]
 
 
-@register_estimator("grpo", group=True, label="GRPO", colour="tab:green")
+@register_estimator(GRPO_NAME, group=True, label="GRPO", colour="tab:green")
 def _grpo(batch: EstimatorInput, options: NoOptions) -> Array:
     """GRPO(G): mean of the prompt's G rewards."""
     _check_group(batch.rewards, 1)
     return _mean_last(batch.rewards)
 
 
-@register_estimator("rloo", group=True, label="RLOO", colour="tab:red")
+@register_estimator(RLOO_NAME, group=True, label="RLOO", colour="tab:red")
 def _rloo(batch: EstimatorInput, options: NoOptions) -> Array:
     """RLOO(G): mean of the prompt's other G - 1 rewards."""
     _check_group(batch.rewards, 2)

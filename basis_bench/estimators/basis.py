@@ -34,8 +34,9 @@ from basis_bench.estimators.table import TiltTable, grid_beta_index, inf_index
 BASIS_NAME = "basis"
 OFFLINE_NAME = "offline"
 REFERENCE_MEAN_NAME = "reference_mean"
+BASIS_PAPER_NAME = "basis_paper"
 # BASIS with its other refinements or the paper's settings; line plots leave them out.
-BASIS_VARIANTS = ("basis_paper", "basis_vop", "basis_rvg")
+BASIS_VARIANTS = (BASIS_PAPER_NAME, "basis_vop", "basis_rvg")
 BASIS_FAMILY = (OFFLINE_NAME, BASIS_NAME, *BASIS_VARIANTS)
 
 
@@ -188,7 +189,7 @@ for _name, _label, _colour, _text, _defaults in (
         {"variant": "unb"},
     ),
     (
-        "basis_paper",
+        BASIS_PAPER_NAME,
         "BASIS (paper)",
         "tab:olive",
         "BASIS (UNB) as in the paper: unbiased BLUE refinement, no shrinkage.",

@@ -138,8 +138,20 @@ def check_tables(
 
 def check_one_run(results: str | os.PathLike[str]) -> RunRecord:
     """run.json of ``results``, after checking that every evaluate table there belongs to
-    that run (the sha256 run.json records); an InputError names a table that does not."""
+    that run (the sha256 run.json records); an InputError names a table that does not, or
+    says that ``results`` is missing, a file or no results folder."""
     results = Path(results)
+    if results.exists() and not results.is_dir():
+        raise InputError(
+            f"{results} is a file, not a results folder; give the --out folder of "
+            "`basis-bench evaluate`"
+        )
+    if not (results / "summary.csv").exists():
+        where = "does not exist" if not results.exists() else "holds no summary.csv"
+        raise InputError(
+            f"no evaluate results: {results} {where}; run `basis-bench evaluate --out "
+            f"{results}` first"
+        )
     if not (results / RUN_FILE).is_file():
         raise InputError(
             f"{results} has tables but no run.json (an interrupted or foreign run); rerun "

@@ -155,7 +155,11 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     are followed, as every command does)."""
     root = Path(root)
     if not root.is_dir():
-        raise InputError(f"rollouts directory {str(root)!r} does not exist")
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise InputError(
+            f"rollouts directory {str(root)!r} {what}; give the dataset's folder (the one "
+            "holding prompts.parquet and rollouts/)"
+        )
     found = (  # folders named *.parquet too, so that readers refuse them by name
         Path(folder) / name
         for folder, dirs, files in os.walk(root, followlinks=True)

@@ -22,6 +22,8 @@ from pathlib import Path
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.estimators.baselines import GRPO_NAME, REINFORCE_PP_NAME, RLOO_NAME
+from basis_bench.estimators.basis import BASIS_NAME, BASIS_PAPER_NAME
 from basis_bench.evaluation.record import RunRecord, check_one_run, sensitivity_mismatch
 
 MSE = "mse_noise_corrected"
@@ -84,12 +86,12 @@ def claims(folder: Path) -> list[str]:
     sens = pl.read_csv(folder / "sensitivity.csv")
     rows = ["| claim (paper) | checkpoint | here |", "| --- | --- | --- |"]
     for ck in summary["checkpoint"].unique(maintain_order=True):
-        b, rpp = _value(summary, ck, "basis"), _value(summary, ck, "reinforce_pp")
-        paper = _value(summary, ck, "basis_paper")
-        g8, r8 = _value(summary, ck, "grpo"), _value(summary, ck, "rloo")
-        d_b = [f"{v:.4f}" for v in _bins(diff, ck, "basis", "n_estimates")]
-        d_g = [f"{v:.4f}" for v in _bins(diff, ck, "grpo", "n_estimates")]
-        d_edges = " / ".join(_edges(diff, ck, "basis", "n_estimates"))
+        b, rpp = _value(summary, ck, BASIS_NAME), _value(summary, ck, REINFORCE_PP_NAME)
+        paper = _value(summary, ck, BASIS_PAPER_NAME)
+        g8, r8 = _value(summary, ck, GRPO_NAME), _value(summary, ck, RLOO_NAME)
+        d_b = [f"{v:.4f}" for v in _bins(diff, ck, BASIS_NAME, "n_estimates")]
+        d_g = [f"{v:.4f}" for v in _bins(diff, ck, GRPO_NAME, "n_estimates")]
+        d_edges = " / ".join(_edges(diff, ck, BASIS_NAME, "n_estimates"))
         f = fixed.filter(pl.col("checkpoint") == ck)
         init = float(f["initial_mse_noise_corrected"].min())
         refined = float(f["refined_mse_noise_corrected"].min())
@@ -101,14 +103,14 @@ def claims(folder: Path) -> list[str]:
             f"| BASIS (1 rollout) beats GRPO and RLOO (8) | {ck} | basis {b:.4f} vs GRPO(8) "
             f"{g8:.4f}, RLOO(8) {r8:.4f}: {'yes' if b < min(g8, r8) else 'no'} |",
             f"| BASIS flat across heterogeneity, R++ nearly doubles | {ck} | basis "
-            f"{_span(_bins(het, ck, 'basis', 'n_batches'))}; R++ "
-            f"{_span(_bins(het, ck, 'reinforce_pp', 'n_batches'))} |",
+            f"{_span(_bins(het, ck, BASIS_NAME, 'n_batches'))}; R++ "
+            f"{_span(_bins(het, ck, REINFORCE_PP_NAME, 'n_batches'))} |",
             f"| BASIS flat across difficulty, GRPO worst on medium | {ck} | value bins {d_edges}: "
             f"basis {' / '.join(d_b)}; GRPO(8) {' / '.join(d_g)} |",
             f"| BASIS never returns a 0/1 baseline | {ck} | basis "
-            f"{100 * _value(summary, ck, 'basis', 'extreme_rate'):.1f}%, GRPO(8) "
-            f"{100 * _value(summary, ck, 'grpo', 'extreme_rate'):.0f}%, RLOO(8) "
-            f"{100 * _value(summary, ck, 'rloo', 'extreme_rate'):.0f}% |",
+            f"{100 * _value(summary, ck, BASIS_NAME, 'extreme_rate'):.1f}%, GRPO(8) "
+            f"{100 * _value(summary, ck, GRPO_NAME, 'extreme_rate'):.0f}%, RLOO(8) "
+            f"{100 * _value(summary, ck, RLOO_NAME, 'extreme_rate'):.0f}% |",
             f"| larger cache n helps (8 -> 64) | {ck} | basis by n: {cache} |",
             f"| refined V~ beats initial V^ (Fig. 2) | {ck} | best fixed beta: initial "
             f"{init:.4f}, refined {refined:.4f} |",

@@ -69,8 +69,8 @@ def import_acc_history(paths: Sequence[Path], policy: str, opt: ImportOptions) -
         values = list(data.values())
         try:
             df = pl.DataFrame(
-                {"_id": list(data.keys()), "acc": values},
-                schema={"_id": pl.String, "acc": pl.List(pl.Float64)},
+                {"id": list(data.keys()), "acc": values},
+                schema={"id": pl.String, "acc": pl.List(pl.Float64)},
                 strict=False,
             )
         except (pl.exceptions.PolarsError, TypeError, ValueError) as err:
@@ -78,14 +78,14 @@ def import_acc_history(paths: Sequence[Path], policy: str, opt: ImportOptions) -
         # polars would read a string value as a list of its characters: check the JSON types
         # (one isinstance per example, not per reward).
         is_list = pl.Series([isinstance(v, list) for v in values], dtype=pl.Boolean)
-        df = df.with_columns(pl.col("_id").alias(LOC), is_list.alias("_is_list"))
+        df = df.with_columns(pl.col("id").alias(LOC), is_list.alias("_is_list"))
         problems.add_rows(
             src,
             df.filter(~pl.col("_is_list") | pl.col("acc").is_null()),
             "expected a list of mean rewards",
         )
         df = df.filter(pl.col("_is_list")).drop("_is_list")
-        df = add_prompt_ids(df, src, "_id", opt.id_format, problems)
+        df = add_prompt_ids(df, src, "id", opt.id_format, problems)
         long = (
             df.filter(pl.col("acc").is_not_null())
             .with_columns(pl.int_ranges(0, pl.col("acc").list.len()).alias("visit"))

@@ -86,7 +86,7 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
     frames, sources = [], []
     id_col = opt.id_col or "prompt_id"
     for path in paths:
-        df, src = read_table(path)
+        df, src = read_table(path, id_col)
         require_columns(
             df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
         )

@@ -16,6 +16,7 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
+    ID_KIND,
     LOC,
     Imported,
     Problems,
@@ -24,8 +25,10 @@ from basis_bench.rollouts.importers.reading import (
     check_exists,
     describe_source,
     diagnose_jsonl,
+    json_id_kinds,
     nonblank_lines,
     prompts_from,
+    python_id_kind,
     report_duplicates,
     sources_label,
     stack_sources,
@@ -33,9 +36,10 @@ from basis_bench.rollouts.importers.reading import (
 
 
 def _read_eval_jsonl(
-    path: Path, fields: Mapping[str, pl.DataType], problems: Problems
+    path: Path, fields: Mapping[str, pl.DataType], id_col: str, problems: Problems
 ) -> pl.DataFrame:
-    """The wanted fields of an evaluator's JSONL, scores as List(Float64), plus ``_loc``."""
+    """The wanted fields of an evaluator's JSONL, scores as List(Float64), plus ``_loc`` and
+    ``_id_kind`` (what each line's id is, :func:`json_id_kinds`)."""
     check_exists(path)
     data, numbers = nonblank_lines(path)
     if not numbers.size:
@@ -47,8 +51,14 @@ def _read_eval_jsonl(
             df = pl.read_ndjson(io.BytesIO(data), schema=schema)
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
             continue
-        return df.with_columns(pl.col(score).cast(pl.List(pl.Float64)), pl.Series(LOC, numbers))
-    # Mixed or malformed lines: parse line by line, report what is wrong, else build by rows.
+        kinds = json_id_kinds(data, id_col)
+        if (kinds == "other").any():  # polars shows 7.0 or true as text: read as written
+            break
+        return df.with_columns(
+            pl.col(score).cast(pl.List(pl.Float64)), pl.Series(LOC, numbers), kinds
+        )
+    # Mixed or malformed lines or odd ids: parse line by line, report what is wrong, else
+    # build by rows.
     rows = diagnose_jsonl(path, numbers, data, problems)
     columns: dict[str, list[Any]] = {k: [] for k in fields}
     for lineno, row in zip(numbers.tolist(), rows, strict=True):
@@ -79,8 +89,9 @@ def _read_eval_jsonl(
                 value = value if isinstance(value, str) else json.dumps(value)
             columns[name].append(value)
     problems.raise_if_any(str(path))
+    id_kinds = [python_id_kind((row or {}).get(id_col)) for row in rows]
     return pl.DataFrame(columns, schema={**fields, score: pl.List(pl.Float64)}).with_columns(
-        pl.Series(LOC, numbers)
+        pl.Series(LOC, numbers), pl.Series(ID_KIND, id_kinds)
     )
 
 
@@ -98,7 +109,7 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
     frames, sources = [], []
     for path in paths:
         src = Source(path, "line")
-        df = _read_eval_jsonl(path, fields, problems)
+        df = _read_eval_jsonl(path, fields, id_col, problems)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         scores = pl.col(opt.score_field)
         problems.add_rows(src, df.filter(scores.is_null()), f"no {opt.score_field!r} list")

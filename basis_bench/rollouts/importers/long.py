@@ -31,7 +31,7 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
     id_col = opt.id_col or "prompt_id"
     frames, sources = [], []
     for path in paths:
-        df, src = read_table(path)
+        df, src = read_table(path, id_col)
         require_columns(
             df,
             src,
@@ -44,6 +44,8 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.sample_col, "sample_idx", problems, minimum=0)
         reward = pl.col(opt.reward_col).cast(pl.Float64, strict=False)
+        if df.schema[opt.reward_col] == pl.Boolean:  # true is not a number: never read as 1.0
+            reward = pl.lit(None, pl.Float64)
         problems.add_rows(
             src,
             df.filter(reward.is_null() | ~reward.is_finite()),
