@@ -93,7 +93,10 @@ def stored_features(prompts: pl.DataFrame) -> np.ndarray:
             f"prompts.parquet's {FEATURE_COLUMN!r} column needs one non-empty vector per "
             f"prompt, all of one length; got lengths {sorted(lengths)[:4]}"
         )
-    out = np.asarray(rows, dtype=np.float64)
+    try:
+        out = np.asarray(rows, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"prompts.parquet's {FEATURE_COLUMN!r} column must hold numbers") from None
     if not np.all(np.isfinite(out)):
         raise InputError(f"prompts.parquet's {FEATURE_COLUMN!r} column has non-finite values")
     return out
