@@ -102,6 +102,15 @@ def stored_features(prompts: pl.DataFrame) -> np.ndarray:
     return out
 
 
+def check_feature_kind(prompts: pl.DataFrame | None, kind: str) -> None:
+    """Refuse, before any replay, a kind the prompts table cannot give (``stored`` without a
+    table or its column, ``text`` without problems, a malformed column)."""
+    if kind == "stored" and prompts is None:
+        raise InputError("features 'stored' need the dataset's prompts.parquet; it has none")
+    if prompts is not None:
+        prompt_features(prompts, prompts["prompt_id"].to_list(), kind)
+
+
 def prompt_features(
     prompts: pl.DataFrame | None, prompt_ids: Sequence[str], kind: str = "auto"
 ) -> np.ndarray | None:
