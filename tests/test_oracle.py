@@ -537,11 +537,39 @@ def test_training_reference_cache_is_an_oracle_run_built_once(tmp_path):
         train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_samples=4
     )
     prompts = load_prompt_source(config.train_prompts)
-    rewards = reference_cache(config, prompts, Boxed)
-    assert rewards.shape == (20, 4)
+    rewards, features = reference_cache(config, prompts, Boxed)
+    assert rewards.shape == (20, 4) and features is None  # basis: no features
     (cache,) = tmp_path.iterdir()
     assert cache.name.startswith("ref-") and len(parts(cache, "reference")) == 2  # 16 + 4 prompts
-    assert (reference_cache(config, prompts, lambda: 1 / 0) == rewards).all()  # reused, not sampled
+    assert (reference_cache(config, prompts, lambda: 1 / 0)[0] == rewards).all()  # reused
+
+
+def test_training_reference_cache_stores_the_prompt_features_basis_context_uses(
+    tiny_model, tmp_path
+):
+    """For an estimator that conditions on the prompt the cache also holds the model's
+    prompt hidden states, read back on reuse without loading a model."""
+    import numpy as np
+
+    from basis_bench.rollouts.models import load_policy
+    from basis_bench.rollouts.prompts import PromptTemplate
+    from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.train.config import TrainConfig
+    from basis_bench.train.setup import reference_cache
+
+    config = TrainConfig(
+        model=str(tiny_model), estimator="basis_context", train_prompts="arithmetic:n=6,seed=1",
+        cache_dir=str(tmp_path), ref_samples=2, max_new_tokens=8,
+    )  # fmt: skip
+    prompts = load_prompt_source(config.train_prompts)
+    template = PromptTemplate(config.instruction, config.system_prompt or None)
+    sampler = HFSampler(*load_policy(str(tiny_model), "cpu"), template)
+    rewards, features = reference_cache(config, prompts, lambda: sampler)
+    assert rewards.shape == (6, 2) and features is not None
+    direct = sampler.prompt_hidden_states(prompts["problem"].to_list())
+    np.testing.assert_allclose(features, direct, atol=1e-5)
+    _, again = reference_cache(config, prompts, lambda: 1 / 0)
+    np.testing.assert_array_equal(again, features)
 
 
 # --------------------------------------------------------------------------- real model

@@ -207,6 +207,7 @@ class ContextKernel(MemoryKernel):
     kernel=ContextKernel,
     label="BASIS context",
     colour="darkcyan",
+    uses_features=True,
 )
 def _basis_context(batch: EstimatorInput, options: ContextOptions) -> Array:
     """BASIS context: basis_memory plus its candidates moved by an online fit of the lag and w . phi(x)."""
