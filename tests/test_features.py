@@ -45,3 +45,36 @@ def test_import_prompts_carries_a_features_column(tmp_path, monkeypatch, capsys)
         str(tmp_path / "words.parquet"),
     )  # fmt: skip
     assert_one_line_error(run, "'features' column must hold numbers")
+
+
+def test_plugins_give_basis_context_the_stored_features_by_prompt_key(tmp_path):
+    """verl/TRL build basis_context from a rollouts directory: its prompts table's features
+    (e.g. oracle --features hidden) reach the estimator in the cache's key order."""
+    from basis_bench.integrations.keys import basis_from_rollouts, prompt_key
+    from basis_bench.integrations.verl import settings
+    from basis_bench.outputs import write_parquet_atomic
+
+    problems = [f"What is {i} + 1?" for i in range(6)]
+    features = [[float(i), float(i * i % 5)] for i in range(6)]
+    pl.DataFrame(
+        {
+            "prompt_id": [f"p{i}" for i in range(6)],
+            "problem": problems,
+            "answer": [str(i + 1) for i in range(6)],
+            "features": features,
+        }
+    ).write_parquet(tmp_path / "prompts.parquet")
+    rows = [(f"p{i}", "reference", k, float((i + k) % 2)) for i in range(6) for k in range(4)]
+    frame = pl.DataFrame(rows, schema=["prompt_id", "policy", "sample_idx", "reward"], orient="row")
+    write_parquet_atomic(frame, tmp_path / "rollouts" / "reference.parquet")
+
+    step = basis_from_rollouts(tmp_path, estimator="basis_context")
+    by_key = {prompt_key(p): f for p, f in zip(problems, features, strict=True)}
+    ids = sorted(by_key)
+    assert step.table is not None and step.table.index is not None
+    assert list(step.table.index.rows) == ids
+    assert step.table.features.tolist() == [by_key[k] for k in ids]  # type: ignore[union-attr]
+    plain = basis_from_rollouts(tmp_path, estimator="basis_context", features="none")
+    assert plain.table is not None and plain.table.features is None
+    block = {"basis": {"rollouts": str(tmp_path), "estimator": "basis_context", "features": "none"}}
+    assert settings(block)["features"] == "none"
