@@ -3,10 +3,12 @@ history, no 0/1 baselines, invariances, basis_memory as its phi = 0 case, and it
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import polars as pl
 import pytest
-from conftest import assert_own_reward_unused
+from conftest import assert_own_reward_unused, run_main
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import ContextOptions, make_step_estimator
@@ -329,15 +331,32 @@ def test_replay_hands_the_prompts_features_to_it():
     assert not rows["auto"]["mse"].equals(rows["none"]["mse"])
 
 
+def test_evaluate_takes_the_feature_kind(tmp_path, monkeypatch, capsys):
+    """``evaluate --features``: the kind reaches the trajectory replay and run.json; the
+    default data's stored hidden states give other numbers than none."""
+    mse = {}
+    for kind in ("none", "stored"):
+        out = tmp_path / kind
+        run = run_main(
+            monkeypatch, capsys, "evaluate", "--estimators", "basis_context", "--batch-size", "16",
+            "--repeats", "2", "--no-estimates", "--features", kind, "--out", str(out),
+        )  # fmt: skip
+        assert run.code == 0, run.message
+        assert json.loads((out / "run.json").read_text())["trajectory"]["features"] == kind
+        mse[kind] = pl.read_csv(out / "trajectory.csv")["mse"].to_list()
+    assert mse["none"] != mse["stored"]
+
+
 def test_wide_features_are_reduced_to_principal_components():
-    """A hidden state (d > MAX_FEATURES) enters as its leading principal components, each
+    """A hidden state (d > components) enters as its leading principal components, each
     of variance 1; narrow features are only standardised."""
-    from basis_bench.estimators.context import MAX_FEATURES
+    from basis_bench.estimators.context import COMPONENTS
 
     rng = np.random.default_rng(1)
     wide = rng.normal(size=(150, 200)) @ rng.normal(size=(200, 200))
     x = standardised(wide, 150)
-    assert x.shape == (150, 1 + MAX_FEATURES)
+    assert x.shape == (150, 1 + COMPONENTS)
+    assert standardised(wide, 150, components=8).shape == (150, 9)
     np.testing.assert_allclose(x[:, 1:].std(axis=0), 1.0)
     np.testing.assert_allclose(x[:, 1:].mean(axis=0), 0.0, atol=1e-12)
     narrow = standardised(wide[:, :5], 150)

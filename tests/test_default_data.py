@@ -1,6 +1,7 @@
 """The shipped default dataset is the real SmolLM2 set its CARD.md describes, and the
 simulated set in data/simulated is what it says it is."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,30 @@ def test_checkpoints_drift_from_the_reference(rollouts):
     assert abs(means["late"] - means["reference"]) >= 0.15
     corr = [np.corrcoef(v["reference"], v[p])[0, 1] for p in ("early", "middle", "late")]
     assert corr[0] > corr[2]
+
+
+def test_prompts_carry_the_reference_models_hidden_states():
+    prompts = pl.read_parquet(default_dataset() / "prompts.parquet")
+    assert prompts.schema["features"] == pl.List(pl.Float32)
+    hidden = np.asarray(prompts["features"].to_list())
+    assert hidden.shape == (96, 576) and np.isfinite(hidden).all()
+    assert np.linalg.matrix_rank(hidden) == 96  # a distinct state per prompt
+
+
+@pytest.mark.slow
+def test_stored_hidden_states_are_smollm2s_own(one_torch_thread):
+    """Recomputed for three prompts, with the template the reference run recorded."""
+    from basis_bench.rollouts.models import resolve_checkpoint
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    sys.path.insert(0, str(ROOT / "experiments" / "default_data"))
+    from features import reference_job  # the script that stored them
+
+    job, _ = reference_job(default_dataset())
+    sampler = HFSampler.load(resolve_checkpoint(job.ckpt), "cpu", job.template)
+    prompts = pl.read_parquet(default_dataset() / "prompts.parquet").head(3)
+    direct = sampler.prompt_hidden_states(prompts["problem"].to_list())
+    np.testing.assert_allclose(np.asarray(prompts["features"].to_list()), direct, atol=1e-4)
 
 
 def test_simulated_set_is_labelled_simulated():

@@ -359,6 +359,8 @@ def small(tmp_path):
         (None, ("--estimators", "basis,nope"), "unknown estimator 'nope'"),
         (None, ("--ref-n", "9"), "more reference samples than the dataset has"),
         (None, ("--calibration", "fixed"), "needs --fixed-beta"),
+        (None, ("--features", "hidden"), "--features must be one of auto, stored"),
+        (None, ("--features", "stored"), "features 'stored' need the dataset's prompts.parquet"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(

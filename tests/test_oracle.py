@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from basis_bench.cli.app import app
 from basis_bench.errors import InputError
 from basis_bench.outputs import read_metadata
+from basis_bench.rollouts.models import resolve_checkpoint
 from basis_bench.rollouts.oracle import (
     pending_chunks,
     plan_chunks,
@@ -440,6 +441,78 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tiny_model, tmp_p
     assert "\r" not in result.stderr and "\x1b[" not in result.stderr  # no live bar
 
 
+# --------------------------------------------------------------------------- prompt features
+
+
+def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, tmp_path):
+    """--features hidden on a finished run adds the model's last-prompt-token hidden states
+    to prompts.parquet and leaves every part as it was; a rerun computes nothing; a fresh
+    run with two workers stores the same features."""
+    import numpy as np
+
+    from basis_bench.rollouts.oracle import OracleSource, open_source, run_oracle
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    runner = CliRunner()
+    out = tmp_path / "run"
+    assert runner.invoke(app, tiny_args(tiny_model, out, "--workers", "1")).exit_code == 0
+    before = {f: f.read_bytes() for f in parts(out, "tiny")}
+    assert "features" not in load_prompts(out).columns  # type: ignore[union-attr]
+    result = runner.invoke(app, tiny_args(tiny_model, out, "--features", "hidden"))
+    assert result.exit_code == 0, result.output
+    assert {f: f.read_bytes() for f in parts(out, "tiny")} == before
+    prompts = load_prompts(out)
+    assert prompts is not None and prompts.schema["features"] == pl.List(pl.Float32)
+    stored = np.asarray(prompts["features"].to_list())
+
+    job = OracleJob(
+        ckpt=str(tiny_model),
+        policy="tiny",
+        prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
+        out=out,
+        n=3,
+        max_new_tokens=16,
+        chunk_size=1,
+        device="cpu",
+    )
+    sampler = HFSampler.load(resolve_checkpoint(str(tiny_model)), "cpu", job.template)
+    direct = sampler.prompt_hidden_states(prompts["problem"].to_list())
+    assert stored.shape == (6, 32) and np.allclose(stored, direct, atol=1e-5)
+    assert np.linalg.matrix_rank(stored) == 6  # one distinct vector per prompt
+
+    job = dataclasses.replace(job, features="hidden")
+    own = open_source(job, print)
+    source = OracleSource(own.prompts, own.model, lambda: 1 / 0)
+    run_oracle(job, source=source)  # every part and every feature there: no model loaded
+    two = tmp_path / "two"
+    args = tiny_args(tiny_model, two, "--workers", "2", "--features", "hidden")
+    assert runner.invoke(app, args).exit_code == 0
+    again = load_prompts(two)
+    assert again is not None and np.allclose(np.asarray(again["features"].to_list()), stored)
+
+
+def test_prompts_table_fills_a_column_it_lacks_for_its_own_prompts(tmp_path):
+    first = arithmetic_prompts(4, digits=2, steps=1, seed=0)
+    write_prompts_table(first, tmp_path, {})
+    more = arithmetic_prompts(5, digits=2, steps=1, seed=0).with_columns(
+        pl.Series("features", [[float(i), 1.0] for i in range(5)])
+    )
+    write_prompts_table(more, tmp_path, {})
+    merged = load_prompts(tmp_path)
+    assert merged is not None and merged.height == 5
+    assert merged["features"].to_list() == more["features"].to_list()
+    write_prompts_table(first.head(2), tmp_path, {})  # fewer columns: nothing dropped
+    assert load_prompts(tmp_path).equals(merged)  # type: ignore[union-attr]
+
+
+def test_hidden_features_need_the_hf_backend():
+    job = {"ckpt": "m", "policy": "p", "prompts": "arithmetic:n=2", "out": Path("o")}
+    with pytest.raises(InputError, match="--features hidden needs --backend hf"):
+        OracleJob(**job, backend="vllm", features="hidden")
+    with pytest.raises(InputError, match="features"):
+        OracleJob(**job, features="mean")
+
+
 # --------------------------------------------------------------------------- reference cache
 
 
@@ -464,11 +537,39 @@ def test_training_reference_cache_is_an_oracle_run_built_once(tmp_path):
         train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_samples=4
     )
     prompts = load_prompt_source(config.train_prompts)
-    rewards = reference_cache(config, prompts, Boxed)
-    assert rewards.shape == (20, 4)
+    rewards, features = reference_cache(config, prompts, Boxed)
+    assert rewards.shape == (20, 4) and features is None  # basis: no features
     (cache,) = tmp_path.iterdir()
     assert cache.name.startswith("ref-") and len(parts(cache, "reference")) == 2  # 16 + 4 prompts
-    assert (reference_cache(config, prompts, lambda: 1 / 0) == rewards).all()  # reused, not sampled
+    assert (reference_cache(config, prompts, lambda: 1 / 0)[0] == rewards).all()  # reused
+
+
+def test_training_reference_cache_stores_the_prompt_features_basis_context_uses(
+    tiny_model, tmp_path
+):
+    """For an estimator that conditions on the prompt the cache also holds the model's
+    prompt hidden states, read back on reuse without loading a model."""
+    import numpy as np
+
+    from basis_bench.rollouts.models import load_policy
+    from basis_bench.rollouts.prompts import PromptTemplate
+    from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.train.config import TrainConfig
+    from basis_bench.train.setup import reference_cache
+
+    config = TrainConfig(
+        model=str(tiny_model), estimator="basis_context", train_prompts="arithmetic:n=6,seed=1",
+        cache_dir=str(tmp_path), ref_samples=2, max_new_tokens=8,
+    )  # fmt: skip
+    prompts = load_prompt_source(config.train_prompts)
+    template = PromptTemplate(config.instruction, config.system_prompt or None)
+    sampler = HFSampler(*load_policy(str(tiny_model), "cpu"), template)
+    rewards, features = reference_cache(config, prompts, lambda: sampler)
+    assert rewards.shape == (6, 2) and features is not None
+    direct = sampler.prompt_hidden_states(prompts["problem"].to_list())
+    np.testing.assert_allclose(features, direct, atol=1e-5)
+    _, again = reference_cache(config, prompts, lambda: 1 / 0)
+    np.testing.assert_array_equal(again, features)
 
 
 # --------------------------------------------------------------------------- real model
@@ -476,6 +577,8 @@ def test_training_reference_cache_is_an_oracle_run_built_once(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_end_to_end_on_cpu(tmp_path):
+    import numpy as np
+
     out = tmp_path / "smol"
     result = run_cli(
         [
@@ -489,6 +592,7 @@ def test_smollm2_end_to_end_on_cpu(tmp_path):
             "--chunk-size", "2",
             "--seed", "0",
             "--device", "cpu",
+            "--features", "hidden",
             "--out", str(out),
         ]
     )  # fmt: skip
@@ -505,6 +609,9 @@ def test_smollm2_end_to_end_on_cpu(tmp_path):
     df = load_rollouts(out)
     prompts = load_prompts(out)
     assert prompts is not None and prompts.height == 3
+    hidden = np.asarray(prompts["features"].to_list())  # SmolLM2's final hidden states
+    assert hidden.shape == (3, 576) and np.isfinite(hidden).all()
+    assert np.linalg.matrix_rank(hidden) == 3
     assert df.height == 12 and set(df["policy"]) == {"smol"}
     assert set(df["prompt_id"]) == set(prompts["prompt_id"])
     per_prompt = df.group_by("prompt_id").agg(pl.col("sample_idx").sort())

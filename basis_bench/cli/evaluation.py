@@ -165,6 +165,7 @@ def evaluate(
     trajectory_blend: Annotated[
         bool, cli_option(EvaluateConfig, "trajectory_blend")
     ] = EVALUATE.trajectory_blend,
+    features: Annotated[str, cli_option(EvaluateConfig, "features")] = EVALUATE.features,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3).
 
@@ -193,6 +194,7 @@ def evaluate(
         trajectory=trajectory,
         trajectory_epochs=trajectory_epochs,
         trajectory_blend=trajectory_blend,
+        features=features,
     )
     with _progress(console) as bar:
         result = run_evaluate(cfg, out, progress=_checkpoint_bars(bar))

@@ -120,11 +120,15 @@ def import_(
 
 def _prompts_table(path: Path) -> pl.DataFrame:
     """The --prompts table, checked like a dataset's prompts.parquet."""
+    from basis_bench.rollouts.features import FEATURE_COLUMN, stored_features
     from basis_bench.rollouts.importers import read_table
     from basis_bench.rollouts.store import conform_prompts
 
     table, _ = read_table(path)
-    return conform_prompts(table.drop("_loc"), what=str(path))
+    table = conform_prompts(table.drop("_loc"), what=str(path))
+    if FEATURE_COLUMN in table.columns:
+        stored_features(table)  # one finite vector per prompt, all of one length
+    return table
 
 
 def _check_prompts_cover(prompts: pl.DataFrame, rollouts: pl.DataFrame, path: str) -> None:

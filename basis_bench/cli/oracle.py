@@ -243,6 +243,7 @@ def oracle(
     workers: Annotated[int, _opt("workers")] = _default("workers"),
     score_workers: Annotated[int, _opt("score_workers")] = _default("score_workers"),
     keep_responses: Annotated[bool, _opt("keep_responses")] = _default("keep_responses"),
+    features: Annotated[str, _opt("features")] = _default("features"),
     force: Annotated[bool, _opt("force")] = _default("force"),
 ) -> None:
     """Sample --n rollouts per prompt from --ckpt, score them with math-verify, and write

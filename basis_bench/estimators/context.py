@@ -42,7 +42,7 @@ from basis_bench.settings import check_settings, setting
 FIT_MEMORY = 0.9
 RIDGE = 4.0
 INTERCEPT_RIDGE = 1e-3  # the batch-wide lag a: almost free
-MAX_FEATURES = 64  # wider features (hidden states) go through PCA: a D x D solve per stream
+COMPONENTS = 64  # wider features (hidden states) go through PCA: a D x D solve per stream
 MAX_SHIFT = 8.0  # |shift| cap: never 0/1 in float64, whatever the fit does
 
 
@@ -65,6 +65,12 @@ class ContextOptions(MemoryOptions):
         min_val=0.0,
         max_val=1.0,
     )
+    components: int = setting(
+        COMPONENTS,
+        help="Features wider than this (a hidden state) enter as this many leading principal "
+        "components over the cached prompts, each of variance 1 (no reward is looked at).",
+        min_val=1,
+    )
     lag: bool = setting(
         True,
         help="Move the second copy by the fitted intercept too (the batch's lag behind its "
@@ -77,17 +83,19 @@ class ContextOptions(MemoryOptions):
         check_settings(self, lambda name: f"{self.estimator}.{name}")
 
 
-def standardised(features: np.ndarray | None, n_prompts: int) -> np.ndarray:
+def standardised(
+    features: np.ndarray | None, n_prompts: int, components: int = COMPONENTS
+) -> np.ndarray:
     """Design rows x_i = [1, z_i] (P, 1 + d): z the features standardised over the prompts
-    (constant columns 0); more than ``MAX_FEATURES`` columns (a hidden state) are first
+    (constant columns 0); more than ``components`` columns (a hidden state) are first
     reduced to their leading principal components, each rescaled to variance 1. Neither
     step looks at a reward."""
     if features is None:
         return np.ones((n_prompts, 1))
     z = _unit_variance(features - features.mean(axis=0))
-    if z.shape[1] > MAX_FEATURES:
+    if z.shape[1] > components:
         u, sv, _ = np.linalg.svd(z, full_matrices=False)
-        z = _unit_variance(u[:, :MAX_FEATURES] * sv[:MAX_FEATURES])
+        z = _unit_variance(u[:, :components] * sv[:components])
     return np.concatenate([np.ones((n_prompts, 1)), z], axis=1)
 
 
@@ -127,7 +135,7 @@ class ContextKernel(MemoryKernel):
     ) -> None:
         super().__init__(estimator, options, table, ref_rewards, reward_range)
         self.fit_memory, self.lag = options.fit_memory, options.lag
-        self.x = standardised(self.table.features, self.n_prompts)
+        self.x = standardised(self.table.features, self.n_prompts, options.components)
         self.penalty = np.full(self.x.shape[1], options.ridge)
         self.penalty[0] = INTERCEPT_RIDGE
 
@@ -199,6 +207,7 @@ class ContextKernel(MemoryKernel):
     kernel=ContextKernel,
     label="BASIS context",
     colour="darkcyan",
+    uses_features=True,
 )
 def _basis_context(batch: EstimatorInput, options: ContextOptions) -> Array:
     """BASIS context: basis_memory plus its candidates moved by an online fit of the lag and w . phi(x)."""

@@ -77,6 +77,9 @@ class Estimator:
     # the figures pick one that no registered estimator uses).
     label: str = ""
     colour: str | None = None
+    # Whether it conditions on per-prompt features phi(x) (make_step_estimator's features):
+    # training computes them (the policy's prompt hidden states) only for such an estimator.
+    uses_features: bool = False
 
     @property
     def stateful(self) -> bool:
@@ -172,6 +175,7 @@ def register_estimator(
     kernel: Callable[..., Any] | None = None,
     label: str | None = None,
     colour: str | None = None,
+    uses_features: bool = False,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator: register ``fn(batch, options) -> (..., B, G)`` under ``name``.
 
@@ -183,6 +187,7 @@ def register_estimator(
     estimator stateful: the factory of its :class:`~basis_bench.estimators.step.StepKernel`
     (``fn`` then only documents it and is never called). ``label`` and ``colour``: how
     figures show it (display name, default ``name``; a matplotlib colour, default: a spare).
+    ``uses_features``: it reads per-prompt features (``make_step_estimator(features=...)``).
     """
     default_options: Any = options_from_mapping(
         options, dict(defaults or {}), f"estimator {name!r}"
@@ -196,7 +201,7 @@ def register_estimator(
         call = _batch_only(fn) if options is NoOptions else fn
         ESTIMATORS[name] = Estimator(
             name, call, group, uses_cache, text, options, default_options, kernel,
-            label or name, colour,
+            label or name, colour, uses_features,
         )  # fmt: skip
         return fn
 

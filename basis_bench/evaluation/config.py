@@ -15,6 +15,12 @@ from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_GRID_SIZE, Table
 from basis_bench.settings import check_settings, setting, setting_flag, setting_help
 
 
+def _feature_kinds() -> tuple[str, ...]:
+    from basis_bench.rollouts.features import FEATURE_KINDS
+
+    return FEATURE_KINDS
+
+
 def _rollouts() -> Any:
     return setting(
         None,
@@ -128,6 +134,14 @@ class EvaluateConfig:
         help="In the trajectory replay, move from each checkpoint to the next over its "
         "epochs (each rollout from the next checkpoint with probability epoch/epochs) "
         "instead of jumping; the oracle is the same mixture. Needs --trajectory-epochs >= 2.",
+    )
+    features: str = setting(
+        "auto",
+        choices=_feature_kinds,
+        help="Prompt features phi(x) for basis_context in the trajectory replay: stored (the "
+        "'features' column of prompts.parquet, e.g. a model's hidden states), plain (answer "
+        "sign and digits, operators, MATH level and subject), text (hashed word n-grams), "
+        "none (the fitted lag alone), auto (stored when the column exists, else plain).",
     )
 
     def __post_init__(self) -> None:

@@ -65,6 +65,7 @@ from basis_bench.outputs import (
     provenance,
     write_text_atomic,
 )
+from basis_bench.rollouts.features import check_feature_kind
 from basis_bench.rollouts.store import load_prompts
 
 TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
@@ -229,7 +230,7 @@ def _trajectory(
     settings = TrajectorySettings(
         cfg.batch_size, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
         cfg.group_size, cfg.oracle_n, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
-        blend=cfg.trajectory_blend,
+        blend=cfg.trajectory_blend, features=cfg.features,
     )  # fmt: skip
 
     def tick(checkpoint: str, epoch: int) -> None:
@@ -282,6 +283,8 @@ def evaluate(
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     if cfg.trajectory and cfg.trajectory_blend:
         check_blend(cfg.trajectory_epochs, len(ds.checkpoints))
+    if cfg.trajectory:
+        check_feature_kind(load_prompts(ds.root), cfg.features)
     tracker = wants_tracker(cfg.estimators)
     if tracker:
         _check_tracker_rewards(cfg, ds)
@@ -345,6 +348,7 @@ def _write_run(
             "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
             "epochs_per_checkpoint": cfg.trajectory_epochs,
             "blend": cfg.trajectory_blend,
+            "features": cfg.features,
             "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
         })  # fmt: skip
     files = []

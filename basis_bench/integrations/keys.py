@@ -22,6 +22,7 @@ import polars as pl
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator, StepOutput, get, make_step_estimator
 from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.rollouts.features import prompt_features
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
 from basis_bench.settings import check_scalar
 
@@ -55,6 +56,36 @@ def prompt_key(prompt: Any) -> str:
     return hashlib.sha256(prompt_text(prompt).encode("utf-8")).hexdigest()[:32]
 
 
+def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: str) -> pl.DataFrame:
+    """The rollouts directory's prompts table with a ``key`` column: :func:`prompt_key` of each
+    prompt rendered with ``prompt_format``."""
+    prompts = load_prompts(rollouts)
+    if prompts is None:
+        raise InputError(
+            f"{rollouts}: no prompts.parquet; the adapters key the cache by prompt text"
+        )
+    try:
+        texts = [prompt_format.format(**row) for row in prompts.iter_rows(named=True)]
+    except (KeyError, IndexError, ValueError) as exc:
+        raise InputError(
+            f"prompt_format {prompt_format!r} does not render the prompts table "
+            f"(columns: {', '.join(prompts.columns)}): {exc}"
+        ) from None
+    return prompts.with_columns(pl.Series("key", [prompt_key(t) for t in texts]))
+
+
+def keyed_features(
+    rollouts: str | os.PathLike[str], keys: Sequence[str], prompt_format: str, kind: str
+) -> np.ndarray | None:
+    """Features (P, d) of the prompts with ``keys``, in that order (:func:`prompt_features`'s
+    ``kind``; ``auto``: the stored column, e.g. the reference model's prompt hidden states
+    from ``oracle --features hidden``, else plain); prompts sharing a key share its first row."""
+    prompts = keyed_prompts(rollouts, prompt_format).unique(
+        "key", keep="first", maintain_order=True
+    )
+    return prompt_features(prompts.with_columns(pl.col("key").alias("prompt_id")), keys, kind)
+
+
 def keyed_reference_cache(
     rollouts: str | os.PathLike[str],
     reference: str = "reference",
@@ -68,19 +99,7 @@ def keyed_reference_cache(
     and keyed by :func:`prompt_key`. Prompts whose texts coincide share a key and pool their
     samples. ``ref_n`` keeps each prompt's first n samples by sample_idx. NaN pads rows.
     """
-    prompts = load_prompts(rollouts)
-    if prompts is None:
-        raise InputError(
-            f"{rollouts}: no prompts.parquet; the adapters key the cache by prompt text"
-        )
-    try:
-        texts = [prompt_format.format(**row) for row in prompts.iter_rows(named=True)]
-    except (KeyError, IndexError, ValueError) as exc:
-        raise InputError(
-            f"prompt_format {prompt_format!r} does not render the prompts table "
-            f"(columns: {', '.join(prompts.columns)}): {exc}"
-        ) from None
-    keys = pl.DataFrame({"prompt_id": prompts["prompt_id"], "key": [prompt_key(t) for t in texts]})
+    keys = keyed_prompts(rollouts, prompt_format).select("prompt_id", "key")
     df = load_rollouts(rollouts, policies=[reference])
     if df.height == 0:
         raise InputError(f"{rollouts}: no rollouts of the reference policy {reference!r}")
@@ -119,20 +138,33 @@ def basis_from_rollouts(
     """The step estimator ``estimator`` (BASIS, or another registered single-rollout one such
     as ``basis_memory`` or ``spo_tracker``, whose state is carried across steps) on the cache
     keyed by :func:`prompt_key` (see keyed_reference_cache). ``basis_options``: the estimator's
-    options, and the tilt table's ``prior`` and ``betas``."""
+    options, the tilt table's ``prior`` and ``betas``, and for one that conditions on the
+    prompt (``basis_context``) the ``features`` kind (default ``auto``, see keyed_features)."""
     ids, ref = keyed_reference_cache(rollouts, reference, ref_n, prompt_format)
     if get(estimator).group:
         raise InputError(f"{estimator!r} is a group estimator; the plug-ins take one rollout")
     prior = basis_options.pop("prior", DEFAULT_PRIOR)
     betas = basis_options.pop("betas", None)
+    kind = basis_options.pop("features", "auto")
+    features = (
+        keyed_features(rollouts, ids, prompt_format, kind) if get(estimator).uses_features else None
+    )
     return make_step_estimator(
-        estimator, basis_options, prompt_ids=ids, ref_rewards=ref, betas=betas, prior=prior
+        estimator,
+        basis_options,
+        prompt_ids=ids,
+        ref_rewards=ref,
+        betas=betas,
+        prior=prior,
+        features=features,
     )
 
 
 __all__ = [
     "DEFAULT_PROMPT_FORMAT",
     "basis_from_rollouts",
+    "keyed_features",
+    "keyed_prompts",
     "keyed_reference_cache",
     "one_rollout_step",
     "prompt_key",

@@ -204,6 +204,8 @@ def settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
         known = {"rollouts", "reference", "ref_n", "prompt_format", "estimator"}
         known |= set(field_names(get(block["estimator"]).options_class))
+        if get(block["estimator"]).uses_features:
+            known.add("features")
     unknown = sorted(set(block) - known)
     if unknown:
         raise InputError(f"unknown basis option(s) {unknown}; known: {sorted(known)}")

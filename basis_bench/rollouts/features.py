@@ -93,10 +93,22 @@ def stored_features(prompts: pl.DataFrame) -> np.ndarray:
             f"prompts.parquet's {FEATURE_COLUMN!r} column needs one non-empty vector per "
             f"prompt, all of one length; got lengths {sorted(lengths)[:4]}"
         )
-    out = np.asarray(rows, dtype=np.float64)
+    try:
+        out = np.asarray(rows, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"prompts.parquet's {FEATURE_COLUMN!r} column must hold numbers") from None
     if not np.all(np.isfinite(out)):
         raise InputError(f"prompts.parquet's {FEATURE_COLUMN!r} column has non-finite values")
     return out
+
+
+def check_feature_kind(prompts: pl.DataFrame | None, kind: str) -> None:
+    """Refuse, before any replay, a kind the prompts table cannot give (``stored`` without a
+    table or its column, ``text`` without problems, a malformed column)."""
+    if kind == "stored" and prompts is None:
+        raise InputError("features 'stored' need the dataset's prompts.parquet; it has none")
+    if prompts is not None:
+        prompt_features(prompts, prompts["prompt_id"].to_list(), kind)
 
 
 def prompt_features(

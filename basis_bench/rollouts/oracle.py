@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,6 +47,7 @@ from basis_bench.outputs import (
     read_metadata,
     write_parquet_atomic,
 )
+from basis_bench.rollouts.features import FEATURE_COLUMN
 from basis_bench.rollouts.models import Checkpoint, resolve_checkpoint
 from basis_bench.rollouts.oracle_job import OracleJob
 from basis_bench.rollouts.oracle_workers import (
@@ -63,6 +65,7 @@ from basis_bench.rollouts.rewards import score_many, scoring_pool
 from basis_bench.rollouts.sampling import Progress, Sampler
 from basis_bench.rollouts.store import (
     conform_rollouts,
+    load_prompts,
     part_path,
     write_prompts_table,
 )
@@ -372,13 +375,15 @@ def run_oracle(
     todo, done = pending_chunks(source.prompts, job, identity)
     workers = auto_workers(job, len(todo)) if own_source and todo else 1
     progress.planned(job, source.prompts.height, len(todo), len(done), workers)
-    if not todo:
+    featureless = job.features != "none" and lacks_features(source.prompts, job.out)
+    if not todo and not featureless:
         write_prompts_table(source.prompts, job.out, metadata)
         return OracleReport()
     n_prompts = sum(c.prompts.height for c in todo)
     factory = source.sampler
     if workers > 1:
-        write_prompts_table(source.prompts, job.out, metadata)
+        prompts = with_features(source.prompts, job, factory()) if featureless else None
+        write_prompts_table(source.prompts if prompts is None else prompts, job.out, metadata)
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return run_in_workers(
                 workers,
@@ -388,9 +393,43 @@ def run_oracle(
             )
     with one_torch_thread(own_source and runs_on_cpu(job)):
         sampler = factory()  # a model that cannot load writes nothing
-        write_prompts_table(source.prompts, job.out, metadata)
+        prompts = with_features(source.prompts, job, sampler) if featureless else source.prompts
+        write_prompts_table(prompts, job.out, metadata)
+        if not todo:
+            return OracleReport()
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return _run_here(todo, sampler, job, identity, metadata, pool, sink)
+
+
+def lacks_features(prompts: pl.DataFrame, out: Path) -> bool:
+    """Whether some of ``prompts`` has no stored feature vector in ``out``'s prompts table."""
+    existing = load_prompts(out)
+    if existing is None or FEATURE_COLUMN not in existing.columns:
+        return True
+    stored = existing.filter(pl.col(FEATURE_COLUMN).is_not_null())["prompt_id"]
+    return not prompts["prompt_id"].is_in(stored.implode()).all()
+
+
+def with_features(prompts: pl.DataFrame, job: OracleJob, sampler: Sampler) -> pl.DataFrame:
+    """``prompts`` with the ``features`` column of ``job.features`` (``hidden``: the sampler's
+    final hidden state at the last prompt token, float32), computed only for the prompts
+    whose features ``job.out`` does not hold yet."""
+    existing = load_prompts(job.out)
+    known = (
+        existing.filter(pl.col(FEATURE_COLUMN).is_not_null()).select("prompt_id", FEATURE_COLUMN)
+        if existing is not None and FEATURE_COLUMN in existing.columns
+        else pl.DataFrame(schema={"prompt_id": pl.String, FEATURE_COLUMN: pl.List(pl.Float32)})
+    )
+    missing = prompts.filter(~pl.col("prompt_id").is_in(known["prompt_id"].implode()))
+    hidden = sampler.prompt_hidden_states(missing["problem"].to_list())
+    computed = pl.DataFrame(
+        {"prompt_id": missing["prompt_id"], FEATURE_COLUMN: list(hidden.astype(np.float32))},
+        schema={"prompt_id": pl.String, FEATURE_COLUMN: pl.List(pl.Float32)},
+    )
+    features = pl.concat([known, computed], how="vertical_relaxed")
+    return prompts.drop(FEATURE_COLUMN, strict=False).join(
+        features, on="prompt_id", how="left", maintain_order="left"
+    )
 
 
 def _run_here(

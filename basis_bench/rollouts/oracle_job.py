@@ -199,6 +199,13 @@ class OracleJob:
     keep_responses: bool = setting(
         True, flag="--keep-responses/--drop-responses", help="Store response texts in the parts."
     )
+    features: str = setting(
+        "none",
+        choices=("none", "hidden"),
+        help="Per-prompt features to store in prompts.parquet's 'features' column (once per "
+        "prompt; the rollouts do not depend on it). hidden: the model's final hidden state "
+        "at the last token of the prompt as sampled (hf backend); none: no column.",
+    )
     force: bool = setting(
         False,
         help="Write into --out even if it holds something other than a dataset of real "
@@ -210,6 +217,11 @@ class OracleJob:
 
         check_settings(self, label=lambda name: setting_flag(OracleJob, name))
         check_policy_name(self.policy)
+        if self.features == "hidden" and self.backend != "hf":
+            raise InputError(
+                f"--features hidden needs --backend hf (the {self.backend} backend does not "
+                "give hidden states); store them in a second run of the same command with hf"
+            )
         _ = self.sampling  # built once here: SamplingConfig refuses greedy with n > 1
 
     @property

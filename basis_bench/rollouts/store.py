@@ -115,7 +115,9 @@ def part_path(out: str | os.PathLike[str], policy: str, chunk_index: int) -> Pat
 def write_prompts_table(
     prompts: pl.DataFrame, out: str | os.PathLike[str], metadata: Mapping[str, Any]
 ) -> Path:
-    """Merge ``prompts`` into ``DIR/prompts.parquet`` (kept as is when nothing is new).
+    """Merge ``prompts`` into ``DIR/prompts.parquet`` (kept as is when nothing is new): new
+    prompts are appended, and a column the table lacks or holds nulls in (e.g. ``features``
+    stored by a later run) is filled from ``prompts`` for the prompts already there.
 
     The merged table is staged under a unique non-Parquet name and renamed over the
     old one, so concurrent shards never expose a half-written or mixed file. A prompt
@@ -135,13 +137,37 @@ def write_prompts_table(
                 f"this run has {row['answer_new']!r}; use another --out"
             )
         new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
-        if new.height == 0:
+        filled = _fill_columns(existing, prompts)
+        if new.height == 0 and filled.equals(existing):
             return path
-        table = pl.concat([existing, new], how="diagonal_relaxed")
+        table = pl.concat([filled, new], how="diagonal_relaxed")
     staged = out / f".{PROMPTS_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.staged"
     write_parquet_atomic(table, staged, metadata)
     os.replace(staged, path)
     return path
+
+
+def _fill_columns(existing: pl.DataFrame, prompts: pl.DataFrame) -> pl.DataFrame:
+    """``existing`` with each column of ``prompts`` that it lacks or holds nulls in filled
+    from ``prompts`` by prompt id (its own non-null values kept)."""
+    fill = [
+        c
+        for c in prompts.columns
+        if c != "prompt_id" and (c not in existing.columns or existing[c].null_count())
+    ]
+    if not fill:
+        return existing
+    joined = existing.join(
+        prompts.select("prompt_id", *fill),
+        on="prompt_id",
+        how="left",
+        suffix="_new",
+        maintain_order="left",
+    )
+    had = [c for c in fill if c in existing.columns]
+    return joined.with_columns(pl.coalesce(c, f"{c}_new").alias(c) for c in had).drop(
+        f"{c}_new" for c in had
+    )
 
 
 def default_dataset() -> Path:

@@ -200,17 +200,24 @@ def reference_cache(
     prompts: pl.DataFrame,
     sampler_of_reference: Callable[[], Any],
     pool: Any = None,
-) -> np.ndarray:
-    """(P, n) reference rewards of the training prompts, sampled once and reused.
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(P, n) reference rewards of the training prompts, sampled once and reused, and for an
+    estimator that conditions on the prompt (hf backend) their features (P, d): the
+    reference's final hidden state at each prompt's last token, the policy's own at step 0.
 
     The cache is an oracle run (:func:`~basis_bench.rollouts.oracle.run_oracle`, policy
     ``reference``) into ``cache_dir/ref-<hash>``, the hash covering model, prompts,
     template, sampling and grading settings, so any run that shares them reuses it and a
-    killed build resumes. ``sampler_of_reference`` is only called when some chunk is missing.
+    killed build resumes; the features are stored in its prompts.parquet, so a resumed run
+    reads the same ones. ``sampler_of_reference`` is only called when something is missing.
     """
+    from basis_bench import estimators as E
+    from basis_bench.rollouts.features import prompt_features
     from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
     from basis_bench.rollouts.oracle_job import OracleJob
-    from basis_bench.rollouts.store import load_rollouts, reward_matrix
+    from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
+
+    hidden = E.get(config.estimator).uses_features and config.backend == "hf"
 
     job = OracleJob(
         ckpt=config.model,
@@ -226,6 +233,7 @@ def reference_cache(
         system=config.system_prompt or None,
         answer_format=config.answer_format,
         verify_timeout=config.verify_timeout,
+        features="hidden" if hidden else "none",
     )
     model = {"name": config.model}
     key = json.dumps(
@@ -237,9 +245,9 @@ def reference_cache(
     run_oracle(
         job, source=OracleSource(prompts, model, sampler_of_reference, "cache_dir"), pool=pool
     )
-    return reward_matrix(
-        load_rollouts(job.out, ["reference"]), "reference", prompts["prompt_id"].to_list()
-    )
+    ids = prompts["prompt_id"].to_list()
+    rewards = reward_matrix(load_rollouts(job.out, ["reference"]), "reference", ids)
+    return rewards, prompt_features(load_prompts(job.out), ids, "stored") if hidden else None
 
 
 # --------------------------------------------------------------------------- the estimator
@@ -249,10 +257,12 @@ def make_estimator(
     config: TrainConfig,
     prompt_ids: Sequence[str] = (),
     ref_rewards: np.ndarray | None = None,
+    features: np.ndarray | None = None,
 ) -> StepEstimator:
     """The one place that turns ``config.estimator`` + ``config.estimator_options`` into the
     step's baselines. ``prompt_ids`` and ``ref_rewards`` (P, n) are the training prompts and
-    their reference-cache rewards, needed by estimators that use the cache. The options are
+    their reference-cache rewards, needed by estimators that use the cache; ``features``
+    (P, d) their features, for an estimator that conditions on the prompt. The options are
     validated against the estimator's options dataclass (an unknown key names the valid ones).
     """
     from basis_bench import estimators as E
@@ -266,6 +276,7 @@ def make_estimator(
         config.estimator_options,
         prompt_ids=list(prompt_ids) if estimator.uses_cache else None,
         ref_rewards=ref_rewards if estimator.uses_cache else None,
+        features=features if estimator.uses_cache else None,
     )
 
 
@@ -339,11 +350,12 @@ def setup(
     data = load_data(config)
     models = load_models(config, device, resume)
     sampler = make_training_sampler(config, models, data.template)
-    ref_rewards = None
+    ref_rewards = features = None
     if E.get(config.estimator).uses_cache:
         of_reference = functools.partial(
             reference_sampler, config, models, sampler, data.template, resume is not None
         )
-        ref_rewards = reference_cache(config, data.train_set, of_reference, data.pool)
-    estimator = make_estimator(config, data.train_set["prompt_id"].to_list(), ref_rewards)
+        ref_rewards, features = reference_cache(config, data.train_set, of_reference, data.pool)
+    ids = data.train_set["prompt_id"].to_list()
+    estimator = make_estimator(config, ids, ref_rewards, features)
     return Run(config, run_dir, group, prompts_per_step, data, models, sampler, estimator)

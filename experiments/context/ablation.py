@@ -8,6 +8,7 @@ same draws for every kind): which features carry the gain.
 from __future__ import annotations
 
 import argparse
+import json
 
 import polars as pl
 
@@ -23,7 +24,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--option", action="append", default=[])
     args = parser.parse_args()
-    options = {k: float(v) for k, v in (o.split("=", 1) for o in args.option)}
+    options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
     ds = open_dataset()
     prompts = load_prompts(ds.root)
     for kind in args.kinds:
@@ -32,7 +33,7 @@ def main() -> None:
             options={"basis_context": options}, features=kind,
         )  # fmt: skip
         table, _ = replay_trajectory(
-            ds.rollouts, ds.reference, ds.checkpoints, ["basis_context"], s, prompts=prompts
+            ds.rewards, ds.reference, ds.checkpoints, ["basis_context"], s, prompts=prompts
         )
         ck = table.filter(pl.col("scope") == "checkpoint")
         mse = ck["mse_noise_corrected"].to_list()

@@ -5,9 +5,10 @@
 #
 #   experiments/default_data/make.sh [OUT] [SHARDS]     (default: data/smollm2-arith, 2)
 #
-# Stages: STAGES="train reference late early middle package" (the default order: the late
-# checkpoint, the one furthest from the reference, is sampled first; `package` copies the
-# complete set into basis_bench/data/default with the policies in training order).
+# Stages: STAGES="train reference late early middle features package" (the default order:
+# the late checkpoint, the one furthest from the reference, is sampled first; `features`
+# stores the reference model's prompt hidden states in prompts.parquet; `package` copies
+# the complete set into basis_bench/data/default with the policies in training order).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-data/smollm2-arith}
@@ -25,7 +26,7 @@ sample() {  # policy ckpt n
     wait
 }
 
-for stage in ${STAGES:-train reference late early middle package}; do
+for stage in ${STAGES:-train reference late early middle features package}; do
     case $stage in
         train)
             last=$(ls -d "$RUN"/checkpoints/step-* 2>/dev/null | tail -1 || true)
@@ -37,6 +38,7 @@ for stage in ${STAGES:-train reference late early middle package}; do
         early) sample early "$RUN/checkpoints/step-000005" 272 ;;
         middle) sample middle "$RUN/checkpoints/step-000015" 272 ;;
         late) sample late "$RUN/checkpoints/step-000040" 272 ;;
+        features) python experiments/default_data/features.py "$OUT" ;;
         package) python experiments/default_data/package.py "$OUT" basis_bench/data/default ;;
     esac
 done

@@ -141,6 +141,18 @@ class Sampler(ABC):
             finish_reasons=tokens.finish_reasons,
         )
 
+    def prompt_hidden_states(self, problems: Sequence[str]) -> np.ndarray:
+        """(P, d) float32: the model's final hidden state at the last token of each problem's
+        prompt (chat template + instruction, as sampled): the state the first response
+        token is drawn from, the only position that has attended to the whole prompt."""
+        return self._hidden_states(self.prompt_token_ids(problems))
+
+    def _hidden_states(self, prompt_ids: list[list[int]]) -> np.ndarray:
+        raise InputError(
+            f"the {self.backend} backend cannot give the model's hidden states; "
+            "store them with --backend hf"
+        )
+
     def _cut_at_stop(self, row: np.ndarray) -> np.ndarray:
         """The row up to and including its first stop token (padding after it dropped)."""
         hits = np.flatnonzero(np.isin(row, self.stop_ids))

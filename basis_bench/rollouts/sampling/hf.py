@@ -51,6 +51,23 @@ def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int
     return [(range(s, min(s + per_call, n_prompts)), n) for s in range(0, n_prompts, per_call)]
 
 
+def last_token_hidden_states(model: Any, prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """(P, d) float32: the final layer's hidden state (after the model's last norm) at the
+    last token of each prompt, one prompt per forward pass (no padding, so exactly the
+    state sampling starts from)."""
+    import torch
+
+    params = inspect.signature(model.forward).parameters
+    last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    rows = []
+    with torch.inference_mode():
+        for ids in prompt_ids:
+            tokens = torch.tensor([list(ids)], dtype=torch.long, device=model.device)
+            out = model(input_ids=tokens, output_hidden_states=True, **last_logits)
+            rows.append(out.hidden_states[-1][0, -1].float().cpu().numpy())
+    return np.stack(rows) if rows else np.zeros((0, model.config.hidden_size), np.float32)
+
+
 class HFSampler(Sampler):
     """Batched sampling with transformers.
 
@@ -117,6 +134,9 @@ class HFSampler(Sampler):
             "batch_size": self.batch_size,
             "engine": self.engine,
         }
+
+    def _hidden_states(self, prompt_ids: list[list[int]]) -> np.ndarray:
+        return last_token_hidden_states(self.model, prompt_ids)
 
     def _generate(
         self,
