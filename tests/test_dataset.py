@@ -86,3 +86,14 @@ def test_sparse_sample_idx_reads_whole_with_the_same_columns(tmp_path):
     np.testing.assert_array_equal(
         got.rows(np.array(["a", "b"], dtype=object)), [[1.0, 0.0], [1.0, np.nan]]
     )
+
+
+def test_checkpoint_arrays_hold_their_own_memory(tmp_path):
+    """Pool and cache are copies: a view would keep the checkpoint's whole float64 (P, S)
+    matrix alive (about 8 bytes a rollout, the largest array of a run)."""
+    root = _dataset(tmp_path)
+    ds = dataset.Dataset(root, load_rewards(root, ["reference", "late"]), "reference",
+                         ["reference", "late"], [])  # fmt: skip
+    data = dataset.checkpoint_data(ds, "late", 2, 3, 1)
+    for array in (data.pool, data.cache):
+        assert array.base is None and array.flags.c_contiguous

@@ -14,6 +14,7 @@ from conftest import assert_one_line_error, run_main
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS
+from basis_bench.evaluation import replay as replay_module
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
 from basis_bench.evaluation.dataset import open_dataset
 from basis_bench.evaluation.record import RunRecord
@@ -254,6 +255,17 @@ def test_draws_are_without_replacement_and_cover_the_pool():
     assert all(len(set(c)) == 3 for c in cols[:, 1])
     first = np.bincount(cols[:, 1, 0], minlength=5)
     assert first.min() > 50  # every pool column can come first
+
+
+def test_batches_drawn_in_blocks_of_keys_are_the_one_call_draw(monkeypatch):
+    """Sort keys come BATCH_KEYS at a time (bounded memory at any prompt count): the batches
+    are those of one (repeats, P) draw, and the generator ends in the same state."""
+    whole, blocks = np.random.default_rng(3), np.random.default_rng(3)
+    keys = whole.random((37, 50))
+    expected = np.argpartition(keys, 7, axis=1)[:, :8]
+    monkeypatch.setattr(replay_module, "BATCH_KEYS", 120)  # two rows of 50 keys at a time
+    assert np.array_equal(draw_batches(blocks, 50, 8, 37), expected)
+    assert whole.random() == blocks.random()
 
 
 def test_continuous_rewards_evaluate(tmp_path):

@@ -377,7 +377,8 @@ def checkpoint_data(
         )
     oracle_samples = rewards[:, :oracle_n]
     pool = rewards[:, oracle_n:]
-    pool = pool[:, : int(np.isfinite(pool).sum(axis=1).max())]
+    # copies, not views: a view would keep the whole float64 (P, S) matrix alive
+    pool = pool[:, : int(np.isfinite(pool).sum(axis=1).max())].copy()
     ref = ds.rewards[ds.reference].rows(ids)
     if ref_n is not None and ref.shape[1] < ref_n:
         raise InputError(
@@ -390,6 +391,6 @@ def checkpoint_data(
         oracle_noise=oracle_samples.var(axis=1, ddof=1) / oracle_n,
         pool=pool,
         pool_count=np.isfinite(pool).sum(axis=1),
-        cache=ref[:, :ref_n],
+        cache=ref[:, :ref_n].copy(),
         dropped_no_reference=dropped,
     )

@@ -39,6 +39,7 @@ KEPT_REPEATS = 500
 """Per-repeat values kept for the first KEPT_REPEATS repeats only (by_heterogeneity.csv bins
 the first 500 batches); every other statistic is a running sum, so a replay's memory stays
 flat however many repeats run."""
+BATCH_KEYS = 1 << 20  # sort keys drawn at a time for the batches: 8 MiB, whatever P
 DIFFICULTY_REPEATS = 10
 G_SWEEP = (2, 4, 8, 16)
 
@@ -51,9 +52,16 @@ def _stable_seed(seed: int, name: str) -> np.random.SeedSequence:
 def draw_batches(
     rng: np.random.Generator, n_prompts: int, batch_size: int, repeats: int
 ) -> np.ndarray:
-    """(repeats, B) prompt indices, each row a uniform draw without replacement."""
-    keys = rng.random((repeats, n_prompts))
-    return np.argpartition(keys, batch_size - 1, axis=1)[:, :batch_size]
+    """(repeats, B) prompt indices, each row a uniform draw without replacement: the B
+    smallest of P sort keys. The keys of ``rng.random((repeats, P))`` are drawn
+    BATCH_KEYS at a time (whole rows: the same numbers, one row after another), so the
+    sort keys take O(BATCH_KEYS) memory, not O(repeats x P)."""
+    out = np.empty((repeats, batch_size), dtype=np.intp)
+    rows = max(1, BATCH_KEYS // max(n_prompts, 1))
+    for lo in range(0, repeats, rows):
+        keys = rng.random((min(rows, repeats - lo), n_prompts))
+        out[lo : lo + len(keys)] = np.argpartition(keys, batch_size - 1, axis=1)[:, :batch_size]
+    return out
 
 
 def draw_rollouts(

@@ -315,7 +315,8 @@ def _write_run(
 ) -> dict[str, pl.DataFrame]:  # fmt: skip
     """Replay, and write every file of the run into ``stage``; run.json last, with the run id
     and the sha256 of every table (what `figures` checks). Stateful estimators have no
-    one-step call: they appear in the trajectory replay only."""
+    one-step call: they appear in the trajectory replay only. ``datas`` is emptied once the
+    one-step replay is done, so its arrays are not held through the trajectory replay."""
     # Provenance (date, argv) lives in run.json only, so the same seed writes the same Parquet.
     reproducible = {k: v for k, v in asdict(run).items() if k != "provenance" and v is not None}
     writer = (
@@ -340,6 +341,7 @@ def _write_run(
         raise
     if writer is not None:
         writer.close()
+    datas.clear()  # the checkpoints' arrays, freed: the trajectory replay builds its own
     frames = {k: _concat(v) for k, v in tables.items()}
     if cfg.trajectory:
         frames["trajectory"] = _trajectory(cfg, ds, estimators, options, progress)

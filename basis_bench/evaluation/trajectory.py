@@ -249,7 +249,7 @@ def replay_trajectory(
     ids, _ = tracker_prompts(rewards, reference, checkpoints)
     p = len(ids)
     g_max = _check(s, ests, p, len(checkpoints))
-    cache = rewards[reference].rows(ids)[:, : s.ref_n]
+    cache = rewards[reference].rows(ids)[:, : s.ref_n].copy()  # not a view of every column
 
     betas = default_betas(s.grid_size) if s.grid_size is not None else None
     features = prompt_features(prompts, list(ids), s.features)  # None: no prompts table
