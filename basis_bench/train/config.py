@@ -84,10 +84,17 @@ class TrainConfig:
     sample_batch_size: int = setting(64, help="hf backend: sequences per generate call.", min_val=1)
     vllm_gpu_memory_utilization: float = setting(
         0.3,
-        help="vllm backend: share of the GPU's memory the engine may take.",
+        help="vllm backend on GPUs: share of the GPU's memory the engine may take "
+        "(weights and KV cache), unless vllm_kv_cache_gib is set.",
         min_val=0,
         max_val=1,
         include_boundaries="right",
+    )
+    vllm_kv_cache_gib: float = setting(
+        0.0,
+        help="vllm backend: GiB of KV cache (0: on the CPU a quarter of the available "
+        "memory, at most 4; on GPUs vllm_gpu_memory_utilization of the GPU's memory).",
+        min_val=0,
     )
     vllm_max_model_len: int = setting(
         0, help="vllm backend: context length of the engine (0: the model's).", min_val=0

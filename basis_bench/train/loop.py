@@ -142,6 +142,8 @@ def train(
                     step,
                 )
                 policy.eval()
+            # step t + 1 samples from the weights of step t (vllm: copied into the engine)
+            with timer("sync"):
                 sync_sampler(config.backend, run.sampler, policy)
 
             # 6. record: the rollouts, the step's statistics, evaluation and checkpoint

@@ -55,8 +55,9 @@ def autocast_dtype(autocast: str) -> Any:
 
 
 def vllm_dtype(config: TrainConfig) -> str:
-    """vLLM's weights dtype: the autocast precision, bfloat16 when there is none."""
-    return "bfloat16" if config.autocast == "none" else config.autocast
+    """vLLM's weights dtype: the autocast precision, else "auto" (float32 on the CPU, where
+    the engine then samples from exactly the policy's float32 weights; bfloat16 on GPUs)."""
+    return "auto" if config.autocast == "none" else config.autocast
 
 
 # --------------------------------------------------------------------------- data
@@ -147,18 +148,19 @@ def load_models(
 
 
 def make_training_sampler(config: TrainConfig, models: Models, template: Any) -> Any:
-    """The live policy (hf), or a vLLM engine that gets the policy's weights after updates."""
+    """The live policy (hf), or a vLLM engine started from the reference checkpoint, on the
+    policy's device, that gets the policy's weights after every update (:func:`sync_sampler`)."""
     if config.backend == "vllm":
-        # In-process engine: apply_model runs our weight copy directly, nothing is pickled.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from basis_bench.rollouts.sampling.vllm import VLLMSampler
 
         return VLLMSampler(
             models.reference_ckpt,
             template,
             dtype=vllm_dtype(config),
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            device=models.device,
+            kv_cache_gib=config.vllm_kv_cache_gib or None,
             max_model_len=config.vllm_max_model_len or None,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         )
     from basis_bench.rollouts.sampling.hf import HFSampler
 
@@ -171,12 +173,26 @@ def make_training_sampler(config: TrainConfig, models: Models, template: Any) ->
     )
 
 
+def check_vllm_backend(device: str) -> None:
+    """backend = vllm, checked before any model loads: vLLM imports, its build runs on the
+    policy's device, and its engine core will run in this process (the weight sync hands
+    it the policy's tensors by reference; a worker process would need them pickled)."""
+    from basis_bench.rollouts.sampling.vllm import check_device, vllm_platform
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        raise InputError(
+            "backend = vllm trains with the engine in this process; unset "
+            f"VLLM_ENABLE_V1_MULTIPROCESSING (it is {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})"
+        )
+    check_device(device, vllm_platform())
+
+
 def sync_sampler(backend: str, sampler: Any, policy: Any) -> None:
-    """vLLM: copy the policy's current weights into the engine (HF samples the policy itself)."""
+    """vLLM: the policy's current weights into the engine, so that the next step samples
+    from them (hf samples the live policy itself: nothing to do)."""
     if backend == "vllm":
-        weights = list(policy.state_dict().items())
-        sampler.llm.apply_model(lambda model: model.load_weights(weights))
-        sampler.llm.reset_prefix_cache()
+        sampler.load_weights(policy.state_dict().items())
 
 
 def reference_sampler(
@@ -347,6 +363,8 @@ def setup(
         )
     claim_output_dir(run_dir, "train-run", force=force, option="run_dir")
     device = torch_runtime(config)
+    if config.backend == "vllm":
+        check_vllm_backend(device)
     data = load_data(config)
     models = load_models(config, device, resume)
     sampler = make_training_sampler(config, models, data.template)

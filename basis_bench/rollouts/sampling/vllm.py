@@ -26,7 +26,7 @@ Engine settings, the same on every device (only the defaults differ):
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -198,6 +198,24 @@ class VLLMSampler(Sampler):
             gpu_memory_utilization,
         )
         self.llm = start_engine(self.args)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Replace the engine's weights in place by ``(name, tensor)`` pairs in the
+        checkpoint's (Hugging Face) names and any dtype, e.g. a policy's ``state_dict()``.
+
+        vLLM's in-place reload (``reload_weights``, the same on every device) maps the
+        names, fuses q/k/v and gate/up, casts, and redoes the per-device processing of the
+        loaded weights (the CPU build repacks linear layers, so a plain ``load_weights``
+        into the already processed model fails). The tensors are passed by reference:
+        the engine core runs in this process. The prefix cache, computed with the old
+        weights, is dropped.
+        """
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(named_tensors), "is_checkpoint_format": True},
+        )
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight update")
 
     def describe(self) -> dict[str, Any]:
         import vllm
