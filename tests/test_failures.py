@@ -637,6 +637,31 @@ def test_an_oracle_whose_model_cannot_load_writes_nothing(
     assert snapshot(real_dataset) == before
 
 
+# with 2 workers the model loads in spawned processes (about 15 s on the shared machine)
+@pytest.mark.parametrize(("workers", "given"), [("1", "empty"), ("2", "new")])
+def test_an_oracle_whose_model_cannot_load_leaves_the_out_folder_as_it_was(
+    monkeypatch, capsys, tmp_path, workers, given
+):
+    """The claim (marker, lock file) and, with workers, prompts.parquet were written before
+    the model loaded: a failed start left a claimed folder. Now a new --out is removed again
+    and an empty one stays empty (its own subfolder kept)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    out = tmp_path / "out"
+    if given == "empty":
+        (out / "mine").mkdir(parents=True)
+    args = oracle_args(ckpt, out)
+    args[args.index("--workers") + 1] = workers
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "cannot load the model")
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["mine"] if given == "empty" else not out.exists()
+    )
+    fresh = claim_output_dir(out, "rollouts", simulated=False)  # and the next claim is clean
+    assert read_output_marker(fresh)["kind"] == "rollouts"
+
+
 def test_oracle_refuses_a_simulated_dataset(monkeypatch, capsys, fake_ckpt, sim_dataset):
     before = snapshot(sim_dataset)
     result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, sim_dataset))

@@ -63,6 +63,7 @@ from basis_bench.rollouts.rewards import score_many, scoring_pool
 from basis_bench.rollouts.sampling import Progress, Sampler
 from basis_bench.rollouts.store import (
     conform_rollouts,
+    merged_prompts,
     part_path,
     write_prompts_table,
 )
@@ -354,8 +355,8 @@ def run_oracle(
     """Fill the dataset ``job.out`` with this shard's missing parts.
 
     Claims ``out`` (new, empty or a dataset of real rollouts), refuses parts written with
-    other settings, merges the prompts into ``prompts.parquet`` (after the model loaded,
-    when it loads in this process: a model that cannot load writes nothing), then samples,
+    other settings, merges the prompts into ``prompts.parquet`` (once a model has loaded,
+    here or in a worker: a model that cannot load writes nothing), then samples,
     grades and writes each missing chunk: in ``job.workers`` processes (0: one per free core
     on the CPU, see :mod:`.oracle_workers`) when ``source`` is the job's own, in this process
     otherwise. ``source`` defaults to :func:`open_source`; ``pool`` to
@@ -377,14 +378,15 @@ def run_oracle(
         return OracleReport()
     n_prompts = sum(c.prompts.height for c in todo)
     factory = source.sampler
-    if workers > 1:
-        write_prompts_table(source.prompts, job.out, metadata)
+    merged_prompts(source.prompts, job.out)  # a clashing answer is refused before the load
+    if workers > 1:  # the prompts are merged once a worker's model has loaded
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return run_in_workers(
                 workers,
                 lambda chunks: WorkerTask(job, chunks, identity, metadata, factory, os.getpid()),
                 todo,
                 sink,
+                lambda: write_prompts_table(source.prompts, job.out, metadata),
             )
     with one_torch_thread(own_source and runs_on_cpu(job)):
         sampler = factory()  # a model that cannot load writes nothing

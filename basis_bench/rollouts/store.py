@@ -112,6 +112,26 @@ def part_path(out: str | os.PathLike[str], policy: str, chunk_index: int) -> Pat
     return Path(out) / ROLLOUTS_DIR / policy / f"part-{chunk_index:06d}.parquet"
 
 
+def merged_prompts(prompts: pl.DataFrame, out: str | os.PathLike[str]) -> pl.DataFrame | None:
+    """``DIR/prompts.parquet`` with ``prompts`` merged in, None when it holds them all; a
+    prompt it holds with another gold answer is an :class:`InputError` (so a run can check
+    before it writes anything)."""
+    path = Path(out) / PROMPTS_FILE
+    existing = load_prompts(out)
+    if existing is None:
+        return prompts
+    shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
+    clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
+    if clash.height:
+        row = clash.row(0, named=True)
+        raise InputError(
+            f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
+            f"this run has {row['answer_new']!r}; use another --out"
+        )
+    new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
+    return pl.concat([existing, new], how="diagonal_relaxed") if new.height else None
+
+
 def write_prompts_table(
     prompts: pl.DataFrame, out: str | os.PathLike[str], metadata: Mapping[str, Any]
 ) -> Path:
@@ -123,21 +143,9 @@ def write_prompts_table(
     """
     out = Path(out)
     path = out / PROMPTS_FILE
-    existing = load_prompts(out)
-    table = prompts
-    if existing is not None:
-        shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
-        clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
-        if clash.height:
-            row = clash.row(0, named=True)
-            raise InputError(
-                f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
-                f"this run has {row['answer_new']!r}; use another --out"
-            )
-        new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
-        if new.height == 0:
-            return path
-        table = pl.concat([existing, new], how="diagonal_relaxed")
+    table = merged_prompts(prompts, out)
+    if table is None:
+        return path
     staged = out / f".{PROMPTS_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.staged"
     write_parquet_atomic(table, staged, metadata)
     os.replace(staged, path)
