@@ -285,8 +285,18 @@ def claim_output_dir(
     return path
 
 
+_NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)
+
+
 def real_path(path: str | os.PathLike[str], option: str) -> Path:
-    """``path`` with every symbolic link resolved; a link loop is one line."""
+    """``path`` with every symbolic link resolved; a link loop or a name longer than a file
+    system takes is one line."""
+    long = next((p for p in Path(path).parts if len(os.fsencode(p)) > _NAME_MAX), None)
+    if long is not None:
+        raise InputError(
+            f"{option}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a file "
+            f"system takes at most {_NAME_MAX}"
+        )
     real = Path(os.path.realpath(path))
     if any(p.is_symlink() for p in (real, *real.parents)):  # realpath left a link: a loop
         raise InputError(f"{option} {path} is a loop of symbolic links; give a directory")
@@ -295,7 +305,7 @@ def real_path(path: str | os.PathLike[str], option: str) -> Path:
 
 def _writable_folder(path: Path, option: str) -> Path:
     """``path`` with links resolved, refused in one line where no command may write: a file,
-    a path through a file, a link loop, the installed package data."""
+    a path through a file, a link loop, a name too long, the installed package data."""
     real = real_path(path, option)
     if real.exists() and not real.is_dir():
         raise InputError(f"{option} {path} is a file; give a directory")

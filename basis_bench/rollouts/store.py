@@ -94,15 +94,16 @@ def conform_prompts(df: pl.DataFrame, what: str = "prompts") -> pl.DataFrame:
 # --------------------------------------------------------------------------- layout
 
 ROLLOUTS_DIR = "rollouts"
-_POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # NAME_MAX is 255 bytes
 
 
 def check_policy_name(name: str) -> str:
-    """``name`` if it can name a policy's directory (letters, digits, '.', '_', '-', not
-    starting with a dot or dash), else an InputError."""
-    if not _POLICY_NAME.match(name):
+    """``name`` if it can name a policy's directory (1-200 letters, digits, '.', '_', '-',
+    not starting with a dot or dash: the whole name, a trailing newline too), else an
+    InputError."""
+    if not _POLICY_NAME.fullmatch(name):
         raise InputError(
-            f"--policy {name!r}: use letters, digits, '.', '_' and '-' (it names a directory)"
+            f"--policy {name!r}: use 1-200 letters, digits, '.', '_' and '-' (it names a directory)"
         )
     return name
 
@@ -164,6 +165,7 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"
+        what = "is a symbolic link to nothing (or a loop)" if root.is_symlink() else what
         raise InputError(
             f"rollouts directory {str(root)!r} {what}; give the dataset's folder (the one "
             "holding prompts.parquet and rollouts/)"
