@@ -258,8 +258,7 @@ def claim_output_dir(
     dataset (installed package data) is read-only to every command.
     """
     path = _writable_folder(Path(path), option)
-    if _SCOPE and not path.exists():
-        _SCOPE[-1].created.append(path)
+    existed = path.exists()
     try:
         found = recognise_output(path)
     except InputError:
@@ -269,6 +268,8 @@ def claim_output_dir(
     if found is not None and not force:
         _check_claim(path, kind, simulated, found, option)
     lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
+    if _SCOPE and found is None:  # new or empty, and ours: a failed command leaves it so
+        (_SCOPE[-1].emptied if existed else _SCOPE[-1].created).append(path)
     marker: dict[str, Any] = {"kind": kind}
     if kind == "rollouts":
         before = found.get("simulated") if found and found.get("kind") == kind else simulated
@@ -284,8 +285,18 @@ def claim_output_dir(
     return path
 
 
+_NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)
+
+
 def real_path(path: str | os.PathLike[str], option: str) -> Path:
-    """``path`` with every symbolic link resolved; a link loop is one line."""
+    """``path`` with every symbolic link resolved; a link loop or a name longer than a file
+    system takes is one line."""
+    long = next((p for p in Path(path).parts if len(os.fsencode(p)) > _NAME_MAX), None)
+    if long is not None:
+        raise InputError(
+            f"{option}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a file "
+            f"system takes at most {_NAME_MAX}"
+        )
     real = Path(os.path.realpath(path))
     if any(p.is_symlink() for p in (real, *real.parents)):  # realpath left a link: a loop
         raise InputError(f"{option} {path} is a loop of symbolic links; give a directory")
@@ -294,7 +305,7 @@ def real_path(path: str | os.PathLike[str], option: str) -> Path:
 
 def _writable_folder(path: Path, option: str) -> Path:
     """``path`` with links resolved, refused in one line where no command may write: a file,
-    a path through a file, a link loop, the installed package data."""
+    a path through a file, a link loop, a name too long, the installed package data."""
     real = real_path(path, option)
     if real.exists() and not real.is_dir():
         raise InputError(f"{option} {path} is a file; give a directory")
@@ -319,6 +330,7 @@ _SCOPE: list[_Claims] = []  # what each running holds_output_locks call has clai
 class _Claims:
     locks: list[int] = dataclasses.field(default_factory=list)  # writer locks taken
     created: list[Path] = dataclasses.field(default_factory=list)  # folders made by a claim
+    emptied: list[Path] = dataclasses.field(default_factory=list)  # empty folders claimed
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -327,9 +339,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 def holds_output_locks(fn: F) -> F:
     """Decorate a library entry point that claims output folders: the writer locks it takes
     are released when it returns, so one process can call it again and again, and another
-    process can write there afterwards; a folder its claim created is removed again if it
-    fails before writing anything there. (Outside such a call, as in the CLI, a lock is
-    held until the process exits.)"""
+    process can write there afterwards. If it fails before writing anything into a folder
+    it claimed new or empty, the folder is left as it was: a folder the claim created is
+    removed, an empty one loses the marker and lock file again. (Outside such a call, as
+    in the CLI, a lock is held until the process exits.)"""
 
     @functools.wraps(fn)
     def scoped(*args: Any, **kwargs: Any) -> Any:
@@ -344,21 +357,49 @@ def holds_output_locks(fn: F) -> F:
             if _SCOPE:
                 _SCOPE[-1].locks += claims.locks
                 _SCOPE[-1].created += claims.created
+                _SCOPE[-1].emptied += claims.emptied
             else:
-                for fd in claims.locks:
-                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
-                for folder in claims.created if failed else ():
-                    _remove_if_unused(folder)
+                _release(claims, failed)
 
     return cast(F, scoped)
 
 
-def _remove_if_unused(folder: Path) -> None:
-    """Remove ``folder`` if it holds nothing but its marker and lock (a claim that a failed
-    command made): a refused or failed run leaves no trace."""
-    held = {f.name for f in folder.iterdir()} if folder.is_dir() else {"?"}
-    if held <= {OUTPUT_MARKER, LOCK_FILE}:
-        shutil.rmtree(folder, ignore_errors=True)
+def _release(claims: _Claims, failed: bool) -> None:
+    """Unlock what a call claimed; after a failure first undo the claims of new or empty
+    folders it wrote nothing into, while it holds their lock exclusively (an oracle shard
+    does not undo a folder another shard is writing)."""
+    for folder in (*claims.created, *claims.emptied) if failed else ():
+        if _unused_and_ours(folder):
+            _forget_lock(folder)
+            if folder in claims.created:
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                (folder / OUTPUT_MARKER).unlink(missing_ok=True)
+                (folder / LOCK_FILE).unlink(missing_ok=True)
+    held = set(_HELD_LOCKS.values())
+    for fd in claims.locks:
+        if fd in held:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
+
+
+def _unused_and_ours(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but its marker and this process alone locks it."""
+    fd = _HELD_LOCKS.get(folder / LOCK_FILE)
+    if fd is None:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WRITERS)
+    except OSError:
+        return False
+    return _output_files(folder) == [folder / OUTPUT_MARKER]
+
+
+def _forget_lock(folder: Path) -> None:
+    """Close this process's descriptor of ``folder``'s lock file (its locks go with it),
+    before the file is removed: a later claim of the folder opens the new one."""
+    fd = _HELD_LOCKS.pop(folder / LOCK_FILE, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _lock_descriptor(folder: Path) -> int | None:

@@ -637,6 +637,31 @@ def test_an_oracle_whose_model_cannot_load_writes_nothing(
     assert snapshot(real_dataset) == before
 
 
+# with 2 workers the model loads in spawned processes (about 15 s on the shared machine)
+@pytest.mark.parametrize(("workers", "given"), [("1", "empty"), ("2", "new")])
+def test_an_oracle_whose_model_cannot_load_leaves_the_out_folder_as_it_was(
+    monkeypatch, capsys, tmp_path, workers, given
+):
+    """The claim (marker, lock file) and, with workers, prompts.parquet were written before
+    the model loaded: a failed start left a claimed folder. Now a new --out is removed again
+    and an empty one stays empty (its own subfolder kept)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    out = tmp_path / "out"
+    if given == "empty":
+        (out / "mine").mkdir(parents=True)
+    args = oracle_args(ckpt, out)
+    args[args.index("--workers") + 1] = workers
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "cannot load the model")
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["mine"] if given == "empty" else not out.exists()
+    )
+    fresh = claim_output_dir(out, "rollouts", simulated=False)  # and the next claim is clean
+    assert read_output_marker(fresh)["kind"] == "rollouts"
+
+
 def test_oracle_refuses_a_simulated_dataset(monkeypatch, capsys, fake_ckpt, sim_dataset):
     before = snapshot(sim_dataset)
     result = run_main(monkeypatch, capsys, *oracle_args(fake_ckpt, sim_dataset))
@@ -1346,3 +1371,92 @@ def test_an_estimator_returning_the_wrong_shape_is_named():
         with pytest.raises(InputError, match="'wrong_shape_test' returned baselines of shape"):
             ESTIMATORS["wrong_shape_test"](EstimatorInput(np.ones((4, 1)) * 0.5))
     assert "wrong_shape_test" not in ESTIMATORS
+
+
+# --------------------------------------------------------------------------- the hunt (issue 22)
+# Hostile inputs tried on every command beyond the issue's examples; each case here once
+# wrote something, changed a value or left a traceback.
+
+
+@pytest.mark.parametrize("policy", ["ck\n", "p" * 201])
+def test_a_policy_name_is_checked_whole_before_anything_is_written(
+    monkeypatch, capsys, fake_ckpt, tmp_path, policy
+):
+    """``ck\\n`` passed the name check (``$`` matches before a final newline) and named a
+    folder with a newline; 300 letters were a traceback (file name too long)."""
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\n")
+    out = tmp_path / "out"
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(source), "--policy", policy, "--out", str(out)
+    )
+    assert_one_line_error(result, "--policy", "use 1-200 letters")
+    args = oracle_args(fake_ckpt, out)
+    args[args.index("--policy") + 1] = policy
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "--policy", "use 1-200 letters")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("fmt", ["eval-jsonl", "counts"])
+def test_import_refuses_a_source_given_twice(monkeypatch, capsys, real_dataset, tmp_path, fmt):
+    """eval-jsonl read a file named twice as two seeds: every sample counted twice."""
+    source = tmp_path / "s.jsonl"
+    source.write_text(
+        '{"idx":0,"score":[1,0]}\n'
+        if fmt == "eval-jsonl"
+        else '{"prompt_id":"a","n":4,"n_correct":1}\n'
+    )
+    before = snapshot(real_dataset)
+    args = ["import", fmt, str(source), str(tmp_path / "." / "s.jsonl"), "--policy", "new"]
+    result = run_main(monkeypatch, capsys, *args, "--out", str(real_dataset))
+    assert_one_line_error(result, f"source '{tmp_path / '.' / 's.jsonl'}' is given twice")
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize("command", ["import", "simulate", "evaluate"])
+def test_a_name_too_long_for_the_file_system_is_one_line(
+    monkeypatch, capsys, sim_dataset, tmp_path, command
+):
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\n")
+    args = {
+        "import": ["import", "counts", str(source), "--policy", "ck"],
+        "simulate": ["simulate", *SMALL_SIM],
+        "evaluate": ["evaluate", "--rollouts", str(sim_dataset), *EVAL_GROUP],
+    }[command]
+    out = tmp_path / ("x" * 300) / "out"  # once a traceback (file name too long)
+    result = run_main(monkeypatch, capsys, *args, "--out", str(out))
+    assert_one_line_error(result, "is 300 bytes long", "at most 255")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "sim"]
+
+
+def test_a_folder_removed_under_a_running_command_is_one_line(monkeypatch, capsys, tmp_path):
+    import basis_bench.rollouts.simulate as simulate_module
+
+    def removed(*args: Any, **kwargs: Any) -> Any:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(tmp_path / "gone"))
+
+    monkeypatch.setattr(simulate_module, "write_parquet_atomic", removed)
+    result = run_main(monkeypatch, capsys, "simulate", "--out", str(tmp_path / "s"), *SMALL_SIM)
+    assert_one_line_error(result, "does not exist (removed while the command ran?)", code=1)
+
+
+def test_figures_refuse_a_table_that_is_a_folder(monkeypatch, capsys, sim_dataset, tmp_path):
+    results = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, results))[0] == 0
+    (results / "g_sweep.csv").unlink()
+    (results / "g_sweep.csv").mkdir()
+    result = run_main(
+        monkeypatch, capsys, "figures", "--results", str(results), "--out", str(tmp_path / "f")
+    )
+    assert_one_line_error(result, "g_sweep.csv is a folder, not a table")
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_rollouts_link_to_nothing_says_so(monkeypatch, capsys, tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for link in ("loop", "dangling"):
+        args = evaluate_args(tmp_path / link, tmp_path / "out")
+        assert_one_line_error(run_main(monkeypatch, capsys, *args), "a symbolic link to nothing")
+    assert not (tmp_path / "out").exists()

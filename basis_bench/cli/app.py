@@ -46,6 +46,8 @@ WRITE_ERRNOS = {
     errno.EPERM: "operation not permitted",
     errno.ENOTDIR: "a folder in the path is a file",
     errno.EBUSY: "the folder is in use (a mount point or the current folder)",
+    errno.ENAMETOOLONG: "a file or folder name is too long",
+    errno.ENOENT: "a folder in the path does not exist (removed while the command ran?)",
 }
 
 

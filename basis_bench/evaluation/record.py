@@ -124,6 +124,8 @@ def check_tables(
         path = folder / name
         if not path.exists():
             continue
+        if not path.is_file():
+            raise InputError(f"{path} is a folder, not a table; rerun the command that wrote it")
         if name not in listed:
             raise InputError(
                 f"{path} is not part of the run recorded in {what} (run {record.run_id}): "

@@ -66,6 +66,7 @@ from basis_bench.rollouts.sampling import Progress, Sampler
 from basis_bench.rollouts.store import (
     conform_rollouts,
     load_prompts,
+    merged_prompts,
     part_path,
     write_prompts_table,
 )
@@ -357,8 +358,8 @@ def run_oracle(
     """Fill the dataset ``job.out`` with this shard's missing parts.
 
     Claims ``out`` (new, empty or a dataset of real rollouts), refuses parts written with
-    other settings, merges the prompts into ``prompts.parquet`` (after the model loaded,
-    when it loads in this process: a model that cannot load writes nothing), then samples,
+    other settings, merges the prompts into ``prompts.parquet`` (once a model has loaded,
+    here or in a worker: a model that cannot load writes nothing), then samples,
     grades and writes each missing chunk: in ``job.workers`` processes (0: one per free core
     on the CPU, see :mod:`.oracle_workers`) when ``source`` is the job's own, in this process
     otherwise. ``source`` defaults to :func:`open_source`; ``pool`` to
@@ -381,15 +382,18 @@ def run_oracle(
         return OracleReport()
     n_prompts = sum(c.prompts.height for c in todo)
     factory = source.sampler
+    merged_prompts(source.prompts, job.out)  # a clashing answer is refused before any load
     if workers > 1:
-        prompts = with_features(source.prompts, job, factory()) if featureless else None
-        write_prompts_table(source.prompts if prompts is None else prompts, job.out, metadata)
+        if featureless:  # the features need the model here: the table is written once it loaded
+            prompts = with_features(source.prompts, job, factory())
+            write_prompts_table(prompts, job.out, metadata)
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return run_in_workers(
                 workers,
                 lambda chunks: WorkerTask(job, chunks, identity, metadata, factory, os.getpid()),
                 todo,
                 sink,
+                lambda: write_prompts_table(source.prompts, job.out, metadata),
             )
     with one_torch_thread(own_source and runs_on_cpu(job)):
         sampler = factory()  # a model that cannot load writes nothing

@@ -109,11 +109,13 @@ def _work(task: WorkerTask, messages: Any) -> None:
     torch.set_num_threads(1)
     progress = _QueueProgress(messages, task.parent_pid)
     try:
+        sampler = task.sampler()
+        messages.put(("loaded",))
         pool = scoring_pool(task.job.score_workers) if task.job.score_workers else None
         try:
             report = run_chunks(
                 task.chunks,
-                task.sampler(),
+                sampler,
                 task.job,
                 task.identity,
                 task.metadata,
@@ -136,9 +138,11 @@ def run_in_workers(
     task: Callable[[list[Chunk]], WorkerTask],
     chunks: list[Chunk],
     progress: PartProgress,
+    loaded: Callable[[], object],
 ) -> OracleReport:
     """Sample ``chunks`` in ``count`` spawned workers (worker ``j`` takes ``chunks[j::count]``,
-    its task made by ``task``), drawing their progress on ``progress``; their summed report."""
+    its task made by ``task``), drawing their progress on ``progress``; their summed report.
+    ``loaded`` runs once, when the first worker has loaded its model."""
     from basis_bench.rollouts.oracle import OracleReport
 
     context = multiprocessing.get_context("spawn")  # no forked torch or polars state
@@ -149,7 +153,7 @@ def run_in_workers(
     ]
     for worker in workers:
         worker.start()
-    report, done = OracleReport(), 0
+    report, done, any_loaded = OracleReport(), 0, False
     try:
         while done < count:
             try:
@@ -158,7 +162,11 @@ def run_in_workers(
                 _check_alive(workers)
                 continue
             kind = message[0]
-            if kind == "step":
+            if kind == "loaded":
+                if not any_loaded:
+                    loaded()
+                any_loaded = True
+            elif kind == "step":
                 progress(message[1], message[2])
             elif kind == "part":
                 progress.part_written(message[1])

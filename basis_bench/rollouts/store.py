@@ -94,15 +94,16 @@ def conform_prompts(df: pl.DataFrame, what: str = "prompts") -> pl.DataFrame:
 # --------------------------------------------------------------------------- layout
 
 ROLLOUTS_DIR = "rollouts"
-_POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # NAME_MAX is 255 bytes
 
 
 def check_policy_name(name: str) -> str:
-    """``name`` if it can name a policy's directory (letters, digits, '.', '_', '-', not
-    starting with a dot or dash), else an InputError."""
-    if not _POLICY_NAME.match(name):
+    """``name`` if it can name a policy's directory (1-200 letters, digits, '.', '_', '-',
+    not starting with a dot or dash: the whole name, a trailing newline too), else an
+    InputError."""
+    if not _POLICY_NAME.fullmatch(name):
         raise InputError(
-            f"--policy {name!r}: use letters, digits, '.', '_' and '-' (it names a directory)"
+            f"--policy {name!r}: use 1-200 letters, digits, '.', '_' and '-' (it names a directory)"
         )
     return name
 
@@ -110,6 +111,30 @@ def check_policy_name(name: str) -> str:
 def part_path(out: str | os.PathLike[str], policy: str, chunk_index: int) -> Path:
     """Where the oracle and the importers write part ``chunk_index`` of ``policy``."""
     return Path(out) / ROLLOUTS_DIR / policy / f"part-{chunk_index:06d}.parquet"
+
+
+def merged_prompts(prompts: pl.DataFrame, out: str | os.PathLike[str]) -> pl.DataFrame | None:
+    """``DIR/prompts.parquet`` with ``prompts`` merged in (new prompts appended; a column the
+    table lacks or holds nulls in filled from ``prompts``), None when that changes nothing; a
+    prompt it holds with another gold answer is an :class:`InputError` (so a run can check
+    before it writes anything)."""
+    path = Path(out) / PROMPTS_FILE
+    existing = load_prompts(out)
+    if existing is None:
+        return prompts
+    shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
+    clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
+    if clash.height:
+        row = clash.row(0, named=True)
+        raise InputError(
+            f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
+            f"this run has {row['answer_new']!r}; use another --out"
+        )
+    new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
+    filled = _fill_columns(existing, prompts)
+    if new.height == 0 and filled.equals(existing):
+        return None
+    return pl.concat([filled, new], how="diagonal_relaxed")
 
 
 def write_prompts_table(
@@ -125,22 +150,9 @@ def write_prompts_table(
     """
     out = Path(out)
     path = out / PROMPTS_FILE
-    existing = load_prompts(out)
-    table = prompts
-    if existing is not None:
-        shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
-        clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
-        if clash.height:
-            row = clash.row(0, named=True)
-            raise InputError(
-                f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
-                f"this run has {row['answer_new']!r}; use another --out"
-            )
-        new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
-        filled = _fill_columns(existing, prompts)
-        if new.height == 0 and filled.equals(existing):
-            return path
-        table = pl.concat([filled, new], how="diagonal_relaxed")
+    table = merged_prompts(prompts, out)
+    if table is None:
+        return path
     staged = out / f".{PROMPTS_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.staged"
     write_parquet_atomic(table, staged, metadata)
     os.replace(staged, path)
@@ -182,6 +194,7 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"
+        what = "is a symbolic link to nothing (or a loop)" if root.is_symlink() else what
         raise InputError(
             f"rollouts directory {str(root)!r} {what}; give the dataset's folder (the one "
             "holding prompts.parquet and rollouts/)"

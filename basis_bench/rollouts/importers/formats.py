@@ -32,6 +32,10 @@ def import_sources(
     if not paths:
         raise InputError("give at least one source file")
     check_policy_name(policy)
+    given = [os.path.realpath(p) for p in paths]
+    twice = next((p for i, p in enumerate(paths) if given[i] in given[:i]), None)
+    if twice is not None:  # eval-jsonl would add its samples twice, as if a second seed
+        raise InputError(f"source {str(twice)!r} is given twice; give each source once")
     result = IMPORTERS[fmt]([Path(p) for p in paths], policy, opt or ImportOptions())
     if result.rollouts.height == 0:
         raise InputError(
