@@ -41,7 +41,9 @@ def main() -> None:
     policies = [ds.reference, *ds.checkpoints]
     ids = sorted(set(prompts["prompt_id"].to_list()))  # type: ignore[index]
     values = {p: np.nanmean(ds.rewards[p].rows(ids), axis=1) for p in policies}
-    logit = {p: np.log(np.clip(v, 0.01, 0.99) / (1 - np.clip(v, 0.01, 0.99))) for p, v in values.items()}
+    logit = {
+        p: np.log(np.clip(v, 0.01, 0.99) / (1 - np.clip(v, 0.01, 0.99))) for p, v in values.items()
+    }
     designs = {
         "intercept": None,
         "plain": prompt_features(prompts, ids, "plain"),
