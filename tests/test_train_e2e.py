@@ -205,3 +205,18 @@ def test_group_estimator_gets_prompt_major_groups(smol_dir, tmp_path):
     assert np.array_equal(RECORDED[0].reshape(-1), step["reward"].to_numpy())
     ids = step["prompt_id"].to_list()
     assert ids[0] == ids[1] != ids[2] == ids[3]
+
+
+def test_basis_context_trains_on_the_reference_models_prompt_hidden_states(smol_dir, tmp_path):
+    """basis_context's features in training: SmolLM2's prompt hidden states, stored in the
+    reference cache and seen by the fit (its design has more than the intercept column)."""
+    from basis_bench.rollouts.store import load_prompts
+    from basis_bench.train.checkpoint import load_trainer_state
+
+    run = train(tiny(smol_dir, tmp_path, "estimator=basis_context", "eval_every=0"))
+    (cache,) = (tmp_path / "cache").iterdir()
+    prompts = load_prompts(cache)
+    assert prompts is not None and np.asarray(prompts["features"].to_list()).shape == (8, 576)
+    state = load_trainer_state(run / "checkpoints" / "step-000002")["estimator_state"]
+    curvature = np.asarray(state["fit_curvature"])
+    assert curvature.shape == (9, 9)  # intercept + 8 principal components of 8 prompts
