@@ -213,13 +213,14 @@ def test_blend_without_a_next_checkpoint_or_epochs_is_refused():
     ("names", "blend"),
     [(["basis", "grpo", "basis_memory", "spo_tracker"], True), (["basis"], False)],
 )
-@pytest.mark.parametrize("knob", ["BLOCK_DRAWS", "STREAM_BYTES"])
+@pytest.mark.parametrize("knob", ["BLOCK_DRAWS", "STREAM_BYTES", "STATELESS_VISITS"])
 def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
     monkeypatch, names, blend, knob
 ):
     """Bounded memory: with one batch per block of draws (BLOCK_DRAWS), or one repeat per
     pass (STREAM_BYTES), the draws, states and errors are those of one block and one pass
-    (sums over repeats and steps up to rounding order)."""
+    (sums over repeats and steps up to rounding order); a stateless estimator called once
+    a step (STATELESS_VISITS) gives what it gives called on a whole block of steps."""
     settings = TrajectorySettings(
         batch_size=3, repeats=4, epochs_per_checkpoint=2, group_size=2, oracle_n=4, ref_n=8,
         seed=3, blend=blend,

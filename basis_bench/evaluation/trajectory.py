@@ -63,6 +63,7 @@ from basis_bench.rollouts.features import prompt_features
 
 ESTIMATOR_NAME = SPO_TRACKER_NAME
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
+STATELESS_VISITS = 1 << 15  # visits per call of a stateless estimator (its (K, visits) grids)
 STREAM_PROMPT_BYTES = 24 + 64 + 16  # per stream and prompt: shuffle, basis_memory, SPO tracker
 STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
 Z_95 = 1.959963984540054
@@ -442,6 +443,35 @@ def _pick(split: _Split, index: np.ndarray, keys: np.ndarray, g_max: int) -> np.
     return pool[index[..., None], cols]
 
 
+def _block_baselines(t: _Track, index: np.ndarray, rewards: np.ndarray, b: int) -> list[np.ndarray]:
+    """Each step's baselines (r, b, g) over a block of visits: index (r, k b), rewards
+    (r, k b, g_max). A stateless estimator takes up to STATELESS_VISITS of them in one call,
+    its steps as more streams (streams are independent rows: the numbers of one call a
+    step, with one call's overhead, so the trajectory's time stays linear in the prompts
+    however many passes of streams it takes); a stateful one steps through them in order."""
+    r, n = index.shape
+    if t.step.stateful:
+        return [
+            np.asarray(
+                t.step.step_columns(
+                    index[:, lo : lo + b], rewards[:, lo : lo + b, : t.g]
+                ).baselines,
+                dtype=np.float64,
+            )
+            for lo in range(0, n, b)
+        ]
+    out: list[np.ndarray] = []
+    width = max(1, STATELESS_VISITS // (r * b)) * b
+    for lo in range(0, n, width):
+        cols, rw = index[:, lo : lo + width], rewards[:, lo : lo + width, : t.g]
+        k = cols.shape[1] // b
+        t.step.reset(lead=(r * k,))
+        res = t.step.step_columns(cols.reshape(-1, b), rw.reshape(-1, b, t.g))
+        base = np.asarray(res.baselines, dtype=np.float64).reshape(r, k, b, -1)
+        out += [np.ascontiguousarray(base[:, j]) for j in range(k)]
+    return out
+
+
 def _run_epoch(
     tracks: Mapping[str, _Track], draws: _EpochDraws, oracle: np.ndarray, b: int
 ) -> dict[str, np.ndarray]:
@@ -456,13 +486,9 @@ def _run_epoch(
         hi = min(lo + size, index.shape[1])
         rewards = draws.rewards(lo, hi)
         for name, t in tracks.items():
-            for start in range(lo, hi, b):
-                sl = slice(start, start + b)
-                res = t.step.step_columns(
-                    index[:, sl], rewards[:, start - lo : start - lo + b, : t.g]
-                )
-                base = np.asarray(res.baselines, dtype=np.float64)
-                err = (base - oracle[index[:, sl], None]) ** 2
+            steps = _block_baselines(t, index[:, lo:hi], rewards, b)
+            for start, base in zip(range(lo, hi, b), steps, strict=True):
+                err = (base - oracle[index[:, start : start + b], None]) ** 2
                 t.curve.append(float(err.sum()))
                 out[name] += err.mean(axis=-1).sum(axis=1)
                 extreme[name] += int(((base == 0) | (base == 1)).sum())
