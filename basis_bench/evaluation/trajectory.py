@@ -64,7 +64,7 @@ from basis_bench.rollouts.features import prompt_features
 ESTIMATOR_NAME = SPO_TRACKER_NAME
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
 STATELESS_VISITS = 1 << 15  # visits per call of a stateless estimator (its (K, visits) grids)
-STREAM_PROMPT_BYTES = 24 + 64 + 16  # per stream and prompt: shuffle, basis_memory, SPO tracker
+SHUFFLE_BYTES = 16  # per stream and prompt: an epoch's sort keys and their order
 STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
 Z_95 = 1.959963984540054
 SUMMARY_COLUMNS = (
@@ -148,9 +148,17 @@ class _Track:
     curve: list[float] = field(default_factory=list)  # summed squared error of each step
 
 
-def stream_group(repeats: int, prompts: int) -> int:
-    """Streams run together in one pass: as many as STREAM_BYTES of per-prompt state hold."""
-    return max(1, min(repeats, STREAM_BYTES // max(prompts * STREAM_PROMPT_BYTES, 1)))
+def stream_group(repeats: int, stream_bytes: int) -> int:
+    """Streams run together in one pass: as many as STREAM_BYTES hold, ``stream_bytes`` each."""
+    return max(1, min(repeats, STREAM_BYTES // max(stream_bytes, 1)))
+
+
+def stream_bytes(prompts: int, kernels: Sequence[Any]) -> int:
+    """One stream's memory: its epoch's shuffle and every estimator's state (what
+    ``initial_state`` allocates for one stream: basis_memory's and basis_context's
+    discounted histories, 64 bytes a prompt each, the SPO tracker's 16, ...)."""
+    state = sum(a.nbytes for k in kernels for a in k.initial_state((1,)).values())
+    return SHUFFLE_BYTES * prompts + state
 
 
 @dataclass
@@ -269,7 +277,7 @@ def replay_trajectory(
         {n: np.zeros((n_epochs, s.repeats)) for n in names}, {n: np.zeros(n_epochs) for n in names},
         np.zeros(n_epochs), np.zeros(n_epochs), dict.fromkeys(names, np.zeros(0)),
     )  # fmt: skip
-    group = stream_group(s.repeats, p)
+    group = stream_group(s.repeats, stream_bytes(p, [kernel for _, _, kernel in steppers]))
     for lo in range(0, s.repeats, group):
         streams = (lo, min(lo + group, s.repeats))
         tracks = {
