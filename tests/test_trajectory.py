@@ -9,7 +9,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get
+from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get, make_step_estimator
 from basis_bench.evaluation import trajectory
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
@@ -232,3 +232,18 @@ def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
     assert_frame_equal(parts, whole, rtol=1e-12)
     for name in names:
         np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)
+
+
+def test_only_previous_calibration_makes_basis_carry_state():
+    """The trajectory gives a block of steps to one call of an estimator that carries
+    nothing between steps: BASIS does only with ``previous`` calibration."""
+    ref = np.random.default_rng(0).integers(0, 2, (6, 8)).astype(float)
+    ids = [f"q{i}" for i in range(6)]
+
+    def basis(calibration):
+        return make_step_estimator(
+            "basis", {"calibration": calibration}, prompt_ids=ids, ref_rewards=ref, lead=(2,)
+        )
+
+    assert basis("previous").stateful and not basis("current").stateful
+    assert make_step_estimator("spo_tracker", prompt_ids=ids, ref_rewards=ref, lead=(2,)).stateful

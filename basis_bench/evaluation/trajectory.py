@@ -63,7 +63,7 @@ from basis_bench.rollouts.features import prompt_features
 
 ESTIMATOR_NAME = SPO_TRACKER_NAME
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
-STATELESS_VISITS = 1 << 15  # visits per call of a stateless estimator (its (K, visits) grids)
+STATELESS_VISITS = 1 << 14  # visits per call of a stateless estimator: a one-step replay chunk's
 SHUFFLE_BYTES = 16  # per stream and prompt: an epoch's sort keys and their order
 STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
 Z_95 = 1.959963984540054
