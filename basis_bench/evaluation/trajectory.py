@@ -5,7 +5,9 @@ which a prompt comes back once per epoch, and stateful estimators (the SPO track
 ``basis_memory``, BASIS with ``previous`` calibration) carry what they saw before. The
 replay, per repeat (R repeats run as parallel streams of one
 :class:`~basis_bench.estimators.StepEstimator` each, so the Python loop is over steps and
-estimators only, never over prompts or repeats):
+estimators only, never over prompts or repeats; an estimator that carries nothing from one
+step to the next takes a block of steps in one call, so the time stays linear in prompts
+when memory splits the streams into several passes):
 
 * every estimator starts from its initial state (built from the reference cache: the
   reference policy's first ``ref_n`` samples of each prompt);
@@ -57,6 +59,7 @@ from basis_bench.estimators import (
 )
 from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.estimators.related import SPO_DECAY, SPO_TRACKER_NAME
+from basis_bench.estimators.step import StepKernel
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.evaluation.replay import pick_rollouts
 from basis_bench.rollouts.features import prompt_features
@@ -153,7 +156,7 @@ def stream_group(repeats: int, stream_bytes: int) -> int:
     return max(1, min(repeats, STREAM_BYTES // max(stream_bytes, 1)))
 
 
-def stream_bytes(prompts: int, kernels: Sequence[Any]) -> int:
+def stream_bytes(prompts: int, kernels: Sequence[StepKernel]) -> int:
     """One stream's memory: its epoch's shuffle and every estimator's state (what
     ``initial_state`` allocates for one stream: basis_memory's and basis_context's
     discounted histories, 64 bytes a prompt each, the SPO tracker's 16, ...)."""
