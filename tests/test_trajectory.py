@@ -9,7 +9,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get
+from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get, make_step_estimator
 from basis_bench.evaluation import trajectory
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
@@ -213,13 +213,14 @@ def test_blend_without_a_next_checkpoint_or_epochs_is_refused():
     ("names", "blend"),
     [(["basis", "grpo", "basis_memory", "spo_tracker"], True), (["basis"], False)],
 )
-@pytest.mark.parametrize("knob", ["BLOCK_DRAWS", "STREAM_BYTES"])
+@pytest.mark.parametrize("knob", ["BLOCK_DRAWS", "STREAM_BYTES", "STATELESS_VISITS"])
 def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
     monkeypatch, names, blend, knob
 ):
     """Bounded memory: with one batch per block of draws (BLOCK_DRAWS), or one repeat per
     pass (STREAM_BYTES), the draws, states and errors are those of one block and one pass
-    (sums over repeats and steps up to rounding order)."""
+    (sums over repeats and steps up to rounding order); a stateless estimator called once
+    a step (STATELESS_VISITS) gives what it gives called on a whole block of steps."""
     settings = TrajectorySettings(
         batch_size=3, repeats=4, epochs_per_checkpoint=2, group_size=2, oracle_n=4, ref_n=8,
         seed=3, blend=blend,
@@ -231,3 +232,18 @@ def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
     assert_frame_equal(parts, whole, rtol=1e-12)
     for name in names:
         np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)
+
+
+def test_only_previous_calibration_makes_basis_carry_state():
+    """The trajectory gives a block of steps to one call of an estimator that carries
+    nothing between steps: BASIS does only with ``previous`` calibration."""
+    ref = np.random.default_rng(0).integers(0, 2, (6, 8)).astype(float)
+    ids = [f"q{i}" for i in range(6)]
+
+    def basis(calibration):
+        return make_step_estimator(
+            "basis", {"calibration": calibration}, prompt_ids=ids, ref_rewards=ref, lead=(2,)
+        )
+
+    assert basis("previous").stateful and not basis("current").stateful
+    assert make_step_estimator("spo_tracker", prompt_ids=ids, ref_rewards=ref, lead=(2,)).stateful

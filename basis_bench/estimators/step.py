@@ -94,6 +94,11 @@ class BasisKernel:
         self.estimator, self.options, self.table = estimator, options, table
         self.reward_range = reward_range
 
+    @property
+    def carries_state(self) -> bool:
+        """Only ``previous`` calibration carries its grid index from one step to the next."""
+        return self.options.calibration == "previous"
+
     def initial_state(self, lead: tuple[int, ...]) -> State:
         inf = self.table.inf_index
         return {"previous_index": np.full(lead, inf if inf is not None else 0, dtype=np.int64)}
@@ -147,8 +152,9 @@ class StepEstimator:
 
     @property
     def stateful(self) -> bool:
-        """Whether anything is carried from one step to the next."""
-        return bool(self.state)
+        """Whether anything is carried from one step to the next (a kernel may hold state
+        that its options leave unused: ``carries_state``)."""
+        return bool(self.state) and getattr(self.kernel, "carries_state", True)
 
     def reset(self, lead: tuple[int, ...] | None = None) -> None:
         """The initial state, for ``lead`` parallel streams (default: as before)."""

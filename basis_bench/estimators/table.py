@@ -94,7 +94,8 @@ class TiltTable:
 
     def gather(self, cols: np.ndarray, like: Array | None = None) -> tuple[Array, Array]:
         """(v_grid, var_grid), each (K, *cols.shape), as arrays like ``like`` (default numpy)."""
-        v, var = self.values[:, cols], self.variances[:, cols]
+        # np.take, not values[:, cols]: the same elements, gathered about twice as fast
+        v, var = np.take(self.values, cols, axis=1), np.take(self.variances, cols, axis=1)
         if like is None:
             return v, var
         return asarray_like(v, like), asarray_like(var, like)

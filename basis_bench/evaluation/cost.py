@@ -4,19 +4,20 @@ cannot hold before any replay starts.
 Peak resident memory of evaluate, the model fitted to the runs of
 benchmarks/bench_scale.py (docs/scale.md), for P prompts:
 
-    BASE + held + (CHUNK_REPEATS * 16 + TRANSIENT) * P + min(R_t * P * 104, STREAM_BYTES)
+    BASE + held + TRANSIENT * P + min(R_t * P * STREAM_PROMPT_BYTES, STREAM_BYTES)
 
 ``held``: the reward matrices (one narrow matrix per policy, 2 bytes a rollout for 0/1
-rewards) and each checkpoint's oracle, pool and cache arrays; the replay draws a chunk of
-CHUNK_REPEATS batches from P sort keys and their order (16 bytes a prompt); TRANSIENT
-(8 KiB a prompt, fitted to the measured peaks at 2,500 and 17,398 prompts) covers the
-temporaries: a checkpoint's float64 rewards while its oracle is split off, the trajectory's
-tilt table and estimator kernels, allocator slack; the trajectory
-replay (when on) runs R_t = min(repeats, 200) streams, each holding per prompt its shuffle
-(3 x 8 bytes) and the stateful estimators' state (basis_memory: successes and visits for 4
-gammas, 64 bytes; the SPO tracker: alpha and beta, 16 bytes), as many together as
-STREAM_BYTES (64 MiB) holds (:func:`~basis_bench.evaluation.trajectory.stream_group`). Repeats
-beyond that cost time, never memory: per-repeat values are running sums.
+rewards) and each checkpoint's oracle, pool and cache arrays; BASE: the interpreter and
+its libraries, and every working set that does not grow with P (the one-step replay's
+sort keys, drawn 2^20 at a time; the trajectory's blocks of draws and the stateless
+estimators' blocks of visits); TRANSIENT (fitted to the measured peaks at 2,500 and 17,398
+prompts) covers what the trajectory replay holds per prompt besides its streams (each
+checkpoint's pool, oracle and noise, the reference cache and its tilt table) and allocator
+slack. The trajectory replay (when on) runs R_t = min(repeats, 200) streams, each holding
+per prompt its epoch's shuffle and the stateful estimators' state (STREAM_PROMPT_BYTES with
+the default estimators), as many together as STREAM_BYTES (64 MiB) holds
+(:func:`~basis_bench.evaluation.trajectory.stream_group`). Repeats beyond that cost time,
+never memory: per-repeat values are running sums.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from collections.abc import Iterable
 
 from basis_bench.errors import InputError
 from basis_bench.evaluation.dataset import CheckpointData, Rewards
-from basis_bench.evaluation.replay import CHUNK_REPEATS
-from basis_bench.evaluation.trajectory import STREAM_PROMPT_BYTES, stream_group
+from basis_bench.evaluation.trajectory import SHUFFLE_BYTES, stream_group
 from basis_bench.fits import available_memory
 
-BASE_BYTES = 320 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
-REPLAY_BYTES = 16 * CHUNK_REPEATS  # a chunk's sort keys and argpartition, per prompt
-TRANSIENT_BYTES = 8 * 1024  # per prompt: float64 copies while splitting, tables, kernels
+BASE_BYTES = 400 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
+TRANSIENT_BYTES = 2 * 1024  # per prompt: the trajectory's pools, cache and tilt table, slack
+# per stream and prompt, default estimators: shuffle, basis_memory's and basis_context's
+# discounted histories (4 gammas x 2 x 8 bytes each), the SPO tracker's alpha and beta
+STREAM_PROMPT_BYTES = SHUFFLE_BYTES + 64 + 64 + 16
 
 
 def held_bytes(rewards: Rewards, datas: Iterable[CheckpointData]) -> int:
@@ -43,8 +45,8 @@ def held_bytes(rewards: Rewards, datas: Iterable[CheckpointData]) -> int:
 def evaluate_memory(prompts: int, held: int, streams: int) -> int:
     """Predicted peak resident bytes of evaluate (the model above); ``streams`` = R_t, 0
     without the trajectory replay."""
-    together = stream_group(streams, prompts) if streams else 0
-    per_prompt = REPLAY_BYTES + TRANSIENT_BYTES + together * STREAM_PROMPT_BYTES
+    together = stream_group(streams, prompts * STREAM_PROMPT_BYTES) if streams else 0
+    per_prompt = TRANSIENT_BYTES + together * STREAM_PROMPT_BYTES
     return BASE_BYTES + held + per_prompt * prompts
 
 

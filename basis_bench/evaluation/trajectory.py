@@ -5,7 +5,9 @@ which a prompt comes back once per epoch, and stateful estimators (the SPO track
 ``basis_memory``, BASIS with ``previous`` calibration) carry what they saw before. The
 replay, per repeat (R repeats run as parallel streams of one
 :class:`~basis_bench.estimators.StepEstimator` each, so the Python loop is over steps and
-estimators only, never over prompts or repeats):
+estimators only, never over prompts or repeats; an estimator that carries nothing from one
+step to the next takes a block of steps in one call, so the time stays linear in prompts
+when memory splits the streams into several passes):
 
 * every estimator starts from its initial state (built from the reference cache: the
   reference policy's first ``ref_n`` samples of each prompt);
@@ -57,13 +59,15 @@ from basis_bench.estimators import (
 )
 from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.estimators.related import SPO_DECAY, SPO_TRACKER_NAME
+from basis_bench.estimators.step import StepKernel
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.evaluation.replay import pick_rollouts
 from basis_bench.rollouts.features import prompt_features
 
 ESTIMATOR_NAME = SPO_TRACKER_NAME
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
-STREAM_PROMPT_BYTES = 24 + 64 + 16  # per stream and prompt: shuffle, basis_memory, SPO tracker
+STATELESS_VISITS = 1 << 14  # visits per call of a stateless estimator: a one-step replay chunk's
+SHUFFLE_BYTES = 16  # per stream and prompt: an epoch's sort keys and their order
 STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
 Z_95 = 1.959963984540054
 SUMMARY_COLUMNS = (
@@ -147,9 +151,17 @@ class _Track:
     curve: list[float] = field(default_factory=list)  # summed squared error of each step
 
 
-def stream_group(repeats: int, prompts: int) -> int:
-    """Streams run together in one pass: as many as STREAM_BYTES of per-prompt state hold."""
-    return max(1, min(repeats, STREAM_BYTES // max(prompts * STREAM_PROMPT_BYTES, 1)))
+def stream_group(repeats: int, stream_bytes: int) -> int:
+    """Streams run together in one pass: as many as STREAM_BYTES hold, ``stream_bytes`` each."""
+    return max(1, min(repeats, STREAM_BYTES // max(stream_bytes, 1)))
+
+
+def stream_bytes(prompts: int, kernels: Sequence[StepKernel]) -> int:
+    """One stream's memory: its epoch's shuffle and every estimator's state (what
+    ``initial_state`` allocates for one stream: basis_memory's and basis_context's
+    discounted histories, 64 bytes a prompt each, the SPO tracker's 16, ...)."""
+    state = sum(a.nbytes for k in kernels for a in k.initial_state((1,)).values())
+    return SHUFFLE_BYTES * prompts + state
 
 
 @dataclass
@@ -268,7 +280,7 @@ def replay_trajectory(
         {n: np.zeros((n_epochs, s.repeats)) for n in names}, {n: np.zeros(n_epochs) for n in names},
         np.zeros(n_epochs), np.zeros(n_epochs), dict.fromkeys(names, np.zeros(0)),
     )  # fmt: skip
-    group = stream_group(s.repeats, p)
+    group = stream_group(s.repeats, stream_bytes(p, [kernel for _, _, kernel in steppers]))
     for lo in range(0, s.repeats, group):
         streams = (lo, min(lo + group, s.repeats))
         tracks = {
@@ -442,6 +454,35 @@ def _pick(split: _Split, index: np.ndarray, keys: np.ndarray, g_max: int) -> np.
     return pool[index[..., None], cols]
 
 
+def _block_baselines(t: _Track, index: np.ndarray, rewards: np.ndarray, b: int) -> list[np.ndarray]:
+    """Each step's baselines (r, b, g) over a block of visits: index (r, k b), rewards
+    (r, k b, g_max). A stateless estimator takes up to STATELESS_VISITS of them in one call,
+    its steps as more streams (streams are independent rows: the numbers of one call a
+    step, with one call's overhead, so the trajectory's time stays linear in the prompts
+    however many passes of streams it takes); a stateful one steps through them in order."""
+    r, n = index.shape
+    if t.step.stateful:
+        return [
+            np.asarray(
+                t.step.step_columns(
+                    index[:, lo : lo + b], rewards[:, lo : lo + b, : t.g]
+                ).baselines,
+                dtype=np.float64,
+            )
+            for lo in range(0, n, b)
+        ]
+    out: list[np.ndarray] = []
+    width = max(1, STATELESS_VISITS // (r * b)) * b
+    for lo in range(0, n, width):
+        cols, rw = index[:, lo : lo + width], rewards[:, lo : lo + width, : t.g]
+        k = cols.shape[1] // b
+        t.step.reset(lead=(r * k,))
+        res = t.step.step_columns(cols.reshape(-1, b), rw.reshape(-1, b, t.g))
+        base = np.asarray(res.baselines, dtype=np.float64).reshape(r, k, b, -1)
+        out += [np.ascontiguousarray(base[:, j]) for j in range(k)]
+    return out
+
+
 def _run_epoch(
     tracks: Mapping[str, _Track], draws: _EpochDraws, oracle: np.ndarray, b: int
 ) -> dict[str, np.ndarray]:
@@ -456,13 +497,9 @@ def _run_epoch(
         hi = min(lo + size, index.shape[1])
         rewards = draws.rewards(lo, hi)
         for name, t in tracks.items():
-            for start in range(lo, hi, b):
-                sl = slice(start, start + b)
-                res = t.step.step_columns(
-                    index[:, sl], rewards[:, start - lo : start - lo + b, : t.g]
-                )
-                base = np.asarray(res.baselines, dtype=np.float64)
-                err = (base - oracle[index[:, sl], None]) ** 2
+            steps = _block_baselines(t, index[:, lo:hi], rewards, b)
+            for start, base in zip(range(lo, hi, b), steps, strict=True):
+                err = (base - oracle[index[:, start : start + b], None]) ** 2
                 t.curve.append(float(err.sum()))
                 out[name] += err.mean(axis=-1).sum(axis=1)
                 extreme[name] += int(((base == 0) | (base == 1)).sum())
