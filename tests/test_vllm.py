@@ -291,8 +291,8 @@ def test_vllm_oracle_resumes_after_sigkill(whole_run, tmp_path):
 
 
 def train_config(root: Path, backend: str, *overrides: str):
-    """3 BASIS steps of 4 rollouts (16 new tokens), its reference cache and two greedy
-    evaluations: every path of a run that touches the sampler, in about a minute."""
+    """3 BASIS steps of 4 rollouts (16 new tokens), its reference cache (4 prompts x 4) and
+    two greedy evaluations of 2 prompts: every path of a run that touches the sampler."""
     from basis_bench.train import make_config
 
     base = {
@@ -303,8 +303,8 @@ def train_config(root: Path, backend: str, *overrides: str):
         "vllm_kv_cache_gib": KV_CACHE_GIB,
         "run_dir": str(root / f"run-{backend}"),
         "cache_dir": str(root / f"cache-{backend}"),
-        "train_prompts": "arithmetic:n=8,digits=1,steps=1,ops=+,seed=0",
-        "eval_prompts": "arithmetic:n=4,digits=1,steps=1,ops=+,seed=1",
+        "train_prompts": "arithmetic:n=4,digits=1,steps=1,ops=+,seed=0",
+        "eval_prompts": "arithmetic:n=2,digits=1,steps=1,ops=+,seed=1",
         "instruction": "Answer with the number only.",
         "answer_format": "number",
         "estimator": "basis",
