@@ -32,7 +32,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def fast(session: nox.Session) -> None:
-    """The fast tier (no real model, no vLLM): the inner loop, 1-2 minutes on 2 idle cores."""
+    """The fast tier (no real model weights, no vLLM): the inner loop, a few minutes on 2 idle cores."""
     install(session)
     session.run("pytest", "-n", "2", "--dist", "loadfile", *session.posargs)
 
