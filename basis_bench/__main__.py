@@ -3,24 +3,21 @@
 It arms the signals before the command line's imports (about a second), so Ctrl-C at any
 moment ends in one line, and SIGTERM raises :class:`~basis_bench.errors.Terminated` where
 the program is: every cleanup that runs on Ctrl-C (staging folders, partial files) runs on
-a polite kill too.
+a polite kill too. The handler remembers what it raised, so an interrupt a library
+swallowed is still reported when the command ends.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from types import FrameType
 
-from basis_bench.errors import Terminated, interrupt_exit
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
+from basis_bench.errors import interrupt_exit, raise_interrupt
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    signal.signal(signal.SIGINT, raise_interrupt)
     try:
         from basis_bench.cli import main as run
     except KeyboardInterrupt as stop:

@@ -1460,3 +1460,32 @@ def test_a_rollouts_link_to_nothing_says_so(monkeypatch, capsys, tmp_path):
         args = evaluate_args(tmp_path / link, tmp_path / "out")
         assert_one_line_error(run_main(monkeypatch, capsys, *args), "a symbolic link to nothing")
     assert not (tmp_path / "out").exists()
+
+
+def test_import_refuses_a_column_named_twice_in_a_csv_header(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """polars read the first ``n`` and renamed the second: the value 5 was silently dropped."""
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct,n\na,4,1,5\n")
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "counts", source)
+    assert code == 2 and f"{source}:1: column 'n' appears twice in the header" in message
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--grid-size", "100000000"], "--grid-size must be <= 1024"),  # once an OOM kill
+        (["--option", "basis.eps=0.1", "--option", "basis.eps=0.2"], "basis.eps is given twice"),
+    ],
+)
+def test_evaluate_refuses_a_grid_too_large_and_an_option_given_twice(
+    monkeypatch, capsys, sim_dataset, tmp_path, extra, needle
+):
+    out = tmp_path / "res"
+    assert_one_line_error(
+        run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out, *extra)), needle
+    )
+    assert not out.exists()

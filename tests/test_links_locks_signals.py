@@ -143,6 +143,36 @@ def test_ctrl_c_and_sigterm_at_any_moment_are_one_line(sim_dataset, tmp_path):
     assert siblings(out) == []
 
 
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_a_library_swallowed_is_still_reported(
+    monkeypatch, capsys, tmp_path, sig, code
+):
+    """A polars constructor fed from numpy swallowed the KeyboardInterrupt the handler raised
+    inside it (7 of 10 signals into a 6-second simulate): the command ran on and exited 0
+    as if never interrupted. It still runs to its end, but says so and exits 130 / 143."""
+    import basis_bench.rollouts.simulate as simulate_module
+    from basis_bench.errors import raise_interrupt
+
+    real = simulate_module.write_parquet_atomic
+
+    def swallowing(*args, **kwargs):  # what polars did with the handler's exception
+        try:
+            raise_interrupt(sig, None)
+        except KeyboardInterrupt:
+            pass
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulate_module, "write_parquet_atomic", swallowing)
+    out = tmp_path / "sim"
+    result = run_main(monkeypatch, capsys, "simulate", "--out", str(out), "--prompts", "4")
+    assert result.code == code
+    assert "inside a library call that ignored it" in result.message
+    assert "its output is complete" in result.message
+    assert load_rollouts(out)["prompt_id"].n_unique() == 4  # it is
+    monkeypatch.setattr(simulate_module, "write_parquet_atomic", real)
+    assert run_main(monkeypatch, capsys, "simulate", "--out", str(out), "--prompts", "4")[0] == 0
+
+
 # --------------------------------------------------------------------------- evaluate
 
 

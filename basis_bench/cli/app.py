@@ -9,7 +9,7 @@ import sys
 import typer
 from rich.console import Console
 
-from basis_bench.errors import InputError, interrupt_exit
+from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
 
 app = typer.Typer(
     name="basis-bench",
@@ -68,6 +68,7 @@ def main() -> None:
     (exit code 1), Ctrl-C the same (exit code 130), SIGTERM too (exit code 143; the
     handler is armed by :mod:`basis_bench.__main__`)."""
     console = Console(stderr=True, soft_wrap=True)
+    swallowed_interrupt(forget=True)
     try:
         app()
     except InputError as err:
@@ -89,6 +90,15 @@ def main() -> None:
         cause = _interrupted(stop)
         if cause is not None:
             _say_interrupted(console, cause)
+        swallowed = swallowed_interrupt() if stop.code in (0, None) else None
+        if swallowed is not None:  # a library ignored it and the command ran to its end
+            word, code = interrupt_exit(swallowed)
+            console.print(
+                f"[yellow]{word}[/] inside a library call that ignored it; the command ran to "
+                "its end, so its output is complete",
+                highlight=False,
+            )
+            sys.exit(code)
         raise
 
 

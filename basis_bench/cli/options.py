@@ -99,5 +99,7 @@ def estimator_options(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw.strip()
+        if option in out.get(name, {}):  # the later value would silently win
+            raise InputError(f"--option {name}.{option} is given twice; give it once")
         out.setdefault(name, {})[option] = value
     return out

@@ -11,8 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_GRID_SIZE, TableOptions
-from basis_bench.settings import check_settings, setting, setting_flag, setting_help
+from basis_bench.estimators.options import (
+    DEFAULT_EPS,
+    DEFAULT_GRID_SIZE,
+    MAX_GRID_SIZE,
+    TableOptions,
+)
+from basis_bench.settings import (
+    check_scalar,
+    check_settings,
+    setting,
+    setting_flag,
+    setting_help,
+)
 
 
 def _feature_kinds() -> tuple[str, ...]:
@@ -86,6 +97,7 @@ OPTION_HELP = (
 def _check_flags(config: Any) -> None:
     """Refuse a value out of range, naming the setting by its command-line flag."""
     check_settings(config, lambda name: setting_flag(type(config), name))
+    check_scalar(config.grid_size, "--grid-size", int, max_val=MAX_GRID_SIZE)
 
 
 @dataclass(frozen=True)

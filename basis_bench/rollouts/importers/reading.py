@@ -9,6 +9,7 @@ polars' reader refuses.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -165,12 +166,16 @@ def read_table(path: Path, id_col: str | None = None) -> tuple[pl.DataFrame, Sou
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
         text = utf8_text(path).encode()
+        separator = "\t" if suffix == ".tsv" else ","
         try:
-            df = pl.read_csv(
-                io.BytesIO(text), infer_schema=False, separator="\t" if suffix == ".tsv" else ","
-            )
+            df = pl.read_csv(io.BytesIO(text), infer_schema=False, separator=separator)
         except pl.exceptions.PolarsError as err:
             raise InputError(f"{path}: not a readable CSV file ({err})") from err
+        first_line = text.split(b"\n", 1)[0].decode()
+        header = next(csv.reader([first_line], delimiter=separator), [])
+        twice = next((name for i, name in enumerate(header) if name in header[:i]), None)
+        if twice is not None:  # polars would read the first and rename the second
+            raise InputError(f"{path}:1: column {twice!r} appears twice in the header")
         multiline = any(
             df[c].str.contains("\n").any() for c in df.columns if df.schema[c] == pl.String
         )
