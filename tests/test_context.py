@@ -348,9 +348,9 @@ def test_evaluate_takes_the_feature_kind(tmp_path, monkeypatch, capsys):
 
 
 def test_wide_features_are_reduced_to_principal_components():
-    """A hidden state (d > components) enters as its leading principal components, each
-    of variance 1; narrow features are only standardised."""
-    from basis_bench.estimators.context import COMPONENTS
+    """A hidden state (d > WIDE) enters as its leading principal components, each of
+    variance 1; narrower features (plain, text) are only standardised."""
+    from basis_bench.estimators.context import COMPONENTS, WIDE
 
     rng = np.random.default_rng(1)
     wide = rng.normal(size=(150, 200)) @ rng.normal(size=(200, 200))
@@ -359,9 +359,9 @@ def test_wide_features_are_reduced_to_principal_components():
     assert standardised(wide, 150, components=8).shape == (150, 9)
     np.testing.assert_allclose(x[:, 1:].std(axis=0), 1.0)
     np.testing.assert_allclose(x[:, 1:].mean(axis=0), 0.0, atol=1e-12)
-    narrow = standardised(wide[:, :5], 150)
+    narrow = standardised(wide[:, :WIDE], 150)
     np.testing.assert_allclose(
-        narrow[:, 1:], (wide[:, :5] - wide[:, :5].mean(0)) / wide[:, :5].std(0)
+        narrow[:, 1:], (wide[:, :WIDE] - wide[:, :WIDE].mean(0)) / wide[:, :WIDE].std(0)
     )
 
 

@@ -210,6 +210,7 @@ def test_group_estimator_gets_prompt_major_groups(smol_dir, tmp_path):
 def test_basis_context_trains_on_the_reference_models_prompt_hidden_states(smol_dir, tmp_path):
     """basis_context's features in training: SmolLM2's prompt hidden states, stored in the
     reference cache and seen by the fit (its design has more than the intercept column)."""
+    from basis_bench.estimators.context import COMPONENTS
     from basis_bench.rollouts.store import load_prompts
     from basis_bench.train.checkpoint import load_trainer_state
 
@@ -219,4 +220,4 @@ def test_basis_context_trains_on_the_reference_models_prompt_hidden_states(smol_
     assert prompts is not None and np.asarray(prompts["features"].to_list()).shape == (8, 576)
     state = load_trainer_state(run / "checkpoints" / "step-000002")["estimator_state"]
     curvature = np.asarray(state["fit_curvature"])
-    assert curvature.shape == (9, 9)  # intercept + 8 principal components of 8 prompts
+    assert curvature.shape == (1 + COMPONENTS, 1 + COMPONENTS)  # intercept + leading PCs

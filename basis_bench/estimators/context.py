@@ -42,7 +42,11 @@ from basis_bench.settings import check_settings, setting
 FIT_MEMORY = 0.9
 RIDGE = 4.0
 INTERCEPT_RIDGE = 1e-3  # the batch-wide lag a: almost free
-COMPONENTS = 64  # wider features (hidden states) go through PCA: a D x D solve per stream
+WIDE = 64  # features wider than this are a model's state (hand-made ones are narrower)
+# ... and enter as this many principal components. On the default data SmolLM2's 576-wide
+# states cost 4% at 64 components, 1.5% at 8-16, nothing at 4 (ridge 4; docs/results.md):
+# 16 binary rewards a step cannot fit more directions.
+COMPONENTS = 4
 MAX_SHIFT = 8.0  # |shift| cap: never 0/1 in float64, whatever the fit does
 
 
@@ -67,8 +71,9 @@ class ContextOptions(MemoryOptions):
     )
     components: int = setting(
         COMPONENTS,
-        help="Features wider than this (a hidden state) enter as this many leading principal "
-        "components over the cached prompts, each of variance 1 (no reward is looked at).",
+        help=f"Features wider than {WIDE} columns (a model's hidden state) enter as this many "
+        "leading principal components over the cached prompts, each of variance 1 (no reward "
+        "is looked at).",
         min_val=1,
     )
     lag: bool = setting(
@@ -87,13 +92,13 @@ def standardised(
     features: np.ndarray | None, n_prompts: int, components: int = COMPONENTS
 ) -> np.ndarray:
     """Design rows x_i = [1, z_i] (P, 1 + d): z the features standardised over the prompts
-    (constant columns 0); more than ``components`` columns (a hidden state) are first
-    reduced to their leading principal components, each rescaled to variance 1. Neither
+    (constant columns 0); more than ``WIDE`` columns (a hidden state) are first reduced to
+    their ``components`` leading principal components, each rescaled to variance 1. Neither
     step looks at a reward."""
     if features is None:
         return np.ones((n_prompts, 1))
     z = _unit_variance(features - features.mean(axis=0))
-    if z.shape[1] > components:
+    if z.shape[1] > WIDE:
         u, sv, _ = np.linalg.svd(z, full_matrices=False)
         z = _unit_variance(u[:, :components] * sv[:components])
     return np.concatenate([np.ones((n_prompts, 1)), z], axis=1)
