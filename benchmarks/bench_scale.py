@@ -5,7 +5,8 @@ oracle rollouts per prompt per checkpoint. This builds simulated sets of that sh
 reference samples, 3 checkpoints x 272 samples: 256 oracle + 16 pool) with `simulate`, and
 runs the default evaluate (every estimator, the trajectory replay, estimates.parquet) on
 each, every run a fresh child process whose own peak resident memory (VmHWM) is
-printed, with its wall time and the memory evaluate's pre-flight check predicted
+printed, with its wall and CPU time (on a shared machine, CPU time is the one to compare)
+and the memory evaluate's pre-flight check predicted
 (:func:`basis_bench.evaluation.cost.evaluate_memory`). Default: 2,500 / 10,000 / 17,398 prompts
 at 1,000 repeats, and 2,500 prompts at 10,000 repeats (the table in docs/scale.md).
 
@@ -44,10 +45,10 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     from basis_bench.evaluation.dataset import checkpoint_data, open_dataset
     from basis_bench.evaluation.run import TRAJECTORY_REPEATS, evaluate
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     cfg = EvaluateConfig(rollouts=data, repeats=repeats, trajectory=trajectory)
     evaluate(cfg, out)
-    wall, peak = time.perf_counter() - t0, peak_rss_mb()
+    wall, cpu, peak = time.perf_counter() - t0, time.process_time() - cpu0, peak_rss_mb()
     ds = open_dataset(data)  # after the run: what evaluate's check predicted
     datas = [
         checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, cfg.group_size) for c in ds.checkpoints
@@ -58,6 +59,7 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     )
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "max_rss_mb": peak,
         "predicted_mb": predicted / 2**20,
         "estimates_mb": (Path(out) / "estimates.parquet").stat().st_size / 2**20,
@@ -86,8 +88,8 @@ def main() -> None:
         "evaluate (default: all estimators, trajectory "
         f"{'off' if args.no_trajectory else 'on'}), simulated 64 reference + 3 x 272 samples per prompt"
     )
-    print(f"{'prompts':>8} {'repeats':>8} {'rollouts':>11} {'wall s':>8} {'peak RSS MB':>12} "
-          f"{'predicted MB':>13} {'estimates MB':>13}")  # fmt: skip
+    print(f"{'prompts':>8} {'repeats':>8} {'rollouts':>11} {'wall s':>8} {'CPU s':>8} "
+          f"{'peak RSS MB':>12} {'predicted MB':>13} {'estimates MB':>13}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         sets: dict[int, Path] = {}
         for prompts, repeats in runs:
@@ -101,6 +103,7 @@ def main() -> None:
             r = json.loads(done.stdout.splitlines()[-1])
             print(
                 f"{prompts:>8} {repeats:>8} {prompts * (64 + 3 * 272):>11} {r['wall_s']:>8.0f} "
+                f"{r['cpu_s']:>8.0f} "
                 f"{r['max_rss_mb']:>12.0f} {r['predicted_mb']:>13.0f} {r['estimates_mb']:>13.0f}",
                 flush=True,
             )
