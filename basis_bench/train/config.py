@@ -51,8 +51,9 @@ class TrainConfig:
     """Every setting of a run. TOML files set these keys (flat); ``--set key=value`` overrides.
 
     0 or "" means "not set" where TOML has no null: ``train_limit``/``eval_limit`` 0 = all
-    prompts, ``eval_max_new_tokens`` 0 = ``max_new_tokens``, ``vllm_max_model_len`` 0 = the
-    model's, ``system_prompt`` "" = the chat template's own system message.
+    prompts, ``eval_max_new_tokens`` 0 = ``max_new_tokens``, ``vllm_kv_cache_gib`` 0 = the
+    engine's default KV cache, ``vllm_max_model_len`` 0 = the model's, ``system_prompt``
+    "" = the chat template's own system message.
     """
 
     # run
