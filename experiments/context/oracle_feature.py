@@ -1,6 +1,6 @@
 """An upper bound for prompt features: ``basis_context`` on the default data's trajectory with
 a feature no real featurizer has, each prompt's true drift in hindsight (the oracle values'
-log-odds change at each checkpoint jump, values clipped to [0.01, 0.99]). If the online fit
+log-odds change from each policy to the next, reference -> early -> middle -> late, values clipped to [0.01, 0.99]). If the online fit
 cannot use even this, better features cannot help it; the fit is the bottleneck.
 
     python experiments/context/oracle_feature.py [--blend] [--repeats R]
@@ -9,6 +9,7 @@ cannot use even this, better features cannot help it; the fit is the bottleneck.
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import numpy as np
 import polars as pl
@@ -31,7 +32,7 @@ def main() -> None:
     policies = [ds.reference, *ds.checkpoints]
     v = {p: np.clip(np.nanmean(ds.rewards[p].rows(ids), axis=1), 0.01, 0.99) for p in policies}
     logit = {p: np.log(x / (1 - x)) for p, x in v.items()}
-    drift = np.stack([logit[b] - logit[a] for a, b in zip(policies, policies[1:], strict=False)])
+    drift = np.stack([logit[b] - logit[a] for a, b in itertools.pairwise(policies)])
     table = prompts.with_columns(pl.Series(FEATURE_COLUMN, drift.T.tolist()))
     s = TrajectorySettings(
         batch_size=16, repeats=args.repeats, epochs_per_checkpoint=8, blend=args.blend,
