@@ -70,10 +70,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
                     f"{run_dir}: step record {number} of log.jsonl: {column!r} is {value!r}, "
                     "not a number"
                 )
-        if not 0 <= row["step"] < 2**63:  # 10^20 was a polars overflow traceback
+        step = int(row["step"] or 0)  # an int: checked above
+        if not 0 <= step < 2**63:  # 10^20 was a polars overflow traceback
             raise InputError(
-                f"{run_dir}: step record {number} of log.jsonl: 'step' is {row['step']}, "
-                "not a step number"
+                f"{run_dir}: step record {number} of log.jsonl: 'step' is {step}, not a step number"
             )
     schema = {
         "step": pl.Int64,
