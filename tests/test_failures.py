@@ -865,6 +865,11 @@ def test_a_log_line_cut_by_a_crash_is_dropped(tmp_path):
         (None, b'{"step": 1, "mean_reward": 0.5}\n', "config.json: not a JSON configuration"),
         ({"estimator": "basis"}, b'{"step": 1, "mean_reward": 0.5}\n',
          "'group_size' is missing or not a int"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": 100000000000000000000, "mean_reward": 0.5}\n',
+         "'step' is 100000000000000000000, not a step number"),
+        ({"estimator": "basis", "group_size": 8, "loss": "gpg"},
+         b'{"step": -1, "mean_reward": 0.5}\n', "'step' is -1, not a step number"),
     ],
 )  # fmt: skip
 def test_train_figures_refuses_a_broken_run_in_one_line(
@@ -880,6 +885,26 @@ def test_train_figures_refuses_a_broken_run_in_one_line(
     result = run_main(monkeypatch, capsys, "train-figures", str(run), "--out", str(out))
     assert_one_line_error(result, needle)
     assert not out.exists()
+
+
+def test_train_figures_refuses_a_run_given_twice_and_train_a_setting_set_twice(
+    monkeypatch, capsys, tmp_path
+):
+    """The run's curves were drawn twice under two labels; the later --set silently won."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"estimator": "basis", "group_size": 8, "loss": "gpg"})
+    )
+    (run / "log.jsonl").write_text('{"step": 1, "mean_reward": 0.5}\n')
+    out = tmp_path / "figs"
+    args = ["train-figures", str(run), str(tmp_path / "." / "run"), "--out", str(out)]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "run", "is given twice")
+    assert not out.exists()
+    config = write_toml(tmp_path / "c.toml", f'run_dir = "{tmp_path / "train"}"\n')
+    args = ["train", "--config", str(config), "--set", "lr=1e-5", "--set", "lr=2e-5"]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "--set lr is given twice")
+    assert not (tmp_path / "train").exists()
 
 
 # --------------------------------------------------------------------------- the messages

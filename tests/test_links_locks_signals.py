@@ -143,6 +143,38 @@ def test_ctrl_c_and_sigterm_at_any_moment_are_one_line(sim_dataset, tmp_path):
     assert siblings(out) == []
 
 
+READER = """
+import hashlib, sys, time
+from pathlib import Path
+from basis_bench.outputs import publishing
+root = Path(sys.argv[1])
+def files():
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(root.rglob("*.parquet"))}
+with publishing(root, reading=True):
+    before = files()
+    print("reading", flush=True)
+    time.sleep(float(sys.argv[2]))
+    print("unchanged" if files() == before else "changed", flush=True)
+"""
+
+
+def test_a_simulate_rerun_is_seen_whole_by_a_reader(monkeypatch, capsys, sim_dataset):
+    """A rerun rewrote prompts.parquet and each policy's file one after another: an evaluate
+    reading meanwhile could pair one simulation's prompts with another's rollouts. Now the
+    files are staged and swapped in under the publish lock a reader holds while it reads."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(sim_dataset), "4"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert reader.stdout is not None and reader.stdout.readline().strip() == "reading"
+    args = ["simulate", "--out", str(sim_dataset), "--prompts", "12", "--seed", "7"]
+    assert run_main(monkeypatch, capsys, *args)[0] == 0  # waits for the reader
+    assert reader.communicate(timeout=60)[0].strip() == "unchanged"
+    assert not [f for f in sim_dataset.rglob(".*") if f.name.endswith(".staged")]
+    assert load_rollouts(sim_dataset)["prompt_id"].n_unique() == 12
+
+
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupt_a_library_swallowed_is_still_reported(
     monkeypatch, capsys, tmp_path, sig, code

@@ -28,6 +28,8 @@ and ``prompts.parquet`` carries the true values (``sim_value_<policy>``) for dia
 from __future__ import annotations
 
 import hashlib
+import os
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,10 @@ import polars as pl
 from basis_bench import __version__
 from basis_bench.fits import check_rollouts_fit
 from basis_bench.outputs import (
+    STAGED_SUFFIX,
     claim_output_dir,
     holds_output_locks,
+    publishing,
     read_metadata,
     write_parquet_atomic,
 )
@@ -128,8 +132,10 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
 
     ``out`` must be new, empty or an earlier simulated dataset
     (:func:`~basis_bench.rollouts.store.claim_output_dir`; ``force`` writes anyway). A rerun
-    replaces the earlier simulation whole: its files that this one does not rewrite (a
-    stage no longer simulated) are removed once the new files are in place.
+    replaces the earlier simulation whole: every file is staged, then all are renamed into
+    place under the dataset's publish lock and the earlier simulation's files that this
+    one does not rewrite (a stage no longer simulated) are removed, so a reader sees one
+    simulation, never a mix; an interrupted run leaves the earlier one.
     """
     setting = cfg.generative_setting()
     largest = cfg.n_prompts * (max(cfg.reference_n, cfg.checkpoint_n) + 2)  # a policy, prompts
@@ -162,16 +168,31 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
             **{f"sim_value_{name}": v for name, v in values.items()},
         }
     )
-    written = [write_parquet_atomic(prompts, out / PROMPTS_FILE, metadata=meta)]
-    for name in policies:
-        n = cfg.reference_n if name == REFERENCE_POLICY else cfg.checkpoint_n
-        df = _rollouts(
-            prompt_ids, name, values[name], n, np.random.default_rng(_stream(cfg.seed, name))
-        )
-        path = out / ROLLOUTS_SUBDIR / f"{name}.parquet"
-        written.append(write_parquet_atomic(df, path, metadata=meta))
-    _remove_stale(out, written)
+    tag = uuid.uuid4().hex[:12]  # every file is staged, then all are swapped in at once
+    staged = [
+        (write_parquet_atomic(prompts, _staged(out / PROMPTS_FILE, tag), meta), out / PROMPTS_FILE)
+    ]
+    try:
+        for name in policies:
+            n = cfg.reference_n if name == REFERENCE_POLICY else cfg.checkpoint_n
+            df = _rollouts(
+                prompt_ids, name, values[name], n, np.random.default_rng(_stream(cfg.seed, name))
+            )
+            path = out / ROLLOUTS_SUBDIR / f"{name}.parquet"
+            staged.append((write_parquet_atomic(df, _staged(path, tag), meta), path))
+        with publishing(out):  # a reader sees the earlier simulation or this one, not a mix
+            for stage, final in staged:
+                os.replace(stage, final)
+            _remove_stale(out, [final for _, final in staged])
+    finally:
+        for stage, _ in staged:
+            stage.unlink(missing_ok=True)
     return out
+
+
+def _staged(path: Path, tag: str) -> Path:
+    """Where ``path`` is written before it is swapped in (hidden: readers skip it)."""
+    return path.parent / f".{path.name}.{tag}{STAGED_SUFFIX}"
 
 
 def _remove_stale(out: Path, written: list[Path]) -> None:

@@ -285,8 +285,12 @@ def make_config(
     """A checked :class:`TrainConfig` from file values plus ``key=value`` overrides."""
     settings = dict(values or {})
     options = dict(_coerce("estimator_options", settings.get("estimator_options", {})))
+    given: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)
+        if key in given:  # the later value would silently win
+            raise InputError(f"--set {key} is given twice; give it once")
+        given.add(key)
         if key.startswith("estimator_options."):
             options[key.partition(".")[2]] = value
         else:

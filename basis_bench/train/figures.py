@@ -70,6 +70,11 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
                     f"{run_dir}: step record {number} of log.jsonl: {column!r} is {value!r}, "
                     "not a number"
                 )
+        step = int(row["step"] or 0)  # an int: checked above
+        if not 0 <= step < 2**63:  # 10^20 was a polars overflow traceback
+            raise InputError(
+                f"{run_dir}: step record {number} of log.jsonl: 'step' is {step}, not a step number"
+            )
     schema = {
         "step": pl.Int64,
         "mean_reward": pl.Float64,
@@ -113,6 +118,10 @@ def plot_training(
     if not run_dirs:
         raise InputError("give at least one training run directory")
     check_scalar(smooth, "--smooth", int, min_val=1)
+    given = [os.path.realpath(d) for d in run_dirs]
+    twice = next((d for i, d in enumerate(run_dirs) if given[i] in given[:i]), None)
+    if twice is not None:  # its curves would be drawn twice, under two labels
+        raise InputError(f"run {str(twice)!r} is given twice; give each run once")
     runs: list[Run] = [(Path(d), *load_run(d)) for d in run_dirs]
     with_loss = len({c["loss"] for _, c, _ in runs}) > 1
     names = [run_label(c, with_loss, label) for _, c, _ in runs]
