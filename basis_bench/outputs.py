@@ -17,6 +17,7 @@ import dataclasses
 import datetime
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -472,6 +473,16 @@ def _check_claim(
 # --------------------------------------------------------------------------- provenance
 
 PROVENANCE_PACKAGES = ("numpy", "polars", "pyarrow", "torch", "transformers", "math-verify")
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file, read in 1 MiB blocks: how run.json ties tables to their run, how an
+    import records its sources, and the key of a converted checkpoint."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def provenance() -> dict[str, Any]:

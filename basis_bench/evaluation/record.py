@@ -115,7 +115,7 @@ def check_tables(
     folder: Path, record: RunRecord | SensitivityRecord, names: Sequence[str], what: str
 ) -> None:
     """Every table ``names`` in ``folder`` is the one ``record`` lists, by sha256."""
-    from basis_bench.evaluation.tables import file_sha256
+    from basis_bench.outputs import file_sha256
 
     listed = record.tables
     if listed is None:

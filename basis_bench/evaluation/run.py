@@ -42,7 +42,6 @@ from basis_bench.evaluation.tables import (
     beta_table,
     claim_results_dir,
     difficulty_table,
-    file_sha256,
     fixed_beta_table,
     g_sweep_table,
     heterogeneity_table,
@@ -61,6 +60,7 @@ from basis_bench.evaluation.trajectory import (
 from basis_bench.outputs import (
     METADATA_KEY,
     atomic_write,
+    file_sha256,
     holds_output_locks,
     provenance,
     write_text_atomic,

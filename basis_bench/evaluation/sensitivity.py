@@ -32,12 +32,11 @@ from basis_bench.evaluation.replay import ReplaySettings, replay
 from basis_bench.evaluation.run import resolve_estimators, resolve_options
 from basis_bench.evaluation.tables import (
     claim_results_dir,
-    file_sha256,
     new_run_id,
     summary_table,
     write_csv,
 )
-from basis_bench.outputs import holds_output_locks, write_text_atomic
+from basis_bench.outputs import file_sha256, holds_output_locks, write_text_atomic
 
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and
 the dataset, so `figures` knows the table is whole and which data it came from."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import math
 import os
 import shutil
@@ -40,15 +39,6 @@ def write_csv(df: pl.DataFrame, path: str | os.PathLike[str]) -> None:
     """``df`` as CSV at ``path``, written atomically (floats to 10 digits)."""
     with atomic_write(path) as tmp:
         df.write_csv(tmp, float_precision=10)
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file: how run.json and sensitivity.json tie tables to their run."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def new_run_id() -> str:

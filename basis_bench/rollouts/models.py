@@ -12,7 +12,6 @@ torch and transformers are imported inside the functions, so importing this modu
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import pickle
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
+from basis_bench.outputs import file_sha256
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -182,14 +182,6 @@ def checkpoint_cache_root() -> Path:
     (``~/.cache`` when unset)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "basis-bench" / "checkpoints"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def hf_format_directory(ckpt: Checkpoint, cache_root: Path | None = None) -> Path:

@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from basis_bench.outputs import read_metadata
-from basis_bench.rollouts.models import file_sha256, resolve_checkpoint
+from basis_bench.outputs import file_sha256, read_metadata
+from basis_bench.rollouts.models import resolve_checkpoint
 from basis_bench.rollouts.oracle import JobSampler, OracleSource, run_oracle
 from basis_bench.rollouts.oracle_job import OracleJob
 from basis_bench.rollouts.prompts import load_prompt_source

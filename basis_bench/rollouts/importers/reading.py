@@ -10,7 +10,6 @@ polars' reader refuses.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import re
@@ -23,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.outputs import file_sha256
 from basis_bench.rollouts.store import conform_prompts
 from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS
 
@@ -101,11 +101,7 @@ class Source:
 
 
 def describe_source(path: Path, rows: int) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return {"path": str(path.resolve()), "sha256": digest.hexdigest(), "rows": rows}
+    return {"path": str(path.resolve()), "sha256": file_sha256(path), "rows": rows}
 
 
 # ---------------------------------------------------------------- reading sources
