@@ -477,6 +477,12 @@ def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
         "--out", str(tmp_path / "p"),
     )  # fmt: skip
     assert result.code == 2 and "valid: beta" in result.message
+    result = run_main(
+        monkeypatch, capsys, "evaluate", "--rollouts", str(small), "--estimators", "basis,grpo",
+        "--option", "apo.beta=2", "--out", str(tmp_path / "q"),
+    )  # fmt: skip
+    assert_one_line_error(result, "apo is not among the estimators", "--estimators")
+    assert not (tmp_path / "q").exists()
 
 
 def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_path):

@@ -104,10 +104,18 @@ def resolve_options(
 
     ``basis_options`` go to every estimator with :class:`BasisOptions`; an estimator's own
     ``estimator_options`` entry overrides them. A name in ``estimator_options`` that is not
-    registered, or a key its options class lacks, is an InputError.
+    registered, or not run (``basis`` always is: the extras use its options), or a key its
+    options class lacks, is an InputError.
     """
-    for name in estimator_options:
-        get(name)
+    estimators = list(estimators)
+    run = {est.name for est in estimators} | {BASIS_NAME}
+    for name, values in estimator_options.items():
+        get(name).parse_options(values)  # an unknown name or key first: the likelier slip
+        if name not in run:
+            raise InputError(
+                f"--option {name}.KEY: {name} is not among the estimators of this run, so the "
+                f"option would be unused; add {name} to --estimators or drop the option"
+            )
     options: dict[str, Any] = {}
     for est in estimators:
         shared = basis_options if est.options_class is BasisOptions else {}
