@@ -1455,6 +1455,19 @@ def test_a_name_too_long_for_the_file_system_is_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "sim"]
 
 
+@pytest.mark.parametrize("parts", [("x" * 300, "run"), ("run", "x" * 300)])
+def test_a_train_run_dir_name_too_long_is_one_line(monkeypatch, capsys, tmp_path, parts):
+    """A long name above the last one was exit 1 (the check for an earlier run's log met
+    ENAMETOOLONG before the claim's check)."""
+    import basis_bench.train.setup as setup
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    config = write_toml(tmp_path / "c.toml", f'run_dir = "{tmp_path.joinpath(*parts)}"\n')
+    result = run_main(monkeypatch, capsys, "train", "--config", str(config))
+    assert_one_line_error(result, "run_dir: the name xxxx", "is 300 bytes long", "at most 255")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
 def test_a_folder_removed_under_a_running_command_is_one_line(monkeypatch, capsys, tmp_path):
     import basis_bench.rollouts.simulate as simulate_module
 
