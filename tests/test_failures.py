@@ -1455,6 +1455,46 @@ def test_a_name_too_long_for_the_file_system_is_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "sim"]
 
 
+NUMBER_POLICIES = {  # (file name, content, where the policy 1 is refused)
+    "jsonl integers": ("l.jsonl", '{"prompt_id":"a","policy":1,"sample_idx":0,"reward":1}\n', ":1"),
+    "jsonl float beside text": (
+        "l.jsonl",
+        '{"prompt_id":"a","policy":"b","sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"a","policy":1.0,"sample_idx":0,"reward":1}\n',
+        ":2",
+    ),
+    "jsonl integer beside text": (
+        "l.jsonl",
+        '{"prompt_id":"a","policy":1,"sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"a","policy":"1","sample_idx":1,"reward":1}\n',
+        ":1",
+    ),
+    "parquet integers": ("l.parquet", None, ": row 1"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(NUMBER_POLICIES))
+def test_long_import_refuses_a_policy_column_that_is_not_text(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """``--policy 1`` matched the text polars makes of a JSON 1 or 1.0 (and a Parquet
+    integer column): a number silently named a policy. Policy names are text."""
+    name, text, where = NUMBER_POLICIES[case]
+    source = tmp_path / name
+    if text is None:
+        pl.DataFrame(
+            {"prompt_id": ["a"], "policy": [1], "sample_idx": [0], "reward": [1.0]}
+        ).write_parquet(source)
+    else:
+        source.write_text(text)
+    before = snapshot(real_dataset)
+    args = ["import", "long", str(source), "--policy", "1", "--out", str(real_dataset)]
+    code, message, _ = run_main(monkeypatch, capsys, *args)
+    assert code == 2 and f"{source}{where}: 'policy' 1" in message, message
+    assert "is not text; write policy names as text" in message
+    assert snapshot(real_dataset) == before
+
+
 @pytest.mark.parametrize("parts", [("x" * 300, "run"), ("run", "x" * 300)])
 def test_a_train_run_dir_name_too_long_is_one_line(monkeypatch, capsys, tmp_path, parts):
     """A long name above the last one was exit 1 (the check for an earlier run's log met

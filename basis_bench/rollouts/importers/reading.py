@@ -30,6 +30,7 @@ MAX_LISTED = 50  # malformed rows listed in one error message (the total is alwa
 LOC = "_loc"  # source line/row number column
 FILE_INDEX = "_file"  # index of the source file column
 ID_KIND = "_id_kind"  # what a JSON line's id is: "text", "integer" or "other" (json_id_kinds)
+TEXT_KIND = "_text_kind"  # the same for read_table's ``text_col`` (a long import's policy)
 
 
 @dataclass
@@ -151,12 +152,16 @@ def diagnose_jsonl(path: Path, numbers: np.ndarray, data: bytes, problems: Probl
     return rows
 
 
-def read_table(path: Path, id_col: str | None = None) -> tuple[pl.DataFrame, Source]:
+def read_table(
+    path: Path, id_col: str | None = None, text_col: str | None = None
+) -> tuple[pl.DataFrame, Source]:
     """A CSV/TSV, Parquet or JSONL table with a ``_loc`` column (line or row number).
 
     CSV values are read as text (the checks cast them, so ``3.5`` or ``abc`` in a count is
     reported, not silently coerced); JSONL and Parquet keep their types. For JSONL with
-    ``id_col``, an ``_id_kind`` column says what each line's id is (:func:`json_id_kinds`).
+    ``id_col``, an ``_id_kind`` column says what each line's id is (:func:`json_id_kinds`),
+    and with ``text_col`` a ``_text_kind`` column the same for that column (polars shows a
+    JSON 1 or 1.0 beside text as "1").
     """
     check_exists(path)
     suffix = path.suffix.lower()
@@ -185,23 +190,26 @@ def read_table(path: Path, id_col: str | None = None) -> tuple[pl.DataFrame, Sou
             raise InputError(f"{path}: not a readable Parquet file ({err})") from err
         return binary_as_text(df, path).with_row_index(LOC, offset=1), Source(path, "row")
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return _read_jsonl(path, id_col), Source(path, "line")
+        return _read_jsonl(path, id_col, text_col), Source(path, "line")
     raise InputError(
         f"{path}: unsupported table type {suffix!r}; use .csv, .tsv, .parquet or .jsonl"
     )
 
 
-def _read_jsonl(path: Path, id_col: str | None) -> pl.DataFrame:
+def _read_jsonl(path: Path, id_col: str | None, text_col: str | None) -> pl.DataFrame:
     """JSONL for :func:`read_table`: polars' reader, or line by line where lines mix value
     types or ids are not what polars shows (``7.0`` or ``true`` read as text)."""
     data, numbers = nonblank_lines(path)
     if not numbers.size:
         raise InputError(f"{path}: the file is empty")
-    kinds = None
+    kinds = []
     try:
         df = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)
-        kinds = json_id_kinds(data, id_col) if id_col in df.columns else None
-        line_by_line = kinds is not None and (kinds == "other").any()
+        if id_col in df.columns:
+            kinds.append(json_id_kinds(data, str(id_col)))
+        line_by_line = bool(kinds) and (kinds[0] == "other").any()
+        if text_col in df.columns and not line_by_line:
+            kinds.append(json_id_kinds(data, str(text_col)).alias(TEXT_KIND))
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
         line_by_line = True
     if line_by_line:
@@ -209,10 +217,13 @@ def _read_jsonl(path: Path, id_col: str | None) -> pl.DataFrame:
         rows = diagnose_jsonl(path, numbers, data, problems)
         problems.raise_if_any(str(path))
         df = mixed_rows_frame(path, rows)
-        if id_col is not None:
-            kinds = pl.Series(ID_KIND, [python_id_kind(row.get(id_col)) for row in rows])
-    df = df if kinds is None else df.with_columns(kinds)
-    return df.with_columns(pl.Series(LOC, numbers))
+        named = [(ID_KIND, id_col), (TEXT_KIND, text_col)]
+        kinds = [
+            pl.Series(kind, [python_id_kind(row.get(col)) for row in rows])
+            for kind, col in named
+            if col is not None
+        ]
+    return df.with_columns(*kinds, pl.Series(LOC, numbers))
 
 
 def json_id_kinds(data: bytes, id_col: str) -> pl.Series:
