@@ -1455,6 +1455,50 @@ def test_a_name_too_long_for_the_file_system_is_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "sim"]
 
 
+REPEATED_FIELDS = {  # (format, text whose line 2 names a field twice, the field)
+    "eval-jsonl score": (
+        "eval-jsonl",
+        '{"idx":0,"score":[1]}\n{"idx":1,"score":[true],"score":[false]}\n',
+        "score",
+    ),
+    "eval-jsonl gold answer": (
+        "eval-jsonl", '{"idx":0,"score":[1]}\n{"idx":1,"gt":"4","score":[1],"gt":"5"}\n', "gt"
+    ),
+    "eval-jsonl escaped name": (
+        "eval-jsonl", '{"idx":0,"score":[1]}\n{"idx":1,"score":[1],"sc\\u006fre":[0]}\n', "score"
+    ),
+    "eval-jsonl odd id": (
+        "eval-jsonl", '{"idx":0,"score":[1]}\n{"idx":true,"score":[1],"score":[0]}\n', "score"
+    ),
+    "counts n": (
+        "counts",
+        '{"prompt_id":"a","n":4,"n_correct":1}\n{"prompt_id":"b","n":4,"n_correct":1,"n":8}\n',
+        "n",
+    ),
+    "long reward": (
+        "long",
+        '{"prompt_id":"a","sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"b","sample_idx":0,"reward":1,"reward":0}\n',
+        "reward",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(REPEATED_FIELDS))
+def test_import_refuses_a_field_named_twice_in_one_json_line(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """polars' reader kept the first of two equal keys (Python's json keeps the last): one
+    of the line's values was silently dropped."""
+    fmt, text, name = REPEATED_FIELDS[case]
+    source = tmp_path / "s.jsonl"
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source)
+    assert code == 2 and f"{source}:2: field {name!r} appears twice in the line" in message
+    assert snapshot(real_dataset) == before
+
+
 NUMBER_POLICIES = {  # (file name, content, where the policy 1 is refused)
     "jsonl integers": ("l.jsonl", '{"prompt_id":"a","policy":1,"sample_idx":0,"reward":1}\n', ":1"),
     "jsonl float beside text": (

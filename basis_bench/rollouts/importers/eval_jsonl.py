@@ -30,6 +30,7 @@ from basis_bench.rollouts.importers.reading import (
     prompts_from,
     python_id_kind,
     report_duplicates,
+    report_repeated_fields,
     sources_label,
     stack_sources,
 )
@@ -54,12 +55,14 @@ def _read_eval_jsonl(
         kinds = json_id_kinds(data, id_col)
         if (kinds == "other").any():  # polars shows 7.0 or true as text: read as written
             break
+        report_repeated_fields(path, data, numbers, fields, problems)
+        problems.raise_if_any(str(path))
         return df.with_columns(
             pl.col(score).cast(pl.List(pl.Float64)), pl.Series(LOC, numbers), kinds
         )
     # Mixed or malformed lines or odd ids: parse line by line, report what is wrong, else
     # build by rows.
-    rows = diagnose_jsonl(path, numbers, data, problems)
+    rows = diagnose_jsonl(path, numbers, data, problems, fields)
     columns: dict[str, list[Any]] = {k: [] for k in fields}
     for lineno, row in zip(numbers.tolist(), rows, strict=True):
         row = row or {}

@@ -13,7 +13,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,22 +134,66 @@ def nonblank_lines(path: Path) -> tuple[bytes, np.ndarray]:
     return "\n".join(lines.filter(keep).to_list()).encode(), numbers
 
 
-def diagnose_jsonl(path: Path, numbers: np.ndarray, data: bytes, problems: Problems) -> list[Any]:
-    """Error path: parse line by line to say which lines are malformed."""
+class _JsonObject(dict[str, Any]):
+    """A parsed JSON object that remembers the keys it held more than once."""
+
+    repeated: tuple[str, ...] = ()
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> _JsonObject:
+    obj = _JsonObject(pairs)
+    if len(obj) < len(pairs):
+        keys = [key for key, _ in pairs]
+        obj.repeated = tuple(dict.fromkeys(k for i, k in enumerate(keys) if k in keys[:i]))
+    return obj
+
+
+def diagnose_jsonl(
+    path: Path,
+    numbers: np.ndarray,
+    data: bytes,
+    problems: Problems,
+    fields: Collection[str] | None = None,
+) -> list[Any]:
+    """Error path: parse line by line to say which lines are malformed, and which repeat
+    one of ``fields`` (every field when None) in one object."""
     rows: list[Any] = []
     for lineno, line in zip(numbers.tolist(), data.split(b"\n"), strict=True):
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_json_object)
         except json.JSONDecodeError as err:
             problems.add(f"{path}:{lineno}", f"malformed JSON ({err.msg})")
             rows.append(None)
             continue
-        if not isinstance(row, dict):
+        if not isinstance(row, _JsonObject):  # every object is one (object_pairs_hook)
             problems.add(f"{path}:{lineno}", f"expected a JSON object, got {type(row).__name__}")
             rows.append(None)
             continue
+        for key in row.repeated:
+            if fields is None or key in fields:
+                problems.add(
+                    f"{path}:{lineno}",
+                    f"field {key!r} appears twice in the line (polars reads the first, "
+                    "Python's json the last): keep one",
+                )
         rows.append(row)
     return rows
+
+
+def report_repeated_fields(
+    path: Path, data: bytes, numbers: np.ndarray, fields: Collection[str], problems: Problems
+) -> None:
+    """Report lines that name one of ``fields`` twice (polars' reader silently keeps the
+    first). Only lines where the field's JSON name occurs twice, or that hold an escape
+    another spelling of a name could use (``\\u``, ``\\/``), are parsed again."""
+    lines = pl.Series("l", data.decode().split("\n"))
+    suspect = lines.str.contains("\\u", literal=True) | lines.str.contains("\\/", literal=True)
+    for name in fields:
+        suspect |= lines.str.count_matches(json.dumps(name, ensure_ascii=False), literal=True) > 1
+    if suspect.any():
+        picked = lines.filter(suspect).to_list()
+        rows = numbers[suspect.arg_true().to_numpy()]
+        diagnose_jsonl(path, rows, "\n".join(picked).encode(), problems, fields)
 
 
 def read_table(
@@ -205,6 +249,9 @@ def _read_jsonl(path: Path, id_col: str | None, text_col: str | None) -> pl.Data
     kinds = []
     try:
         df = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)
+        repeated = Problems()
+        report_repeated_fields(path, data, numbers, df.columns, repeated)
+        repeated.raise_if_any(str(path))
         if id_col in df.columns:
             kinds.append(json_id_kinds(data, str(id_col)))
         line_by_line = bool(kinds) and (kinds[0] == "other").any()
