@@ -1499,6 +1499,44 @@ def test_import_refuses_a_field_named_twice_in_one_json_line(
     assert snapshot(real_dataset) == before
 
 
+NOT_TEXT = {  # eval-jsonl line 2 holds a value polars made text, and what the error says
+    "float answer": ("gt", 0.1 + 0.2, "'gt' is 0.30000000000000004, not text"),
+    "boolean answer": ("gt", True, "'gt' is true, not text or an integer"),
+    "float question": ("question", 7.5, "'question' is 7.5, not text"),
+    "list answer": ("gt", ["5"], "'gt' is [\"5\"], not text"),
+    "number response": ("code", ["a", 3], "'code' holds 3, not text"),
+    "boolean response": ("code", [False, "b"], "'code' holds false, not text"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(NOT_TEXT))
+def test_eval_jsonl_refuses_texts_that_are_not_text(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """polars read a JSON 0.30000000000000004, true or 3 in a text field as the text it
+    makes of it: a gold answer or response the evaluator never wrote."""
+    name, value, needle = NOT_TEXT[case]
+    fields = {"question": "q", "gt": "1", "code": ["a", "b"], "score": [1, 0]}
+    lines = [{"idx": 0, **fields}, {"idx": 1, **fields, name: value}]
+    source = tmp_path / "e.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)
+    assert code == 2 and f"{source}:2: {needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """Evaluators often log a numeric answer as a JSON integer: it is its digits exactly."""
+    source = tmp_path / "e.jsonl"
+    source.write_text('{"idx":0,"question":"1+4?","gt":5,"score":[1]}\n')
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)[0] == 0
+    prompts = pl.read_parquet(real_dataset / "prompts.parquet")
+    assert prompts.filter(pl.col("prompt_id") == "0")["answer"].to_list() == ["5"]
+
+
 NUMBER_POLICIES = {  # (file name, content, where the policy 1 is refused)
     "jsonl integers": ("l.jsonl", '{"prompt_id":"a","policy":1,"sample_idx":0,"reward":1}\n', ":1"),
     "jsonl float beside text": (
