@@ -1526,6 +1526,33 @@ def test_eval_jsonl_refuses_texts_that_are_not_text(
     assert snapshot(real_dataset) == before
 
 
+@pytest.mark.parametrize("name", ["c.jsonl", "c.parquet"])
+def test_counts_refuses_a_problem_or_answer_that_is_not_text(
+    monkeypatch, capsys, real_dataset, tmp_path, name
+):
+    """The prompts of a counts import were cast to text: 0.1 + 0.2 became the answer
+    "0.30000000000000004", true the answer "true". An integer answer stays its digits."""
+    rows = {"prompt_id": ["a", "b"], "n": [4, 4], "n_correct": [1, 2], "problem": ["q", "r"]}
+    source = tmp_path / name
+    for answer, needle in ((0.1 + 0.2, "'answer' 0.30000000000000004"), (True, "'answer' true")):
+        table = pl.DataFrame({**rows, "answer": [answer, answer]})
+        if name.endswith(".jsonl"):
+            table.write_ndjson(source)
+        else:
+            table.write_parquet(source)
+        before = snapshot(real_dataset)
+        code, message = import_into(monkeypatch, capsys, real_dataset, "counts", source)
+        where = ":2" if name.endswith(".jsonl") else ": row 2"  # the last line shown
+        assert code == 2 and f"{source}{where}: {needle} is not text or an integer" in message
+        assert snapshot(real_dataset) == before
+    new = {**rows, "prompt_id": ["c", "d"], "answer": [5, 6]}  # a, b hold other answers
+    pl.DataFrame(new).write_parquet(source.with_suffix(".parquet"))
+    args = ["counts", source.with_suffix(".parquet")]
+    assert import_into(monkeypatch, capsys, real_dataset, *args)[0] == 0
+    prompts = pl.read_parquet(real_dataset / "prompts.parquet")
+    assert prompts.filter(pl.col("prompt_id") == "d")["answer"].to_list() == ["6"]
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):
@@ -1573,7 +1600,7 @@ def test_long_import_refuses_a_policy_column_that_is_not_text(
     args = ["import", "long", str(source), "--policy", "1", "--out", str(real_dataset)]
     code, message, _ = run_main(monkeypatch, capsys, *args)
     assert code == 2 and f"{source}{where}: 'policy' 1" in message, message
-    assert "is not text; write policy names as text" in message
+    assert "is not text: write it as text" in message
     assert snapshot(real_dataset) == before
 
 

@@ -11,16 +11,14 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     LOC,
-    TEXT_KIND,
     Imported,
     Problems,
-    Source,
     add_prompt_ids,
     describe_source,
-    dtype_id_kind,
     integer_column,
     read_table,
     report_duplicates,
+    report_not_text,
     require_columns,
     require_scalars,
     sources_label,
@@ -29,33 +27,12 @@ from basis_bench.rollouts.importers.reading import (
 from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS
 
 
-def _report_policies_not_text(
-    df: pl.DataFrame, src: Source, policy_col: str, problems: Problems
-) -> None:
-    """Policy names are text: a number (1, 1.0) or boolean would match ``--policy 1`` as
-    the text polars makes of it, so the rows holding one are reported."""
-    kind = (
-        pl.col(TEXT_KIND)
-        if TEXT_KIND in df.columns
-        else pl.lit(dtype_id_kind(df.schema[policy_col]))
-    )
-    problems.add_rows(
-        src,
-        df.filter(pl.col(policy_col).is_not_null() & (kind != "text")),
-        pl.format(
-            "{} {} is not text; write policy names as text",
-            pl.lit(repr(policy_col)),
-            pl.col(policy_col).cast(pl.String),
-        ),
-    )
-
-
 def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:
     problems = Problems()
     id_col = opt.id_col or "prompt_id"
     frames, sources = [], []
     for path in paths:
-        df, src = read_table(path, id_col, opt.policy_col)
+        df, src = read_table(path, id_col, [opt.policy_col])
         require_columns(
             df,
             src,
@@ -64,7 +41,8 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
         present_policy = [opt.policy_col] if opt.policy_col in df.columns else []
         require_scalars(df, src, [id_col, opt.sample_col, opt.reward_col, *present_policy])
         if opt.policy_col in df.columns:  # a table of several policies: take this one's rows
-            _report_policies_not_text(df, src, opt.policy_col, problems)
+            # policy names are text: a JSON 1 or 1.0 would match --policy 1 as polars' "1"
+            report_not_text(df, src, opt.policy_col, problems, digits=False)
             df = df.filter(pl.col(opt.policy_col).cast(pl.String) == policy)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.sample_col, "sample_idx", problems, minimum=0)

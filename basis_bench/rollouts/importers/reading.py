@@ -30,7 +30,11 @@ MAX_LISTED = 50  # malformed rows listed in one error message (the total is alwa
 LOC = "_loc"  # source line/row number column
 FILE_INDEX = "_file"  # index of the source file column
 ID_KIND = "_id_kind"  # what a JSON line's id is: "text", "integer" or "other" (json_id_kinds)
-TEXT_KIND = "_text_kind"  # the same for read_table's ``text_col`` (a long import's policy)
+
+
+def text_kind(column: str) -> str:
+    """The column that says what a JSON line's ``column`` is (read_table's ``text_cols``)."""
+    return f"_kind:{column}"
 
 
 @dataclass
@@ -197,15 +201,15 @@ def report_repeated_fields(
 
 
 def read_table(
-    path: Path, id_col: str | None = None, text_col: str | None = None
+    path: Path, id_col: str | None = None, text_cols: Sequence[str] = ()
 ) -> tuple[pl.DataFrame, Source]:
     """A CSV/TSV, Parquet or JSONL table with a ``_loc`` column (line or row number).
 
     CSV values are read as text (the checks cast them, so ``3.5`` or ``abc`` in a count is
     reported, not silently coerced); JSONL and Parquet keep their types. For JSONL with
     ``id_col``, an ``_id_kind`` column says what each line's id is (:func:`json_id_kinds`),
-    and with ``text_col`` a ``_text_kind`` column the same for that column (polars shows a
-    JSON 1 or 1.0 beside text as "1").
+    and a :func:`text_kind` column the same for each of ``text_cols`` (polars shows a JSON 1
+    or 1.0 beside text as "1"), for :func:`report_not_text`.
     """
     check_exists(path)
     suffix = path.suffix.lower()
@@ -234,13 +238,13 @@ def read_table(
             raise InputError(f"{path}: not a readable Parquet file ({err})") from err
         return binary_as_text(df, path).with_row_index(LOC, offset=1), Source(path, "row")
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return _read_jsonl(path, id_col, text_col), Source(path, "line")
+        return _read_jsonl(path, id_col, text_cols), Source(path, "line")
     raise InputError(
         f"{path}: unsupported table type {suffix!r}; use .csv, .tsv, .parquet or .jsonl"
     )
 
 
-def _read_jsonl(path: Path, id_col: str | None, text_col: str | None) -> pl.DataFrame:
+def _read_jsonl(path: Path, id_col: str | None, text_cols: Sequence[str]) -> pl.DataFrame:
     """JSONL for :func:`read_table`: polars' reader, or line by line where lines mix value
     types or ids are not what polars shows (``7.0`` or ``true`` read as text)."""
     data, numbers = nonblank_lines(path)
@@ -255,8 +259,10 @@ def _read_jsonl(path: Path, id_col: str | None, text_col: str | None) -> pl.Data
         if id_col in df.columns:
             kinds.append(json_id_kinds(data, str(id_col)))
         line_by_line = bool(kinds) and (kinds[0] == "other").any()
-        if text_col in df.columns and not line_by_line:
-            kinds.append(json_id_kinds(data, str(text_col)).alias(TEXT_KIND))
+        if not line_by_line:
+            kinds += [
+                json_id_kinds(data, c).alias(text_kind(c)) for c in text_cols if c in df.columns
+            ]
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
         line_by_line = True
     if line_by_line:
@@ -264,12 +270,9 @@ def _read_jsonl(path: Path, id_col: str | None, text_col: str | None) -> pl.Data
         rows = diagnose_jsonl(path, numbers, data, problems)
         problems.raise_if_any(str(path))
         df = mixed_rows_frame(path, rows)
-        named = [(ID_KIND, id_col), (TEXT_KIND, text_col)]
-        kinds = [
-            pl.Series(kind, [python_id_kind(row.get(col)) for row in rows])
-            for kind, col in named
-            if col is not None
-        ]
+        named = [(ID_KIND, id_col)] if id_col is not None else []
+        named += [(text_kind(c), c) for c in text_cols]
+        kinds = [pl.Series(kind, [python_id_kind(row.get(c)) for row in rows]) for kind, c in named]
     return df.with_columns(*kinds, pl.Series(LOC, numbers))
 
 
@@ -405,6 +408,30 @@ def add_prompt_ids(
         )
         ident = ident.str.zfill(int(m["width"]))
     return df.with_columns((pl.lit(m["pre"]) + ident + pl.lit(m["post"])).alias("prompt_id"))
+
+
+def report_not_text(
+    df: pl.DataFrame, src: Source, column: str, problems: Problems, *, digits: bool
+) -> None:
+    """Report rows whose ``column`` holds a number or boolean where text belongs (polars
+    would make "0.30000000000000004" or "true" of it); with ``digits`` an integer is
+    accepted as its digits."""
+    kind = (
+        pl.col(text_kind(column))
+        if text_kind(column) in df.columns
+        else pl.lit(dtype_id_kind(df.schema[column]))
+    )
+    allowed = ["text", "integer"] if digits else ["text"]
+    problems.add_rows(
+        src,
+        df.filter(pl.col(column).is_not_null() & ~kind.is_in(allowed)),
+        pl.format(
+            "{} {} is not text{}: write it as text",
+            pl.lit(repr(column)),
+            pl.col(column).cast(pl.String).str.slice(0, 60),
+            pl.lit(" or an integer" if digits else ""),
+        ),
+    )
 
 
 def _json_text(text: str) -> str:
