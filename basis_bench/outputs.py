@@ -289,15 +289,21 @@ def claim_output_dir(
 _NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)
 
 
-def real_path(path: str | os.PathLike[str], option: str) -> Path:
-    """``path`` with every symbolic link resolved; a link loop or a name longer than a file
-    system takes is one line."""
+def refuse_long_names(path: str | os.PathLike[str], option: str) -> None:
+    """A name in ``path`` longer than a file system takes is one line (``stat`` would fail
+    with ENAMETOOLONG, an OSError, wherever the path is first looked at)."""
     long = next((p for p in Path(path).parts if len(os.fsencode(p)) > _NAME_MAX), None)
     if long is not None:
         raise InputError(
             f"{option}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a file "
             f"system takes at most {_NAME_MAX}"
         )
+
+
+def real_path(path: str | os.PathLike[str], option: str) -> Path:
+    """``path`` with every symbolic link resolved; a link loop or a name longer than a file
+    system takes is one line."""
+    refuse_long_names(path, option)
     real = Path(os.path.realpath(path))
     if any(p.is_symlink() for p in (real, *real.parents)):  # realpath left a link: a loop
         raise InputError(f"{option} {path} is a loop of symbolic links; give a directory")

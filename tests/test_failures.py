@@ -1455,6 +1455,168 @@ def test_a_name_too_long_for_the_file_system_is_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.csv", "sim"]
 
 
+REPEATED_FIELDS = {  # (format, text whose line 2 names a field twice, the field)
+    "eval-jsonl score": (
+        "eval-jsonl",
+        '{"idx":0,"score":[1]}\n{"idx":1,"score":[true],"score":[false]}\n',
+        "score",
+    ),
+    "eval-jsonl gold answer": (
+        "eval-jsonl", '{"idx":0,"score":[1]}\n{"idx":1,"gt":"4","score":[1],"gt":"5"}\n', "gt"
+    ),
+    "eval-jsonl escaped name": (
+        "eval-jsonl", '{"idx":0,"score":[1]}\n{"idx":1,"score":[1],"sc\\u006fre":[0]}\n', "score"
+    ),
+    "eval-jsonl odd id": (
+        "eval-jsonl", '{"idx":0,"score":[1]}\n{"idx":true,"score":[1],"score":[0]}\n', "score"
+    ),
+    "counts n": (
+        "counts",
+        '{"prompt_id":"a","n":4,"n_correct":1}\n{"prompt_id":"b","n":4,"n_correct":1,"n":8}\n',
+        "n",
+    ),
+    "long reward": (
+        "long",
+        '{"prompt_id":"a","sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"b","sample_idx":0,"reward":1,"reward":0}\n',
+        "reward",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(REPEATED_FIELDS))
+def test_import_refuses_a_field_named_twice_in_one_json_line(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """polars' reader kept the first of two equal keys (Python's json keeps the last): one
+    of the line's values was silently dropped."""
+    fmt, text, name = REPEATED_FIELDS[case]
+    source = tmp_path / "s.jsonl"
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source)
+    assert code == 2 and f"{source}:2: field {name!r} appears twice in the line" in message
+    assert snapshot(real_dataset) == before
+
+
+NOT_TEXT = {  # eval-jsonl line 2 holds a value polars made text, and what the error says
+    "float answer": ("gt", 0.1 + 0.2, "'gt' is 0.30000000000000004, not text"),
+    "boolean answer": ("gt", True, "'gt' is true, not text or an integer"),
+    "float question": ("question", 7.5, "'question' is 7.5, not text"),
+    "list answer": ("gt", ["5"], "'gt' is [\"5\"], not text"),
+    "number response": ("code", ["a", 3], "'code' holds 3, not text"),
+    "boolean response": ("code", [False, "b"], "'code' holds false, not text"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(NOT_TEXT))
+def test_eval_jsonl_refuses_texts_that_are_not_text(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """polars read a JSON 0.30000000000000004, true or 3 in a text field as the text it
+    makes of it: a gold answer or response the evaluator never wrote."""
+    name, value, needle = NOT_TEXT[case]
+    fields = {"question": "q", "gt": "1", "code": ["a", "b"], "score": [1, 0]}
+    lines = [{"idx": 0, **fields}, {"idx": 1, **fields, name: value}]
+    source = tmp_path / "e.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)
+    assert code == 2 and f"{source}:2: {needle}" in message, message
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize("name", ["c.jsonl", "c.parquet"])
+def test_counts_refuses_a_problem_or_answer_that_is_not_text(
+    monkeypatch, capsys, real_dataset, tmp_path, name
+):
+    """The prompts of a counts import were cast to text: 0.1 + 0.2 became the answer
+    "0.30000000000000004", true the answer "true". An integer answer stays its digits."""
+    rows = {"prompt_id": ["a", "b"], "n": [4, 4], "n_correct": [1, 2], "problem": ["q", "r"]}
+    source = tmp_path / name
+    for answer, needle in ((0.1 + 0.2, "'answer' 0.30000000000000004"), (True, "'answer' true")):
+        table = pl.DataFrame({**rows, "answer": [answer, answer]})
+        if name.endswith(".jsonl"):
+            table.write_ndjson(source)
+        else:
+            table.write_parquet(source)
+        before = snapshot(real_dataset)
+        code, message = import_into(monkeypatch, capsys, real_dataset, "counts", source)
+        where = ":2" if name.endswith(".jsonl") else ": row 2"  # the last line shown
+        assert code == 2 and f"{source}{where}: {needle} is not text or an integer" in message
+        assert snapshot(real_dataset) == before
+    new = {**rows, "prompt_id": ["c", "d"], "answer": [5, 6]}  # a, b hold other answers
+    pl.DataFrame(new).write_parquet(source.with_suffix(".parquet"))
+    args = ["counts", source.with_suffix(".parquet")]
+    assert import_into(monkeypatch, capsys, real_dataset, *args)[0] == 0
+    prompts = pl.read_parquet(real_dataset / "prompts.parquet")
+    assert prompts.filter(pl.col("prompt_id") == "d")["answer"].to_list() == ["6"]
+
+
+def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """Evaluators often log a numeric answer as a JSON integer: it is its digits exactly."""
+    source = tmp_path / "e.jsonl"
+    source.write_text('{"idx":0,"question":"1+4?","gt":5,"score":[1]}\n')
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)[0] == 0
+    prompts = pl.read_parquet(real_dataset / "prompts.parquet")
+    assert prompts.filter(pl.col("prompt_id") == "0")["answer"].to_list() == ["5"]
+
+
+NUMBER_POLICIES = {  # (file name, content, where the policy 1 is refused)
+    "jsonl integers": ("l.jsonl", '{"prompt_id":"a","policy":1,"sample_idx":0,"reward":1}\n', ":1"),
+    "jsonl float beside text": (
+        "l.jsonl",
+        '{"prompt_id":"a","policy":"b","sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"a","policy":1.0,"sample_idx":0,"reward":1}\n',
+        ":2",
+    ),
+    "jsonl integer beside text": (
+        "l.jsonl",
+        '{"prompt_id":"a","policy":1,"sample_idx":0,"reward":1}\n'
+        '{"prompt_id":"a","policy":"1","sample_idx":1,"reward":1}\n',
+        ":1",
+    ),
+    "parquet integers": ("l.parquet", None, ": row 1"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(NUMBER_POLICIES))
+def test_long_import_refuses_a_policy_column_that_is_not_text(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """``--policy 1`` matched the text polars makes of a JSON 1 or 1.0 (and a Parquet
+    integer column): a number silently named a policy. Policy names are text."""
+    name, text, where = NUMBER_POLICIES[case]
+    source = tmp_path / name
+    if text is None:
+        pl.DataFrame(
+            {"prompt_id": ["a"], "policy": [1], "sample_idx": [0], "reward": [1.0]}
+        ).write_parquet(source)
+    else:
+        source.write_text(text)
+    before = snapshot(real_dataset)
+    args = ["import", "long", str(source), "--policy", "1", "--out", str(real_dataset)]
+    code, message, _ = run_main(monkeypatch, capsys, *args)
+    assert code == 2 and f"{source}{where}: 'policy' 1" in message, message
+    assert "is not text: write it as text" in message
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize("parts", [("x" * 300, "run"), ("run", "x" * 300)])
+def test_a_train_run_dir_name_too_long_is_one_line(monkeypatch, capsys, tmp_path, parts):
+    """A long name above the last one was exit 1 (the check for an earlier run's log met
+    ENAMETOOLONG before the claim's check)."""
+    import basis_bench.train.setup as setup
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    config = write_toml(tmp_path / "c.toml", f'run_dir = "{tmp_path.joinpath(*parts)}"\n')
+    result = run_main(monkeypatch, capsys, "train", "--config", str(config))
+    assert_one_line_error(result, "run_dir: the name xxxx", "is 300 bytes long", "at most 255")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
 def test_a_folder_removed_under_a_running_command_is_one_line(monkeypatch, capsys, tmp_path):
     import basis_bench.rollouts.simulate as simulate_module
 

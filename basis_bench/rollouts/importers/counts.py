@@ -23,6 +23,7 @@ from basis_bench.rollouts.importers.reading import (
     prompts_from,
     read_table,
     report_duplicates,
+    report_not_text,
     require_columns,
     require_scalars,
     sources_label,
@@ -86,11 +87,14 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
     frames, sources = [], []
     id_col = opt.id_col or "prompt_id"
     for path in paths:
-        df, src = read_table(path, id_col)
+        texts = [opt.problem_col or "problem", opt.answer_col or "answer"]
+        df, src = read_table(path, id_col, texts)
         require_columns(
             df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
         )
         require_scalars(df, src, [id_col, opt.n_col, opt.correct_col])
+        for name in (c for c in texts if c in df.columns):  # an integer answer is its digits
+            report_not_text(df, src, name, problems, digits=True)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.n_col, "n", problems, minimum=1)
         df = integer_column(df, src, opt.correct_col, "n_correct", problems, minimum=0)

@@ -30,6 +30,7 @@ from basis_bench.rollouts.importers.reading import (
     prompts_from,
     python_id_kind,
     report_duplicates,
+    report_repeated_fields,
     sources_label,
     stack_sources,
 )
@@ -52,40 +53,28 @@ def _read_eval_jsonl(
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
             continue
         kinds = json_id_kinds(data, id_col)
-        if (kinds == "other").any():  # polars shows 7.0 or true as text: read as written
-            break
+        if (kinds == "other").any() or not _texts_as_written(df, data, fields, id_col):
+            break  # polars shows 7.0 or true as text: read as written
+        report_repeated_fields(path, data, numbers, fields, problems)
+        problems.raise_if_any(str(path))
         return df.with_columns(
             pl.col(score).cast(pl.List(pl.Float64)), pl.Series(LOC, numbers), kinds
         )
-    # Mixed or malformed lines or odd ids: parse line by line, report what is wrong, else
-    # build by rows.
-    rows = diagnose_jsonl(path, numbers, data, problems)
+    # Mixed or malformed lines or odd ids or texts: parse line by line, report what is
+    # wrong, else build by rows.
+    rows = diagnose_jsonl(path, numbers, data, problems, fields)
     columns: dict[str, list[Any]] = {k: [] for k in fields}
     for lineno, row in zip(numbers.tolist(), rows, strict=True):
-        row = row or {}
         for name, dtype in fields.items():
-            value = row.get(name)
+            where = f"{path}:{lineno}"
+            value = (row or {}).get(name)
             if name == score:
-                if value is not None and not (
-                    isinstance(value, list)
-                    and all(isinstance(v, bool | int | float) for v in value)
-                ):
-                    problems.add(
-                        f"{path}:{lineno}",
-                        f"{score!r} must be a list of booleans or 0/1, got {json.dumps(value)[:60]}",
-                    )
-                    value = None
-                value = [float(v) for v in value] if value is not None else None
+                value = _scores(value, name, where, problems)
             elif isinstance(dtype, pl.List):
-                if value is not None and not isinstance(value, list):
-                    problems.add(
-                        f"{path}:{lineno}", f"{name!r} must be a list, got {type(value).__name__}"
-                    )
-                    value = None
-                value = (
-                    [None if v is None else str(v) for v in value] if value is not None else None
-                )
-            elif value is not None:
+                value = _texts(value, name, where, problems)
+            elif value is not None and name != id_col:
+                value = _text_or_digits(value, name, where, problems)
+            elif value is not None:  # the id: its kind is checked by add_prompt_ids
                 value = value if isinstance(value, str) else json.dumps(value)
             columns[name].append(value)
     problems.raise_if_any(str(path))
@@ -93,6 +82,67 @@ def _read_eval_jsonl(
     return pl.DataFrame(columns, schema={**fields, score: pl.List(pl.Float64)}).with_columns(
         pl.Series(LOC, numbers), pl.Series(ID_KIND, id_kinds)
     )
+
+
+def _texts_as_written(
+    df: pl.DataFrame, data: bytes, fields: Mapping[str, pl.DataType], id_col: str
+) -> bool:
+    """Whether polars read every text field as written: it shows a JSON 0.1 or true in a
+    text column (or list of texts) as "0.1" or "true". Integers are read as their digits.
+    Two more passes: one keeps only JSON strings (Binary), one only integers (Int128)."""
+    texts = [n for n, t in fields.items() if t in (pl.String, pl.List(pl.String)) and n != id_col]
+    scalars = [n for n in texts if fields[n] == pl.String]
+
+    def only(dtype: pl.DataType, names: list[str]) -> pl.DataFrame:
+        schema = {n: pl.List(dtype) if fields[n] != pl.String else dtype for n in names}
+        return pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=True)
+
+    strings, integers = only(pl.Binary(), texts), only(pl.Int128(), scalars)
+    for name in texts:
+        if name in scalars:
+            read = strings[name].is_not_null() | integers[name].is_not_null()
+            if (df[name].is_not_null() & ~read).any():
+                return False
+        elif (strings[name].explode().is_null() != df[name].explode().is_null()).any():
+            return False
+    return True
+
+
+def _scores(value: Any, name: str, where: str, problems: Problems) -> list[float] | None:
+    if value is not None and not (
+        isinstance(value, list) and all(isinstance(v, bool | int | float) for v in value)
+    ):
+        problems.add(
+            where, f"{name!r} must be a list of booleans or 0/1, got {json.dumps(value)[:60]}"
+        )
+        return None
+    return [float(v) for v in value] if value is not None else None
+
+
+def _texts(value: Any, name: str, where: str, problems: Problems) -> list[str | None] | None:
+    """A list of texts (responses); anything else in it is refused, never made text."""
+    if value is not None and not isinstance(value, list):
+        problems.add(where, f"{name!r} must be a list, got {type(value).__name__}")
+        return None
+    wrong = next((v for v in value or [] if not (v is None or isinstance(v, str))), None)
+    if wrong is not None:
+        problems.add(where, f"{name!r} holds {json.dumps(wrong)[:60]}, not text")
+        return None
+    return value
+
+
+def _text_or_digits(value: Any, name: str, where: str, problems: Problems) -> str | None:
+    """Text as it is, an integer as its digits (a gold answer 5 is common in evaluators'
+    logs); a float (0.30000000000000004), boolean, list or object is refused, not made
+    text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    problems.add(
+        where, f"{name!r} is {json.dumps(value)[:60]}, not text or an integer: write it as text"
+    )
+    return None
 
 
 def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:

@@ -18,6 +18,7 @@ from basis_bench.rollouts.importers.reading import (
     integer_column,
     read_table,
     report_duplicates,
+    report_not_text,
     require_columns,
     require_scalars,
     sources_label,
@@ -31,7 +32,7 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
     id_col = opt.id_col or "prompt_id"
     frames, sources = [], []
     for path in paths:
-        df, src = read_table(path, id_col)
+        df, src = read_table(path, id_col, [opt.policy_col])
         require_columns(
             df,
             src,
@@ -40,6 +41,8 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
         present_policy = [opt.policy_col] if opt.policy_col in df.columns else []
         require_scalars(df, src, [id_col, opt.sample_col, opt.reward_col, *present_policy])
         if opt.policy_col in df.columns:  # a table of several policies: take this one's rows
+            # policy names are text: a JSON 1 or 1.0 would match --policy 1 as polars' "1"
+            report_not_text(df, src, opt.policy_col, problems, digits=False)
             df = df.filter(pl.col(opt.policy_col).cast(pl.String) == policy)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.sample_col, "sample_idx", problems, minimum=0)
@@ -63,6 +66,7 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
         )
         sources.append(src)
     if not any(f.height for f in frames):
+        problems.raise_if_any(sources_label(paths))  # e.g. every policy a number
         raise InputError(
             f"{sources_label(paths)}: no rows for policy {policy!r}"
             + (f" (the source's {opt.policy_col!r} column names others)")

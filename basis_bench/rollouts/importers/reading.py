@@ -13,7 +13,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,11 @@ MAX_LISTED = 50  # malformed rows listed in one error message (the total is alwa
 LOC = "_loc"  # source line/row number column
 FILE_INDEX = "_file"  # index of the source file column
 ID_KIND = "_id_kind"  # what a JSON line's id is: "text", "integer" or "other" (json_id_kinds)
+
+
+def text_kind(column: str) -> str:
+    """The column that says what a JSON line's ``column`` is (read_table's ``text_cols``)."""
+    return f"_kind:{column}"
 
 
 @dataclass
@@ -133,30 +138,78 @@ def nonblank_lines(path: Path) -> tuple[bytes, np.ndarray]:
     return "\n".join(lines.filter(keep).to_list()).encode(), numbers
 
 
-def diagnose_jsonl(path: Path, numbers: np.ndarray, data: bytes, problems: Problems) -> list[Any]:
-    """Error path: parse line by line to say which lines are malformed."""
+class _JsonObject(dict[str, Any]):
+    """A parsed JSON object that remembers the keys it held more than once."""
+
+    repeated: tuple[str, ...] = ()
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> _JsonObject:
+    obj = _JsonObject(pairs)
+    if len(obj) < len(pairs):
+        keys = [key for key, _ in pairs]
+        obj.repeated = tuple(dict.fromkeys(k for i, k in enumerate(keys) if k in keys[:i]))
+    return obj
+
+
+def diagnose_jsonl(
+    path: Path,
+    numbers: np.ndarray,
+    data: bytes,
+    problems: Problems,
+    fields: Collection[str] | None = None,
+) -> list[Any]:
+    """Error path: parse line by line to say which lines are malformed, and which repeat
+    one of ``fields`` (every field when None) in one object."""
     rows: list[Any] = []
     for lineno, line in zip(numbers.tolist(), data.split(b"\n"), strict=True):
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_json_object)
         except json.JSONDecodeError as err:
             problems.add(f"{path}:{lineno}", f"malformed JSON ({err.msg})")
             rows.append(None)
             continue
-        if not isinstance(row, dict):
+        if not isinstance(row, _JsonObject):  # every object is one (object_pairs_hook)
             problems.add(f"{path}:{lineno}", f"expected a JSON object, got {type(row).__name__}")
             rows.append(None)
             continue
+        for key in row.repeated:
+            if fields is None or key in fields:
+                problems.add(
+                    f"{path}:{lineno}",
+                    f"field {key!r} appears twice in the line (polars reads the first, "
+                    "Python's json the last): keep one",
+                )
         rows.append(row)
     return rows
 
 
-def read_table(path: Path, id_col: str | None = None) -> tuple[pl.DataFrame, Source]:
+def report_repeated_fields(
+    path: Path, data: bytes, numbers: np.ndarray, fields: Collection[str], problems: Problems
+) -> None:
+    """Report lines that name one of ``fields`` twice (polars' reader silently keeps the
+    first). Only lines where the field's JSON name occurs twice, or that hold an escape
+    another spelling of a name could use (``\\u``, ``\\/``), are parsed again."""
+    lines = pl.Series("l", data.decode().split("\n"))
+    suspect = lines.str.contains("\\u", literal=True) | lines.str.contains("\\/", literal=True)
+    for name in fields:
+        suspect |= lines.str.count_matches(json.dumps(name, ensure_ascii=False), literal=True) > 1
+    if suspect.any():
+        picked = lines.filter(suspect).to_list()
+        rows = numbers[suspect.arg_true().to_numpy()]
+        diagnose_jsonl(path, rows, "\n".join(picked).encode(), problems, fields)
+
+
+def read_table(
+    path: Path, id_col: str | None = None, text_cols: Sequence[str] = ()
+) -> tuple[pl.DataFrame, Source]:
     """A CSV/TSV, Parquet or JSONL table with a ``_loc`` column (line or row number).
 
     CSV values are read as text (the checks cast them, so ``3.5`` or ``abc`` in a count is
     reported, not silently coerced); JSONL and Parquet keep their types. For JSONL with
-    ``id_col``, an ``_id_kind`` column says what each line's id is (:func:`json_id_kinds`).
+    ``id_col``, an ``_id_kind`` column says what each line's id is (:func:`json_id_kinds`),
+    and a :func:`text_kind` column the same for each of ``text_cols`` (polars shows a JSON 1
+    or 1.0 beside text as "1"), for :func:`report_not_text`.
     """
     check_exists(path)
     suffix = path.suffix.lower()
@@ -185,23 +238,31 @@ def read_table(path: Path, id_col: str | None = None) -> tuple[pl.DataFrame, Sou
             raise InputError(f"{path}: not a readable Parquet file ({err})") from err
         return binary_as_text(df, path).with_row_index(LOC, offset=1), Source(path, "row")
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return _read_jsonl(path, id_col), Source(path, "line")
+        return _read_jsonl(path, id_col, text_cols), Source(path, "line")
     raise InputError(
         f"{path}: unsupported table type {suffix!r}; use .csv, .tsv, .parquet or .jsonl"
     )
 
 
-def _read_jsonl(path: Path, id_col: str | None) -> pl.DataFrame:
+def _read_jsonl(path: Path, id_col: str | None, text_cols: Sequence[str]) -> pl.DataFrame:
     """JSONL for :func:`read_table`: polars' reader, or line by line where lines mix value
     types or ids are not what polars shows (``7.0`` or ``true`` read as text)."""
     data, numbers = nonblank_lines(path)
     if not numbers.size:
         raise InputError(f"{path}: the file is empty")
-    kinds = None
+    kinds = []
     try:
         df = pl.read_ndjson(io.BytesIO(data), infer_schema_length=None)
-        kinds = json_id_kinds(data, id_col) if id_col in df.columns else None
-        line_by_line = kinds is not None and (kinds == "other").any()
+        repeated = Problems()
+        report_repeated_fields(path, data, numbers, df.columns, repeated)
+        repeated.raise_if_any(str(path))
+        if id_col in df.columns:
+            kinds.append(json_id_kinds(data, str(id_col)))
+        line_by_line = bool(kinds) and (kinds[0] == "other").any()
+        if not line_by_line:
+            kinds += [
+                json_id_kinds(data, c).alias(text_kind(c)) for c in text_cols if c in df.columns
+            ]
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
         line_by_line = True
     if line_by_line:
@@ -209,10 +270,10 @@ def _read_jsonl(path: Path, id_col: str | None) -> pl.DataFrame:
         rows = diagnose_jsonl(path, numbers, data, problems)
         problems.raise_if_any(str(path))
         df = mixed_rows_frame(path, rows)
-        if id_col is not None:
-            kinds = pl.Series(ID_KIND, [python_id_kind(row.get(id_col)) for row in rows])
-    df = df if kinds is None else df.with_columns(kinds)
-    return df.with_columns(pl.Series(LOC, numbers))
+        named = [(ID_KIND, id_col)] if id_col is not None else []
+        named += [(text_kind(c), c) for c in text_cols]
+        kinds = [pl.Series(kind, [python_id_kind(row.get(c)) for row in rows]) for kind, c in named]
+    return df.with_columns(*kinds, pl.Series(LOC, numbers))
 
 
 def json_id_kinds(data: bytes, id_col: str) -> pl.Series:
@@ -347,6 +408,30 @@ def add_prompt_ids(
         )
         ident = ident.str.zfill(int(m["width"]))
     return df.with_columns((pl.lit(m["pre"]) + ident + pl.lit(m["post"])).alias("prompt_id"))
+
+
+def report_not_text(
+    df: pl.DataFrame, src: Source, column: str, problems: Problems, *, digits: bool
+) -> None:
+    """Report rows whose ``column`` holds a number or boolean where text belongs (polars
+    would make "0.30000000000000004" or "true" of it); with ``digits`` an integer is
+    accepted as its digits."""
+    kind = (
+        pl.col(text_kind(column))
+        if text_kind(column) in df.columns
+        else pl.lit(dtype_id_kind(df.schema[column]))
+    )
+    allowed = ["text", "integer"] if digits else ["text"]
+    problems.add_rows(
+        src,
+        df.filter(pl.col(column).is_not_null() & ~kind.is_in(allowed)),
+        pl.format(
+            "{} {} is not text{}: write it as text",
+            pl.lit(repr(column)),
+            pl.col(column).cast(pl.String).str.slice(0, 60),
+            pl.lit(" or an integer" if digits else ""),
+        ),
+    )
 
 
 def _json_text(text: str) -> str:
