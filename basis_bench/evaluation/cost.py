@@ -7,15 +7,16 @@ benchmarks/bench_scale.py (docs/scale.md), for P prompts:
     BASE + held + TRANSIENT * P + min(R_t * P * STREAM_PROMPT_BYTES, STREAM_BYTES)
 
 ``held``: the reward matrices (one narrow matrix per policy, 2 bytes a rollout for 0/1
-rewards) and each checkpoint's oracle, pool and cache arrays; BASE: the interpreter and
-its libraries, and every working set that does not grow with P (the one-step replay's
-sort keys, drawn 2^20 at a time; the trajectory's blocks of draws and the stateless
-estimators' blocks of visits); TRANSIENT covers what the trajectory replay holds per prompt besides its streams (each
-checkpoint's pool, oracle and noise, the reference cache and its tilt table) and allocator
-slack (BASE and TRANSIENT fitted to the peaks measured at 2,500, 10,000 and 17,398 prompts,
-423 to 501 MiB, predicting each from above). The trajectory replay (when on) runs R_t =
-min(repeats, 200) streams, each holding per prompt its epoch's shuffle and the stateful estimators' state (STREAM_PROMPT_BYTES with
-the default estimators), as many together as STREAM_BYTES (64 MiB) holds
+rewards) and each checkpoint's oracle, pool and cache arrays; BASE: the interpreter and its
+libraries, and every working set that does not grow with P (the one-step replay's sort keys,
+drawn 2^20 at a time; the trajectory's blocks of draws and the stateless estimators' blocks
+of visits); TRANSIENT covers what the trajectory replay holds per prompt besides its streams
+(each checkpoint's pool, oracle and noise, the reference cache and its tilt table) and
+allocator slack (BASE and TRANSIENT fitted to the peaks measured at 2,500, 10,000 and 17,398
+prompts, 423 to 501 MiB, predicting each from above). The trajectory replay (when on) runs
+R_t = min(repeats, 200) streams, each holding per prompt its epoch's shuffle and the
+stateful estimators' state (STREAM_PROMPT_BYTES with the default estimators), as many
+together as STREAM_BYTES (64 MiB) holds
 (:func:`~basis_bench.evaluation.trajectory.stream_group`). Repeats beyond that cost time,
 never memory: per-repeat values are running sums.
 """
