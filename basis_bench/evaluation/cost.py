@@ -7,15 +7,16 @@ benchmarks/bench_scale.py (docs/scale.md), for P prompts:
     BASE + held + TRANSIENT * P + min(R_t * P * STREAM_PROMPT_BYTES, STREAM_BYTES)
 
 ``held``: the reward matrices (one narrow matrix per policy, 2 bytes a rollout for 0/1
-rewards) and each checkpoint's oracle, pool and cache arrays; BASE: the interpreter and
-its libraries, and every working set that does not grow with P (the one-step replay's
-sort keys, drawn 2^20 at a time; the trajectory's blocks of draws and the stateless
-estimators' blocks of visits); TRANSIENT covers what the trajectory replay holds per prompt besides its streams (each
-checkpoint's pool, oracle and noise, the reference cache and its tilt table) and allocator
-slack (BASE and TRANSIENT fitted to the peaks measured at 2,500, 10,000 and 17,398 prompts:
-about 350 MiB, 423 to 487 MiB in all). The trajectory replay (when on) runs R_t = min(repeats, 200) streams, each holding
-per prompt its epoch's shuffle and the stateful estimators' state (STREAM_PROMPT_BYTES with
-the default estimators), as many together as STREAM_BYTES (64 MiB) holds
+rewards) and each checkpoint's oracle, pool and cache arrays; BASE: the interpreter and its
+libraries, and every working set that does not grow with P (the one-step replay's sort keys,
+drawn 2^20 at a time; the trajectory's blocks of draws and the stateless estimators' blocks
+of visits); TRANSIENT covers what the trajectory replay holds per prompt besides its streams
+(each checkpoint's pool, oracle and noise, the reference cache and its tilt table) and
+allocator slack (BASE and TRANSIENT fitted to the peaks measured at 2,500, 10,000 and 17,398
+prompts, 423 to 501 MiB, predicting each from above). The trajectory replay (when on) runs
+R_t = min(repeats, 200) streams, each holding per prompt its epoch's shuffle and the
+stateful estimators' state (STREAM_PROMPT_BYTES with the default estimators), as many
+together as STREAM_BYTES (64 MiB) holds
 (:func:`~basis_bench.evaluation.trajectory.stream_group`). Repeats beyond that cost time,
 never memory: per-repeat values are running sums.
 """
@@ -30,7 +31,7 @@ from basis_bench.evaluation.trajectory import SHUFFLE_BYTES, stream_group
 from basis_bench.fits import available_memory
 
 BASE_BYTES = 350 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
-TRANSIENT_BYTES = 1024  # per prompt: the trajectory's pools, cache and tilt table, slack
+TRANSIENT_BYTES = 2 * 1024  # per prompt: the trajectory's pools, cache and tilt table, slack
 # per stream and prompt, default estimators: shuffle, basis_memory's and basis_context's
 # discounted histories (4 gammas x 2 x 8 bytes each), the SPO tracker's alpha and beta
 STREAM_PROMPT_BYTES = SHUFFLE_BYTES + 64 + 64 + 16
