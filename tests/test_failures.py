@@ -1553,6 +1553,50 @@ def test_counts_refuses_a_problem_or_answer_that_is_not_text(
     assert prompts.filter(pl.col("prompt_id") == "d")["answer"].to_list() == ["6"]
 
 
+KEPT_COLUMNS = {  # (format, line 2 of a JSONL source, what the error says)
+    "fractional tokens": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"n_tokens":3.7}', "'n_tokens' 3.7"
+    ),
+    "boolean tokens": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"n_tokens":true}', "'n_tokens' true"
+    ),
+    "number response": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"response":7}', "'response' 7"
+    ),
+    "number finish reason": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"finish_reason":5}',
+        "'finish_reason' 5",
+    ),
+    "fractional level": (
+        "counts", '{"prompt_id":"b","n":4,"n_correct":1,"problem":"q","answer":"1","level":2.5}',
+        "'level' 2.5",
+    ),
+    "number subject": (
+        "counts", '{"prompt_id":"b","n":4,"n_correct":1,"problem":"q","answer":"1","subject":3}',
+        "'subject' 3",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(KEPT_COLUMNS))
+def test_import_refuses_kept_columns_the_store_would_change(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """Optional columns were cast to the store's types: 3.7 tokens became 3, a response 7
+    the text "7", a level 2.5 the level 2."""
+    fmt, line, needle = KEPT_COLUMNS[case]
+    first = {
+        "long": '{"prompt_id":"a","sample_idx":0,"reward":1}',
+        "counts": '{"prompt_id":"a","n":4,"n_correct":1,"problem":"q","answer":"2"}',
+    }[fmt]
+    source = tmp_path / "s.jsonl"
+    source.write_text(f"{first}\n{line}\n")
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source)
+    assert code == 2 and f"{source}:2: {needle} is not " in message, message
+    assert snapshot(real_dataset) == before
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):

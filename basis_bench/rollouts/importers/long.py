@@ -18,6 +18,7 @@ from basis_bench.rollouts.importers.reading import (
     integer_column,
     read_table,
     report_duplicates,
+    report_kept_columns,
     report_not_text,
     require_columns,
     require_scalars,
@@ -32,7 +33,11 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
     id_col = opt.id_col or "prompt_id"
     frames, sources = [], []
     for path in paths:
-        df, src = read_table(path, id_col, [opt.policy_col])
+        texts = [
+            opt.policy_col,
+            *(c for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if t == pl.String),
+        ]
+        df, src = read_table(path, id_col, texts)
         require_columns(
             df,
             src,
@@ -58,7 +63,9 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
                 pl.col(opt.reward_col).cast(pl.String).fill_null("(empty)"),
             ),
         )
-        keep = [c for c in OPTIONAL_ROLLOUT_COLUMNS if c in df.columns and c not in (id_col,)]
+        kept = {c: t for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if c != id_col}
+        report_kept_columns(df, src, kept, problems)
+        keep = [c for c in kept if c in df.columns]
         frames.append(
             df.with_columns(reward.alias("_reward")).select(
                 "prompt_id", "sample_idx", "_reward", *keep, LOC
