@@ -1597,6 +1597,22 @@ def test_import_refuses_kept_columns_the_store_would_change(
     assert snapshot(real_dataset) == before
 
 
+def test_import_prompts_table_values_are_not_cast(monkeypatch, capsys, real_dataset, tmp_path):
+    """``--prompts FILE`` was cast to the store's types: an answer 0.1 + 0.2 became the text
+    "0.30000000000000004" (a level 2.5 the level 2: the same check as counts' own)."""
+    counts = tmp_path / "c.csv"
+    counts.write_text("prompt_id,n,n_correct\nc,4,1\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_id":"c","problem":"q","answer":0.30000000000000004,"level":2}\n')
+    before = snapshot(real_dataset)
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(counts), "--policy", "new",
+        "--out", str(real_dataset), "--prompts", str(prompts),
+    )  # fmt: skip
+    assert result[0] == 2 and f"{prompts}:1: 'answer' 0.30000000000000004 is not" in result[1]
+    assert snapshot(real_dataset) == before
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):

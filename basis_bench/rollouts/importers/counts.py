@@ -20,17 +20,16 @@ from basis_bench.rollouts.importers.reading import (
     add_prompt_ids,
     describe_source,
     integer_column,
+    prompt_texts,
     prompts_from,
     read_table,
     report_duplicates,
-    report_kept_columns,
-    report_not_text,
+    report_prompt_values,
     require_columns,
     require_scalars,
     sources_label,
     stack_sources,
 )
-from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS
 
 
 def policy_seed(seed: int, policy: str) -> int:
@@ -88,17 +87,14 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
     problems = Problems()
     frames, sources = [], []
     id_col = opt.id_col or "prompt_id"
+    problem_col, answer_col = opt.problem_col or "problem", opt.answer_col or "answer"
     for path in paths:
-        texts = [opt.problem_col or "problem", opt.answer_col or "answer"]
-        kept_texts = [c for c, t in OPTIONAL_PROMPT_COLUMNS.items() if t == pl.String]
-        df, src = read_table(path, id_col, [*texts, *kept_texts])
+        df, src = read_table(path, id_col, prompt_texts(problem_col, answer_col))
         require_columns(
             df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
         )
         require_scalars(df, src, [id_col, opt.n_col, opt.correct_col])
-        for name in (c for c in texts if c in df.columns):  # an integer answer is its digits
-            report_not_text(df, src, name, problems, digits=True)
-        report_kept_columns(df, src, OPTIONAL_PROMPT_COLUMNS, problems)
+        report_prompt_values(df, src, problem_col, answer_col, problems)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.n_col, "n", problems, minimum=1)
         df = integer_column(df, src, opt.correct_col, "n_correct", problems, minimum=0)
@@ -121,7 +117,7 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
     problems.raise_if_any(sources_label(paths))
     table = table.with_columns(pl.lit(policy).alias("policy"))
     rollouts = expand_counts(table.select("prompt_id", "policy", "n", "n_correct"), opt.seed)
-    prompts = prompts_from(table, opt.problem_col or "problem", opt.answer_col or "answer")
+    prompts = prompts_from(table, problem_col, answer_col)
     return Imported(
         "counts",
         rollouts,

@@ -461,6 +461,22 @@ def report_kept_columns(
         )
 
 
+def prompt_texts(problem_col: str, answer_col: str) -> list[str]:
+    """The text columns of a prompts source (read_table's ``text_cols``)."""
+    kept = [c for c, t in OPTIONAL_PROMPT_COLUMNS.items() if t == pl.String]
+    return [problem_col, answer_col, *kept]
+
+
+def report_prompt_values(
+    df: pl.DataFrame, src: Source, problem_col: str, answer_col: str, problems: Problems
+) -> None:
+    """A problem or answer is text or an integer (its digits: a gold answer 5 is common);
+    ``level`` and ``subject`` hold their store types (:func:`report_kept_columns`)."""
+    for name in (c for c in (problem_col, answer_col) if c in df.columns):
+        report_not_text(df, src, name, problems, digits=True)
+    report_kept_columns(df, src, OPTIONAL_PROMPT_COLUMNS, problems)
+
+
 def _json_text(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
