@@ -1613,6 +1613,18 @@ def test_import_prompts_table_values_are_not_cast(monkeypatch, capsys, real_data
     assert snapshot(real_dataset) == before
 
 
+def test_eval_jsonl_keeps_responses_where_only_some_lines_have_them(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """A line without a responses list beside lines with one was a polars traceback (the
+    lists to explode differed in length); its samples now have no response."""
+    source = tmp_path / "e.jsonl"
+    source.write_text('{"idx":0,"score":[1,0],"code":["a","b"]}\n{"idx":1,"score":[1]}\n')
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)[0] == 0
+    rows = load_rollouts(real_dataset, ["new"]).sort("prompt_id", "sample_idx")
+    assert rows["response"].to_list() == ["a", "b", None]
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):

@@ -195,12 +195,15 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
     problems.raise_if_any(sources_label(paths))
     table = table.sort(FILE_INDEX, LOC)
     has_resp = table[opt.response_field].is_not_null().any()
+    # a line without responses, beside lines with them: its samples' responses are null
+    no_responses = pl.col(opt.score_field).list.eval(pl.lit(None, pl.String))
+    responses = pl.col(opt.response_field).fill_null(no_responses)
     long = (
         table.select(
             "prompt_id",
             FILE_INDEX,
             pl.col(opt.score_field).alias("reward"),
-            *([pl.col(opt.response_field).alias("response")] if has_resp else []),
+            *([responses.alias("response")] if has_resp else []),
         )
         .explode(["reward", *(["response"] if has_resp else [])])
         .with_columns(
