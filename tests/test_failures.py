@@ -1625,6 +1625,21 @@ def test_eval_jsonl_keeps_responses_where_only_some_lines_have_them(
     assert rows["response"].to_list() == ["a", "b", None]
 
 
+def test_acc_history_refuses_means_that_are_not_numbers(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """polars read a mean ``true`` as 1.0 and ``"0.5"`` as 0.5 (an id spelled "true" is
+    fine)."""
+    source = tmp_path / "h.json"
+    for means, needle in (("[0.5, true]", "true"), ('["0.5"]', '"0.5"')):
+        source.write_text(f'{{"true": [0.25], "b": {means}}}')
+        before = snapshot(real_dataset)
+        args = ("--rollouts-per-visit", "4")
+        code, message = import_into(monkeypatch, capsys, real_dataset, "acc-history", source, *args)
+        assert code == 2 and f"{source}: id 'b': mean reward {needle} is not a number" in message
+        assert snapshot(real_dataset) == before
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):
