@@ -1640,6 +1640,27 @@ def test_acc_history_refuses_means_that_are_not_numbers(
         assert snapshot(real_dataset) == before
 
 
+@pytest.mark.parametrize(
+    ("fmt", "text", "flag", "column"),
+    [
+        ("long", "prompt_id,sample_idx,reward\na,0,1\n", "--policy-col", "who"),
+        ("counts", "prompt_id,n,n_correct,problem\nc,4,1,q\n", "--problem-col", "question"),
+        ("counts", "prompt_id,n,n_correct,problem\nc,4,1,q\n", "--answer-col", "gold"),
+    ],
+)
+def test_import_refuses_a_named_column_the_source_lacks(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, text, flag, column
+):
+    """``--policy-col who`` on a table without it imported every row as the policy, and a
+    misspelt ``--problem-col`` wrote no prompts: an option the user gave went unused."""
+    source = tmp_path / "s.csv"
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source, flag, column)
+    assert code == 2 and f"missing column(s) {column!r} ({flag})" in message, message
+    assert snapshot(real_dataset) == before
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):

@@ -97,7 +97,7 @@ def import_(
     rollouts_per_visit: Annotated[int | None, _opt("rollouts_per_visit")] = _default(
         "rollouts_per_visit"
     ),
-    policy_col: Annotated[str, _opt("policy_col")] = _default("policy_col"),
+    policy_col: Annotated[str | None, _opt("policy_col")] = _default("policy_col"),
     sample_col: Annotated[str, _opt("sample_col")] = _default("sample_col"),
     reward_col: Annotated[str, _opt("reward_col")] = _default("reward_col"),
 ) -> None:

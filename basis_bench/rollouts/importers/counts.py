@@ -88,10 +88,17 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
     frames, sources = [], []
     id_col = opt.id_col or "prompt_id"
     problem_col, answer_col = opt.problem_col or "problem", opt.answer_col or "answer"
+    named = {  # a column the user named must be there (it would go unused)
+        flag: col
+        for flag, col in (("--problem-col", opt.problem_col), ("--answer-col", opt.answer_col))
+        if col is not None
+    }
     for path in paths:
         df, src = read_table(path, id_col, prompt_texts(problem_col, answer_col))
         require_columns(
-            df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
+            df,
+            src,
+            {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col, **named},
         )
         require_scalars(df, src, [id_col, opt.n_col, opt.correct_col])
         report_prompt_values(df, src, problem_col, answer_col, problems)
