@@ -1661,6 +1661,23 @@ def test_import_refuses_a_named_column_the_source_lacks(
     assert snapshot(real_dataset) == before
 
 
+def test_eval_jsonl_without_questions_writes_no_empty_prompts(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """Lines without ``question`` made prompts with problem "" and answer "": into a dataset
+    holding the prompt, the import was refused (answer "2" against ""); alone, it wrote empty
+    problems."""
+    source = tmp_path / "e.jsonl"
+    source.write_text('{"idx":"a","score":[1,0]}\n')
+    prompts = (real_dataset / "prompts.parquet").read_bytes()
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)[0] == 0
+    assert (real_dataset / "prompts.parquet").read_bytes() == prompts
+    out = tmp_path / "alone"
+    args = ["import", "eval-jsonl", str(source), "--policy", "p", "--out", str(out)]
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    assert not (out / "prompts.parquet").exists()
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):

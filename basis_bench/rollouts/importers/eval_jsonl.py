@@ -212,7 +212,10 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
         )
         .select("prompt_id", "policy", "sample_idx", "reward", *(["response"] if has_resp else []))
     )
-    prompts = prompts_from(table, problem_col, answer_col)
+    # no line with a question: no prompts (not empty ones, which would clash with a
+    # dataset's own answers or stand in for its problems)
+    has_problems = table[problem_col].is_not_null().any()
+    prompts = prompts_from(table, problem_col, answer_col) if has_problems else None
     return Imported(
         "eval-jsonl",
         long,
