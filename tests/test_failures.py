@@ -1553,6 +1553,131 @@ def test_counts_refuses_a_problem_or_answer_that_is_not_text(
     assert prompts.filter(pl.col("prompt_id") == "d")["answer"].to_list() == ["6"]
 
 
+KEPT_COLUMNS = {  # (format, line 2 of a JSONL source, what the error says)
+    "fractional tokens": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"n_tokens":3.7}', "'n_tokens' 3.7"
+    ),
+    "boolean tokens": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"n_tokens":true}', "'n_tokens' true"
+    ),
+    "number response": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"response":7}', "'response' 7"
+    ),
+    "number finish reason": (
+        "long", '{"prompt_id":"b","sample_idx":0,"reward":1,"finish_reason":5}',
+        "'finish_reason' 5",
+    ),
+    "fractional level": (
+        "counts", '{"prompt_id":"b","n":4,"n_correct":1,"problem":"q","answer":"1","level":2.5}',
+        "'level' 2.5",
+    ),
+    "number subject": (
+        "counts", '{"prompt_id":"b","n":4,"n_correct":1,"problem":"q","answer":"1","subject":3}',
+        "'subject' 3",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(KEPT_COLUMNS))
+def test_import_refuses_kept_columns_the_store_would_change(
+    monkeypatch, capsys, real_dataset, tmp_path, case
+):
+    """Optional columns were cast to the store's types: 3.7 tokens became 3, a response 7
+    the text "7", a level 2.5 the level 2."""
+    fmt, line, needle = KEPT_COLUMNS[case]
+    first = {
+        "long": '{"prompt_id":"a","sample_idx":0,"reward":1}',
+        "counts": '{"prompt_id":"a","n":4,"n_correct":1,"problem":"q","answer":"2"}',
+    }[fmt]
+    source = tmp_path / "s.jsonl"
+    source.write_text(f"{first}\n{line}\n")
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source)
+    assert code == 2 and f"{source}:2: {needle} is not " in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_import_prompts_table_values_are_not_cast(monkeypatch, capsys, real_dataset, tmp_path):
+    """``--prompts FILE`` was cast to the store's types: an answer 0.1 + 0.2 became the text
+    "0.30000000000000004" (a level 2.5 the level 2: the same check as counts' own)."""
+    counts = tmp_path / "c.csv"
+    counts.write_text("prompt_id,n,n_correct\nc,4,1\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_id":"c","problem":"q","answer":0.30000000000000004,"level":2}\n')
+    before = snapshot(real_dataset)
+    result = run_main(
+        monkeypatch, capsys, "import", "counts", str(counts), "--policy", "new",
+        "--out", str(real_dataset), "--prompts", str(prompts),
+    )  # fmt: skip
+    assert result[0] == 2 and f"{prompts}:1: 'answer' 0.30000000000000004 is not" in result[1]
+    assert snapshot(real_dataset) == before
+
+
+def test_eval_jsonl_keeps_responses_where_only_some_lines_have_them(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """A line without a responses list beside lines with one was a polars traceback (the
+    lists to explode differed in length); its samples now have no response."""
+    source = tmp_path / "e.jsonl"
+    source.write_text('{"idx":0,"score":[1,0],"code":["a","b"]}\n{"idx":1,"score":[1]}\n')
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)[0] == 0
+    rows = load_rollouts(real_dataset, ["new"]).sort("prompt_id", "sample_idx")
+    assert rows["response"].to_list() == ["a", "b", None]
+
+
+def test_acc_history_refuses_means_that_are_not_numbers(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """polars read a mean ``true`` as 1.0 and ``"0.5"`` as 0.5 (an id spelled "true" is
+    fine)."""
+    source = tmp_path / "h.json"
+    for means, needle in (("[0.5, true]", "true"), ('["0.5"]', '"0.5"')):
+        source.write_text(f'{{"true": [0.25], "b": {means}}}')
+        before = snapshot(real_dataset)
+        args = ("--rollouts-per-visit", "4")
+        code, message = import_into(monkeypatch, capsys, real_dataset, "acc-history", source, *args)
+        assert code == 2 and f"{source}: id 'b': mean reward {needle} is not a number" in message
+        assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "flag", "column"),
+    [
+        ("long", "prompt_id,sample_idx,reward\na,0,1\n", "--policy-col", "who"),
+        ("counts", "prompt_id,n,n_correct,problem\nc,4,1,q\n", "--problem-col", "question"),
+        ("counts", "prompt_id,n,n_correct,problem\nc,4,1,q\n", "--answer-col", "gold"),
+    ],
+)
+def test_import_refuses_a_named_column_the_source_lacks(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, text, flag, column
+):
+    """``--policy-col who`` on a table without it imported every row as the policy, and a
+    misspelt ``--problem-col`` wrote no prompts: an option the user gave went unused."""
+    source = tmp_path / "s.csv"
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, fmt, source, flag, column)
+    assert code == 2 and f"missing column(s) {column!r} ({flag})" in message, message
+    assert snapshot(real_dataset) == before
+
+
+def test_eval_jsonl_without_questions_writes_no_empty_prompts(
+    monkeypatch, capsys, real_dataset, tmp_path
+):
+    """Lines without ``question`` made prompts with problem "" and answer "": into a dataset
+    holding the prompt, the import was refused (answer "2" against ""); alone, it wrote empty
+    problems."""
+    source = tmp_path / "e.jsonl"
+    source.write_text('{"idx":"a","score":[1,0]}\n')
+    prompts = (real_dataset / "prompts.parquet").read_bytes()
+    assert import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source)[0] == 0
+    assert (real_dataset / "prompts.parquet").read_bytes() == prompts
+    out = tmp_path / "alone"
+    args = ["import", "eval-jsonl", str(source), "--policy", "p", "--out", str(out)]
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    assert not (out / "prompts.parquet").exists()
+
+
 def test_eval_jsonl_reads_an_integer_gold_answer_as_its_digits(
     monkeypatch, capsys, real_dataset, tmp_path
 ):

@@ -97,7 +97,7 @@ def import_(
     rollouts_per_visit: Annotated[int | None, _opt("rollouts_per_visit")] = _default(
         "rollouts_per_visit"
     ),
-    policy_col: Annotated[str, _opt("policy_col")] = _default("policy_col"),
+    policy_col: Annotated[str | None, _opt("policy_col")] = _default("policy_col"),
     sample_col: Annotated[str, _opt("sample_col")] = _default("sample_col"),
     reward_col: Annotated[str, _opt("reward_col")] = _default("reward_col"),
 ) -> None:
@@ -121,10 +121,18 @@ def import_(
 def _prompts_table(path: Path) -> pl.DataFrame:
     """The --prompts table, checked like a dataset's prompts.parquet."""
     from basis_bench.rollouts.features import FEATURE_COLUMN, stored_features
-    from basis_bench.rollouts.importers import read_table
+    from basis_bench.rollouts.importers.reading import (
+        Problems,
+        prompt_texts,
+        read_table,
+        report_prompt_values,
+    )
     from basis_bench.rollouts.store import conform_prompts
 
-    table, _ = read_table(path)
+    table, src = read_table(path, text_cols=prompt_texts("problem", "answer"))
+    problems = Problems()  # conform_prompts would cast: 0.1 + 0.2 -> "0.30000000000000004"
+    report_prompt_values(table, src, "problem", "answer", problems)
+    problems.raise_if_any(str(path))
     table = conform_prompts(table.drop("_loc"), what=str(path))
     if FEATURE_COLUMN in table.columns:
         stored_features(table)  # one finite vector per prompt, all of one length

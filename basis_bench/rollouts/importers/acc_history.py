@@ -5,6 +5,7 @@ visit ``k`` becomes its own policy ``<policy>-<k:03d>``, expanded like ``counts`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,24 @@ from basis_bench.rollouts.importers.reading import (
 )
 from basis_bench.rollouts.store import check_policy_name
 
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_A_NUMBER = re.compile(r'\b(?:true|false)\b|""(?!\s*:)')  # strings blanked: not a key
+
+
+def _report_means_not_numbers(
+    path: Path, text: str, data: dict[str, Any], problems: Problems
+) -> None:
+    """A boolean or text among the means (``true``, ``"0.5"``) is reported by id: polars
+    would read them as 1.0 and 0.5. The text is searched first (C speed; strings blanked,
+    so ids that spell ``true`` do not count), the values only where it finds one."""
+    if _NOT_A_NUMBER.search(_STRING.sub('""', text)) is None:
+        return
+    for key, means in data.items():
+        listed = means if isinstance(means, list) else []  # not a list: reported as such
+        wrong = next((m for m in listed if isinstance(m, bool | str)), None)
+        if wrong is not None:
+            problems.add(f"{path}: id {key!r}", f"mean reward {json.dumps(wrong)} is not a number")
+
 
 def _load_history(path: Path, problems: Problems) -> dict[str, Any]:
     check_exists(path)
@@ -44,14 +63,16 @@ def _load_history(path: Path, problems: Problems) -> dict[str, Any]:
                 seen.add(key)
         return out
 
+    text = utf8_text(path)
     try:
-        data = json.loads(utf8_text(path), object_pairs_hook=pairs)
+        data = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from err
     if not isinstance(data, dict):
         raise InputError(
             f"{path}: expected a JSON object {{id: [mean reward per visit]}}, got {type(data).__name__}"
         )
+    _report_means_not_numbers(path, text, data, problems)
     return data
 
 

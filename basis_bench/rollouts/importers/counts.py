@@ -20,10 +20,11 @@ from basis_bench.rollouts.importers.reading import (
     add_prompt_ids,
     describe_source,
     integer_column,
+    prompt_texts,
     prompts_from,
     read_table,
     report_duplicates,
-    report_not_text,
+    report_prompt_values,
     require_columns,
     require_scalars,
     sources_label,
@@ -86,15 +87,21 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
     problems = Problems()
     frames, sources = [], []
     id_col = opt.id_col or "prompt_id"
+    problem_col, answer_col = opt.problem_col or "problem", opt.answer_col or "answer"
+    named = {  # a column the user named must be there (it would go unused)
+        flag: col
+        for flag, col in (("--problem-col", opt.problem_col), ("--answer-col", opt.answer_col))
+        if col is not None
+    }
     for path in paths:
-        texts = [opt.problem_col or "problem", opt.answer_col or "answer"]
-        df, src = read_table(path, id_col, texts)
+        df, src = read_table(path, id_col, prompt_texts(problem_col, answer_col))
         require_columns(
-            df, src, {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col}
+            df,
+            src,
+            {"--id-col": id_col, "--n-col": opt.n_col, "--correct-col": opt.correct_col, **named},
         )
         require_scalars(df, src, [id_col, opt.n_col, opt.correct_col])
-        for name in (c for c in texts if c in df.columns):  # an integer answer is its digits
-            report_not_text(df, src, name, problems, digits=True)
+        report_prompt_values(df, src, problem_col, answer_col, problems)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.n_col, "n", problems, minimum=1)
         df = integer_column(df, src, opt.correct_col, "n_correct", problems, minimum=0)
@@ -117,7 +124,7 @@ def import_counts(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imp
     problems.raise_if_any(sources_label(paths))
     table = table.with_columns(pl.lit(policy).alias("policy"))
     rollouts = expand_counts(table.select("prompt_id", "policy", "n", "n_correct"), opt.seed)
-    prompts = prompts_from(table, opt.problem_col or "problem", opt.answer_col or "answer")
+    prompts = prompts_from(table, problem_col, answer_col)
     return Imported(
         "counts",
         rollouts,

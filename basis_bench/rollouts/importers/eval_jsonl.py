@@ -195,12 +195,15 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
     problems.raise_if_any(sources_label(paths))
     table = table.sort(FILE_INDEX, LOC)
     has_resp = table[opt.response_field].is_not_null().any()
+    # a line without responses, beside lines with them: its samples' responses are null
+    no_responses = pl.col(opt.score_field).list.eval(pl.lit(None, pl.String))
+    responses = pl.col(opt.response_field).fill_null(no_responses)
     long = (
         table.select(
             "prompt_id",
             FILE_INDEX,
             pl.col(opt.score_field).alias("reward"),
-            *([pl.col(opt.response_field).alias("response")] if has_resp else []),
+            *([responses.alias("response")] if has_resp else []),
         )
         .explode(["reward", *(["response"] if has_resp else [])])
         .with_columns(
@@ -209,7 +212,10 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
         )
         .select("prompt_id", "policy", "sample_idx", "reward", *(["response"] if has_resp else []))
     )
-    prompts = prompts_from(table, problem_col, answer_col)
+    # no line with a question: no prompts (not empty ones, which would clash with a
+    # dataset's own answers or stand in for its problems)
+    has_problems = table[problem_col].is_not_null().any()
+    prompts = prompts_from(table, problem_col, answer_col) if has_problems else None
     return Imported(
         "eval-jsonl",
         long,

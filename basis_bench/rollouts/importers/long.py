@@ -18,6 +18,7 @@ from basis_bench.rollouts.importers.reading import (
     integer_column,
     read_table,
     report_duplicates,
+    report_kept_columns,
     report_not_text,
     require_columns,
     require_scalars,
@@ -30,20 +31,31 @@ from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS
 def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:
     problems = Problems()
     id_col = opt.id_col or "prompt_id"
+    policy_col = opt.policy_col or "policy"
+    named = {"--policy-col": policy_col} if opt.policy_col is not None else {}  # never unused
     frames, sources = [], []
     for path in paths:
-        df, src = read_table(path, id_col, [opt.policy_col])
+        texts = [
+            policy_col,
+            *(c for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if t == pl.String),
+        ]
+        df, src = read_table(path, id_col, texts)
         require_columns(
             df,
             src,
-            {"--id-col": id_col, "--sample-col": opt.sample_col, "--reward-col": opt.reward_col},
+            {
+                "--id-col": id_col,
+                "--sample-col": opt.sample_col,
+                "--reward-col": opt.reward_col,
+                **named,
+            },
         )
-        present_policy = [opt.policy_col] if opt.policy_col in df.columns else []
+        present_policy = [policy_col] if policy_col in df.columns else []
         require_scalars(df, src, [id_col, opt.sample_col, opt.reward_col, *present_policy])
-        if opt.policy_col in df.columns:  # a table of several policies: take this one's rows
+        if policy_col in df.columns:  # a table of several policies: take this one's rows
             # policy names are text: a JSON 1 or 1.0 would match --policy 1 as polars' "1"
-            report_not_text(df, src, opt.policy_col, problems, digits=False)
-            df = df.filter(pl.col(opt.policy_col).cast(pl.String) == policy)
+            report_not_text(df, src, policy_col, problems, digits=False)
+            df = df.filter(pl.col(policy_col).cast(pl.String) == policy)
         df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
         df = integer_column(df, src, opt.sample_col, "sample_idx", problems, minimum=0)
         reward = pl.col(opt.reward_col).cast(pl.Float64, strict=False)
@@ -58,7 +70,9 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
                 pl.col(opt.reward_col).cast(pl.String).fill_null("(empty)"),
             ),
         )
-        keep = [c for c in OPTIONAL_ROLLOUT_COLUMNS if c in df.columns and c not in (id_col,)]
+        kept = {c: t for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if c != id_col}
+        report_kept_columns(df, src, kept, problems)
+        keep = [c for c in kept if c in df.columns]
         frames.append(
             df.with_columns(reward.alias("_reward")).select(
                 "prompt_id", "sample_idx", "_reward", *keep, LOC
@@ -69,7 +83,7 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
         problems.raise_if_any(sources_label(paths))  # e.g. every policy a number
         raise InputError(
             f"{sources_label(paths)}: no rows for policy {policy!r}"
-            + (f" (the source's {opt.policy_col!r} column names others)")
+            + (f" (the source's {policy_col!r} column names others)")
         )
     table = stack_sources(frames)
     report_duplicates(table, sources, ["prompt_id", "sample_idx"], problems, "(prompt, sample)")
@@ -91,7 +105,7 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
         {
             "columns": {
                 "id": id_col,
-                "policy": opt.policy_col,
+                "policy": policy_col,
                 "sample": opt.sample_col,
                 "reward": opt.reward_col,
             }

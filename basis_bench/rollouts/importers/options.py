@@ -32,7 +32,11 @@ class ImportOptions:
     )
     score_field: str = setting("score", help="eval-jsonl: the per-sample scores list.")
     response_field: str = setting("code", help="eval-jsonl: the responses list, kept when present.")
-    policy_col: str = setting("policy", help="long: policy column.")
+    policy_col: str | None = setting(
+        None,
+        help="long: policy column; only --policy's rows are read. Default: policy, when the "
+        "table has one (a column named here must exist).",
+    )
     sample_col: str = setting("sample_idx", help="long: sample index column.")
     reward_col: str = setting("reward", help="long: reward column.")
     rollouts_per_visit: int | None = setting(

@@ -434,6 +434,49 @@ def report_not_text(
     )
 
 
+def report_kept_columns(
+    df: pl.DataFrame, src: Source, columns: Mapping[str, pl.DataType], problems: Problems
+) -> None:
+    """Optional columns kept as they are (``n_tokens``, ``response``, ``level``, ...): a
+    value the store's type would change is reported, not cast (3.7 tokens became 3, a
+    response 7 the text "7"). Text columns take text (:func:`report_not_text`, which needs
+    ``columns`` in read_table's ``text_cols`` for JSONL), integer columns whole numbers
+    within Int32."""
+    for name, dtype in ((n, t) for n, t in columns.items() if n in df.columns):
+        if dtype == pl.String:
+            report_not_text(df, src, name, problems, digits=False)
+            continue
+        number = pl.col(name).cast(pl.Float64, strict=False)
+        if df.schema[name] == pl.Boolean:  # true is not 1 token
+            number = pl.lit(None, pl.Float64)
+        whole = (number == number.round(0)) & number.is_between(-(2**31), INT32_MAX)
+        problems.add_rows(
+            src,
+            df.filter(pl.col(name).is_not_null() & ~whole.fill_null(False)),
+            pl.format(
+                "{} {} is not an integer (Int32)",
+                pl.lit(repr(name)),
+                pl.col(name).cast(pl.String).str.slice(0, 60),
+            ),
+        )
+
+
+def prompt_texts(problem_col: str, answer_col: str) -> list[str]:
+    """The text columns of a prompts source (read_table's ``text_cols``)."""
+    kept = [c for c, t in OPTIONAL_PROMPT_COLUMNS.items() if t == pl.String]
+    return [problem_col, answer_col, *kept]
+
+
+def report_prompt_values(
+    df: pl.DataFrame, src: Source, problem_col: str, answer_col: str, problems: Problems
+) -> None:
+    """A problem or answer is text or an integer (its digits: a gold answer 5 is common);
+    ``level`` and ``subject`` hold their store types (:func:`report_kept_columns`)."""
+    for name in (c for c in (problem_col, answer_col) if c in df.columns):
+        report_not_text(df, src, name, problems, digits=True)
+    report_kept_columns(df, src, OPTIONAL_PROMPT_COLUMNS, problems)
+
+
 def _json_text(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
