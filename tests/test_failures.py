@@ -1801,3 +1801,40 @@ def test_evaluate_refuses_a_grid_too_large_and_an_option_given_twice(
         run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out, *extra)), needle
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "needle"),
+    [
+        (  # a misspelt field name went unused: no prompts written, exit 0
+            '{"idx":"a","score":[1],"question":"1+1?","gt":"2"}\n',
+            ["--problem-col", "quest"],
+            "--problem-col 'quest': no line of",
+        ),
+        (
+            '{"idx":"a","score":[1],"code":["2"]}\n',
+            ["--response-field", "responses"],
+            "--response-field 'responses': no line of",
+        ),
+        (  # line 2 would have written problem "" and answer "" for prompt b
+            '{"idx":"a","score":[1],"question":"1+1?","gt":"2"}\n{"idx":"b","score":[0],"gt":"4"}\n',
+            [],
+            ":2: no 'question', which other lines have",
+        ),
+        (
+            '{"idx":"a","score":[1],"question":"1+1?","gt":"2"}\n'
+            '{"idx":"b","score":[0],"question":"2+2?"}\n',
+            [],
+            ":2: no 'gt', which other lines have",
+        ),
+    ],
+)
+def test_eval_jsonl_refuses_unused_field_names_and_partial_prompts(
+    monkeypatch, capsys, real_dataset, tmp_path, text, extra, needle
+):
+    source = tmp_path / "e.jsonl"
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    code, message = import_into(monkeypatch, capsys, real_dataset, "eval-jsonl", source, *extra)
+    assert code == 2 and needle in message, message
+    assert snapshot(real_dataset) == before

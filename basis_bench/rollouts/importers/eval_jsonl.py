@@ -145,6 +145,37 @@ def _text_or_digits(value: Any, name: str, where: str, problems: Problems) -> st
     return None
 
 
+def _check_prompt_fields(
+    frames: Sequence[pl.DataFrame],
+    sources: Sequence[Source],
+    opt: ImportOptions,
+    prompt_fields: tuple[str, str],
+    problems: Problems,
+) -> None:
+    """A field the user named that no line has is refused (a misspelt name would go unused);
+    the question and gold answer are on every line or on none (a line without them would
+    write an empty problem or answer that clashes with a dataset's own)."""
+    named = {
+        "--problem-col": (prompt_fields[0], opt.problem_col is not None),
+        "--answer-col": (prompt_fields[1], opt.answer_col is not None),
+        "--response-field": (opt.response_field, opt.response_field != "code"),
+    }
+    for option, (field, given) in named.items():
+        if given and not any(f[field].is_not_null().any() for f in frames):
+            raise InputError(
+                f"{option} {field!r}: no line of {sources_label([s.path for s in sources])} "
+                "has that field; check its spelling"
+            )
+    for field in prompt_fields:
+        if any(f[field].is_not_null().any() for f in frames):
+            for src, f in zip(sources, frames, strict=True):
+                problems.add_rows(
+                    src,
+                    f.filter(pl.col(field).is_null()),
+                    f"no {field!r}, which other lines have: give it on every line or on none",
+                )
+
+
 def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:
     problems = Problems()
     id_col = opt.id_col or "idx"
@@ -188,6 +219,7 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
         )
         frames.append(df)
         sources.append(src)
+    _check_prompt_fields(frames, sources, opt, (problem_col, answer_col), problems)
     table = stack_sources(frames)
     # The same problem in several files is more samples of it (e.g. one file per seed);
     # within one file a repeated id is an error.
