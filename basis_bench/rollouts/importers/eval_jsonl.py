@@ -16,7 +16,6 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
-    ID_KIND,
     LOC,
     Imported,
     Problems,
@@ -26,6 +25,7 @@ from basis_bench.rollouts.importers.reading import (
     describe_source,
     diagnose_jsonl,
     json_id_kinds,
+    kind_column,
     nonblank_lines,
     prompts_from,
     python_id_kind,
@@ -40,7 +40,7 @@ def _read_eval_jsonl(
     path: Path, fields: Mapping[str, pl.DataType], id_col: str, problems: Problems
 ) -> pl.DataFrame:
     """The wanted fields of an evaluator's JSONL, scores as List(Float64), plus ``_loc`` and
-    ``_id_kind`` (what each line's id is, :func:`json_id_kinds`)."""
+    the id's :func:`kind_column` (what each line's id is, :func:`json_id_kinds`)."""
     check_exists(path)
     data, numbers = nonblank_lines(path)
     if not numbers.size:
@@ -80,7 +80,7 @@ def _read_eval_jsonl(
     problems.raise_if_any(str(path))
     id_kinds = [python_id_kind((row or {}).get(id_col)) for row in rows]
     return pl.DataFrame(columns, schema={**fields, score: pl.List(pl.Float64)}).with_columns(
-        pl.Series(LOC, numbers), pl.Series(ID_KIND, id_kinds)
+        pl.Series(LOC, numbers), pl.Series(kind_column(id_col), id_kinds)
     )
 
 
@@ -158,7 +158,10 @@ def _check_prompt_fields(
     named = {
         "--problem-col": (prompt_fields[0], opt.problem_col is not None),
         "--answer-col": (prompt_fields[1], opt.answer_col is not None),
-        "--response-field": (opt.response_field, opt.response_field != "code"),
+        "--response-field": (
+            opt.response_field,
+            opt.response_field != ImportOptions.response_field,
+        ),
     }
     for option, (field, given) in named.items():
         if given and not any(f[field].is_not_null().any() for f in frames):

@@ -29,12 +29,20 @@ from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS
 MAX_LISTED = 50  # malformed rows listed in one error message (the total is always given)
 LOC = "_loc"  # source line/row number column
 FILE_INDEX = "_file"  # index of the source file column
-ID_KIND = "_id_kind"  # what a JSON line's id is: "text", "integer" or "other" (json_id_kinds)
 
 
-def text_kind(column: str) -> str:
-    """The column that says what a JSON line's ``column`` is (read_table's ``text_cols``)."""
+def kind_column(column: str) -> str:
+    """The column that says what each JSON line's ``column`` is: "text", "integer" or
+    "other" (:func:`json_id_kinds`; read_table's ``id_col`` and ``text_cols``)."""
     return f"_kind:{column}"
+
+
+def value_kind(df: pl.DataFrame, column: str) -> pl.Expr:
+    """What each row's ``column`` is ("text", "integer" or "other"): its :func:`kind_column`
+    where a JSON reader made one, else what the column's type holds (Parquet, CSV)."""
+    if kind_column(column) in df.columns:
+        return pl.col(kind_column(column))
+    return pl.lit(dtype_id_kind(df.schema[column]))
 
 
 @dataclass
@@ -206,10 +214,10 @@ def read_table(
     """A CSV/TSV, Parquet or JSONL table with a ``_loc`` column (line or row number).
 
     CSV values are read as text (the checks cast them, so ``3.5`` or ``abc`` in a count is
-    reported, not silently coerced); JSONL and Parquet keep their types. For JSONL with
-    ``id_col``, an ``_id_kind`` column says what each line's id is (:func:`json_id_kinds`),
-    and a :func:`text_kind` column the same for each of ``text_cols`` (polars shows a JSON 1
-    or 1.0 beside text as "1"), for :func:`report_not_text`.
+    reported, not silently coerced); JSONL and Parquet keep their types. For JSONL, a
+    :func:`kind_column` says what each line's ``id_col`` and each of ``text_cols`` is
+    (polars shows a JSON 1 or 1.0 beside text as "1"), for :func:`add_prompt_ids` and
+    :func:`report_not_text`.
     """
     check_exists(path)
     suffix = path.suffix.lower()
@@ -260,9 +268,7 @@ def _read_jsonl(path: Path, id_col: str | None, text_cols: Sequence[str]) -> pl.
             kinds.append(json_id_kinds(data, str(id_col)))
         line_by_line = bool(kinds) and (kinds[0] == "other").any()
         if not line_by_line:
-            kinds += [
-                json_id_kinds(data, c).alias(text_kind(c)) for c in text_cols if c in df.columns
-            ]
+            kinds += [json_id_kinds(data, c) for c in text_cols if c in df.columns and c != id_col]
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
         line_by_line = True
     if line_by_line:
@@ -270,9 +276,11 @@ def _read_jsonl(path: Path, id_col: str | None, text_cols: Sequence[str]) -> pl.
         rows = diagnose_jsonl(path, numbers, data, problems)
         problems.raise_if_any(str(path))
         df = mixed_rows_frame(path, rows)
-        named = [(ID_KIND, id_col)] if id_col is not None else []
-        named += [(text_kind(c), c) for c in text_cols]
-        kinds = [pl.Series(kind, [python_id_kind(row.get(c)) for row in rows]) for kind, c in named]
+        named = [id_col] if id_col is not None else []
+        kinds = [
+            pl.Series(kind_column(c), [python_id_kind(row.get(c)) for row in rows])
+            for c in dict.fromkeys([*named, *text_cols])  # an id column may be a text one too
+        ]
     return df.with_columns(*kinds, pl.Series(LOC, numbers))
 
 
@@ -290,7 +298,7 @@ def json_id_kinds(data: bytes, id_col: str) -> pl.Series:
 
     text, integer = only(pl.Binary()), only(pl.Int128())
     kind = pl.when(text).then(pl.lit("text")).when(integer).then(pl.lit("integer"))
-    return pl.select(kind.otherwise(pl.lit("other")).alias(ID_KIND)).to_series()
+    return pl.select(kind.otherwise(pl.lit("other")).alias(kind_column(id_col))).to_series()
 
 
 def python_id_kind(value: Any) -> str:
@@ -382,10 +390,10 @@ def add_prompt_ids(
     " a" and "a" are two ids), ids that are neither text nor integers (true, 7.5, a list),
     and in a file whose ids mix text and integers, the ids of the other kind than its first
     (7 and "7" would be one id)."""
-    kind = pl.col(ID_KIND) if ID_KIND in df.columns else pl.lit(dtype_id_kind(df.schema[id_col]))
+    kind = value_kind(df, id_col)
     df = df.with_columns(pl.col(id_col).cast(pl.String).alias("prompt_id"), kind.alias("_kind"))
     _report_ids(df, src, id_col, problems)
-    df = df.drop("_kind", ID_KIND, strict=False)
+    df = df.drop("_kind")
     if id_format is None:
         return df
     m = _ID_FORMAT.match(id_format)
@@ -416,11 +424,7 @@ def report_not_text(
     """Report rows whose ``column`` holds a number or boolean where text belongs (polars
     would make "0.30000000000000004" or "true" of it); with ``digits`` an integer is
     accepted as its digits."""
-    kind = (
-        pl.col(text_kind(column))
-        if text_kind(column) in df.columns
-        else pl.lit(dtype_id_kind(df.schema[column]))
-    )
+    kind = value_kind(df, column)
     allowed = ["text", "integer"] if digits else ["text"]
     problems.add_rows(
         src,
