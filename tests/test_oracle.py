@@ -95,6 +95,18 @@ def tiny_args(model: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def started_until_a_part(args: list[str], out: Path) -> subprocess.Popen:
+    """The oracle CLI started in a process of its own, once its first part is written in
+    ``out`` (or it ended, or 240 s passed): where a kill test strikes."""
+    job = subprocess.Popen(
+        [*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD
+    )
+    deadline = time.monotonic() + 240
+    while not parts(out, "tiny") and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return job
+
+
 # --------------------------------------------------------------------------- sharding
 
 
@@ -266,15 +278,7 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tiny_model, tmp_
     assert done.exit_code == 0, done.output
     assert len(parts(whole, "tiny")) == 6
 
-    job = subprocess.Popen(
-        [*CLI, *tiny_args(tiny_model, resumed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=ONE_THREAD,
-    )
-    deadline = time.monotonic() + 240
-    while not parts(resumed, "tiny") and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
+    job = started_until_a_part(tiny_args(tiny_model, resumed), resumed)
     os.kill(job.pid, signal.SIGKILL)
     job.wait(timeout=30)
     assert job.returncode == -signal.SIGKILL
@@ -402,15 +406,7 @@ def test_workers_write_the_same_dataset_as_one_process(tiny_model, tmp_path):
 def test_sigkill_of_a_run_with_workers_stops_them_and_the_rerun_completes(tiny_model, tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert CliRunner().invoke(app, tiny_args(tiny_model, whole, "--workers", "1")).exit_code == 0
-    job = subprocess.Popen(
-        [*CLI, *tiny_args(tiny_model, resumed, "--workers", "2")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=ONE_THREAD,
-    )
-    deadline = time.monotonic() + 240
-    while not parts(resumed, "tiny") and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
+    job = started_until_a_part(tiny_args(tiny_model, resumed, "--workers", "2"), resumed)
     children = Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()
     os.kill(job.pid, signal.SIGKILL)
     job.wait(timeout=30)
