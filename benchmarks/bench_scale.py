@@ -7,7 +7,9 @@ runs the default evaluate (every estimator, the trajectory replay, estimates.par
 each, every run a fresh child process whose own peak resident memory (VmHWM) is
 printed, with its wall and CPU time (on a shared machine, CPU time is the one to compare)
 and the memory evaluate's pre-flight check predicted
-(:func:`basis_bench.evaluation.cost.evaluate_memory`). Default: 2,500 / 10,000 / 17,398 prompts
+(:func:`basis_bench.evaluation.cost.evaluate_memory`); then `figures` on that run's results, in
+a fresh process of its own, and its peak (it reads only the binned tables, so it should not
+grow with the prompts). Default: 2,500 / 10,000 / 17,398 prompts
 at 1,000 repeats, and 2,500 prompts at 10,000 repeats (the table in docs/scale.md).
 
     python benchmarks/bench_scale.py [--prompts 2500 10000 17398] [--repeats 1000]
@@ -66,6 +68,21 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     }
 
 
+def figures_child(results: str, out: str) -> dict[str, float]:
+    """`figures` on one evaluate's results in this process; returns its peak memory."""
+    from basis_bench.evaluation.figures import make_figures
+
+    make_figures(results, out)
+    return {"max_rss_mb": peak_rss_mb()}
+
+
+def run_child(*args: str) -> dict[str, float]:
+    """This script in a fresh process with `args`; returns the JSON it printed last."""
+    cmd = [sys.executable, __file__, *args]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, nargs="+", default=[2500, 10000, 17398])
@@ -73,10 +90,14 @@ def main() -> None:
     parser.add_argument("--more-repeats", type=int, nargs="*", default=[10000])
     parser.add_argument("--no-trajectory", action="store_true")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--figures-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         data, repeats, out, trajectory = args.child
         print(json.dumps(child(data, int(repeats), out, trajectory == "1")))
+        return
+    if args.figures_child:
+        print(json.dumps(figures_child(*args.figures_child)))
         return
 
     from basis_bench.rollouts.simulate import SimulationConfig, simulate
@@ -89,7 +110,7 @@ def main() -> None:
         f"{'off' if args.no_trajectory else 'on'}), simulated 64 reference + 3 x 272 samples per prompt"
     )
     print(f"{'prompts':>8} {'repeats':>8} {'rollouts':>11} {'wall s':>8} {'CPU s':>8} "
-          f"{'peak RSS MB':>12} {'predicted MB':>13} {'estimates MB':>13}")  # fmt: skip
+          f"{'peak RSS MB':>12} {'predicted MB':>13} {'estimates MB':>13} {'figures MB':>11}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         sets: dict[int, Path] = {}
         for prompts, repeats in runs:
@@ -97,14 +118,13 @@ def main() -> None:
                 cfg = SimulationConfig(n_prompts=prompts, reference_n=64, checkpoint_n=272)
                 sets[prompts] = simulate(cfg, Path(tmp) / f"data{prompts}")
             out = Path(tmp) / f"out{prompts}-{repeats}"
-            cmd = [sys.executable, __file__, "--child", str(sets[prompts]), str(repeats), str(out),
-                   trajectory]  # fmt: skip
-            done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            r = json.loads(done.stdout.splitlines()[-1])
+            r = run_child("--child", str(sets[prompts]), str(repeats), str(out), trajectory)
+            figures = run_child("--figures-child", str(out), str(out / "figures"))
             print(
                 f"{prompts:>8} {repeats:>8} {prompts * (64 + 3 * 272):>11} {r['wall_s']:>8.0f} "
                 f"{r['cpu_s']:>8.0f} "
-                f"{r['max_rss_mb']:>12.0f} {r['predicted_mb']:>13.0f} {r['estimates_mb']:>13.0f}",
+                f"{r['max_rss_mb']:>12.0f} {r['predicted_mb']:>13.0f} {r['estimates_mb']:>13.0f} "
+                f"{figures['max_rss_mb']:>11.0f}",
                 flush=True,
             )
 
