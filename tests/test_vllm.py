@@ -85,6 +85,10 @@ def test_device_must_match_the_vllm_build():
         check_device("cuda", "cpu")
     with pytest.raises(InputError, match="--device must be"):
         check_device("tpu", "cpu")
+    with pytest.raises(
+        InputError, match=r'backend = "vllm" device = "cuda": .* use device = "cpu"'
+    ):
+        check_device("cuda", "cpu", in_config=True)  # training's settings, as the TOML spells them
 
 
 @pytest.mark.skipif(VLLM_ERROR is None, reason="vllm imports here; this checks the message")

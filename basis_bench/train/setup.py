@@ -185,7 +185,7 @@ def check_vllm_backend(device: str) -> None:
             "backend = vllm trains with the engine in this process; unset "
             f"VLLM_ENABLE_V1_MULTIPROCESSING (it is {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})"
         )
-    check_device(device, vllm_platform())
+    check_device(device, vllm_platform(), in_config=True)
 
 
 def sync_sampler(backend: str, sampler: Any, policy: Any) -> None:

