@@ -169,7 +169,7 @@ def evaluate(
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3).
 
-    Cost (docs/scale.md): peak memory is about 0.35 GB + the data (2 bytes a 0/1 rollout) + 2 KB a prompt + at most 64 MiB for the trajectory replay, whatever --repeats (about 0.5 GB at the paper's 17,398 prompts x 880 rollouts); the one-step replay's time grows with repeats, the trajectory replay's (200 streams) with prompts (about 19 CPU-minutes at 17,398 prompts). A run that would not fit in free memory stops before the replay and names the option that fits.
+    Cost (docs/scale.md): peak memory is about 0.37 GB + the data (2 bytes a 0/1 rollout) + 2 KB a prompt + at most 64 MiB for the trajectory replay, whatever --repeats (about 0.5 GB at the paper's 17,398 prompts x 880 rollouts); the one-step replay's time grows with repeats, the trajectory replay's (200 streams) with prompts (about 16 CPU-minutes at 17,398 prompts). A run that would not fit in free memory stops before the replay and names the option that fits.
     """
     from basis_bench.evaluation.record import RUN_FILE
     from basis_bench.evaluation.run import evaluate as run_evaluate

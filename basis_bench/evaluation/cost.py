@@ -13,7 +13,7 @@ drawn 2^20 at a time; the trajectory's blocks of draws and the stateless estimat
 of visits); TRANSIENT covers what the trajectory replay holds per prompt besides its streams
 (each checkpoint's pool, oracle and noise, the reference cache and its tilt table) and
 allocator slack (BASE and TRANSIENT fitted to the peaks measured at 2,500, 10,000 and 17,398
-prompts, 423 to 501 MiB, predicting each from above). The trajectory replay (when on) runs
+prompts, 443 to 504 MiB in one run of the grid, predicting each from above). The trajectory replay (when on) runs
 R_t = min(repeats, 200) streams, each holding per prompt its epoch's shuffle and the
 stateful estimators' state (STREAM_PROMPT_BYTES with the default estimators), as many
 together as STREAM_BYTES (64 MiB) holds
@@ -30,7 +30,7 @@ from basis_bench.evaluation.dataset import CheckpointData, Rewards
 from basis_bench.evaluation.trajectory import SHUFFLE_BYTES, stream_group
 from basis_bench.fits import available_memory
 
-BASE_BYTES = 350 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
+BASE_BYTES = 375 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws
 TRANSIENT_BYTES = 2 * 1024  # per prompt: the trajectory's pools, cache and tilt table, slack
 # per stream and prompt, default estimators: shuffle, basis_memory's and basis_context's
 # discounted histories (4 gammas x 2 x 8 bytes each), the SPO tracker's alpha and beta
