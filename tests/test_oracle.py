@@ -501,12 +501,42 @@ def test_prompts_table_fills_a_column_it_lacks_for_its_own_prompts(tmp_path):
     assert load_prompts(tmp_path).equals(merged)  # type: ignore[union-attr]
 
 
-def test_hidden_features_need_the_hf_backend():
-    job = {"ckpt": "m", "policy": "p", "prompts": "arithmetic:n=2", "out": Path("o")}
-    with pytest.raises(InputError, match="--features hidden needs --backend hf"):
-        OracleJob(**job, backend="vllm", features="hidden")
-    with pytest.raises(InputError, match="features"):
-        OracleJob(**job, features="mean")
+def test_features_of_a_backend_without_hidden_states_come_first_from_transformers(
+    tiny_model, tmp_path
+):
+    """--backend vllm --features hidden: the job's source computes the features with
+    transformers (same folder, device and dtype) before the sampler is made, so they equal
+    the hf backend's; an hf job has no such step (its sampler gives them)."""
+    import numpy as np
+
+    from basis_bench.rollouts.oracle import JobSampler, OracleSource, open_source, run_oracle
+
+    hf = OracleJob(
+        ckpt=str(tiny_model), policy="tiny", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
+        out=tmp_path / "hf", n=2, max_new_tokens=8, chunk_size=3, device="cpu", workers=1,
+        features="hidden",
+    )  # fmt: skip
+    run_oracle(hf)
+    vllm = dataclasses.replace(hf, backend="vllm", out=tmp_path / "vllm")
+    assert open_source(hf, print).hidden_states is None
+    own = open_source(vllm, print)
+    assert own.hidden_states is not None
+    events: list[str] = []
+
+    def features(problems):
+        events.append("features")
+        return own.hidden_states(problems)
+
+    def sampler():  # the hf sampler in the vllm engine's place: vllm is not needed here
+        events.append("sampler")
+        return JobSampler(hf, resolve_checkpoint(str(tiny_model)))()
+
+    run_oracle(vllm, source=OracleSource(own.prompts, own.model, sampler, "--out", features))
+    assert events == ["features", "sampler"]
+    stored = [np.asarray(load_prompts(job.out)["features"].to_list()) for job in (hf, vllm)]  # type: ignore[index]
+    assert stored[0].shape == (6, 32)
+    np.testing.assert_allclose(stored[1], stored[0], atol=1e-5)
+    run_oracle(vllm, source=OracleSource(own.prompts, own.model, lambda: 1 / 0, "--out", None))
 
 
 # --------------------------------------------------------------------------- reference cache

@@ -12,6 +12,7 @@ Two engines draw from the same distribution:
 
 from __future__ import annotations
 
+import gc
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 from basis_bench.errors import InputError
 from basis_bench.rollouts.models import (
     Checkpoint,
+    hf_format_directory,
     load_model,
     load_tokenizer,
     resolve_device,
@@ -66,6 +68,33 @@ def last_token_hidden_states(model: Any, prompt_ids: Sequence[Sequence[int]]) ->
             out = model(input_ids=tokens, output_hidden_states=True, **last_logits)
             rows.append(out.hidden_states[-1][0, -1].float().cpu().numpy())
     return np.stack(rows) if rows else np.zeros((0, model.config.hidden_size), np.float32)
+
+
+def transformers_hidden_states(
+    ckpt: Checkpoint,
+    template: PromptTemplate,
+    problems: Sequence[str],
+    device: str = "auto",
+    dtype: str = "auto",
+) -> np.ndarray:
+    """:meth:`HFSampler.prompt_hidden_states` of ``ckpt`` loaded with transformers for this
+    call alone, then freed (GPU memory included), so that an engine started next (vLLM,
+    which claims its share of the GPU's memory at start) finds the memory free again.
+    Loaded from :func:`~basis_bench.rollouts.models.hf_format_directory`, the folder vLLM
+    reads, with the checkpoint's own tokenizer, as the vllm backend does."""
+    import torch
+
+    folder = Checkpoint(ckpt.name, hf_format_directory(ckpt))
+    sampler = HFSampler(
+        load_model(folder, resolve_device(device), dtype), load_tokenizer(ckpt), template
+    )
+    try:
+        return sampler.prompt_hidden_states(problems)
+    finally:
+        del sampler
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 class HFSampler(Sampler):
