@@ -509,7 +509,7 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
     the hf backend's; an hf job has no such step (its sampler gives them)."""
     import numpy as np
 
-    from basis_bench.rollouts.oracle import JobSampler, OracleSource, open_source, run_oracle
+    from basis_bench.rollouts.oracle import JobSampler, open_source, run_oracle
 
     hf = OracleJob(
         ckpt=str(tiny_model), policy="tiny", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
@@ -517,6 +517,8 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
         features="hidden",
     )  # fmt: skip
     run_oracle(hf)
+    expected = np.asarray(load_prompts(hf.out)["features"].to_list())  # type: ignore[index]
+    assert expected.shape == (6, 32)
     vllm = dataclasses.replace(hf, backend="vllm", out=tmp_path / "vllm")
     assert open_source(hf, print).hidden_states is None
     own = open_source(vllm, print)
@@ -531,12 +533,25 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
         events.append("sampler")
         return JobSampler(hf, resolve_checkpoint(str(tiny_model)))()
 
-    run_oracle(vllm, source=OracleSource(own.prompts, own.model, sampler, "--out", features))
+    run_oracle(vllm, source=dataclasses.replace(own, sampler=sampler, hidden_states=features))
     assert events == ["features", "sampler"]
-    stored = [np.asarray(load_prompts(job.out)["features"].to_list()) for job in (hf, vllm)]  # type: ignore[index]
-    assert stored[0].shape == (6, 32)
-    np.testing.assert_allclose(stored[1], stored[0], atol=1e-5)
-    run_oracle(vllm, source=OracleSource(own.prompts, own.model, lambda: 1 / 0, "--out", None))
+    run_oracle(vllm, source=dataclasses.replace(own, sampler=lambda: 1 / 0))  # all there
+
+    # A finished run without them gets them without a sampler; its parts stay as they were.
+    later = dataclasses.replace(vllm, out=tmp_path / "later")
+    run_oracle(
+        dataclasses.replace(later, features="none"),
+        source=dataclasses.replace(own, sampler=sampler),
+    )
+    before = {f: f.read_bytes() for f in parts(later.out, "tiny")}
+    run_oracle(later, source=dataclasses.replace(own, sampler=lambda: 1 / 0))
+    assert {f: f.read_bytes() for f in parts(later.out, "tiny")} == before
+    for job in (vllm, later):
+        stored = load_prompts(job.out)
+        assert stored is not None
+        np.testing.assert_allclose(
+            np.asarray(stored["features"].to_list()), expected, rtol=0, atol=1e-5
+        )
 
 
 # --------------------------------------------------------------------------- reference cache

@@ -403,16 +403,16 @@ def run_oracle(
     workers = auto_workers(job, len(todo)) if own_source and todo else 1
     progress.planned(job, source.prompts.height, len(todo), len(done), workers)
     featureless = job.features != "none" and lacks_features(source.prompts, job.out)
-    if not todo and not featureless:
-        write_prompts_table(source.prompts, job.out, metadata)
-        return OracleReport()
-    n_prompts = sum(c.prompts.height for c in todo)
-    factory = source.sampler
     merged_prompts(source.prompts, job.out)  # a clashing answer is refused before any load
     prompts = source.prompts
     if featureless and source.hidden_states is not None:  # before the sampler claims memory
         prompts = with_features(prompts, job, source.hidden_states)
         featureless = False
+    if not todo and not featureless:  # a finished run: no sampler is made
+        write_prompts_table(prompts, job.out, metadata)
+        return OracleReport()
+    n_prompts = sum(c.prompts.height for c in todo)
+    factory = source.sampler
     if workers > 1:
         if featureless:  # the features need the model here: the table is written once it loaded
             prompts = with_features(prompts, job, factory().prompt_hidden_states)
