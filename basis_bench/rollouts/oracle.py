@@ -310,6 +310,10 @@ class JobHiddenStates:
         from basis_bench.rollouts.sampling.hf import transformers_hidden_states
 
         job = self.job
+        if job.backend == "vllm":  # a vLLM that cannot run is refused before this pass
+            from basis_bench.rollouts.sampling.vllm import check_device, vllm_platform
+
+            check_device(job.device, vllm_platform())
         return transformers_hidden_states(
             self.checkpoint, job.template, problems, job.device, job.dtype
         )
