@@ -501,12 +501,56 @@ def test_prompts_table_fills_a_column_it_lacks_for_its_own_prompts(tmp_path):
     assert load_prompts(tmp_path).equals(merged)  # type: ignore[union-attr]
 
 
-def test_hidden_features_need_the_hf_backend():
-    job = {"ckpt": "m", "policy": "p", "prompts": "arithmetic:n=2", "out": Path("o")}
-    with pytest.raises(InputError, match="--features hidden needs --backend hf"):
-        OracleJob(**job, backend="vllm", features="hidden")
-    with pytest.raises(InputError, match="features"):
-        OracleJob(**job, features="mean")
+def test_features_of_a_backend_without_hidden_states_come_first_from_transformers(
+    tiny_model, tmp_path
+):
+    """--backend vllm --features hidden: the job's source computes the features with
+    transformers (same folder, device and dtype) before the sampler is made, so they equal
+    the hf backend's; an hf job has no such step (its sampler gives them)."""
+    import numpy as np
+
+    from basis_bench.rollouts.oracle import JobHiddenStates, JobSampler, open_source, run_oracle
+
+    hf = OracleJob(
+        ckpt=str(tiny_model), policy="tiny", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
+        out=tmp_path / "hf", n=2, max_new_tokens=8, chunk_size=3, device="cpu", workers=1,
+        features="hidden",
+    )  # fmt: skip
+    run_oracle(hf)
+    expected = np.asarray(load_prompts(hf.out)["features"].to_list())  # type: ignore[index]
+    assert expected.shape == (6, 32)
+    vllm = dataclasses.replace(hf, backend="vllm", out=tmp_path / "vllm")
+    assert open_source(hf, print).hidden_states is None
+    own = open_source(vllm, print)
+    checkpoint = resolve_checkpoint(str(tiny_model))
+    assert own.hidden_states == JobHiddenStates(vllm, checkpoint)
+    events: list[str] = []
+
+    def features(problems):  # the vllm job's pass, less its check that vllm runs here
+        events.append("features")
+        return JobHiddenStates(dataclasses.replace(vllm, backend="hf"), checkpoint)(problems)
+
+    def sampler():  # the hf sampler in the vllm engine's place: vllm is not needed here
+        events.append("sampler")
+        return JobSampler(hf, checkpoint)()
+
+    source = dataclasses.replace(own, sampler=sampler, hidden_states=features)
+    run_oracle(vllm, source=source)
+    assert events == ["features", "sampler"]
+    run_oracle(vllm, source=dataclasses.replace(source, sampler=lambda: 1 / 0))  # all there
+
+    # A finished run without them gets them without a sampler; its parts stay as they were.
+    later = dataclasses.replace(vllm, out=tmp_path / "later")
+    run_oracle(dataclasses.replace(later, features="none"), source=source)
+    before = {f: f.read_bytes() for f in parts(later.out, "tiny")}
+    run_oracle(later, source=dataclasses.replace(source, sampler=lambda: 1 / 0))
+    assert {f: f.read_bytes() for f in parts(later.out, "tiny")} == before
+    for job in (vllm, later):
+        stored = load_prompts(job.out)
+        assert stored is not None
+        np.testing.assert_allclose(
+            np.asarray(stored["features"].to_list()), expected, rtol=0, atol=1e-5
+        )
 
 
 # --------------------------------------------------------------------------- reference cache

@@ -13,7 +13,11 @@ from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE
 from basis_bench.rollouts.sampling import SamplingConfig, make_sampler
 from basis_bench.rollouts.sampling.base import Sampler
-from basis_bench.rollouts.sampling.hf import plan_calls
+from basis_bench.rollouts.sampling.hf import (
+    last_token_hidden_states,
+    length_batches,
+    plan_calls,
+)
 
 PROBLEMS = [
     "What is 2 + 3?",
@@ -37,6 +41,15 @@ def test_plan_calls_covers_every_sequence_in_prompt_major_order(n_prompts, n, ba
 def test_plan_calls_packs_prompts_when_n_is_small():
     assert plan_calls(5, 3, 7) == [(range(0, 2), 3), (range(2, 4), 3), (range(4, 5), 3)]
     assert plan_calls(1, 5, 2) == [(range(0, 1), 2), (range(0, 1), 2), (range(0, 1), 1)]
+
+
+def test_length_batches_group_similar_lengths_within_the_token_budget():
+    lengths = [5, 40, 6, 12, 5, 100]
+    batches = length_batches(lengths, max_tokens=24)
+    assert batches == [[0, 4, 2], [3], [1], [5]]  # sorted; 3 x 6 <= 24 < 4 x 12; 100 alone
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert length_batches(lengths, max_tokens=1) == [[0], [4], [2], [3], [1], [5]]
+    assert length_batches([], 8) == []
 
 
 def test_sampling_config_validation():
@@ -399,3 +412,26 @@ def test_hf_rejects_an_unknown_engine():
 
     with pytest.raises(InputError, match="engine must be one of"):
         HFSampler.__init__(object.__new__(HFSampler), None, None, engine="vllm")
+
+
+def test_hidden_states_of_prompts_together_are_those_of_each_alone():
+    """Left padding, the mask and the positions leave each prompt's last-token state as its
+    own one-prompt pass gives it, up to float rounding (a 2-layer Llama, random weights)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(3, 64, size=k).tolist() for k in (9, 3, 17, 40, 4, 11)]
+    alone = last_token_hidden_states(model, ids, max_tokens=1)
+    together = last_token_hidden_states(model, ids, max_tokens=80)  # 4 prompts, then 2
+    assert together.shape == (6, 32) and together.dtype == np.float32
+    np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():  # alone is the model's plain unpadded pass
+        plain = model(torch.tensor([ids[3]]), output_hidden_states=True).hidden_states[-1]
+    np.testing.assert_allclose(alone[3], plain[0, -1].numpy(), rtol=1e-6, atol=1e-6)

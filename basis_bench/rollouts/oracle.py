@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -253,6 +253,9 @@ def oracle_metadata(job: OracleJob, n_prompts: int) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the pipeline
 
+HiddenStates = Callable[[Sequence[str]], np.ndarray]
+"""Problems -> (P, d) final hidden states at the last token of each problem's prompt."""
+
 
 @dataclass(frozen=True)
 class OracleSource:
@@ -265,6 +268,10 @@ class OracleSource:
     sampler: Callable[[], Sampler]
     out_label: str = "--out"
     """How messages name the output folder's setting."""
+    hidden_states: HiddenStates | None = None
+    """Computes ``--features hidden`` before the sampler is made (the vllm backend, whose
+    engine gives no hidden states and claims its share of GPU memory at start); None: the
+    sampler's own :meth:`~basis_bench.rollouts.sampling.Sampler.prompt_hidden_states`."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +297,28 @@ class JobSampler:
         )
 
 
+@dataclass(frozen=True)
+class JobHiddenStates:
+    """The prompt hidden states of a job's checkpoint for a backend that gives none (vllm):
+    from the checkpoint loaded with transformers for the call alone, on the job's device and
+    dtype, so they are the numbers the hf backend stores."""
+
+    job: OracleJob
+    checkpoint: Checkpoint
+
+    def __call__(self, problems: Sequence[str]) -> np.ndarray:
+        from basis_bench.rollouts.sampling.hf import transformers_hidden_states
+
+        job = self.job
+        if job.backend == "vllm":  # a vLLM that cannot run is refused before this pass
+            from basis_bench.rollouts.sampling.vllm import check_device, vllm_platform
+
+            check_device(job.device, vllm_platform())
+        return transformers_hidden_states(
+            self.checkpoint, job.template, problems, job.device, job.dtype
+        )
+
+
 def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
     """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``)."""
     checkpoint = resolve_checkpoint(job.ckpt)
@@ -303,6 +332,7 @@ def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
         prompts,
         {"name": checkpoint.name, "path": str(checkpoint.path)},
         JobSampler(job, checkpoint),
+        hidden_states=JobHiddenStates(job, checkpoint) if job.backend != "hf" else None,
     )
 
 
@@ -377,15 +407,19 @@ def run_oracle(
     workers = auto_workers(job, len(todo)) if own_source and todo else 1
     progress.planned(job, source.prompts.height, len(todo), len(done), workers)
     featureless = job.features != "none" and lacks_features(source.prompts, job.out)
-    if not todo and not featureless:
-        write_prompts_table(source.prompts, job.out, metadata)
+    merged_prompts(source.prompts, job.out)  # a clashing answer is refused before any load
+    prompts = source.prompts
+    if featureless and source.hidden_states is not None:  # before the sampler claims memory
+        prompts = with_features(prompts, job, source.hidden_states)
+        featureless = False
+    if not todo and not featureless:  # a finished run: no sampler is made
+        write_prompts_table(prompts, job.out, metadata)
         return OracleReport()
     n_prompts = sum(c.prompts.height for c in todo)
     factory = source.sampler
-    merged_prompts(source.prompts, job.out)  # a clashing answer is refused before any load
     if workers > 1:
         if featureless:  # the features need the model here: the table is written once it loaded
-            prompts = with_features(source.prompts, job, factory())
+            prompts = with_features(prompts, job, factory().prompt_hidden_states)
             write_prompts_table(prompts, job.out, metadata)
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return run_in_workers(
@@ -393,11 +427,12 @@ def run_oracle(
                 lambda chunks: WorkerTask(job, chunks, identity, metadata, factory, os.getpid()),
                 todo,
                 sink,
-                lambda: write_prompts_table(source.prompts, job.out, metadata),
+                lambda: write_prompts_table(prompts, job.out, metadata),
             )
     with one_torch_thread(own_source and runs_on_cpu(job)):
         sampler = factory()  # a model that cannot load writes nothing
-        prompts = with_features(source.prompts, job, sampler) if featureless else source.prompts
+        if featureless:
+            prompts = with_features(prompts, job, sampler.prompt_hidden_states)
         write_prompts_table(prompts, job.out, metadata)
         if not todo:
             return OracleReport()
@@ -414,10 +449,12 @@ def lacks_features(prompts: pl.DataFrame, out: Path) -> bool:
     return not prompts["prompt_id"].is_in(stored.implode()).all()
 
 
-def with_features(prompts: pl.DataFrame, job: OracleJob, sampler: Sampler) -> pl.DataFrame:
-    """``prompts`` with the ``features`` column of ``job.features`` (``hidden``: the sampler's
-    final hidden state at the last prompt token, float32), computed only for the prompts
-    whose features ``job.out`` does not hold yet."""
+def with_features(
+    prompts: pl.DataFrame, job: OracleJob, hidden_states: HiddenStates
+) -> pl.DataFrame:
+    """``prompts`` with the ``features`` column of ``job.features`` (``hidden``: the model's
+    final hidden state at the last prompt token, by ``hidden_states``, float32), computed
+    only for the prompts whose features ``job.out`` does not hold yet."""
     existing = load_prompts(job.out)
     known = (
         existing.filter(pl.col(FEATURE_COLUMN).is_not_null()).select("prompt_id", FEATURE_COLUMN)
@@ -425,7 +462,7 @@ def with_features(prompts: pl.DataFrame, job: OracleJob, sampler: Sampler) -> pl
         else pl.DataFrame(schema={"prompt_id": pl.String, FEATURE_COLUMN: pl.List(pl.Float32)})
     )
     missing = prompts.filter(~pl.col("prompt_id").is_in(known["prompt_id"].implode()))
-    hidden = sampler.prompt_hidden_states(missing["problem"].to_list())
+    hidden = hidden_states(missing["problem"].to_list())
     computed = pl.DataFrame(
         {"prompt_id": missing["prompt_id"], FEATURE_COLUMN: list(hidden.astype(np.float32))},
         schema={"prompt_id": pl.String, FEATURE_COLUMN: pl.List(pl.Float32)},

@@ -204,7 +204,8 @@ class OracleJob:
         choices=("none", "hidden"),
         help="Per-prompt features to store in prompts.parquet's 'features' column (once per "
         "prompt; the rollouts do not depend on it). hidden: the model's final hidden state "
-        "at the last token of the prompt as sampled (hf backend); none: no column.",
+        "at the last token of the prompt as sampled (with --backend vllm computed by "
+        "transformers before the engine starts: the hf backend's numbers); none: no column.",
     )
     force: bool = setting(
         False,
@@ -217,11 +218,6 @@ class OracleJob:
 
         check_settings(self, label=lambda name: setting_flag(OracleJob, name))
         check_policy_name(self.policy)
-        if self.features == "hidden" and self.backend != "hf":
-            raise InputError(
-                f"--features hidden needs --backend hf (the {self.backend} backend does not "
-                "give hidden states); store them in a second run of the same command with hf"
-            )
         _ = self.sampling  # built once here: SamplingConfig refuses greedy with n > 1
 
     @property

@@ -201,11 +201,27 @@ def reference_sampler(
     """A sampler of the reference policy for the cache (only built when it is missing)."""
     if not resumed or config.backend == "vllm":  # still the reference's weights
         return sampler
+    return reference_hf_sampler(config, models, template, resumed)
+
+
+def reference_hf_sampler(config: TrainConfig, models: Models, template: Any, resumed: bool) -> Any:
+    """The reference policy as a transformers sampler: the policy itself before its first
+    update, else the frozen reference (loaded here when there is no KL term)."""
     from basis_bench.rollouts.models import load_model, load_tokenizer
     from basis_bench.rollouts.sampling.hf import HFSampler
 
+    if not resumed:
+        return HFSampler(models.policy, models.tokenizer, template, config.sample_batch_size)
     ref = models.reference or load_model(models.reference_ckpt, models.device, config.dtype)
     return HFSampler(ref, load_tokenizer(models.reference_ckpt), template, config.sample_batch_size)
+
+
+def reference_hidden_states(
+    config: TrainConfig, models: Models, template: Any, resumed: bool, problems: Sequence[str]
+) -> np.ndarray:
+    """The reference's prompt hidden states by transformers, for the vllm backend (its
+    engine gives none): the numbers the hf backend stores."""
+    return reference_hf_sampler(config, models, template, resumed).prompt_hidden_states(problems)
 
 
 # --------------------------------------------------------------------------- reference cache
@@ -216,10 +232,12 @@ def reference_cache(
     prompts: pl.DataFrame,
     sampler_of_reference: Callable[[], Any],
     pool: Any = None,
+    hidden_states: Callable[[Sequence[str]], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(P, n) reference rewards of the training prompts, sampled once and reused, and for an
-    estimator that conditions on the prompt (hf backend) their features (P, d): the
-    reference's final hidden state at each prompt's last token, the policy's own at step 0.
+    estimator that conditions on the prompt their features (P, d): the reference's final
+    hidden state at each prompt's last token, the policy's own at step 0, by
+    ``hidden_states`` when given (the vllm backend), else by the reference's sampler.
 
     The cache is an oracle run (:func:`~basis_bench.rollouts.oracle.run_oracle`, policy
     ``reference``) into ``cache_dir/ref-<hash>``, the hash covering model, prompts,
@@ -233,7 +251,7 @@ def reference_cache(
     from basis_bench.rollouts.oracle_job import OracleJob
     from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
 
-    hidden = E.get(config.estimator).uses_features and config.backend == "hf"
+    hidden = E.get(config.estimator).uses_features
 
     job = OracleJob(
         ckpt=config.model,
@@ -258,9 +276,8 @@ def reference_cache(
     job = dataclasses.replace(
         job, out=job.out / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     )
-    run_oracle(
-        job, source=OracleSource(prompts, model, sampler_of_reference, "cache_dir"), pool=pool
-    )
+    source = OracleSource(prompts, model, sampler_of_reference, "cache_dir", hidden_states)
+    run_oracle(job, source=source, pool=pool)
     ids = prompts["prompt_id"].to_list()
     rewards = reward_matrix(load_rollouts(job.out, ["reference"]), "reference", ids)
     return rewards, prompt_features(load_prompts(job.out), ids, "stored") if hidden else None
@@ -374,7 +391,16 @@ def setup(
         of_reference = functools.partial(
             reference_sampler, config, models, sampler, data.template, resume is not None
         )
-        ref_rewards, features = reference_cache(config, data.train_set, of_reference, data.pool)
+        hidden_states = (
+            functools.partial(
+                reference_hidden_states, config, models, data.template, resume is not None
+            )
+            if config.backend == "vllm"
+            else None
+        )
+        ref_rewards, features = reference_cache(
+            config, data.train_set, of_reference, data.pool, hidden_states
+        )
     ids = data.train_set["prompt_id"].to_list()
     estimator = make_estimator(config, ids, ref_rewards, features)
     return Run(config, run_dir, group, prompts_per_step, data, models, sampler, estimator)

@@ -149,8 +149,8 @@ class Sampler(ABC):
 
     def _hidden_states(self, prompt_ids: list[list[int]]) -> np.ndarray:
         raise InputError(
-            f"the {self.backend} backend cannot give the model's hidden states; "
-            "store them with --backend hf"
+            f"the {self.backend} backend cannot give the model's hidden states; compute "
+            "them with transformers (sampling.hf.transformers_hidden_states)"
         )
 
     def _cut_at_stop(self, row: np.ndarray) -> np.ndarray:
