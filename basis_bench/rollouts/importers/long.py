@@ -89,8 +89,8 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
     report_duplicates(table, sources, ["prompt_id", "sample_idx"], problems, "(prompt, sample)")
     problems.raise_if_any(sources_label(paths))
     rollouts = table.select(
-        "prompt_id",
-        pl.lit(policy).alias("policy"),
+        pl.col("prompt_id").cast(pl.Categorical),
+        pl.lit(policy, pl.Categorical).alias("policy"),
         pl.col("sample_idx").cast(pl.Int32),
         pl.col("_reward").alias("reward"),
         *[c for c in OPTIONAL_ROLLOUT_COLUMNS if c in table.columns],
