@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Any
@@ -83,7 +83,7 @@ def conform_rollouts(
             f"policy={row['policy']!r} sample_idx={row['sample_idx']}"
         )
     key = ["prompt_id", "policy", "sample_idx"]
-    dup = df.select(key).filter(pl.struct(key).is_duplicated()) if _may_repeat_keys(df) else None
+    dup = df.select(key).filter(pl.struct(key).is_duplicated()) if may_repeat(df, key) else None
     if dup is not None and dup.height:
         raise InputError(
             f"{what}: {dup.height} rows share a (prompt_id, policy, sample_idx) key, e.g. {dup.row(0)}"
@@ -91,18 +91,15 @@ def conform_rollouts(
     return df
 
 
-def _may_repeat_keys(df: pl.DataFrame) -> bool:
-    """Whether two rows may share (prompt_id, policy, sample_idx): a sort of one 64-bit hash
-    a row, ``(prompt << 32 | sample) ^ policy * golden``, with ids and policies as
-    Categorical codes. Equal keys hash alike, so False is exact; True (a rare collision
-    beside a real repeat) is settled by hashing the rows, which takes about 170 bytes a row
-    where this takes 25."""
-    prompt, policy = (
-        df[c].cast(pl.Categorical).to_physical().to_numpy() for c in ("prompt_id", "policy")
-    )
-    hashed = prompt.astype(np.uint64) << np.uint64(32)
-    hashed |= df["sample_idx"].to_numpy().view(np.uint32)
-    hashed ^= policy.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+def may_repeat(df: pl.DataFrame, key: Sequence[str]) -> bool:
+    """Whether two rows of ``df`` may share ``key``: a sort of one 64-bit hash a row
+    (the columns' hashes combined). Equal keys hash alike, so False is exact; True (a rare
+    collision beside a real repeat) is for the caller to settle by hashing whole rows, which
+    takes about 170 bytes a row at millions of rows where this takes 25."""
+    hashed = np.zeros(df.height, np.uint64)
+    for name in key:
+        hashed *= np.uint64(0x100000001B3)  # FNV's prime: the order of the columns counts
+        hashed ^= df[name].hash(seed=0).to_numpy()
     hashed.sort()
     return bool((hashed[1:] == hashed[:-1]).any())
 
