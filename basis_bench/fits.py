@@ -8,11 +8,13 @@ from basis_bench.errors import InputError
 
 # Peak bytes of one rollout row while it is built and written (index arrays, sort keys, the
 # frame, the Parquet writer): the slope of peak resident memory (VmHWM of a fresh process)
-# between runs of 2M, 4M, 8M and 16M rows, benchmarks/bench_rollout_memory.py, Dec 2026:
-# `import counts` 242, 213 and 247 B a row (one 2M->4M pair of an earlier run 289; from
-# 1M to 16M rows 238 B), `simulate` 149, 147 and 148 B a row. 256 covers the import's slope
-# at every size but that one pair; the simulation needs less, so its check is conservative.
-BYTES_PER_ROLLOUT = 256
+# between runs of 2M, 4M, 8M and 16M rows, benchmarks/bench_rollout_memory.py, Dec 2026.
+# An import holds ids as Categorical codes and writes a row group at a time: `import counts`
+# 61, 70 and 71 B a row, `import long` of a CSV 80, 88 and 74, of Parquet 56, 68 and 44
+# (before: 150-323). `simulate` 134, 146 and 148 B a row. Each check is its slopes'
+# maximum rounded up.
+IMPORT_BYTES_PER_ROLLOUT = 96
+SIMULATE_BYTES_PER_ROLLOUT = 160
 
 
 def available_memory() -> int | None:
@@ -27,9 +29,10 @@ def available_memory() -> int | None:
     return None
 
 
-def check_rollouts_fit(rows: int, what: str, advice: str) -> None:
-    """Refuse building ``rows`` rollout rows at once when they cannot fit in free memory."""
-    need, free = rows * BYTES_PER_ROLLOUT, available_memory()
+def check_rollouts_fit(rows: int, bytes_per_row: int, what: str, advice: str) -> None:
+    """Refuse building ``rows`` rollout rows at once, ``bytes_per_row`` each at the peak,
+    when they cannot fit in free memory."""
+    need, free = rows * bytes_per_row, available_memory()
     if free is not None and need > free:
         raise InputError(
             f"{what} makes {rows:,} rollouts at once, about {need / 2**30:,.1f} GiB; only "

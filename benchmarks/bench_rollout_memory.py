@@ -1,5 +1,6 @@
-"""Peak memory per rollout row of the commands that build rollouts at once: the constant
-``basis_bench.fits.BYTES_PER_ROLLOUT`` that their pre-flight check multiplies by the rows.
+"""Peak memory per rollout row of the commands that build rollouts at once: the constants
+``basis_bench.fits.IMPORT_BYTES_PER_ROLLOUT`` and ``SIMULATE_BYTES_PER_ROLLOUT`` that their
+pre-flight checks multiply by the rows.
 
 Runs ``import counts`` (a counts CSV of 1,000 prompts expanded to the given rows), ``import
 long`` of a long CSV and of a long Parquet file (17,398 prompts, the paper's, with the given

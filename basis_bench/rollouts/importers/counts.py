@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from basis_bench.fits import check_rollouts_fit
+from basis_bench.fits import IMPORT_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     Imported,
@@ -51,7 +51,8 @@ def expand_counts(counts: pl.DataFrame, seed: int) -> pl.DataFrame:
     Expanded in blocks of whole prompts (the keys are one stream drawn block after block),
     ids and policies as Categorical codes: about 20 bytes a row.
     """
-    check_rollouts_fit(int(counts["n"].sum()), "this import", "import fewer samples")
+    rows = int(counts["n"].sum())
+    check_rollouts_fit(rows, IMPORT_BYTES_PER_ROLLOUT, "this import", "import fewer samples")
     counts = counts.sort(["policy", "prompt_id"])
     frames = []
     for (policy,), part in counts.group_by("policy", maintain_order=True):
