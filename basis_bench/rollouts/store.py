@@ -99,9 +99,21 @@ def may_repeat(df: pl.DataFrame, key: Sequence[str]) -> bool:
     hashed = np.zeros(df.height, np.uint64)
     for name in key:
         hashed *= np.uint64(0x100000001B3)  # FNV's prime: the order of the columns counts
-        hashed ^= df[name].hash(seed=0).to_numpy()
+        np.bitwise_xor(hashed, _key_bits(df[name]), out=hashed)  # no temporary copy
     hashed.sort()
     return bool((hashed[1:] == hashed[:-1]).any())
+
+
+def _key_bits(column: pl.Series) -> np.ndarray:
+    """Unsigned integers equal for equal values of ``column``: Categorical codes and
+    integers without nulls as they are stored (no copy), other columns' 64-bit hashes."""
+    if column.dtype == pl.Categorical:
+        column = column.to_physical()
+    if column.dtype.is_integer() and not column.null_count():
+        values = column.to_numpy()
+        if values.dtype.kind in "iu":
+            return values.view(f"u{values.dtype.itemsize}")
+    return column.hash(seed=0).to_numpy()
 
 
 def conform_prompts(df: pl.DataFrame, what: str = "prompts") -> pl.DataFrame:
