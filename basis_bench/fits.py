@@ -11,8 +11,8 @@ from basis_bench.errors import InputError
 # between runs of 2M, 4M, 8M and 16M rows, benchmarks/bench_rollout_memory.py, Dec 2026.
 # An import holds ids as Categorical codes and writes a row group at a time: `import counts`
 # 61, 70 and 71 B a row, `import long` of a CSV 80, 88 and 74, of Parquet 56, 68 and 44
-# (before: 150-323). `simulate` 134, 146 and 148 B a row. Each check is its slopes'
-# maximum rounded up.
+# (a second run: 65-70, 68-84, 50-63; before: 150-323). `simulate` 134, 146 and 148 B a
+# row (141-148). Each check is its slopes' maximum rounded up.
 IMPORT_BYTES_PER_ROLLOUT = 96
 SIMULATE_BYTES_PER_ROLLOUT = 160
 
