@@ -228,7 +228,8 @@ def read_table(
             df = pl.read_csv(io.BytesIO(text), infer_schema=False, separator=separator)
         except pl.exceptions.PolarsError as err:
             raise InputError(f"{path}: not a readable CSV file ({err})") from err
-        first_line = text.split(b"\n", 1)[0].decode()
+        end = text.find(b"\n")  # not split: that would copy the rest of the file
+        first_line = (text if end < 0 else text[:end]).decode()
         header = next(csv.reader([first_line], delimiter=separator), [])
         twice = next((name for i, name in enumerate(header) if name in header[:i]), None)
         if twice is not None:  # polars would read the first and rename the second
