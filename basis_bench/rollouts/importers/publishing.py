@@ -134,7 +134,7 @@ def _publish(
         for name, rows in _policy_rows(result.rollouts):
             final = part_path(out, name, 0)
             stage = final.parent / f".{final.name}.{tag}.staged"
-            rows = rows.sort("prompt_id", "sample_idx")
+            rows = _in_store_order(rows)
             write_parquet_atomic(rows, stage, {**base, "policy": name})
             staged.append((stage, final))
         with publishing(out):
@@ -160,6 +160,16 @@ def _publish(
     for _, kept in aside:
         kept.unlink(missing_ok=True)
     return published
+
+
+def _in_store_order(rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` sorted by (prompt_id, sample_idx); rows already in that order (counts expand
+    so, and many sources list each prompt's samples together) are kept, not copied."""
+    prompt, sample = pl.col("prompt_id"), pl.col("sample_idx")
+    later = (prompt > prompt.shift(1)) | ((prompt == prompt.shift(1)) & (sample > sample.shift(1)))
+    if rows.select(later.fill_null(True).all()).item():
+        return rows
+    return rows.sort("prompt_id", "sample_idx")
 
 
 def _policy_rows(rollouts: pl.DataFrame) -> Iterator[tuple[str, pl.DataFrame]]:
