@@ -9,11 +9,13 @@ from basis_bench.errors import InputError
 # Peak bytes of one rollout row while it is built and written (index arrays, sort keys, the
 # frame, the Parquet writer): the slope of peak resident memory (VmHWM of a fresh process)
 # between runs of 2M, 4M, 8M and 16M rows, benchmarks/bench_rollout_memory.py, Dec 2026.
-# An import holds ids as Categorical codes and writes a row group at a time: `import counts`
-# 61, 70 and 71 B a row, `import long` of a CSV 80, 88 and 74, of Parquet 56, 68 and 44
-# (a second run: 65-70, 68-84, 50-63; before: 150-323). `simulate` 134, 146 and 148 B a
-# row (141-148). Each check is its slopes' maximum rounded up.
-IMPORT_BYTES_PER_ROLLOUT = 96
+# An import holds ids as Categorical codes, writes a row group at a time and leaves rows
+# already in order unsorted: `import counts` 28, 34 and 33 B a row (150-323 before);
+# `import long`, which needs no check (its rows are in the file), 67-86 of a CSV and 45-61
+# of Parquet. The import's check doubles counts' slope: acc-history writes several policies,
+# each copied once more, and the ~300 MiB intercept is not counted. `simulate` 134, 148 and
+# 148 B a row: its check is that rounded up.
+IMPORT_BYTES_PER_ROLLOUT = 64
 SIMULATE_BYTES_PER_ROLLOUT = 160
 
 
