@@ -99,6 +99,9 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return Path(path)
 
 
+ROW_GROUP_ROWS = 1 << 20  # pyarrow's default row group size: the row groups write_table makes
+
+
 def write_parquet_atomic(
     df: pl.DataFrame, path: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
 ) -> Path:
@@ -106,14 +109,20 @@ def write_parquet_atomic(
 
     ``metadata`` is stored as JSON under the ``basis_bench`` key of the file's
     key-value metadata. After a crash a ``.parquet`` file is either complete or absent.
+    One row group is converted to Arrow at a time (the file is the one ``write_table``
+    writes), Categorical columns (an import's ids as codes) as text, so a frame of
+    millions of rows is never copied whole.
     """
-    table = df.to_arrow()
+    text = [pl.col(c).cast(pl.String) for c, t in df.schema.items() if t == pl.Categorical]
+    schema = df.head(0).with_columns(text).to_arrow().schema
     if metadata is not None:
-        kv = dict(table.schema.metadata or {})
+        kv = dict(schema.metadata or {})
         kv[METADATA_KEY.encode()] = json.dumps(dict(metadata), sort_keys=True, default=str).encode()
-        table = table.replace_schema_metadata(kv)
-    with atomic_write(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+        schema = schema.with_metadata(kv)
+    with atomic_write(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for start in range(0, max(df.height, 1), ROW_GROUP_ROWS):
+            rows = df.slice(start, ROW_GROUP_ROWS).with_columns(text).to_arrow()
+            writer.write_table(rows.replace_schema_metadata(schema.metadata))
     return Path(path)
 
 

@@ -16,7 +16,13 @@ from typer.testing import CliRunner
 
 from basis_bench.cli import app
 from basis_bench.errors import InputError
-from basis_bench.rollouts.importers import ImportOptions, import_sources, publishing, write_import
+from basis_bench.rollouts.importers import (
+    ImportOptions,
+    counts,
+    import_sources,
+    publishing,
+    write_import,
+)
 from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts
 
 CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
@@ -87,6 +93,15 @@ def test_counts_order_is_seeded_reproducible_and_independent_of_row_order(tmp_pa
     assert not np.array_equal(
         first.sort(key)["reward"].to_numpy(), y.sort(key)["reward"].to_numpy()
     )
+
+
+def test_counts_expansion_does_not_depend_on_its_block_size(tmp_path, monkeypatch):
+    rows = [f"p{i},{5 + i % 7},{i % 5}" for i in range(40)]
+    src = write(tmp_path / "c.csv", "prompt_id,n,n_correct\n" + "\n".join(rows) + "\n")
+    whole = import_sources("counts", [src], "x", ImportOptions(seed=3)).rollouts
+    monkeypatch.setattr(counts, "BLOCK_ROWS", 12)  # blocks of one to two prompts
+    blocks = import_sources("counts", [src], "x", ImportOptions(seed=3)).rollouts
+    assert blocks.equals(whole)
 
 
 @pytest.mark.parametrize(

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from conftest import rollouts_frame
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import read_metadata, write_parquet_atomic
+from basis_bench.outputs import ROW_GROUP_ROWS, read_metadata, write_parquet_atomic
 from basis_bench.rollouts.store import (
     conform_prompts,
+    conform_rollouts,
     dataset_metadata,
     load_prompts,
     load_rollouts,
+    may_repeat,
     reward_matrix,
     rollout_files,
 )
@@ -94,3 +97,45 @@ def test_reward_matrix_orders_by_sample_idx_and_pads_with_nan():
     np.testing.assert_array_equal(m[0], [0.2, 0.5, 0.7])
     np.testing.assert_array_equal(m[1], [0.5, np.nan, np.nan])
     assert np.isnan(m[2]).all()
+
+
+def test_categorical_ids_are_kept_in_memory_and_written_as_text(tmp_path):
+    df = rollouts_frame("late", {"b": [1.0, 0.0], "a": [1.0]})
+    codes = df.with_columns(pl.col("prompt_id", "policy").cast(pl.Categorical))
+    held = conform_rollouts(codes, categorical=True)
+    assert held.schema["prompt_id"] == pl.Categorical == held.schema["policy"]
+    assert conform_rollouts(codes).schema["prompt_id"] == pl.String  # the default casts
+    write_parquet_atomic(df, tmp_path / "text.parquet")
+    write_parquet_atomic(held, tmp_path / "codes.parquet")
+    text, written = (pq.read_table(tmp_path / f) for f in ("text.parquet", "codes.parquet"))
+    assert written.schema.equals(text.schema) and written.equals(text)
+
+
+def test_parts_are_written_a_row_group_at_a_time_as_write_table_would(tmp_path):
+    rows = ROW_GROUP_ROWS + 5
+    df = pl.DataFrame({"x": np.arange(rows), "s": pl.Series(np.arange(rows) % 3).cast(pl.String)})
+    write_parquet_atomic(df, tmp_path / "ours.parquet")
+    pq.write_table(df.to_arrow(), tmp_path / "theirs.parquet", compression="zstd")
+    ours, theirs = (
+        pq.ParquetFile(tmp_path / f).metadata for f in ("ours.parquet", "theirs.parquet")
+    )
+    groups = [[m.row_group(i).num_rows for i in range(m.num_row_groups)] for m in (ours, theirs)]
+    assert groups[0] == groups[1] == [ROW_GROUP_ROWS, 5]
+    assert pl.read_parquet(tmp_path / "ours.parquet").equals(df)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_may_repeat_never_misses_a_repeated_key(seed):
+    rng = np.random.default_rng(seed)
+    df = pl.DataFrame(
+        {
+            "prompt_id": [["a", "b", "c", None][i] for i in rng.integers(0, 4, 40)],
+            "policy": pl.Series(rng.choice(["x", "y"], 40)).cast(pl.Categorical),
+            "sample_idx": pl.Series(rng.integers(-2, 6, 40), dtype=pl.Int32),
+        }
+    )
+    for key in (["prompt_id", "sample_idx"], ["policy", "sample_idx"], list(df.columns)):
+        repeated = bool(df.select(pl.struct(key).is_duplicated().any()).item())
+        unique = df.unique(key, keep="first", maintain_order=True)
+        assert may_repeat(df, key) == repeated  # no collision among these few keys
+        assert not may_repeat(unique, key)

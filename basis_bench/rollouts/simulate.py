@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench import __version__
-from basis_bench.fits import check_rollouts_fit
+from basis_bench.fits import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.outputs import (
     STAGED_SUFFIX,
     claim_output_dir,
@@ -139,7 +139,12 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
     """
     setting = cfg.generative_setting()
     largest = cfg.n_prompts * (max(cfg.reference_n, cfg.checkpoint_n) + 2)  # a policy, prompts
-    check_rollouts_fit(largest, "this simulation", "lower --prompts or the samples per prompt")
+    check_rollouts_fit(
+        largest,
+        SIMULATE_BYTES_PER_ROLLOUT,
+        "this simulation",
+        "lower --prompts or the samples per prompt",
+    )
     out = claim_output_dir(out, "rollouts", simulated=True, force=force)
     rng = np.random.default_rng(_stream(cfg.seed, "values"))
     p_ref = reference_values(cfg, rng)

@@ -41,5 +41,5 @@ def import_sources(
         raise InputError(
             f"{', '.join(str(p) for p in paths)}: no rollouts to import (the sources hold no rows)"
         )
-    result.rollouts = conform_rollouts(result.rollouts, what=f"{fmt} import")
+    result.rollouts = conform_rollouts(result.rollouts, what=f"{fmt} import", categorical=True)
     return result

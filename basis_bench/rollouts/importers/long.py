@@ -13,6 +13,7 @@ from basis_bench.rollouts.importers.reading import (
     LOC,
     Imported,
     Problems,
+    Source,
     add_prompt_ids,
     describe_source,
     integer_column,
@@ -30,54 +31,11 @@ from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS
 
 def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:
     problems = Problems()
-    id_col = opt.id_col or "prompt_id"
-    policy_col = opt.policy_col or "policy"
-    named = {"--policy-col": policy_col} if opt.policy_col is not None else {}  # never unused
+    id_col, policy_col = opt.id_col or "prompt_id", opt.policy_col or "policy"
     frames, sources = [], []
     for path in paths:
-        texts = [
-            policy_col,
-            *(c for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if t == pl.String),
-        ]
-        df, src = read_table(path, id_col, texts)
-        require_columns(
-            df,
-            src,
-            {
-                "--id-col": id_col,
-                "--sample-col": opt.sample_col,
-                "--reward-col": opt.reward_col,
-                **named,
-            },
-        )
-        present_policy = [policy_col] if policy_col in df.columns else []
-        require_scalars(df, src, [id_col, opt.sample_col, opt.reward_col, *present_policy])
-        if policy_col in df.columns:  # a table of several policies: take this one's rows
-            # policy names are text: a JSON 1 or 1.0 would match --policy 1 as polars' "1"
-            report_not_text(df, src, policy_col, problems, digits=False)
-            df = df.filter(pl.col(policy_col).cast(pl.String) == policy)
-        df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
-        df = integer_column(df, src, opt.sample_col, "sample_idx", problems, minimum=0)
-        reward = pl.col(opt.reward_col).cast(pl.Float64, strict=False)
-        if df.schema[opt.reward_col] == pl.Boolean:  # true is not a number: never read as 1.0
-            reward = pl.lit(None, pl.Float64)
-        problems.add_rows(
-            src,
-            df.filter(reward.is_null() | ~reward.is_finite()),
-            pl.format(
-                "{} {} is not a finite number",
-                pl.lit(repr(opt.reward_col)),
-                pl.col(opt.reward_col).cast(pl.String).fill_null("(empty)"),
-            ),
-        )
-        kept = {c: t for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if c != id_col}
-        report_kept_columns(df, src, kept, problems)
-        keep = [c for c in kept if c in df.columns]
-        frames.append(
-            df.with_columns(reward.alias("_reward")).select(
-                "prompt_id", "sample_idx", "_reward", *keep, LOC
-            )
-        )
+        frame, src = _read_long(path, policy, opt, problems)
+        frames.append(frame)
         sources.append(src)
     if not any(f.height for f in frames):
         problems.raise_if_any(sources_label(paths))  # e.g. every policy a number
@@ -90,7 +48,7 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
     problems.raise_if_any(sources_label(paths))
     rollouts = table.select(
         "prompt_id",
-        pl.lit(policy).alias("policy"),
+        pl.lit(policy, pl.Categorical).alias("policy"),
         pl.col("sample_idx").cast(pl.Int32),
         pl.col("_reward").alias("reward"),
         *[c for c in OPTIONAL_ROLLOUT_COLUMNS if c in table.columns],
@@ -111,3 +69,57 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
             }
         },
     )
+
+
+def _read_long(
+    path: Path, policy: str, opt: ImportOptions, problems: Problems
+) -> tuple[pl.DataFrame, Source]:
+    """One source's checked rows of ``policy``: ``prompt_id`` (Categorical codes: a source
+    of millions of rows names a few thousand prompts), ``sample_idx``, ``_reward``, the
+    kept optional columns and ``_loc``; the source's other columns are dropped here."""
+    id_col = opt.id_col or "prompt_id"
+    policy_col = opt.policy_col or "policy"
+    named = {"--policy-col": policy_col} if opt.policy_col is not None else {}  # never unused
+    texts = [policy_col, *(c for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if t == pl.String)]
+    df, src = read_table(path, id_col, texts)
+    require_columns(
+        df,
+        src,
+        {
+            "--id-col": id_col,
+            "--sample-col": opt.sample_col,
+            "--reward-col": opt.reward_col,
+            **named,
+        },
+    )
+    present_policy = [policy_col] if policy_col in df.columns else []
+    require_scalars(df, src, [id_col, opt.sample_col, opt.reward_col, *present_policy])
+    if policy_col in df.columns:  # a table of several policies: take this one's rows
+        # policy names are text: a JSON 1 or 1.0 would match --policy 1 as polars' "1"
+        report_not_text(df, src, policy_col, problems, digits=False)
+        df = df.filter(pl.col(policy_col).cast(pl.String) == policy)
+    df = add_prompt_ids(df, src, id_col, opt.id_format, problems)
+    df = integer_column(df, src, opt.sample_col, "sample_idx", problems, minimum=0)
+    reward = pl.col(opt.reward_col).cast(pl.Float64, strict=False)
+    if df.schema[opt.reward_col] == pl.Boolean:  # true is not a number: never read as 1.0
+        reward = pl.lit(None, pl.Float64)
+    problems.add_rows(
+        src,
+        df.filter(reward.is_null() | ~reward.is_finite()),
+        pl.format(
+            "{} {} is not a finite number",
+            pl.lit(repr(opt.reward_col)),
+            pl.col(opt.reward_col).cast(pl.String).fill_null("(empty)"),
+        ),
+    )
+    kept = {c: t for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if c != id_col}
+    report_kept_columns(df, src, kept, problems)
+    keep = [c for c in kept if c in df.columns]
+    frame = df.select(  # sample_idx is within Int32 or null (reported)
+        pl.col("prompt_id").cast(pl.Categorical),
+        pl.col("sample_idx").cast(pl.Int32),
+        reward.alias("_reward"),
+        *keep,
+        LOC,
+    )
+    return frame, src

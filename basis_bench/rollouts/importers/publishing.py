@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,11 +131,11 @@ def _publish(
     aside: list[tuple[Path, Path]] = []
     published: list[Path] = []
     try:
-        for (name,), rows in result.rollouts.group_by("policy", maintain_order=True):
-            final = part_path(out, str(name), 0)
+        for name, rows in _policy_rows(result.rollouts):
+            final = part_path(out, name, 0)
             stage = final.parent / f".{final.name}.{tag}.staged"
-            rows = rows.sort("prompt_id", "sample_idx")
-            write_parquet_atomic(rows, stage, {**base, "policy": str(name)})
+            rows = _in_store_order(rows)
+            write_parquet_atomic(rows, stage, {**base, "policy": name})
             staged.append((stage, final))
         with publishing(out):
             prompts = out / PROMPTS_FILE
@@ -160,6 +160,26 @@ def _publish(
     for _, kept in aside:
         kept.unlink(missing_ok=True)
     return published
+
+
+def _in_store_order(rows: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` sorted by (prompt_id, sample_idx); rows already in that order (counts expand
+    so, and many sources list each prompt's samples together) are kept, not copied."""
+    prompt, sample = pl.col("prompt_id"), pl.col("sample_idx")
+    later = (prompt > prompt.shift(1)) | ((prompt == prompt.shift(1)) & (sample > sample.shift(1)))
+    if rows.select(later.fill_null(True).all()).item():
+        return rows
+    return rows.sort("prompt_id", "sample_idx")
+
+
+def _policy_rows(rollouts: pl.DataFrame) -> Iterator[tuple[str, pl.DataFrame]]:
+    """Each policy's rows, in order of first appearance (one policy: the frame itself, not
+    a copy)."""
+    if rollouts["policy"].n_unique() == 1:
+        yield str(rollouts["policy"][0]), rollouts
+        return
+    for (name,), rows in rollouts.group_by("policy", maintain_order=True):
+        yield str(name), rows
 
 
 def _set_aside(path: Path, tag: str, copy: bool = False) -> Path:

@@ -23,7 +23,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.outputs import file_sha256
-from basis_bench.rollouts.store import conform_prompts
+from basis_bench.rollouts.store import conform_prompts, may_repeat
 from basis_bench.schema import OPTIONAL_PROMPT_COLUMNS
 
 MAX_LISTED = 50  # malformed rows listed in one error message (the total is always given)
@@ -228,7 +228,8 @@ def read_table(
             df = pl.read_csv(io.BytesIO(text), infer_schema=False, separator=separator)
         except pl.exceptions.PolarsError as err:
             raise InputError(f"{path}: not a readable CSV file ({err})") from err
-        first_line = text.split(b"\n", 1)[0].decode()
+        end = text.find(b"\n")  # not split: that would copy the rest of the file
+        first_line = (text if end < 0 else text[:end]).decode()
         header = next(csv.reader([first_line], delimiter=separator), [])
         twice = next((name for i, name in enumerate(header) if name in header[:i]), None)
         if twice is not None:  # polars would read the first and rename the second
@@ -391,9 +392,8 @@ def add_prompt_ids(
     and in a file whose ids mix text and integers, the ids of the other kind than its first
     (7 and "7" would be one id)."""
     kind = value_kind(df, id_col)
-    df = df.with_columns(pl.col(id_col).cast(pl.String).alias("prompt_id"), kind.alias("_kind"))
-    _report_ids(df, src, id_col, problems)
-    df = df.drop("_kind")
+    df = df.with_columns(pl.col(id_col).cast(pl.String).alias("prompt_id"))
+    _report_ids(df, src, id_col, kind, problems)
     if id_format is None:
         return df
     m = _ID_FORMAT.match(id_format)
@@ -485,36 +485,40 @@ def _json_text(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _report_ids(df: pl.DataFrame, src: Source, id_col: str, problems: Problems) -> None:
-    """The id checks of :func:`add_prompt_ids` (``_kind`` is each row's id kind)."""
-    ident, kind = pl.col("prompt_id"), pl.col("_kind")
-    problems.add_rows(src, df.filter(ident.is_null() | (ident == "")), f"empty {id_col!r}")
-    named = df.filter(ident.is_not_null() & (ident != ""))
+def _report_ids(
+    df: pl.DataFrame, src: Source, id_col: str, kind: pl.Expr, problems: Problems
+) -> None:
+    """The id checks of :func:`add_prompt_ids` (``kind``: each row's id kind). Each check
+    filters ``df`` by one condition, so only offending rows are copied."""
+    ident = pl.col("prompt_id")
+    named = ident.is_not_null() & (ident != "")
+    problems.add_rows(src, df.filter(~named), f"empty {id_col!r}")
     shown = ident.str.slice(0, 60)  # text as a JSON string: quoted, whitespace escaped
     quoted = shown.map_elements(_json_text, return_dtype=pl.String)
     shown = pl.when(kind == "text").then(quoted).otherwise(shown)
     value = pl.format("{} {}", pl.lit(repr(id_col)), shown)
     problems.add_rows(
-        src, named.filter(kind == "other"), pl.format("{} is not text or an integer", value)
+        src, df.filter(named & (kind == "other")), pl.format("{} is not text or an integer", value)
     )
     problems.add_rows(
         src,
-        named.filter((kind == "text") & (ident != ident.str.strip_chars())),
+        df.filter(named & (kind == "text") & ident.str.contains(r"^\s|\s$")),  # no stripped copy
         pl.format("{} has leading or trailing whitespace (ids are used exactly)", value),
     )
-    first = named.filter(kind != "other")["_kind"].head(1).to_list()
-    if not first:
+    typed = df.select(named & (kind != "other")).to_series()
+    if not typed.any():
         return
+    first = df.slice(int(typed.arg_max() or 0), 1).select(kind).item()
     words = {"text": "text", "integer": "an integer"}
     problems.add_rows(
         src,
-        named.filter((kind != "other") & (kind != first[0])),
+        df.filter(named & (kind != "other") & (kind != first)),
         pl.format(
             '{} is {} but the file\'s first id is {} (7 and "7" would be one id): write '
             "every id as text or every id as an integer",
             value,
             kind.replace_strict(words, return_dtype=pl.String),
-            pl.lit(words[first[0]]),
+            pl.lit(words[first]),
         ),
     )
 
@@ -582,8 +586,9 @@ def integer_column(
 def report_duplicates(
     df: pl.DataFrame, sources: Sequence[Source], key: Sequence[str], problems: Problems, what: str
 ) -> None:
-    """Report every row whose ``key`` repeats an earlier row (naming the first one)."""
-    if df.height == 0:
+    """Report every row whose ``key`` repeats an earlier row (naming the first one); the
+    rows are joined only when :func:`may_repeat` finds a repeat."""
+    if not may_repeat(df, key):
         return
     df = df.with_row_index("_order")
     first = df.group_by(list(key)).agg(
