@@ -456,6 +456,8 @@ def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, t
     assert "features" not in load_prompts(out).columns  # type: ignore[union-attr]
     result = runner.invoke(app, tiny_args(tiny_model, out, "--features", "hidden"))
     assert result.exit_code == 0, result.output
+    assert "computing the hidden states of 6 prompts" in result.output  # the pass is announced
+    assert "hidden states of 6 prompts (--device cpu): done in" in result.output
     assert {f: f.read_bytes() for f in parts(out, "tiny")} == before
     prompts = load_prompts(out)
     assert prompts is not None and prompts.schema["features"] == pl.List(pl.Float32)

@@ -201,6 +201,20 @@ class _ConsoleProgress:
                 progress, progress.add_task(label, total=samples, tokens=0, prompts=0)
             )
 
+    @contextlib.contextmanager
+    def features(self, job: OracleJob, n_prompts: int) -> Iterator[None]:
+        """A line before and after (a spinner between, on a terminal): the pass has no
+        per-sample progress to draw, but at paper scale it takes minutes."""
+        what = f"hidden states of {n_prompts} prompts (--device {job.device})"
+        start = time.monotonic()
+        if self.console.is_terminal:
+            with self.console.status(f"computing the {what}"):
+                yield
+        else:
+            self.console.print(f"computing the {what}", highlight=False)
+            yield
+        self.console.print(f"{what}: done in {_clock(time.monotonic() - start)}", highlight=False)
+
     def finished(self, job: OracleJob, report: OracleReport) -> None:
         self.console.print(
             f"wrote {report.parts_written} part(s), {report.rollouts_written} rollouts, "

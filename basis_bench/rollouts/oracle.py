@@ -357,6 +357,11 @@ class OracleProgress(Protocol):
         self, job: OracleJob, samples: int, n_prompts: int
     ) -> AbstractContextManager[PartProgress]: ...
 
+    def features(self, job: OracleJob, n_prompts: int) -> AbstractContextManager[None]:
+        """Around the hidden-state pass of ``--features hidden`` (a model forward per prompt:
+        minutes at paper scale, before any sample)."""
+        ...
+
 
 class _Quiet:
     """The progress of a run nobody watches."""
@@ -370,6 +375,9 @@ class _Quiet:
     @contextlib.contextmanager
     def sampling(self, job: OracleJob, samples: int, n_prompts: int) -> Iterator[PartProgress]:
         yield self
+
+    def features(self, job: OracleJob, n_prompts: int) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def __call__(self, finished: int, tokens: int) -> None:
         pass
@@ -410,7 +418,7 @@ def run_oracle(
     merged_prompts(source.prompts, job.out)  # a clashing answer is refused before any load
     prompts = source.prompts
     if featureless and source.hidden_states is not None:  # before the sampler claims memory
-        prompts = with_features(prompts, job, source.hidden_states)
+        prompts = with_features(prompts, job, source.hidden_states, progress)
         featureless = False
     if not todo and not featureless:  # a finished run: no sampler is made
         write_prompts_table(prompts, job.out, metadata)
@@ -419,7 +427,7 @@ def run_oracle(
     factory = source.sampler
     if workers > 1:
         if featureless:  # the features need the model here: the table is written once it loaded
-            prompts = with_features(prompts, job, factory().prompt_hidden_states)
+            prompts = with_features(prompts, job, factory().prompt_hidden_states, progress)
             write_prompts_table(prompts, job.out, metadata)
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return run_in_workers(
@@ -432,7 +440,7 @@ def run_oracle(
     with one_torch_thread(own_source and runs_on_cpu(job)):
         sampler = factory()  # a model that cannot load writes nothing
         if featureless:
-            prompts = with_features(prompts, job, sampler.prompt_hidden_states)
+            prompts = with_features(prompts, job, sampler.prompt_hidden_states, progress)
         write_prompts_table(prompts, job.out, metadata)
         if not todo:
             return OracleReport()
@@ -450,7 +458,7 @@ def lacks_features(prompts: pl.DataFrame, out: Path) -> bool:
 
 
 def with_features(
-    prompts: pl.DataFrame, job: OracleJob, hidden_states: HiddenStates
+    prompts: pl.DataFrame, job: OracleJob, hidden_states: HiddenStates, progress: OracleProgress
 ) -> pl.DataFrame:
     """``prompts`` with the ``features`` column of ``job.features`` (``hidden``: the model's
     final hidden state at the last prompt token, by ``hidden_states``, float32), computed
@@ -462,7 +470,8 @@ def with_features(
         else pl.DataFrame(schema={"prompt_id": pl.String, FEATURE_COLUMN: pl.List(pl.Float32)})
     )
     missing = prompts.filter(~pl.col("prompt_id").is_in(known["prompt_id"].implode()))
-    hidden = hidden_states(missing["problem"].to_list())
+    with progress.features(job, missing.height):
+        hidden = hidden_states(missing["problem"].to_list())
     computed = pl.DataFrame(
         {"prompt_id": missing["prompt_id"], FEATURE_COLUMN: list(hidden.astype(np.float32))},
         schema={"prompt_id": pl.String, FEATURE_COLUMN: pl.List(pl.Float32)},
