@@ -301,6 +301,19 @@ def test_long_table_by_policy_with_renamed_columns(tmp_path):
     assert "b.csv:5: 'reward' nan is not a finite number" in msg
 
 
+def test_long_source_of_no_rows_is_not_said_to_name_other_policies(tmp_path):
+    """A long table without a policy column and no rows says so; only a source whose
+    policy column lists other policies is said to name others."""
+    empty = write(tmp_path / "e.csv", "prompt_id,sample_idx,reward\n")
+    with pytest.raises(
+        InputError, match=r"e.csv: no rollouts to import \(the sources hold no rows\)"
+    ):
+        import_sources("long", [empty], "p")
+    other = write(tmp_path / "o.csv", "prompt_id,policy,sample_idx,reward\na,q,0,1\n")
+    with pytest.raises(InputError, match=r"no rows for policy 'p' \(the source's 'policy' column"):
+        import_sources("long", [other], "p")
+
+
 # ------------------------------------------------------------------ writing
 
 

@@ -32,16 +32,19 @@ from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS
 def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Imported:
     problems = Problems()
     id_col, policy_col = opt.id_col or "prompt_id", opt.policy_col or "policy"
-    frames, sources = [], []
+    frames, sources, by_policy = [], [], False
     for path in paths:
-        frame, src = _read_long(path, policy, opt, problems)
+        frame, src, named_policies = _read_long(path, policy, opt, problems)
         frames.append(frame)
         sources.append(src)
+        by_policy |= named_policies
     if not any(f.height for f in frames):
         problems.raise_if_any(sources_label(paths))  # e.g. every policy a number
         raise InputError(
-            f"{sources_label(paths)}: no rows for policy {policy!r}"
-            + (f" (the source's {policy_col!r} column names others)")
+            f"{sources_label(paths)}: no rows for policy {policy!r} (the source's "
+            f"{policy_col!r} column names others)"
+            if by_policy
+            else f"{sources_label(paths)}: no rollouts to import (the sources hold no rows)"
         )
     table = stack_sources(frames)
     report_duplicates(table, sources, ["prompt_id", "sample_idx"], problems, "(prompt, sample)")
@@ -73,10 +76,11 @@ def import_long(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Impor
 
 def _read_long(
     path: Path, policy: str, opt: ImportOptions, problems: Problems
-) -> tuple[pl.DataFrame, Source]:
+) -> tuple[pl.DataFrame, Source, bool]:
     """One source's checked rows of ``policy``: ``prompt_id`` (Categorical codes: a source
     of millions of rows names a few thousand prompts), ``sample_idx``, ``_reward``, the
-    kept optional columns and ``_loc``; the source's other columns are dropped here."""
+    kept optional columns and ``_loc``; the source's other columns are dropped here. The
+    flag: whether the source has a policy column (rows of other policies were dropped)."""
     id_col = opt.id_col or "prompt_id"
     policy_col = opt.policy_col or "policy"
     named = {"--policy-col": policy_col} if opt.policy_col is not None else {}  # never unused
@@ -122,4 +126,4 @@ def _read_long(
         *keep,
         LOC,
     )
-    return frame, src
+    return frame, src, bool(present_policy)
