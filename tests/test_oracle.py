@@ -555,6 +555,36 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
         )
 
 
+def test_features_of_another_model_size_are_refused_not_mixed(tiny_model, tmp_path):
+    """A dataset whose prompts.parquet holds features of d numbers refuses a model whose
+    hidden states have another length (its prompts would get vectors of another size, which
+    no estimator can use), before anything is written."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    from basis_bench.rollouts.oracle import run_oracle
+
+    wider = tmp_path / "wider"
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.hidden_size = 48
+    LlamaForCausalLM(config).save_pretrained(wider)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_model / name).exists():
+            (wider / name).write_bytes((tiny_model / name).read_bytes())
+    job = OracleJob(
+        ckpt=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,digits=1-2,steps=1-2,seed=5",
+        out=tmp_path / "ds", n=1, max_new_tokens=2, device="cpu", workers=1, features="hidden",
+    )  # fmt: skip
+    run_oracle(job)
+    before = (job.out / PROMPTS_FILE).read_bytes()
+    more = dataclasses.replace(
+        job, ckpt=str(wider), policy="wide", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5"
+    )
+    with pytest.raises(InputError, match=r"features of 32 numbers.*this model's have 48"):
+        run_oracle(more)
+    assert (job.out / PROMPTS_FILE).read_bytes() == before
+    assert not parts(job.out, "wide")
+
+
 # --------------------------------------------------------------------------- reference cache
 
 

@@ -70,6 +70,7 @@ from basis_bench.rollouts.store import (
     part_path,
     write_prompts_table,
 )
+from basis_bench.schema import PROMPTS_FILE
 
 
 @dataclass(frozen=True)
@@ -472,6 +473,7 @@ def with_features(
     missing = prompts.filter(~pl.col("prompt_id").is_in(known["prompt_id"].implode()))
     with progress.features(job, missing.height):
         hidden = hidden_states(missing["problem"].to_list())
+    _check_feature_size(known, hidden, job)
     computed = pl.DataFrame(
         {"prompt_id": missing["prompt_id"], FEATURE_COLUMN: list(hidden.astype(np.float32))},
         schema={"prompt_id": pl.String, FEATURE_COLUMN: pl.List(pl.Float32)},
@@ -480,6 +482,18 @@ def with_features(
     return prompts.drop(FEATURE_COLUMN, strict=False).join(
         features, on="prompt_id", how="left", maintain_order="left"
     )
+
+
+def _check_feature_size(known: pl.DataFrame, hidden: np.ndarray, job: OracleJob) -> None:
+    """The stored features and the new ones are vectors of one length: one column of
+    several sizes (another model's hidden states) is of no use to any estimator."""
+    stored = known[FEATURE_COLUMN].list.len().unique().to_list()
+    if hidden.shape[0] and stored and stored != [hidden.shape[1]]:
+        raise InputError(
+            f"{job.out / PROMPTS_FILE} holds prompt features of {stored[0]} numbers (another "
+            f"model's hidden states); this model's have {hidden.shape[1]}: write this run "
+            "to another --out, or run it with --features none"
+        )
 
 
 def _run_here(
