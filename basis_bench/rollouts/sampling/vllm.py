@@ -25,6 +25,7 @@ Engine settings, the same on every device (only the defaults differ):
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -129,6 +130,17 @@ def engine_args(
     return args
 
 
+class _DropTokenizerlessWarmup(logging.Filter):
+    """vLLM warms up its chat template at start and, without a tokenizer (ours is skipped
+    on purpose), logs the failure with a traceback that reads like a crash: noise here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Chat template warmup failed")
+
+
+_WARMUP_FILTER = _DropTokenizerlessWarmup()  # one instance: addFilter adds it once
+
+
 def start_engine(args: dict[str, Any]) -> Any:
     """``vllm.LLM(**args)`` in this process; a KV cache that does not fit is an
     :class:`InputError`. vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op
@@ -137,6 +149,8 @@ def start_engine(args: dict[str, Any]) -> Any:
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
+
+    logging.getLogger("vllm.renderers.base").addFilter(_WARMUP_FILTER)
 
     set_num_threads = torch.set_num_threads
     try:
