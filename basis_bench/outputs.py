@@ -160,20 +160,21 @@ def _output_files(path: Path) -> list[Path]:
     return sorted(f for f in files if f.name != LOCK_FILE)
 
 
-def read_output_marker(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def read_output_marker(
+    path: str | os.PathLike[str], *, force_flag: bool = True
+) -> dict[str, Any] | None:
     """The marker of an output folder, None when it has none; an unreadable marker is an
-    :class:`InputError`."""
+    :class:`InputError` (suggesting --force only where the command has it: ``force_flag``)."""
     marker = Path(path) / OUTPUT_MARKER
     if not marker.is_file():
         return None
+    fix = "delete it, or pass --force" if force_flag else "delete it"
     try:
         data = json.loads(marker.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(
-            f"{marker} is not a valid marker ({err}); delete it, or pass --force"
-        ) from err
+        raise InputError(f"{marker} is not a valid marker ({err}); {fix}") from err
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
-        raise InputError(f"{marker} is not a valid marker (no kind); delete it, or pass --force")
+        raise InputError(f"{marker} is not a valid marker (no kind); {fix}")
     return data
 
 
@@ -195,7 +196,9 @@ def _parquet_role(path: Path, root: Path) -> bool | None:
     return meta.get("simulated") is True
 
 
-def recognise_output(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def recognise_output(
+    path: str | os.PathLike[str], *, force_flag: bool = True
+) -> dict[str, Any] | None:
     """What a folder holds: its marker; else, for folders written before markers existed,
     a description guessed from their files. None for a new or empty folder;
     ``{"kind": None, "example": FILE}`` for files that are no basis-bench output.
@@ -208,7 +211,7 @@ def recognise_output(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     root = Path(path)
     if not root.is_dir():
         return None
-    marker = read_output_marker(root)
+    marker = read_output_marker(root, force_flag=force_flag)
     if marker is not None:
         return marker
     files = _output_files(root)
@@ -248,6 +251,7 @@ def claim_output_dir(
     force: bool = False,
     option: str = "--out",
     shared: bool = False,
+    force_flag: bool = True,
 ) -> Path:
     """Make ``path`` the output folder of a command of ``kind`` (``"rollouts"``,
     ``"train-run"``, ``"results"``, ``"figures"``) and return it, created.
@@ -259,7 +263,8 @@ def claim_output_dir(
     dataset holds, so simulated rollouts never land beside real ones. Anything else is an
     :class:`InputError` naming what the folder holds, unless ``force``. A file at ``path``
     is always an error. The marker is (re)written only when it changes; ``option`` names
-    the setting in messages (``--out``, ``run_dir``).
+    the setting in messages (``--out``, ``run_dir``); ``force_flag`` False for a command
+    without --force (evaluate, sensitivity, figures), whose messages then do not suggest it.
 
     Links are followed: the folder returned is the real one, so every command writes
     through a symbolic link into its target and never replaces the link. The folder is
@@ -270,13 +275,13 @@ def claim_output_dir(
     path = _writable_folder(Path(path), option)
     existed = path.exists()
     try:
-        found = recognise_output(path)
+        found = recognise_output(path, force_flag=force_flag)
     except InputError:
         if not force:
             raise
         found = {"kind": None}
     if found is not None and not force:
-        _check_claim(path, kind, simulated, found, option)
+        _check_claim(path, kind, simulated, found, option, force_flag)
     lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
     if _SCOPE and found is None:  # new or empty, and ours: a failed command leaves it so
         (_SCOPE[-1].emptied if existed else _SCOPE[-1].created).append(path)
@@ -468,13 +473,19 @@ def publishing(folder: Path, *, reading: bool = False) -> Iterator[None]:
 
 
 def _check_claim(
-    path: Path, kind: str, simulated: bool | None, found: dict[str, Any], option: str
+    path: Path,
+    kind: str,
+    simulated: bool | None,
+    found: dict[str, Any],
+    option: str,
+    force_flag: bool = True,
 ) -> None:
     what = _KIND_WORDS.get(kind, f"a {kind!r} output")
     if found.get("kind") != kind:
+        hint = " (or pass --force to write into it anyway)" if force_flag else ""
         raise InputError(
             f"{option} {path} already holds {_describe(found)}, not {what}; choose a new or "
-            "empty folder (or pass --force to write into it anyway)"
+            f"empty folder{hint}"
         )
     held = found.get("simulated")
     if kind == "rollouts" and simulated is not None and held is not None and held != simulated:

@@ -142,6 +142,35 @@ def test_other_kinds_foreign_files_and_files_are_refused(tmp_path, sim_dataset):
     assert read_output_marker(sim_dataset)["simulated"] == "mixed"
 
 
+def test_commands_without_force_do_not_suggest_it(monkeypatch, capsys, sim_dataset, tmp_path):
+    """evaluate, sensitivity and figures have no --force: their refusals said "pass --force",
+    and doing so was a usage error."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    small = ["--rollouts", str(sim_dataset), "--repeats", "2", "--oracle-n", "2", "--ref-n", "4"]
+    small += ["--batch-size", "4"]
+    evaluate = ["evaluate", *small, "--group-size", "2", "--no-trajectory"]
+    res = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate, "--out", str(res)).code == 0
+    runs = [
+        [*evaluate, "--out", str(foreign)],
+        ["sensitivity", *small, "--out", str(foreign)],
+        ["figures", "--results", str(res), "--out", str(foreign)],
+    ]
+    for args in runs:
+        result = run_main(monkeypatch, capsys, *args)
+        assert_one_line_error(result, "no basis-bench output", "choose a new or empty folder")
+        assert "--force" not in result.message
+    (foreign / "notes.txt").unlink()
+    (foreign / OUTPUT_MARKER).write_text("{not json")
+    result = run_main(monkeypatch, capsys, *runs[0])
+    assert_one_line_error(result, "is not a valid marker", "delete it")
+    assert "--force" not in result.message
+    with pytest.raises(InputError, match="delete it, or pass --force"):
+        claim_output_dir(foreign, "rollouts")  # commands with --force still suggest it
+
+
 def test_datasets_without_a_marker_are_recognised_by_their_files(real_dataset, tmp_path):
     shipped = tmp_path / "shipped"
     shutil.copytree(SIMULATED, shipped)  # the repository's simulated dataset (no marker)

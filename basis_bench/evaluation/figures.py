@@ -547,8 +547,8 @@ def _claim_figures_dir(out: Path) -> None:
     """``out`` as a figures folder; one holding only this module's figures (written before
     markers existed, like the committed figures/default) counts as one."""
     force = False
-    if out.is_dir() and read_output_marker(out) is None:
+    if out.is_dir() and read_output_marker(out, force_flag=False) is None:
         names = {f"{stem}.{ext}" for stem in FIGURES for ext in ("png", "pdf")}
         files = [f.name for f in out.iterdir() if not f.name.startswith(".")]
         force = bool(files) and all(f in names for f in files)
-    claim_output_dir(out, "figures", force=force)
+    claim_output_dir(out, "figures", force=force, force_flag=False)

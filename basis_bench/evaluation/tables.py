@@ -64,7 +64,7 @@ def claim_results_dir(
             "its results folder whole, which cannot be done there: give a folder below it "
             "(e.g. --out results)"
         )
-    return claim_output_dir(out, "results", force=force)
+    return claim_output_dir(out, "results", force=force, force_flag=False)
 
 
 @contextlib.contextmanager
