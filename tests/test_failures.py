@@ -1298,6 +1298,28 @@ def test_sensitivity_batch_larger_than_the_prompts_is_one_line(
     assert snapshot(out) == before
 
 
+def test_sensitivity_without_a_point_to_sweep_is_one_line(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """An empty --parameters, or one whose every value is beyond the data (n above the 4
+    cached samples, B above the 12 prompts), was polars' "cannot concat empty list"
+    traceback; a parameter named twice wrote its rows twice."""
+    out = tmp_path / "s"
+    args = ["sensitivity", "--rollouts", str(sim_dataset), *EVAL, "--out", str(out)]
+    for parameters, needle in [
+        ("", "--parameters names none"),
+        (" , ", "--parameters names none"),
+        ("n", "no value of --parameters n fits this dataset"),
+        ("n,batch_size", "its 4 cached reference samples, batch_size at most its 12 prompts"),
+    ]:
+        result = run_main(monkeypatch, capsys, *args, "--parameters", parameters)
+        assert_one_line_error(result, needle)
+        assert not out.exists()
+    assert run_main(monkeypatch, capsys, *args, "--parameters", "grid_size,grid_size").code == 0
+    table = pl.read_csv(out / "sensitivity.csv")
+    assert table.height == len(table.unique()) == 4 * table["checkpoint"].n_unique()
+
+
 def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):
     earlier = tmp_path / "earlier"
     simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)

@@ -43,13 +43,16 @@ the dataset, so `figures` knows the table is whole and which data it came from."
 
 
 def _settings(cfg: SensitivityConfig) -> list[tuple[str, float]]:
-    """(parameter, value) for every point of the sweep."""
+    """(parameter, value) for every point of the sweep; a parameter named twice is swept once
+    (its rows were written twice)."""
     unknown = [p for p in cfg.parameters if p not in DEFAULT_VALUES]
     if unknown:
         raise InputError(
             f"unknown sensitivity parameter(s) {unknown}; choose from {', '.join(DEFAULT_VALUES)}"
         )
-    return [(p, v) for p in cfg.parameters for v in DEFAULT_VALUES[p]]
+    if not cfg.parameters:  # an empty sweep: polars' "cannot concat empty list" traceback
+        raise InputError(f"--parameters names none; choose from {', '.join(DEFAULT_VALUES)}")
+    return [(p, v) for p in dict.fromkeys(cfg.parameters) for v in DEFAULT_VALUES[p]]
 
 
 def _point(
@@ -117,6 +120,13 @@ def sensitivity(
                 rows.append(row)
             if progress is not None:
                 progress(name, done, len(points))
+    if not rows:  # every point skipped: polars' "cannot concat empty list" traceback
+        raise InputError(
+            f"no value of --parameters {','.join(dict.fromkeys(cfg.parameters))} fits this "
+            f"dataset (n at most its {full.cache.shape[1]} cached reference samples, "
+            f"batch_size at most its {full.n_prompts} prompts): add eps or grid_size to "
+            "--parameters, or use a larger dataset"
+        )
     df = pl.concat(rows).select(
         "checkpoint", "parameter", "value", pl.exclude("checkpoint", "parameter", "value")
     )
