@@ -54,6 +54,25 @@ def test_figures_without_their_tables_are_skipped_and_no_results_is_an_error(res
         make_figures(tmp_path / "empty", tmp_path / "figs")
 
 
+def test_a_skipped_figure_of_an_earlier_call_is_removed(results, tmp_path):
+    """Figures of a fuller run stayed beside a later run's, as if drawn from it."""
+    figs = tmp_path / "figs"
+    make_figures(results, figs)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("summary.csv", "run.json"):
+        (partial / name).write_bytes((results / name).read_bytes())
+    written, skipped = make_figures(partial, figs)
+    assert {p.name for p in figs.iterdir() if not p.name.startswith(".")} == {
+        p.name for p in written
+    }
+    assert skipped["fig2_fixed_beta"].endswith(
+        f"; removed the earlier fig2_fixed_beta.png and fig2_fixed_beta.pdf from {figs}"
+    )
+    _, skipped = make_figures(partial, figs)
+    assert "removed" not in skipped["fig2_fixed_beta"]
+
+
 def test_sensitivity_sweeps_each_knob_and_skips_what_the_data_cannot_support(results):
     df = pl.read_csv(results / "sensitivity.csv")
     values = {

@@ -535,12 +535,22 @@ def make_figures(
             skipped[name] = f"{table} not in {results}" + (
                 " (run `basis-bench sensitivity`)" if table == "sensitivity.csv" else ""
             )
-            continue
-        if table == "sensitivity.csv" and sensitivity_from is not None:
+        elif table == "sensitivity.csv" and sensitivity_from is not None:
             skipped[name] = sensitivity_from
+        else:
+            written += _save(draw(results), out, name)
             continue
-        written += _save(draw(results), out, name)
+        skipped[name] += _drop_earlier(out, name)
     return written, skipped
+
+
+def _drop_earlier(out: Path, stem: str) -> str:
+    """Remove a skipped figure's files left by an earlier call, which would otherwise sit
+    beside this run's figures as if drawn from it; says what was removed."""
+    gone = [p.name for p in (out / f"{stem}.png", out / f"{stem}.pdf") if p.is_file()]
+    for name in gone:
+        (out / name).unlink()
+    return f"; removed the earlier {' and '.join(gone)} from {out}" if gone else ""
 
 
 def _claim_figures_dir(out: Path) -> None:
