@@ -1320,6 +1320,24 @@ def test_sensitivity_without_a_point_to_sweep_is_one_line(
     assert table.height == len(table.unique()) == 4 * table["checkpoint"].n_unique()
 
 
+def test_sensitivity_refuses_estimators_it_cannot_sweep(monkeypatch, capsys, sim_dataset, tmp_path):
+    """--estimators all swept basis alone, spo_tracker was a traceback (beside basis it was
+    dropped), and james_stein was told to "drop grpo/rloo"."""
+    out = tmp_path / "s"
+    args = ["sensitivity", "--rollouts", str(sim_dataset), *EVAL, "--parameters", "eps"]
+    for names, needle in [
+        ("all", "not 'all'"),
+        ("basis,all", "not 'all'"),
+        ("spo_tracker", "drop spo_tracker from --estimators"),
+        ("basis,spo_tracker", "drop spo_tracker from --estimators"),
+        ("basis,james_stein", "drop james_stein from --estimators"),
+        ("basis_memory", "drop basis_memory from --estimators"),
+    ]:
+        result = run_main(monkeypatch, capsys, *args, "--estimators", names, "--out", str(out))
+        assert_one_line_error(result, needle)
+        assert not out.exists()
+
+
 def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):
     earlier = tmp_path / "earlier"
     simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)

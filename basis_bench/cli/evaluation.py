@@ -325,7 +325,8 @@ def sensitivity(
         rollouts=str(rollouts) if rollouts is not None else None,
         checkpoints=tuple(checkpoint or ()),
         reference=reference,
-        estimators=split_names(estimators) or SENSITIVITY.estimators,
+        estimators=tuple(n.strip() for n in estimators.split(",") if n.strip())
+        or SENSITIVITY.estimators,  # 'all' kept: sensitivity refuses it (was basis alone)
         parameters=tuple(p.strip() for p in parameters.split(",") if p.strip()),
         batch_size=batch_size,
         repeats=repeats,

@@ -29,7 +29,7 @@ from basis_bench.evaluation.config import DEFAULT_VALUES, SensitivityConfig
 from basis_bench.evaluation.dataset import CheckpointData, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import SENSITIVITY_FILE, SensitivityRecord
 from basis_bench.evaluation.replay import ReplaySettings, replay
-from basis_bench.evaluation.run import resolve_estimators, resolve_options
+from basis_bench.evaluation.run import TRACKER_NAME, resolve_estimators, resolve_options
 from basis_bench.evaluation.tables import (
     claim_results_dir,
     new_run_id,
@@ -94,10 +94,19 @@ def sensitivity(
     Values the data cannot support (n above the cached reference samples, B above the
     number of prompts) are skipped, so they have no row.
     """
-    estimators = resolve_estimators(cfg.estimators)
-    if any(e.group for e in estimators):
+    names = list(cfg.estimators)
+    if not names or "all" in names:  # was basis alone, silently
         raise InputError(
-            "sensitivity studies single-rollout estimators; drop grpo/rloo from --estimators"
+            "sensitivity sweeps the estimators --estimators names, not 'all' (group and "
+            "stateful ones cannot be swept): e.g. --estimators basis,basis_vop"
+        )
+    estimators = resolve_estimators(names)
+    unfit = [e.name for e in estimators if e.group or e.stateful]
+    unfit += [TRACKER_NAME] if TRACKER_NAME in names else []  # was dropped, or a traceback
+    if unfit:
+        raise InputError(
+            "sensitivity studies one-step single-rollout estimators; drop "
+            f"{', '.join(unfit)} from --estimators"
         )
     points = _settings(cfg)
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
