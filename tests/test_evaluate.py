@@ -373,6 +373,8 @@ def small(tmp_path):
         (None, ("--calibration", "fixed"), "needs --fixed-beta"),
         (None, ("--features", "hidden"), "--features must be one of auto, stored"),
         (None, ("--features", "stored"), "features 'stored' need the dataset's prompts.parquet"),
+        (None, ("--features", "plain"), "features 'plain' need the dataset's prompts.parquet"),
+        (None, ("--features", "text"), "features 'text' need the dataset's prompts.parquet"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(

@@ -103,10 +103,14 @@ def stored_features(prompts: pl.DataFrame) -> np.ndarray:
 
 
 def check_feature_kind(prompts: pl.DataFrame | None, kind: str) -> None:
-    """Refuse, before any replay, a kind the prompts table cannot give (``stored`` without a
-    table or its column, ``text`` without problems, a malformed column)."""
-    if kind == "stored" and prompts is None:
-        raise InputError("features 'stored' need the dataset's prompts.parquet; it has none")
+    """Refuse, before any replay, a kind the prompts table cannot give (``stored``, ``plain``
+    or ``text`` without a table: the two latter ran with no features, silently; ``stored``
+    without its column, ``text`` without problems, a malformed column)."""
+    if kind in ("stored", "plain", "text") and prompts is None:
+        raise InputError(
+            f"features {kind!r} need the dataset's prompts.parquet; it has none (--features "
+            "none or auto runs without features)"
+        )
     if prompts is not None:
         prompt_features(prompts, prompts["prompt_id"].to_list(), kind)
 
