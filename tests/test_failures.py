@@ -1338,6 +1338,20 @@ def test_sensitivity_refuses_estimators_it_cannot_sweep(monkeypatch, capsys, sim
         assert not out.exists()
 
 
+def test_the_inner_rollouts_folder_given_for_the_dataset_is_refused(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """--rollouts DATASET/rollouts ran without the prompts table, and --out DATASET/res then
+    wrote a results folder inside the dataset, breaking it for every later command."""
+    before = snapshot(sim_dataset)
+    inner = sim_dataset / "rollouts"
+    for command, extra in [("evaluate", ["--group-size", "2"]), ("sensitivity", [])]:
+        args = [command, "--rollouts", str(inner), *EVAL, *extra, "--out", str(sim_dataset / "res")]
+        result = run_main(monkeypatch, capsys, *args)
+        assert_one_line_error(result, "is the rollouts/ folder of the dataset", str(sim_dataset))
+        assert snapshot(sim_dataset) == before
+
+
 def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):
     earlier = tmp_path / "earlier"
     simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)

@@ -38,6 +38,7 @@ from basis_bench.rollouts.store import (
     reward_matrix,
     rollout_files,
 )
+from basis_bench.schema import PROMPTS_FILE
 from basis_bench.settings import check_scalar
 
 DEFAULT_DATASET = default_dataset()
@@ -277,6 +278,23 @@ def _check_parquet(files: Sequence[Path]) -> None:
             ) from err
 
 
+def _check_not_inner(root: Path) -> None:
+    """Refuse the ``rollouts/`` folder of a dataset given for the dataset: read alone it has
+    no prompts table, and a results --out beside it (DATASET/res) passed the inside-the-
+    dataset check, then broke the dataset for every later command."""
+    real = root.resolve()
+    parent = real.parent
+    if (
+        real.name == "rollouts"
+        and (parent / PROMPTS_FILE).is_file()
+        and not (real / PROMPTS_FILE).exists()
+    ):
+        raise InputError(
+            f"--rollouts {root} is the rollouts/ folder of the dataset {parent}; give the "
+            f"dataset's folder instead (--rollouts {parent}), the one holding prompts.parquet"
+        )
+
+
 def open_dataset(
     root: str | os.PathLike[str] | None = None,
     reference: str | None = None,
@@ -293,6 +311,7 @@ def open_dataset(
             "install from a clone with `pip install -e .`, or pass --rollouts DIR"
         )
     root = Path(root) if root is not None else DEFAULT_DATASET
+    _check_not_inner(root)
     files = rollout_files(root)
     if not files:
         raise InputError(f"no rollouts Parquet files under {str(root)!r}")
