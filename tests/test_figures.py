@@ -178,6 +178,12 @@ def test_fixed_beta_and_group_sweep_draw_their_curves_and_levels(results, drawn)
         assert [line.get_label() for line in ax.get_lines()][-3:] == single
 
 
+def test_fig5_title_gives_the_values_the_run_held(drawn):
+    """The title said the defaults (n=64, B=64) whatever the run used (here 32 and 32)."""
+    title = drawn["fig5_sensitivity"].get_suptitle()
+    assert "$n=32$, $B=32$, $K=32$" in title and "10^{-6}" in title, title
+
+
 def test_sensitivity_and_trajectory_draw_one_line_per_series(results, drawn):
     sens = pl.read_csv(results / "sensitivity.csv")
     fig = drawn["fig5_sensitivity"]

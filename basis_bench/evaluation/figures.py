@@ -36,7 +36,12 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
-from basis_bench.evaluation.record import check_one_run, sensitivity_mismatch
+from basis_bench.evaluation.record import (
+    SENSITIVITY_FILE,
+    SensitivityRecord,
+    check_one_run,
+    sensitivity_mismatch,
+)
 from basis_bench.outputs import (
     atomic_write,
     claim_output_dir,
@@ -394,7 +399,7 @@ SENSITIVITY_AXES = {
 
 
 def fig5_sensitivity(results: Path) -> Figure:
-    """BASIS's MSE as one knob moves (others at eps=1e-6, n=64, B=64, K=32), per checkpoint."""
+    """BASIS's MSE as one knob moves (the others as the run held them), per checkpoint."""
 
     df = _read(results / "sensitivity.csv")
     params = [p for p in SENSITIVITY_AXES if p in df["parameter"].unique().to_list()]
@@ -431,12 +436,26 @@ def fig5_sensitivity(results: Path) -> Figure:
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
     axes[0].set_ylabel("MSE against oracle")
-    fig.suptitle(
-        "BASIS sensitivity (others at defaults: $\\epsilon=10^{-6}$, $n=64$, $B=64$, $K=32$)",
-        fontsize=9,
-    )
+    fig.suptitle(f"BASIS sensitivity (others at {_held_fixed(results)})", fontsize=9)
     _legend_below(fig, axes)
     return fig
+
+
+def _held_fixed(results: Path) -> str:
+    """The values the other knobs held, from sensitivity.json (the title said the defaults
+    whatever --eps, --ref-n, --batch-size, --grid-size the run used); the defaults for a
+    table written before the record existed."""
+    held = {"eps": 1e-6, "ref_n": 64, "batch_size": 64, "grid_size": 32}
+    if (results / SENSITIVITY_FILE).is_file():
+        config = SensitivityRecord.read(results / SENSITIVITY_FILE).config
+        held = {k: config.get(k, v) for k, v in held.items()}
+    eps = float(held["eps"])
+    power = math.log10(eps) if eps > 0 else 0.5
+    shown = f"10^{{{int(power)}}}" if power == int(power) else f"{eps:g}"
+    return (
+        f"$\\epsilon={shown}$, $n={held['ref_n']}$, $B={held['batch_size']}$, "
+        f"$K={held['grid_size']}$"
+    )
 
 
 def fig_beta_choice(results: Path) -> Figure:
