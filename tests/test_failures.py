@@ -32,6 +32,7 @@ from conftest import assert_one_line_error, run_main
 
 from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
+from basis_bench.evaluation.figures import make_figures
 from basis_bench.outputs import (
     OUTPUT_MARKER,
     atomic_write,
@@ -1350,6 +1351,30 @@ def test_the_inner_rollouts_folder_given_for_the_dataset_is_refused(
         result = run_main(monkeypatch, capsys, *args)
         assert_one_line_error(result, "is the rollouts/ folder of the dataset", str(sim_dataset))
         assert snapshot(sim_dataset) == before
+
+
+def test_figures_know_one_dataset_by_any_spelling_of_its_path(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """evaluate on --rollouts sim and sensitivity on its absolute path (or a link to it)
+    recorded two strings, so figures skipped Fig. 5 as computed on another dataset."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(sim_dataset)
+    res = tmp_path / "res"
+    evaluate = ["evaluate", "--rollouts", "sim", *EVAL_GROUP, "--no-trajectory"]
+    assert run_main(monkeypatch, capsys, *evaluate, "--out", "res").code == 0
+    for spelling in (f"{sim_dataset}/", "link"):
+        sensitivity = ["sensitivity", "--rollouts", spelling, *EVAL, "--parameters", "eps"]
+        assert run_main(monkeypatch, capsys, *sensitivity, "--out", str(res)).code == 0
+        _, skipped = make_figures(res, tmp_path / "figs")
+        assert "fig5_sensitivity" not in skipped, skipped
+    run = json.loads((res / "run.json").read_text())
+    assert run["rollouts"] == run["config"]["rollouts"] == str(sim_dataset.resolve())
+    other = simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), tmp_path / "o")
+    sensitivity = ["sensitivity", "--rollouts", str(other), *EVAL, "--parameters", "eps"]
+    assert run_main(monkeypatch, capsys, *sensitivity, "--out", str(res)).code == 0
+    _, skipped = make_figures(res, tmp_path / "figs")
+    assert "sensitivity.csv was computed on" in skipped["fig5_sensitivity"]
 
 
 def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):

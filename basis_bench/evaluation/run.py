@@ -162,12 +162,12 @@ def _run_record(
     return RunRecord(
         package_version=__version__,
         provenance=provenance(),
-        rollouts=str(ds.root),
+        rollouts=str(ds.root.resolve()),  # one spelling: figures compares the two records
         dataset_label=ds.label,
         simulated=ds.simulated,
         synthetic_order_policies=ds.synthetic_order,
         reference=ds.reference,
-        config={**asdict(cfg), "rollouts": str(ds.root)},
+        config={**asdict(cfg), "rollouts": str(ds.root.resolve())},
         estimators=[e.name for e in estimators],
         estimator_options={name: asdict(opts) for name, opts in options.items()},
         betas=[float(x) for x in betas],

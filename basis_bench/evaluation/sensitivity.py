@@ -142,9 +142,9 @@ def sensitivity(
     write_csv(df, out / "sensitivity.csv")
     record = SensitivityRecord(
         run_id=new_run_id(),
-        rollouts=str(ds.root),
+        rollouts=str(ds.root.resolve()),  # one spelling: figures compares the two records
         dataset_label=ds.label,
-        config={**asdict(cfg), "rollouts": str(ds.root)},
+        config={**asdict(cfg), "rollouts": str(ds.root.resolve())},
         tables={"sensitivity.csv": file_sha256(out / "sensitivity.csv")},
     )
     write_text_atomic(Path(out) / SENSITIVITY_FILE, record.to_json())
