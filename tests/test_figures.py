@@ -3,6 +3,9 @@ legend labels from the registry); sensitivity's sweep."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import polars as pl
 import pytest
 
@@ -182,6 +185,19 @@ def test_fig5_title_gives_the_values_the_run_held(drawn):
     """The title said the defaults (n=64, B=64) whatever the run used (here 32 and 32)."""
     title = drawn["fig5_sensitivity"].get_suptitle()
     assert "$n=32$, $B=32$, $K=32$" in title and "10^{-6}" in title, title
+
+
+@pytest.mark.parametrize("config", [[], {"eps": "x", "ref_n": None}, {"eps": float("inf")}])
+def test_fig5_title_survives_a_hand_edited_record(results, tmp_path, config):
+    import matplotlib.pyplot as plt
+
+    folder = tmp_path / "res"
+    shutil.copytree(results, folder)
+    record = json.loads((folder / "sensitivity.json").read_text())
+    (folder / "sensitivity.json").write_text(json.dumps({**record, "config": config}))
+    fig = FIGURES["fig5_sensitivity"][1](folder)
+    assert "$n=?$" in fig.get_suptitle()
+    plt.close(fig)
 
 
 def test_sensitivity_and_trajectory_draw_one_line_per_series(results, drawn):

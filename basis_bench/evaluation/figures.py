@@ -444,17 +444,23 @@ def fig5_sensitivity(results: Path) -> Figure:
 def _held_fixed(results: Path) -> str:
     """The values the other knobs held, from sensitivity.json (the title said the defaults
     whatever --eps, --ref-n, --batch-size, --grid-size the run used); the defaults for a
-    table written before the record existed."""
-    held = {"eps": 1e-6, "ref_n": 64, "batch_size": 64, "grid_size": 32}
+    table written before the record existed, ? for a value the record does not hold."""
+    held: dict[str, Any] = {"eps": 1e-6, "ref_n": 64, "batch_size": 64, "grid_size": 32}
     if (results / SENSITIVITY_FILE).is_file():
         config = SensitivityRecord.read(results / SENSITIVITY_FILE).config
-        held = {k: config.get(k, v) for k, v in held.items()}
-    eps = float(held["eps"])
-    power = math.log10(eps) if eps > 0 else 0.5
-    shown = f"10^{{{int(power)}}}" if power == int(power) else f"{eps:g}"
+        config = config if isinstance(config, dict) else {}
+        held = {k: config.get(k) for k in held}
+    number = {
+        k: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in held.items()
+    }
+    shown = {k: f"{v:g}" if number[k] else "?" for k, v in held.items()}
+    eps = held["eps"]
+    if number["eps"] and eps > 0 and math.log10(eps) == int(math.log10(eps)):
+        shown["eps"] = f"10^{{{int(math.log10(eps))}}}"
     return (
-        f"$\\epsilon={shown}$, $n={held['ref_n']}$, $B={held['batch_size']}$, "
-        f"$K={held['grid_size']}$"
+        f"$\\epsilon={shown['eps']}$, $n={shown['ref_n']}$, $B={shown['batch_size']}$, "
+        f"$K={shown['grid_size']}$"
     )
 
 
