@@ -1156,6 +1156,19 @@ def test_figures_refuse_a_table_of_another_run(monkeypatch, capsys, sim_dataset,
     assert not (tmp_path / "f").exists()
 
 
+def test_figures_refuse_a_record_whose_tables_are_no_map(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """A hand-edited "tables": 5 was a TypeError traceback."""
+    res = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, res))[0] == 0
+    record = json.loads((res / "run.json").read_text())
+    (res / "run.json").write_text(json.dumps({**record, "tables": 5}))
+    figures = ["figures", "--results", str(res), "--out", str(tmp_path / "f")]
+    result = run_main(monkeypatch, capsys, *figures)
+    assert_one_line_error(result, "run.json is not a readable run record", "'tables' is a int")
+
+
 @pytest.fixture(scope="module")
 def legacy_results(tmp_path_factory) -> Path:
     """A results folder whose run.json predates run ids (no table checksums)."""

@@ -120,6 +120,11 @@ def check_tables(
     listed = record.tables
     if listed is None:
         return  # written before run ids: nothing to check against
+    if not isinstance(listed, Mapping):  # a hand-edited record: was a TypeError traceback
+        raise InputError(
+            f"{folder / what} is not a readable run record ('tables' is a "
+            f"{type(listed).__name__}, not a map of table to sha256); rerun the command"
+        )
     for name in names:
         path = folder / name
         if not path.exists():
