@@ -107,3 +107,13 @@ def test_bad_configs_are_input_errors():
     with pytest.raises(InputError, match="NAME=LOGODDS_SHIFT"):
         parse_stages(["late=fast"])
     assert parse_stages(["a=0.5", "b=-1"]) == {"a": 0.5, "b": -1.0}
+
+
+def test_a_stage_name_that_is_no_file_name_or_given_twice_is_refused(tmp_path):
+    """--stage ../../evil=1 wrote evil.parquet outside --out; a=1 --stage a=2 kept a=2."""
+    for name in ("../../evil", "a/b", ".hidden", "a b", "x" * 201, "late\n"):
+        with pytest.raises(InputError, match=r"--stage .*letters, digits"):
+            simulate(SimulationConfig(n_prompts=4, stages={name: 1.0}), tmp_path / "d" / "e")
+    assert not list(tmp_path.rglob("*.parquet"))
+    with pytest.raises(InputError, match="--stage 'a' is given twice"):
+        parse_stages(["a=1", " a =2"])

@@ -7,6 +7,7 @@ Light to import (the CLI reads its options here); the model itself, and what ``t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ from basis_bench import settings
 from basis_bench.errors import InputError
 
 REFERENCE_POLICY = "reference"
+# The store's policy-name rule (store.check_policy_name), not imported: this module is light.
+_STAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 # Log-odds shift per training stage: the tilt 1/beta (beta = 3.3, 1.25, 0.67).
 DEFAULT_STAGES: dict[str, float] = {"early": 0.3, "middle": 0.8, "late": 1.5}
@@ -104,6 +107,12 @@ class SimulationConfig:
             raise InputError("give at least one checkpoint stage")
         if REFERENCE_POLICY in self.stages:
             raise InputError(f"a checkpoint may not be called {REFERENCE_POLICY!r}")
+        for name in self.stages:  # it names a file: '../../x' was written outside --out
+            if not _STAGE_NAME.fullmatch(name):
+                raise InputError(
+                    f"--stage {name!r}: use 1-200 letters, digits, '.', '_' and '-' for a "
+                    "checkpoint's name (it names a file)"
+                )
         for name, shift in self.stages.items():
             settings.check_scalar(shift, f"the log-odds shift of stage {name!r}", float)
         for component in self.mixture:
@@ -129,5 +138,7 @@ def parse_stages(spec: Sequence[str]) -> dict[str, float]:
             shift = float("nan")
         if not name.strip() or not math.isfinite(shift):
             raise InputError(f"stage {item!r} must look like NAME=LOGODDS_SHIFT, e.g. late=1.5")
+        if name.strip() in stages:  # the later shift silently won
+            raise InputError(f"--stage {name.strip()!r} is given twice; give each checkpoint once")
         stages[name.strip()] = shift
     return stages
