@@ -375,6 +375,16 @@ def small(tmp_path):
         (None, ("--features", "stored"), "features 'stored' need the dataset's prompts.parquet"),
         (None, ("--features", "plain"), "features 'plain' need the dataset's prompts.parquet"),
         (None, ("--features", "text"), "features 'text' need the dataset's prompts.parquet"),
+        (
+            None,
+            ("--no-trajectory", "--trajectory-epochs", "3"),
+            "--trajectory-epochs applies only to the trajectory replay",
+        ),
+        (
+            None,
+            ("--no-trajectory", "--features", "none", "--trajectory-blend"),
+            "--trajectory-blend, --features apply only to the trajectory replay",
+        ),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(

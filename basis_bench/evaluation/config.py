@@ -8,9 +8,10 @@ the command-line flag.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+from basis_bench.errors import InputError
 from basis_bench.estimators.options import (
     DEFAULT_EPS,
     DEFAULT_GRID_SIZE,
@@ -158,6 +159,20 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         _check_flags(self)
+        if not self.trajectory:  # their values went unused, silently
+            defaults = {f.name: f.default for f in fields(self)}
+            unused = [
+                setting_flag(EvaluateConfig, name).split("/")[0]
+                for name in ("trajectory_epochs", "trajectory_blend", "features")
+                if getattr(self, name) != defaults[name]
+            ]
+            if unused:
+                verb, them = ("apply", "them") if len(unused) > 1 else ("applies", "it")
+                raise InputError(
+                    f"{', '.join(unused)} {verb} only to the trajectory replay, which "
+                    f"--no-trajectory turns off (the value would go unused); drop {them} or "
+                    "--no-trajectory"
+                )
 
 
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {
