@@ -288,6 +288,12 @@ def test_train_figures_from_logs(tmp_path):
     ]
     plain = pl.read_csv(plot_training(runs, tmp_path / "plain")[-1])
     assert set(plain["label"]) == {"basis", "grpo (G=8)"}
+    # Runs without beta into the same folder: the earlier runs' beta.png was kept beside them.
+    written = plot_training([tmp_path / "g"], tmp_path / "figs")
+    assert not (tmp_path / "figs" / "beta.png").exists()
+    assert {p.name for p in (tmp_path / "figs").iterdir() if not p.name.startswith(".")} == {
+        p.name for p in written
+    }
 
 
 def test_shipped_experiment_configs_are_valid_and_share_the_budget():

@@ -138,6 +138,8 @@ def plot_training(
     beta = _beta_figure(runs, names, styles, out / "beta.png")
     if beta is not None:
         written.append(beta)
+    elif (out / "beta.png").is_file():  # an earlier call's, of other runs: was kept as if of these
+        (out / "beta.png").unlink()
     written.append(_summary(runs, names, out / "training_summary.csv"))
     return written
 
