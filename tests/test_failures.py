@@ -1169,6 +1169,22 @@ def test_figures_refuse_a_record_whose_tables_are_no_map(
     assert_one_line_error(result, "run.json is not a readable run record", "'tables' is a int")
 
 
+def test_evaluate_then_figures_with_their_defaults_run_in_a_clone(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """figures' default --out was 'figures', which in a clone holds the committed
+    figures/default and figures/training: the default flow was refused."""
+    monkeypatch.chdir(tmp_path)
+    committed = tmp_path / "figures" / "default"
+    claim_output_dir(committed, "figures")
+    (committed / "fig3a_mse.png").write_bytes(b"committed")
+    results = Path("results/value-estimation")
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, results)).code == 0
+    assert run_main(monkeypatch, capsys, "figures").code == 0
+    assert (tmp_path / "figures" / "value-estimation" / "fig3a_mse.png").is_file()
+    assert (committed / "fig3a_mse.png").read_bytes() == b"committed"
+
+
 @pytest.fixture(scope="module")
 def legacy_results(tmp_path_factory) -> Path:
     """A results folder whose run.json predates run ids (no table checksums)."""

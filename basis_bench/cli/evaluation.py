@@ -368,7 +368,7 @@ def figures(
     ] = RESULTS_DIR,
     out: Annotated[
         Path, typer.Option("--out", help="Directory for the PNG and PDF figures.")
-    ] = Path("figures"),
+    ] = Path("figures/value-estimation"),  # "figures" holds the clone's committed folders
 ) -> None:
     """Plot the paper's Fig. 2, Fig. 3(a)-(d), Fig. 5 and the G sweep from evaluate's tables."""
     from basis_bench.evaluation.figures import make_figures
