@@ -229,12 +229,17 @@ def recognise_output(
     if parquet and None not in roles:
         simulated = "mixed" if len(roles) > 1 else roles.pop()
         return {"kind": "rollouts", "simulated": simulated}
+    nested = next((f.parent for f in files if f.name == OUTPUT_MARKER), None)
+    if nested is not None:  # its marker was named as "no basis-bench output"
+        return {"kind": None, "example": f"{nested.relative_to(root).as_posix()}/", "nested": True}
     bad = next((f for f in parquet if _parquet_role(f, root) is None), files[0])
     return {"kind": None, "example": bad.relative_to(root).as_posix()}
 
 
 def _describe(found: dict[str, Any]) -> str:
     kind = found.get("kind")
+    if kind is None and found.get("nested"):
+        return f"other basis-bench output in a subfolder ({found.get('example')!r})"
     if kind is None:
         return f"files that are no basis-bench output (e.g. {found.get('example')!r})"
     if kind == "rollouts" and found.get("simulated") is not None:

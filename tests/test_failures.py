@@ -133,6 +133,9 @@ def test_other_kinds_foreign_files_and_files_are_refused(tmp_path, sim_dataset):
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match=r"no basis-bench output \(e\.g\. 'notes\.txt'\)"):
         claim_output_dir(foreign, "rollouts")
+    claim_output_dir(tmp_path / "parent" / "default", "figures")  # its marker was named
+    with pytest.raises(InputError, match=r"other basis-bench output in a subfolder \('default/'\)"):
+        claim_output_dir(tmp_path / "parent", "figures")
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="is a file"):
         claim_output_dir(tmp_path / "file", "rollouts", force=True)
