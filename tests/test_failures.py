@@ -1353,6 +1353,20 @@ def test_sensitivity_without_a_point_to_sweep_is_one_line(
     assert table.height == len(table.unique()) == 4 * table["checkpoint"].n_unique()
 
 
+def test_sensitivity_refuses_a_fixed_beta_off_a_swept_grid_before_the_sweep(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """40.0125 is on --grid-size 32's grid, not on the 8-beta grid of the grid_size sweep:
+    the sweep stopped there, blaming --grid-size."""
+    out = tmp_path / "s"
+    args = ["sensitivity", "--rollouts", str(sim_dataset), *EVAL, "--out", str(out)]
+    args += ["--calibration", "fixed", "--fixed-beta", "40.0125"]
+    result = run_main(monkeypatch, capsys, *args, "--parameters", "eps,grid_size")
+    assert_one_line_error(result, "not on the 8-beta grid that --parameters grid_size sweeps")
+    assert not out.exists()
+    assert run_main(monkeypatch, capsys, *args, "--parameters", "eps").code == 0
+
+
 def test_sensitivity_refuses_estimators_it_cannot_sweep(monkeypatch, capsys, sim_dataset, tmp_path):
     """--estimators all swept basis alone, spo_tracker was a traceback (beside basis it was
     dropped), and james_stein was told to "drop grpo/rloo"."""

@@ -25,6 +25,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, TiltTable, default_betas
+from basis_bench.estimators.table import grid_beta_index
 from basis_bench.evaluation.config import DEFAULT_VALUES, SensitivityConfig
 from basis_bench.evaluation.dataset import CheckpointData, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import SENSITIVITY_FILE, SensitivityRecord
@@ -53,6 +54,27 @@ def _settings(cfg: SensitivityConfig) -> list[tuple[str, float]]:
     if not cfg.parameters:  # an empty sweep: polars' "cannot concat empty list" traceback
         raise InputError(f"--parameters names none; choose from {', '.join(DEFAULT_VALUES)}")
     return [(p, v) for p in dict.fromkeys(cfg.parameters) for v in DEFAULT_VALUES[p]]
+
+
+def _check_fixed_betas(
+    cfg: SensitivityConfig, estimators: list[Estimator], points: list[tuple[str, float]]
+) -> None:
+    """A fixed beta must be on every grid the sweep uses: one off a grid_size point's grid
+    stopped the sweep midway, blaming --grid-size (on whose grid it was)."""
+    options, _ = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
+    fixed = {o.fixed_beta for o in options.values() if getattr(o, "calibration", "") == "fixed"}
+    sizes = sorted({int(v) for p, v in points if p == "grid_size"} - {cfg.grid_size})
+    for beta in fixed:
+        grid_beta_index(default_betas(cfg.grid_size), beta)  # names --grid-size
+        for k in sizes:
+            try:
+                grid_beta_index(default_betas(k), beta)
+            except InputError:
+                raise InputError(
+                    f"fixed_beta {beta:g} is not on the {k}-beta grid that --parameters "
+                    "grid_size sweeps to; drop grid_size from --parameters, or fix beta at a "
+                    "value on every grid (0.05, 50 or inf)"
+                ) from None
 
 
 def _point(
@@ -109,6 +131,7 @@ def sensitivity(
             f"{', '.join(unfit)} from --estimators"
         )
     points = _settings(cfg)
+    _check_fixed_betas(cfg, estimators, points)
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     out = claim_results_dir(out, ds.root)
     rows: list[pl.DataFrame] = []
