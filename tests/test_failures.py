@@ -1385,6 +1385,16 @@ def test_sensitivity_refuses_estimators_it_cannot_sweep(monkeypatch, capsys, sim
         assert not out.exists()
 
 
+def test_a_comma_separated_checkpoint_list_is_told_to_repeat_the_option(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    args = ["evaluate", "--rollouts", str(sim_dataset), *EVAL_GROUP, "--out", str(tmp_path / "r")]
+    result = run_main(monkeypatch, capsys, *args, "--checkpoint", "early, late")
+    assert_one_line_error(
+        result, "unknown checkpoint(s) 'early, late'", "--checkpoint early --checkpoint late"
+    )
+
+
 def test_the_inner_rollouts_folder_given_for_the_dataset_is_refused(
     monkeypatch, capsys, sim_dataset, tmp_path
 ):

@@ -327,8 +327,15 @@ def open_dataset(
     wanted = known if not checkpoints else list(dict.fromkeys(checkpoints))
     unknown = [c for c in wanted if c not in known]
     if unknown:
+        parts = [p.strip() for c in unknown for p in c.split(",")]
+        hint = (  # --estimators takes a list, --checkpoint is repeated
+            f"; repeat the option for several: {' '.join(f'--checkpoint {p}' for p in parts)}"
+            if all("," in c for c in unknown) and all(p in known for p in parts)
+            else ""
+        )
         raise InputError(
             f"unknown checkpoint(s) {', '.join(map(repr, unknown))}; known: {', '.join(known) or '(none)'}"
+            + hint
         )
     if not wanted:
         raise InputError(f"{root}: no checkpoint policies besides the reference {ref!r}")
