@@ -1367,6 +1367,18 @@ def test_sensitivity_refuses_a_fixed_beta_off_a_swept_grid_before_the_sweep(
     assert run_main(monkeypatch, capsys, *args, "--parameters", "eps").code == 0
 
 
+def test_sensitivity_says_which_prompts_it_dropped(monkeypatch, capsys, sim_dataset, tmp_path):
+    """Prompts without reference samples were dropped silently (evaluate says so)."""
+    path = sim_dataset / "rollouts" / "reference.parquet"
+    table = pq.read_table(path)
+    kept = pl.from_arrow(table).filter(pl.col("prompt_id").is_in(["sim-00", "sim-01"]).not_())
+    pq.write_table(kept.to_arrow().replace_schema_metadata(table.schema.metadata), path)
+    args = ["sensitivity", "--rollouts", str(sim_dataset), *EVAL, "--parameters", "eps"]
+    result = run_main(monkeypatch, capsys, *args, "--out", str(tmp_path / "s"))
+    assert result.code == 0
+    assert "checkpoint late: dropped 2 prompt(s) missing from the reference cache" in result.out
+
+
 def test_sensitivity_refuses_estimators_it_cannot_sweep(monkeypatch, capsys, sim_dataset, tmp_path):
     """--estimators all swept basis alone, spo_tracker was a traceback (beside basis it was
     dropped), and james_stein was told to "drop grpo/rloo"."""

@@ -338,8 +338,11 @@ def sensitivity(
         basis_options=basis_options(calibration, criterion, loss, None, fixed_beta),
         estimator_options=estimator_options(option),
     )
+    notes: list[str] = []
     with _progress(console) as bar:
-        df = run_sensitivity(cfg, out, progress=_checkpoint_bars(bar))
+        df = run_sensitivity(cfg, out, progress=_checkpoint_bars(bar), notice=notes.append)
+    for note in notes:
+        console.print(f"[yellow]{note}[/]")
     from rich.table import Table
 
     table = Table(title="sensitivity: MSE as one knob moves")

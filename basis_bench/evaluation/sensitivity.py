@@ -110,11 +110,13 @@ def sensitivity(
     cfg: SensitivityConfig,
     out: str | os.PathLike[str],
     progress: Callable[[str, int, int], None] | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> pl.DataFrame:
     """Run the sweep and write ``out/sensitivity.csv``; returns its rows.
 
     Values the data cannot support (n above the cached reference samples, B above the
-    number of prompts) are skipped, so they have no row.
+    number of prompts) are skipped, so they have no row. ``notice`` hears of prompts
+    dropped for want of reference samples (as evaluate says; they were dropped silently).
     """
     names = list(cfg.estimators)
     if not names or "all" in names:  # was basis alone, silently
@@ -137,6 +139,11 @@ def sensitivity(
     rows: list[pl.DataFrame] = []
     for name in ds.checkpoints:
         full = checkpoint_data(ds, name, cfg.oracle_n, None, 1)
+        if full.dropped_no_reference and notice is not None:
+            notice(
+                f"checkpoint {name}: dropped {full.dropped_no_reference} prompt(s) missing "
+                "from the reference cache"
+            )
         if cfg.ref_n > full.cache.shape[1]:
             raise InputError(
                 f"--ref-n {cfg.ref_n} exceeds the {full.cache.shape[1]} cached reference samples"
