@@ -332,6 +332,12 @@ def real_path(path: str | os.PathLike[str], option: str) -> Path:
 def _writable_folder(path: Path, option: str) -> Path:
     """``path`` with links resolved, refused in one line where no command may write: a file,
     a path through a file, a link loop, a name too long, the installed package data."""
+    if path.parts[:1] == ("~",) and not Path("~").exists():  # made a folder named ~, silently
+        home = Path.home().joinpath(*path.parts[1:])
+        raise InputError(
+            f"{option} {path} starts with a literal ~ (a shell expands it only unquoted and "
+            f"not after '='); give the path in full, e.g. {option} {home}"
+        )
     real = real_path(path, option)
     if real.exists() and not real.is_dir():
         raise InputError(f"{option} {path} is a file; give a directory")

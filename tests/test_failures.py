@@ -175,6 +175,16 @@ def test_commands_without_force_do_not_suggest_it(monkeypatch, capsys, sim_datas
         claim_output_dir(foreign, "rollouts")  # commands with --force still suggest it
 
 
+def test_an_out_starting_with_a_literal_tilde_is_refused(monkeypatch, tmp_path):
+    """--out=~/x (not expanded after '=') made a folder named ~ in the current one."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=r"--out ~/x starts with a literal ~.*--out /"):
+        claim_output_dir(Path("~/x"), "rollouts")
+    assert not (tmp_path / "~").exists()
+    (tmp_path / "~").mkdir()  # a folder the user named so on purpose
+    assert claim_output_dir(Path("~/x"), "rollouts") == tmp_path / "~" / "x"
+
+
 def test_datasets_without_a_marker_are_recognised_by_their_files(real_dataset, tmp_path):
     shipped = tmp_path / "shipped"
     shutil.copytree(SIMULATED, shipped)  # the repository's simulated dataset (no marker)
