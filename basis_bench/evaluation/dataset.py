@@ -282,7 +282,7 @@ def _check_not_inner(root: Path) -> None:
     """Refuse the ``rollouts/`` folder of a dataset given for the dataset: read alone it has
     no prompts table, and a results --out beside it (DATASET/res) passed the inside-the-
     dataset check, then broke the dataset for every later command."""
-    real = root.resolve()
+    real = Path(os.path.realpath(root))  # resolve() raises on a loop; rollout_files names it
     parent = real.parent
     if (
         real.name == "rollouts"
