@@ -1417,6 +1417,17 @@ def test_a_comma_separated_checkpoint_list_is_told_to_repeat_the_option(
     )
 
 
+def test_a_dataset_link_to_nothing_is_named(monkeypatch, capsys, sim_dataset, tmp_path):
+    """A dangling x.parquet link was 'a folder in the path does not exist (removed while the
+    command ran?)', exit 1."""
+    ghost = sim_dataset / "rollouts" / "ghost.parquet"
+    ghost.symlink_to(tmp_path / "gone.parquet")
+    args = ["evaluate", "--rollouts", str(sim_dataset), *EVAL_GROUP, "--out", str(tmp_path / "r")]
+    result = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(result, f"{ghost} is a symbolic link to nothing")
+    assert not (tmp_path / "r").exists()
+
+
 def test_the_inner_rollouts_folder_given_for_the_dataset_is_refused(
     monkeypatch, capsys, sim_dataset, tmp_path
 ):

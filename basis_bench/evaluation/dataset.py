@@ -261,12 +261,16 @@ def resolve_reference(
 
 def _check_parquet(files: Sequence[Path]) -> None:
     """Every ``*.parquet`` path of a dataset is a readable Parquet file, else an InputError
-    that names it (a folder named x.parquet, a file cut short, garbage)."""
+    that names it (a folder named x.parquet, a link to nothing, a file cut short, garbage)."""
     import pyarrow.parquet as pq
 
     for f in files:
         if f.is_dir():
             raise InputError(f"{f} is a folder, not a Parquet file; move it out of the dataset")
+        if f.is_symlink() and not f.exists():  # was "a folder in the path does not exist"
+            raise InputError(
+                f"{f} is a symbolic link to nothing (or a loop); restore its target or remove it"
+            )
         if not f.exists():
             continue
         try:
