@@ -1084,7 +1084,8 @@ def test_evaluate_refuses_out_inside_rollouts_and_other_kinds(
     assert snapshot(sim_dataset) == before
     real = snapshot(real_dataset)
     result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, real_dataset))
-    assert_one_line_error(result, "already holds a rollouts dataset", "--force")
+    assert_one_line_error(result, "already holds a rollouts dataset", "choose a new or empty")
+    assert "--force" not in result.message  # evaluate has none
     assert snapshot(real_dataset) == real
     (tmp_path / "file").write_text("keep")
     result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, tmp_path / "file"))
