@@ -187,6 +187,20 @@ def test_fig5_title_gives_the_values_the_run_held(drawn):
     assert "$n=32$, $B=32$, $K=32$" in title and "10^{-6}" in title, title
 
 
+def test_fig5_title_names_the_estimators_swept(results, tmp_path):
+    """A sweep of basis_vop alone was titled "BASIS sensitivity", its lines named by
+    checkpoint only."""
+    import matplotlib.pyplot as plt
+
+    folder = tmp_path / "res"
+    shutil.copytree(results, folder)
+    table = pl.read_csv(folder / "sensitivity.csv")
+    table.with_columns(pl.lit("basis_vop").alias("estimator")).write_csv(folder / "sensitivity.csv")
+    fig = FIGURES["fig5_sensitivity"][1](folder)
+    assert fig.get_suptitle().startswith("BASIS-VOP sensitivity (others at")
+    plt.close(fig)
+
+
 @pytest.mark.parametrize("config", [[], {"eps": "x", "ref_n": None}, {"eps": float("inf")}])
 def test_fig5_title_survives_a_hand_edited_record(results, tmp_path, config):
     import matplotlib.pyplot as plt
