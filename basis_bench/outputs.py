@@ -278,6 +278,8 @@ def claim_output_dir(
     dataset (installed package data) is read-only to every command.
     """
     path = _writable_folder(Path(path), option)
+    if kind == "rollouts" and not force:
+        _check_not_nested(path, option)
     existed = path.exists()
     try:
         found = recognise_output(path, force_flag=force_flag)
@@ -303,6 +305,23 @@ def claim_output_dir(
         text = json.dumps({**marker, "package_version": __version__}, sort_keys=True)
         write_text_atomic(path / OUTPUT_MARKER, text + "\n")
     return path
+
+
+def _check_not_nested(path: Path, option: str) -> None:
+    """Refuse a dataset inside another one (--out DATASET/rollouts): its rows were read as
+    the outer dataset's, its prompts.parquet was not, and the outer one held two markers."""
+    for above in path.parents:
+        try:
+            held = read_output_marker(above)
+        except InputError:  # not ours to judge here
+            held = None
+        marked = held is not None and held.get("kind") == "rollouts"
+        layout = (above / PROMPTS_FILE).is_file() and (above / "rollouts").is_dir()
+        if marked or layout:
+            raise InputError(
+                f"{option} {path} is inside the rollouts dataset {above}; give that dataset's "
+                f"folder ({option} {above}) or one outside it"
+            )
 
 
 _NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)

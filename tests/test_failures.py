@@ -185,6 +185,23 @@ def test_an_out_starting_with_a_literal_tilde_is_refused(monkeypatch, tmp_path):
     assert claim_output_dir(Path("~/x"), "rollouts") == tmp_path / "~" / "x"
 
 
+def test_a_dataset_inside_another_is_refused(
+    monkeypatch, capsys, real_dataset, sim_dataset, tmp_path
+):
+    """import --out DATASET/rollouts wrote a nested dataset: its rows were read as the outer
+    one's, its prompts.parquet was not."""
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\nb,4,3\n")
+    before = snapshot(real_dataset)
+    for inner in (real_dataset / "rollouts", real_dataset / "more"):
+        code, message = import_into(monkeypatch, capsys, inner, "counts", source)
+        assert code == 2 and f"is inside the rollouts dataset {real_dataset}" in message
+    assert snapshot(real_dataset) == before
+    with pytest.raises(InputError, match="inside the rollouts dataset"):
+        claim_output_dir(sim_dataset / "rollouts", "rollouts")  # by its marker
+    claim_output_dir(sim_dataset / "rollouts", "rollouts", force=True)
+
+
 def test_datasets_without_a_marker_are_recognised_by_their_files(real_dataset, tmp_path):
     shipped = tmp_path / "shipped"
     shutil.copytree(SIMULATED, shipped)  # the repository's simulated dataset (no marker)
