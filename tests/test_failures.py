@@ -1540,6 +1540,7 @@ def test_rewards_outside_unit_interval_name_the_tracker_before_the_replay(
     monkeypatch.setattr(run_module, "_replay_all", no_replay)
     result = run_main(monkeypatch, capsys, *evaluate_args(data, tmp_path / "r"))
     assert_one_line_error(result, "outside [0, 1]", "spo_tracker", "--estimators vanilla,")
+    assert "spo_tracker" not in result.message.split("drop it:")[1]  # the list to keep had it
     assert not (tmp_path / "r").exists()
 
 

@@ -260,7 +260,7 @@ def _check_tracker_rewards(cfg: EvaluateConfig, ds: Dataset) -> None:
     lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
     if 0 <= lo and hi <= 1:
         return
-    others = [e.name for e in resolve_estimators(cfg.estimators)]
+    others = [e.name for e in resolve_estimators(cfg.estimators) if e.name != TRACKER_NAME]
     keep = f"--estimators {','.join(others)}" if others else "another estimator"
     raise InputError(
         f"rewards lie in [{lo:g}, {hi:g}], outside [0, 1], and {TRACKER_NAME} (the SPO "
