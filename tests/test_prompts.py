@@ -248,6 +248,9 @@ def test_arithmetic_source_spec():
     for bad in ("arithmetic:n", "arithmetic:size=3", "arithmetic:n=x", "arithmetic:digits=1-b"):
         with pytest.raises(InputError, match="arithmetic"):
             load_prompt_source(bad)
+    for twice in ("n=5,n=7", "ops=+,operations=*"):  # the later value silently won
+        with pytest.raises(InputError, match="is given twice"):
+            parse_arithmetic_spec(twice)
 
 
 def test_parse_levels():

@@ -345,11 +345,16 @@ def _evaluate(operands: np.ndarray, ops: np.ndarray, steps: np.ndarray) -> np.nd
 def parse_arithmetic_spec(spec: str) -> dict[str, Any]:
     """Keyword arguments of :func:`arithmetic_prompts` from ``n=200,digits=1-2,steps=1-3,ops=+-*,seed=0``."""
     kwargs: dict[str, Any] = {"n": 100}
+    seen: set[str] = set()
     for item in filter(None, (s.strip() for s in spec.split(","))):
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep:
             raise InputError(f"arithmetic: expected key=value, got {item!r}")
+        name = "operations" if key == "ops" else key
+        if name in seen:  # the later value silently won
+            raise InputError(f"arithmetic: {key} is given twice in {spec!r}; give it once")
+        seen.add(name)
         try:
             if key in ("n", "seed"):
                 kwargs[key] = int(value)
