@@ -385,6 +385,11 @@ def small(tmp_path):
             ("--no-trajectory", "--features", "none", "--trajectory-blend"),
             "--trajectory-blend, --features apply only to the trajectory replay",
         ),
+        (
+            None,
+            ("--no-trajectory", "--estimators", "basis,basis_memory"),
+            "basis_memory: stateful, run only in the trajectory replay",
+        ),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(

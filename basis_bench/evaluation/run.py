@@ -296,6 +296,13 @@ def evaluate(
     tracker = wants_tracker(cfg.estimators)
     if tracker:
         _check_tracker_rewards(cfg, ds)
+    named = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
+    stateful = [e.name for e in estimators if e.stateful and e.name != TRACKER_NAME]
+    if named and stateful and not cfg.trajectory:  # were dropped silently; alone, an empty run
+        raise InputError(
+            f"{', '.join(stateful)}: stateful, run only in the trajectory replay, which "
+            "--no-trajectory turns off; drop --no-trajectory, or drop them from --estimators"
+        )
     out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
     has_group = any(e.group for e in one_step)
