@@ -17,7 +17,7 @@ Written: ``OUT/robust.csv`` (one row per dataset x checkpoint x B x estimator) a
 ``OUT/robust.md`` (one markdown table of MSEs and one of the basis-vs-offline checks).
 
     python benchmarks/robust_default.py --data math500=/tmp/robust/math500/rollouts@112 \\
-        --data noisy=/tmp/robust/sim_noisy/rollouts --out /tmp/robust/table
+        --data noisy=/tmp/robust/sim_noisy --out /tmp/robust/table
 
 ``--data LABEL=DIR[@ORACLE_N]``: the oracle size defaults to 256; ``--ref-n`` (64) is shared.
 """
