@@ -278,8 +278,11 @@ def test_prompt_features_read_the_stored_column_in_prompt_order():
     assert prompt_features(prompts, ["a"], "text").shape == (1, 32)
     assert prompt_features(prompts, ["a"], "none") is None
     assert prompt_features(None, ["a"]) is None
-    with pytest.raises(InputError, match="not in the prompts table"):
-        prompt_features(prompts, ["zz"])
+    with pytest.raises(
+        InputError,
+        match=r"2 of the 3 prompts \(e.g. 'zz'\) are not in the prompts table.*--features none",
+    ):
+        prompt_features(prompts, ["a", "zz", "yy"])
     with pytest.raises(InputError, match="unknown prompt feature kind"):
         prompt_features(prompts, ["a"], "hidden")
     bad = prompts.with_columns(pl.Series("features", [[1.0], [1.0, 2.0]]))

@@ -132,8 +132,13 @@ def prompt_features(
         prompts, on="prompt_id", how="left", maintain_order="left"
     )
     if "problem" in table.columns and table["problem"].null_count():
-        missing = table.filter(pl.col("problem").is_null())["prompt_id"][0]
-        raise InputError(f"prompt {missing!r} is not in the prompts table")
+        missing = table.filter(pl.col("problem").is_null())["prompt_id"]
+        raise InputError(
+            f"{missing.len()} of the {table.height} prompts (e.g. {missing[0]!r}) are not in "
+            "the prompts table (the dataset's prompts.parquet), whose features these "
+            "prompts need: add them to it, or run without prompt features (evaluate: "
+            "--features none)"
+        )
     has_stored = FEATURE_COLUMN in table.columns
     if kind == "stored" or (kind == "auto" and has_stored):
         if not has_stored:
