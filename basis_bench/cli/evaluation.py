@@ -31,6 +31,7 @@ from basis_bench.cli.options import (
     RolloutsOpt,
     SeedOpt,
     basis_options,
+    comma_list,
     estimator_options,
     split_names,
 )
@@ -325,9 +326,9 @@ def sensitivity(
         rollouts=str(rollouts) if rollouts is not None else None,
         checkpoints=tuple(checkpoint or ()),
         reference=reference,
-        estimators=tuple(n.strip() for n in estimators.split(",") if n.strip())
+        estimators=comma_list(estimators)
         or SENSITIVITY.estimators,  # 'all' kept: sensitivity refuses it (was basis alone)
-        parameters=tuple(p.strip() for p in parameters.split(",") if p.strip()),
+        parameters=comma_list(parameters),
         batch_size=batch_size,
         repeats=repeats,
         oracle_n=oracle_n,

@@ -51,9 +51,14 @@ ResultsOutOpt = Annotated[
 ]
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """The non-blank items of a comma-separated list, stripped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
 def split_names(names: str) -> tuple[str, ...]:
     """Comma-separated estimator names; ``all`` (or nothing) is the empty tuple."""
-    items = tuple(n.strip() for n in names.split(",") if n.strip())
+    items = comma_list(names)
     return () if items in ((), ("all",)) else items
 
 
