@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
+from basis_bench.evaluation.config import SensitivityConfig
 from basis_bench.evaluation.record import (
     SENSITIVITY_FILE,
     SensitivityRecord,
@@ -446,7 +448,8 @@ def _held_fixed(results: Path) -> str:
     """The values the other knobs held, from sensitivity.json (the title said the defaults
     whatever --eps, --ref-n, --batch-size, --grid-size the run used); the defaults for a
     table written before the record existed, ? for a value the record does not hold."""
-    held: dict[str, Any] = {"eps": 1e-6, "ref_n": 64, "batch_size": 64, "grid_size": 32}
+    knobs = ("eps", "ref_n", "batch_size", "grid_size")
+    held: dict[str, Any] = {f.name: f.default for f in fields(SensitivityConfig) if f.name in knobs}
     if (results / SENSITIVITY_FILE).is_file():
         config = SensitivityRecord.read(results / SENSITIVITY_FILE).config
         config = config if isinstance(config, dict) else {}

@@ -159,15 +159,16 @@ def _run_record(
     cfg: EvaluateConfig, ds: Dataset, estimators: list[Estimator], options: Mapping[str, Any],
     betas: Any, datas: list[CheckpointData],
 ) -> RunRecord:  # fmt: skip
+    rollouts = str(ds.root.resolve())  # one spelling: figures compares the two records
     return RunRecord(
         package_version=__version__,
         provenance=provenance(),
-        rollouts=str(ds.root.resolve()),  # one spelling: figures compares the two records
+        rollouts=rollouts,
         dataset_label=ds.label,
         simulated=ds.simulated,
         synthetic_order_policies=ds.synthetic_order,
         reference=ds.reference,
-        config={**asdict(cfg), "rollouts": str(ds.root.resolve())},
+        config={**asdict(cfg), "rollouts": rollouts},
         estimators=[e.name for e in estimators],
         estimator_options={name: asdict(opts) for name, opts in options.items()},
         betas=[float(x) for x in betas],

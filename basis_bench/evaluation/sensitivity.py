@@ -170,11 +170,12 @@ def sensitivity(
         "checkpoint", "parameter", "value", pl.exclude("checkpoint", "parameter", "value")
     )
     write_csv(df, out / "sensitivity.csv")
+    rollouts = str(ds.root.resolve())  # one spelling: figures compares the two records
     record = SensitivityRecord(
         run_id=new_run_id(),
-        rollouts=str(ds.root.resolve()),  # one spelling: figures compares the two records
+        rollouts=rollouts,
         dataset_label=ds.label,
-        config={**asdict(cfg), "rollouts": str(ds.root.resolve())},
+        config={**asdict(cfg), "rollouts": rollouts},
         tables={"sensitivity.csv": file_sha256(out / "sensitivity.csv")},
     )
     write_text_atomic(Path(out) / SENSITIVITY_FILE, record.to_json())
