@@ -10,7 +10,9 @@ metadata holds the help text and the checks, so
   line that names the setting, in every place a config is made;
 - :func:`check_scalar` is the one range checker (scikit-learn's ``check_scalar``,
   raising :class:`~basis_bench.errors.InputError`): NaN, bools posing as numbers and
-  infinities (unless allowed) are refused, whatever the bounds.
+  infinities (unless allowed) are refused, whatever the bounds;
+- a renamed setting lists its old names (``was``): :func:`renamed_keys` and the CLI accept
+  them for one release, each use a one-line :class:`RenamedSetting` notice.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import dataclasses
 import math
 import numbers
 import typing
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from basis_bench.errors import InputError
@@ -96,11 +99,13 @@ def setting(
     allow_inf: bool = False,
     choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None,
     optional: bool = False,
+    was: Sequence[str] = (),
 ) -> Any:
     """A dataclass field with its help, CLI flag and checks in its metadata.
 
     ``choices`` may be a callable, read when a config is checked (for registries that
-    fill in late). ``optional``: None is allowed besides the checked values.
+    fill in late). ``optional``: None is allowed besides the checked values. ``was``: the
+    setting's old names, still accepted (with a notice) for one release.
     """
     metadata = {
         "help": help,
@@ -111,6 +116,7 @@ def setting(
         "allow_inf": allow_inf,
         "choices": choices,
         "optional": optional,
+        "was": tuple(was),
     }
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
@@ -140,6 +146,42 @@ def setting_default(cls: type, name: str) -> Any:
 def setting_flag(cls: type, name: str) -> str:
     """The CLI flag of one setting: its declared ``flag`` or ``--name-with-dashes``."""
     return _field(cls, name).metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def setting_old_names(cls: type, name: str) -> tuple[str, ...]:
+    """The old names of one setting (``setting(was=...)``), newest first."""
+    return tuple(_field(cls, name).metadata.get("was", ()))
+
+
+class RenamedSetting(FutureWarning):
+    """An old name of a setting was used; it works for one more release."""
+
+
+def renamed(old: str, new: str) -> None:
+    """The one-line notice for a setting given by its old name."""
+    warnings.warn(
+        f"{old} is renamed {new}; the old name is accepted until the next release",
+        RenamedSetting,
+        stacklevel=3,
+    )
+
+
+def renamed_keys(
+    cls: type, values: Mapping[str, Any], label: Callable[[str], str] = str
+) -> dict[str, Any]:
+    """``values`` with every old key of ``cls``'s settings turned into its current name (a
+    notice for each); the old and the new name together is an InputError."""
+    new_of = {old: f.name for f in dataclasses.fields(cls) for old in f.metadata.get("was", ())}
+    out = dict(values)
+    for old in [key for key in values if key in new_of]:
+        new = new_of[old]
+        if new in values:
+            raise InputError(
+                f"{label(old)} and {label(new)} are the same setting; give {label(new)}"
+            )
+        renamed(label(old), label(new))
+        out[new] = out.pop(old)
+    return out
 
 
 def cli_option(cls: type, name: str, *flags: str, **typer_kwargs: Any) -> Any:
@@ -178,6 +220,8 @@ def check_setting(cls: type, name: str, value: Any, label: str | None = None) ->
             include_boundaries=meta["include_boundaries"],
             allow_inf=meta["allow_inf"],
         )
+    if f.type in ("bool", bool) and not isinstance(value, bool):
+        raise InputError(f"{label} must be true or false; got {value!r}")
     if isinstance(value, float) and math.isnan(value):
         raise InputError(f"{label} must be a number, not NaN")
     return value

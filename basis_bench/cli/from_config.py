@@ -1,0 +1,184 @@
+"""Command-line options made from a config class: each setting is declared once, in the config.
+
+``@options_from(Config)`` turns ``def command(config: Config, out: ...)`` into a typer command
+with one option per field of ``Config``: flag, help and default come from the field
+(:func:`~basis_bench.settings.setting`), and the config checks each value where it is made
+(its range and choices, one line naming the flag). A command declares only its own extras
+(``--out``, ``--force``) and, for a field whose command-line form is not its type, a
+:class:`Cli` saying how to read it (a comma-separated list, ``i/N``) or a :class:`Group` of
+another config's settings (``evaluate``'s BASIS options). A setting's old names
+(``setting(was=...)``) stay hidden flags for one release; each use prints a one-line notice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+
+from basis_bench.errors import InputError
+from basis_bench.settings import (
+    renamed,
+    setting_default,
+    setting_flag,
+    setting_help,
+    setting_old_names,
+)
+
+_FIELD: Any = object()  # a Cli default meaning "the field's own default"
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+_ANNOTATED: Any = Annotated
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Cli:
+    """How one setting reads from the command line where that is not as its field's type."""
+
+    type: Any  # the type typer parses
+    parse: Callable[[Any], Any] = _same  # the command-line value -> the field's value
+    default: Any = _FIELD  # the command-line default (shown in --help); _FIELD: the field's
+    show_default: bool = True
+
+
+def comma(parse: Callable[[str], Any], default: str | None = None) -> Cli:
+    """Names given as one comma-separated word (``a,b``); ``default`` is the word shown
+    (None: the field's default joined with commas)."""
+    return Cli(str, parse, _FIELD if default is None else default)
+
+
+def repeated(parse: Callable[[Sequence[str]], Any] = tuple) -> Cli:
+    """A value given by repeating the flag; ``parse`` gets the items (none when not given)."""
+    return Cli(list[str] | None, lambda items: parse(items or ()), None)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A field made of some settings of another config (``evaluate``'s ``basis_options`` from
+    :class:`~basis_bench.estimators.BasisOptions`' ``--calibration``, ``--eps``, ...), each
+    unset by default; ``parse`` gets the ones given as ``{name: value}``. A setting with a
+    default of its own gets ``unset`` appended to its help."""
+
+    cls: type
+    names: tuple[str, ...]
+    parse: Callable[[dict[str, Any]], Any]
+    unset: str = ""
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One field of the config: its command-line parameters and how their values make it."""
+
+    name: str
+    parameters: tuple[inspect.Parameter, ...]
+    read: Callable[[dict[str, Any]], Any]
+
+
+def options_from(
+    cls: type,
+    *,
+    cli: Mapping[str, Cli | Group] | None = None,
+    skip: Sequence[str] = (),
+    param: str = "config",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make ``command(param: cls, ...extras)`` a command whose options are ``cls``'s fields
+    (but ``skip``), read as ``cli`` says where given; the command's own parameters before
+    ``param`` come first in ``--help``, those after it last."""
+    settings = [_field_setting(cls, f, (cli or {}).get(f.name)) for f in _fields(cls, skip)]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = list(inspect.signature(command, eval_str=True).parameters.values())
+        at = [p.name for p in own].index(param)
+        made = [p for s in settings for p in s.parameters]
+        params = [p.replace(kind=_KEYWORD) for p in (*own[:at], *made, *own[at + 1 :])]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            config = cls(**{s.name: s.read(kwargs) for s in settings})
+            extras = {p.name: kwargs[p.name] for p in own if p.name != param}
+            return command(**extras, **{param: config})
+
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return decorate
+
+
+def _fields(cls: type, skip: Sequence[str]) -> list[dataclasses.Field[Any]]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(skip) - names
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no setting(s) {', '.join(sorted(unknown))}")
+    return [f for f in dataclasses.fields(cls) if f.name not in skip]
+
+
+def _field_setting(cls: type, f: dataclasses.Field[Any], spec: Cli | Group | None) -> _Setting:
+    if isinstance(spec, Group):
+        return _group_setting(f.name, spec)
+    kind = typing.get_type_hints(cls)[f.name]
+    if spec is None:
+        if typing.get_origin(kind) is dict:
+            raise TypeError(f"{cls.__name__}.{f.name}: say how the command line gives it (Cli)")
+        spec = repeated() if typing.get_origin(kind) is tuple else Cli(kind)
+    default = spec.default
+    if default is _FIELD:
+        default = setting_default(cls, f.name)
+        if spec.type is str and isinstance(default, tuple):
+            default = ",".join(default)
+    if default is dataclasses.MISSING:
+        default = inspect.Parameter.empty  # a required option
+    flag = setting_flag(cls, f.name)
+    option = typer.Option(flag, help=setting_help(cls, f.name), show_default=spec.show_default)
+    main = inspect.Parameter(
+        f.name, _KEYWORD, default=default, annotation=Annotated[spec.type, option]
+    )
+    olds = [(old, "--" + old.replace("_", "-")) for old in setting_old_names(cls, f.name)]
+    hidden = tuple(
+        inspect.Parameter(
+            f"was_{old}",
+            _KEYWORD,
+            default=None,
+            annotation=Annotated[spec.type | None, typer.Option(old_flag, hidden=True)],
+        )
+        for old, old_flag in olds
+    )
+
+    def read(kwargs: dict[str, Any]) -> Any:
+        value = kwargs[f.name]
+        for old, old_flag in olds:
+            given = kwargs[f"was_{old}"]
+            if given is None:
+                continue
+            if value != default:
+                raise InputError(f"{old_flag} and {flag} are the same setting; give {flag}")
+            renamed(old_flag, flag.split("/")[0])
+            value = given
+        return spec.parse(value)
+
+    return _Setting(f.name, (main, *hidden), read)
+
+
+def _group_setting(name: str, group: Group) -> _Setting:
+    hints = typing.get_type_hints(group.cls)
+    parameters = []
+    for sub in group.names:
+        own_default = setting_default(group.cls, sub) is not None
+        text = setting_help(group.cls, sub) + (group.unset if own_default else "")
+        option = typer.Option(setting_flag(group.cls, sub), help=text)
+        kind = _ANNOTATED[hints[sub] | None, option]  # a type known only here
+        parameters.append(inspect.Parameter(sub, _KEYWORD, default=None, annotation=kind))
+
+    def read(kwargs: dict[str, Any]) -> Any:
+        return group.parse({k: kwargs[k] for k in group.names if kwargs[k] is not None})
+
+    return _Setting(name, tuple(parameters), read)
