@@ -11,35 +11,20 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
+from basis_bench.cli.from_config import Cli, comma, options_from
 from basis_bench.cli.options import (
-    EVALUATE,
+    OPTIONS,
     RESULTS_DIR,
-    SENSITIVITY,
-    BatchOpt,
-    CalibrationOpt,
-    CheckpointOpt,
-    CriterionOpt,
-    EpsOpt,
-    EstimatorOptionOpt,
-    FixedBetaOpt,
-    GridOpt,
-    LossOpt,
-    OracleOpt,
-    ReferenceOpt,
-    RefNOpt,
-    ResultsOutOpt,
-    RolloutsOpt,
-    SeedOpt,
-    basis_options,
+    ROLLOUTS,
+    basis_group,
     comma_list,
-    estimator_options,
     split_names,
 )
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
-from basis_bench.rollouts.simulation import SimulationConfig, parse_stages
-from basis_bench.settings import cli_option
+from basis_bench.rollouts.simulation import DEFAULT_STAGES, SimulationConfig, parse_stages
+from basis_bench.settings import setting_default
 
-SIMULATION = SimulationConfig()
+SENSITIVITY_ESTIMATORS = setting_default(SensitivityConfig, "estimators")
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -97,20 +82,17 @@ def _progress(console: Console) -> Any:
 
 
 @app.command()
+@options_from(
+    SimulationConfig,
+    param="cfg",
+    skip=("mixture",),
+    cli={"stages": Cli(list[str] | None, lambda v: parse_stages(v) if v else DEFAULT_STAGES, None)},
+)
 def simulate(
     out: Annotated[
         Path, typer.Option("--out", help="Directory to write the simulated rollouts dataset to.")
     ],
-    prompts: Annotated[int, cli_option(SimulationConfig, "n_prompts")] = SIMULATION.n_prompts,
-    reference_n: Annotated[
-        int, cli_option(SimulationConfig, "reference_n")
-    ] = SIMULATION.reference_n,
-    checkpoint_n: Annotated[
-        int, cli_option(SimulationConfig, "checkpoint_n")
-    ] = SIMULATION.checkpoint_n,
-    setting: Annotated[str, cli_option(SimulationConfig, "setting")] = SIMULATION.setting,
-    stage: Annotated[list[str] | None, cli_option(SimulationConfig, "stages")] = None,
-    seed: Annotated[int, cli_option(SimulationConfig, "seed")] = SIMULATION.seed,
+    cfg: SimulationConfig,
     force: Annotated[
         bool,
         typer.Option(
@@ -122,14 +104,6 @@ def simulate(
     """Write a simulated rollouts dataset (labelled simulated in its metadata)."""
     from basis_bench.rollouts.simulate import simulate as run_simulation
 
-    cfg = SimulationConfig(
-        n_prompts=prompts,
-        reference_n=reference_n,
-        checkpoint_n=checkpoint_n,
-        setting=setting,
-        stages=parse_stages(stage) if stage else SIMULATION.stages,
-        seed=seed,
-    )
     path = run_simulation(cfg, out, force=force)
     Console().print(
         f"wrote simulated dataset ({cfg.setting}, {cfg.n_prompts} prompts, policies reference, {', '.join(cfg.stages)}) to {path}"
@@ -137,36 +111,24 @@ def simulate(
 
 
 @app.command()
+@options_from(
+    EvaluateConfig,
+    param="cfg",
+    cli={
+        "rollouts": ROLLOUTS,
+        "estimators": comma(split_names, "all"),
+        "basis_options": basis_group("calibration", "criterion", "loss", "eps", "fixed_beta"),
+        "estimator_options": OPTIONS,
+    },
+)
 def evaluate(
-    rollouts: RolloutsOpt = None,
-    checkpoint: CheckpointOpt = None,
-    reference: ReferenceOpt = None,
-    estimators: Annotated[str, cli_option(EvaluateConfig, "estimators")] = "all",
-    batch_size: BatchOpt = EVALUATE.batch_size,
-    repeats: Annotated[int, cli_option(EvaluateConfig, "repeats")] = EVALUATE.repeats,
-    group_size: Annotated[int, cli_option(EvaluateConfig, "group_size")] = EVALUATE.group_size,
-    oracle_n: OracleOpt = EVALUATE.oracle_n,
-    ref_n: RefNOpt = EVALUATE.ref_n,
-    seed: SeedOpt = EVALUATE.seed,
-    out: ResultsOutOpt = RESULTS_DIR,
-    calibration: CalibrationOpt = None,
-    criterion: CriterionOpt = None,
-    loss: LossOpt = None,
-    eps: EpsOpt = None,
-    grid_size: GridOpt = EVALUATE.grid_size,
-    fixed_beta: FixedBetaOpt = None,
-    option: EstimatorOptionOpt = None,
-    write_estimates: Annotated[
-        bool, cli_option(EvaluateConfig, "write_estimates")
-    ] = EVALUATE.write_estimates,
-    trajectory: Annotated[bool, cli_option(EvaluateConfig, "trajectory")] = EVALUATE.trajectory,
-    trajectory_epochs: Annotated[
-        int, cli_option(EvaluateConfig, "trajectory_epochs")
-    ] = EVALUATE.trajectory_epochs,
-    trajectory_blend: Annotated[
-        bool, cli_option(EvaluateConfig, "trajectory_blend")
-    ] = EVALUATE.trajectory_blend,
-    features: Annotated[str, cli_option(EvaluateConfig, "features")] = EVALUATE.features,
+    cfg: EvaluateConfig,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="Directory for estimates.parquet, summary.csv and the other tables."
+        ),
+    ] = RESULTS_DIR,
 ) -> None:
     """Replay repeated batch draws of stored rollouts through every estimator (the paper's Fig. 3).
 
@@ -177,26 +139,6 @@ def evaluate(
 
     console = Console()
     _load_plugins(console)
-    cfg = EvaluateConfig(
-        rollouts=str(rollouts) if rollouts is not None else None,
-        checkpoints=tuple(checkpoint or ()),
-        reference=reference,
-        estimators=split_names(estimators),
-        batch_size=batch_size,
-        repeats=repeats,
-        group_size=group_size,
-        oracle_n=oracle_n,
-        ref_n=ref_n,
-        seed=seed,
-        grid_size=grid_size,
-        basis_options=basis_options(calibration, criterion, loss, eps, fixed_beta),
-        estimator_options=estimator_options(option),
-        write_estimates=write_estimates,
-        trajectory=trajectory,
-        trajectory_epochs=trajectory_epochs,
-        trajectory_blend=trajectory_blend,
-        features=features,
-    )
     with _progress(console) as bar:
         result = run_evaluate(cfg, out, progress=_checkpoint_bars(bar))
     run = result.run
@@ -291,54 +233,29 @@ def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console:
 
 
 @app.command()
+@options_from(
+    SensitivityConfig,
+    param="cfg",
+    cli={
+        "rollouts": ROLLOUTS,
+        # 'all' kept: sensitivity refuses it (was basis alone)
+        "estimators": comma(lambda names: comma_list(names) or SENSITIVITY_ESTIMATORS),
+        "parameters": comma(comma_list),
+        "basis_options": basis_group("calibration", "criterion", "loss", "fixed_beta"),
+        "estimator_options": OPTIONS,
+    },
+)
 def sensitivity(
-    rollouts: RolloutsOpt = None,
-    checkpoint: CheckpointOpt = None,
-    reference: ReferenceOpt = None,
-    estimators: Annotated[str, cli_option(SensitivityConfig, "estimators")] = ",".join(
-        SENSITIVITY.estimators
-    ),
-    parameters: Annotated[str, cli_option(SensitivityConfig, "parameters")] = ",".join(
-        SENSITIVITY.parameters
-    ),
-    batch_size: BatchOpt = SENSITIVITY.batch_size,
-    repeats: Annotated[int, cli_option(SensitivityConfig, "repeats")] = SENSITIVITY.repeats,
-    oracle_n: OracleOpt = SENSITIVITY.oracle_n,
-    ref_n: RefNOpt = SENSITIVITY.ref_n,
-    eps: Annotated[float, cli_option(SensitivityConfig, "eps")] = SENSITIVITY.eps,
-    grid_size: GridOpt = SENSITIVITY.grid_size,
-    seed: SeedOpt = SENSITIVITY.seed,
+    cfg: SensitivityConfig,
     out: Annotated[
         Path, typer.Option("--out", help="Directory for sensitivity.csv.")
     ] = RESULTS_DIR,
-    calibration: CalibrationOpt = None,
-    criterion: CriterionOpt = None,
-    loss: LossOpt = None,
-    fixed_beta: FixedBetaOpt = None,
-    option: EstimatorOptionOpt = None,
 ) -> None:
     """Sensitivity of BASIS to eps, cache size n, batch size B and grid size (the paper's Fig. 5)."""
     from basis_bench.evaluation.sensitivity import sensitivity as run_sensitivity
 
     console = Console()
     _load_plugins(console)
-    cfg = SensitivityConfig(
-        rollouts=str(rollouts) if rollouts is not None else None,
-        checkpoints=tuple(checkpoint or ()),
-        reference=reference,
-        estimators=comma_list(estimators)
-        or SENSITIVITY.estimators,  # 'all' kept: sensitivity refuses it (was basis alone)
-        parameters=comma_list(parameters),
-        batch_size=batch_size,
-        repeats=repeats,
-        oracle_n=oracle_n,
-        ref_n=ref_n,
-        eps=eps,
-        grid_size=grid_size,
-        seed=seed,
-        basis_options=basis_options(calibration, criterion, loss, None, fixed_beta),
-        estimator_options=estimator_options(option),
-    )
     notes: list[str] = []
     with _progress(console) as bar:
         df = run_sensitivity(cfg, out, progress=_checkpoint_bars(bar), notice=notes.append)

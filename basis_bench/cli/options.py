@@ -1,9 +1,10 @@
-"""Every option shared by the benchmark commands, declared once.
+"""How the benchmark commands read the settings whose command-line form is not their type.
 
-Help, flag and default of an option come from its config field
-(:mod:`basis_bench.evaluation.config`, read by :func:`~basis_bench.settings.cli_option`); the
-BASIS options' help text comes from :class:`~basis_bench.estimators.BasisOptions`' field
-metadata, so none is written twice. Commands write ``name: SomeOpt = DEFAULTS.name``.
+Help, flag and default of every option come from its config field
+(:mod:`basis_bench.evaluation.config`, made into options by
+:func:`~basis_bench.cli.from_config.options_from`); this module holds what the command line
+adds: comma-separated names, ``--option ESTIMATOR.KEY=VALUE`` items and the BASIS options
+(:class:`~basis_bench.estimators.BasisOptions`' own settings, unset by default).
 """
 
 from __future__ import annotations
@@ -11,44 +12,13 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
+from basis_bench.cli.from_config import Cli, Group, repeated
 from basis_bench.errors import InputError
 from basis_bench.estimators.options import BasisOptions
-from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
-from basis_bench.settings import cli_option, setting_help
 
-EVALUATE = EvaluateConfig()
-SENSITIVITY = SensitivityConfig()
 RESULTS_DIR = Path("results/value-estimation")
-
-
-def _basis(name: str, suffix: str = " Default: the estimator's own.") -> str:
-    return setting_help(BasisOptions, name) + suffix
-
-
-RolloutsOpt = Annotated[Path | None, cli_option(EvaluateConfig, "rollouts")]
-CheckpointOpt = Annotated[list[str] | None, cli_option(EvaluateConfig, "checkpoints")]
-ReferenceOpt = Annotated[str | None, cli_option(EvaluateConfig, "reference")]
-BatchOpt = Annotated[int, cli_option(EvaluateConfig, "batch_size")]
-OracleOpt = Annotated[int, cli_option(EvaluateConfig, "oracle_n")]
-RefNOpt = Annotated[int, cli_option(EvaluateConfig, "ref_n")]
-SeedOpt = Annotated[int, cli_option(EvaluateConfig, "seed")]
-GridOpt = Annotated[int, cli_option(EvaluateConfig, "grid_size")]
-CalibrationOpt = Annotated[str | None, typer.Option("--calibration", help=_basis("calibration"))]
-CriterionOpt = Annotated[str | None, typer.Option("--criterion", help=_basis("criterion"))]
-LossOpt = Annotated[str | None, typer.Option("--loss", help=_basis("loss"))]
-EpsOpt = Annotated[float | None, typer.Option("--eps", help=_basis("eps"))]
-FixedBetaOpt = Annotated[float | None, typer.Option("--fixed-beta", help=_basis("fixed_beta", ""))]
-EstimatorOptionOpt = Annotated[list[str] | None, cli_option(EvaluateConfig, "estimator_options")]
-ResultsOutOpt = Annotated[
-    Path,
-    typer.Option(
-        "--out", help="Directory for estimates.parquet, summary.csv and the other tables."
-    ),
-]
 
 
 def comma_list(text: str) -> tuple[str, ...]:
@@ -62,33 +32,16 @@ def split_names(names: str) -> tuple[str, ...]:
     return () if items in ((), ("all",)) else items
 
 
-def basis_options(
-    calibration: str | None = None,
-    criterion: str | None = None,
-    loss: str | None = None,
-    eps: float | None = None,
-    fixed_beta: float | None = None,
-) -> dict[str, Any]:
+def basis_options(given: dict[str, Any]) -> dict[str, Any]:
     """The BASIS options the user set (unset ones keep each estimator's defaults), checked."""
-    opts: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "calibration": calibration,
-            "criterion": criterion,
-            "loss": loss,
-            "eps": eps,
-            "fixed_beta": fixed_beta,
-        }.items()
-        if v is not None
-    }
-    if calibration == "fixed" and fixed_beta is None:
+    if given.get("calibration") == "fixed" and given.get("fixed_beta") is None:
         raise InputError(
             "--calibration fixed needs --fixed-beta, a positive beta of the grid (or inf)"
         )
-    if fixed_beta is not None and calibration != "fixed":
+    if given.get("fixed_beta") is not None and given.get("calibration") != "fixed":
         raise InputError("--fixed-beta only applies with --calibration fixed")
-    BasisOptions(**opts)  # one clear error for a bad value, before any data is read
-    return opts
+    BasisOptions(**given)  # one clear error for a bad value, before any data is read
+    return given
 
 
 def estimator_options(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
@@ -108,3 +61,19 @@ def estimator_options(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
             raise InputError(f"--option {name}.{option} is given twice; give it once")
         out.setdefault(name, {})[option] = value
     return out
+
+
+def _path_text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+ROLLOUTS = Cli(Path | None, _path_text)
+"""``--rollouts DIR``, a path on the command line and text in the config (and run.json)."""
+OPTIONS = repeated(estimator_options)
+"""``--option ESTIMATOR.KEY=VALUE``, repeated."""
+
+
+def basis_group(*names: str) -> Group:
+    """The BASIS options ``names`` as flags of their own (``--calibration``, ...), unset by
+    default, made into the config's ``basis_options``."""
+    return Group(BasisOptions, names, basis_options, " Default: the estimator's own.")
