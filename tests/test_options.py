@@ -34,7 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
         (O.BasisOptions, {"eps": -1e-6}, "basis.eps must be >= 0; got -1e-06"),
         (O.BasisOptions, {"eps": "1e-6"}, "basis.eps must be a number"),
         (O.BasisOptions, {"min_active": 1.5}, "basis.min_active must be in [0, 1]; got 1.5"),
-        (O.BasisOptions, {"variant": "blue"}, "unknown basis.variant 'blue'"),
+        (
+            O.BasisOptions,
+            {"variant": "blue"},
+            "basis.variant must be one of unb, vop, rvg; got 'blue'",
+        ),
         (O.BasisOptions, {"calibration": "fixed"}, "calibration fixed needs fixed_beta"),
         (O.BasisOptions, {"fixed_beta": 1.0}, "fixed_beta only applies with calibration fixed"),
         (
@@ -48,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
         (O.ApoOptions, {"beta": math.nan}, "apo.beta must be a number, not NaN"),
         (O.ApoOptions, {"beta": 0}, "apo.beta must be > 0; got 0"),
         (O.SpoOptions, {"decay": 1.0}, "never forgets"),
-        (O.TableOptions, {"grid_size": 0}, "table.grid_size must be >= 1; got 0"),
+        (O.TableOptions, {"grid_size": 0}, "table.grid_size must be in [1, 1024]; got 0"),
     ],
 )
 def test_options_refuse_values_the_estimator_cannot_use(cls, values, message):

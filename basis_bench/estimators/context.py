@@ -36,7 +36,7 @@ from basis_bench.estimators._array import RewardRange
 from basis_bench.estimators.memory import History, MemoryKernel, MemoryOptions
 from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
-from basis_bench.settings import check_settings, setting
+from basis_bench.settings import setting
 
 FIT_MEMORY = 0.9
 RIDGE = 4.0
@@ -81,10 +81,6 @@ class ContextOptions(MemoryOptions):
         "history, learned online); false: by w . phi alone (phi = 0 is then basis_memory).",
         choices=(True, False),
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_settings(self, lambda name: f"{self.estimator}.{name}")
 
 
 def standardised(

@@ -37,17 +37,18 @@ stream).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
-from basis_bench.estimators.options import LOSSES, _help, _number, _set
+from basis_bench.estimators.options import LOSSES, checked_options
 from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
+from basis_bench.settings import Boundaries, check_scalar, setting
 
 MEMORY_GAMMAS = (0.5, 0.75, 0.9, 1.0)
 MEMORY_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 128.0)
@@ -61,11 +62,17 @@ _CHUNK_ELEMENTS = 1 << 18
 def _grid(
     cls: str, name: str, values: Any, low: float | None, high: float | None, low_open: bool
 ) -> tuple[float, ...]:
+    """A non-empty list of numbers, each in [low, high] (or (low, high]), as floats."""
     if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
         raise InputError(f"{cls}.{name} must be a list of numbers; got {values!r}")
-    out = tuple(_number(cls, name, v, low=low, high=high, low_open=low_open) for v in values)
+    bounds: Boundaries = "right" if low_open else "both"
+    label = f"{cls}.{name}"
+    out = tuple(
+        float(check_scalar(v, label, float, min_val=low, max_val=high, include_boundaries=bounds))
+        for v in values
+    )
     if not out:
-        raise InputError(f"{cls}.{name} must not be empty")
+        raise InputError(f"{label} must not be empty")
     return out
 
 
@@ -75,47 +82,46 @@ class MemoryOptions:
     the calibration's losses reach."""
 
     estimator: ClassVar[str] = "basis_memory"  # the name its errors give
-    gammas: tuple[float, ...] = field(
-        default=MEMORY_GAMMAS,
-        metadata=_help("Candidate discounts per visit of the prompt's history, each in (0, 1]."),
+    gammas: tuple[float, ...] = setting(
+        MEMORY_GAMMAS,
+        help="Candidate discounts per visit of the prompt's history, each in (0, 1].",
     )
-    weights: tuple[float, ...] = field(
-        default=MEMORY_WEIGHTS,
-        metadata=_help("Candidate prior weights m (pseudo-counts of the tilted value), each > 0."),
+    weights: tuple[float, ...] = setting(
+        MEMORY_WEIGHTS,
+        help="Candidate prior weights m (pseudo-counts of the tilted value), each > 0.",
     )
-    shifts: tuple[float, ...] = field(
-        default=MEMORY_SHIFTS,
-        metadata=_help(
-            "Candidate logit shifts delta of the posterior mean p (the history's lag): the "
-            "baseline is sigmoid(logit p + delta); 0 leaves p as it is."
-        ),
+    shifts: tuple[float, ...] = setting(
+        MEMORY_SHIFTS,
+        help="Candidate logit shifts delta of the posterior mean p (the history's lag): the "
+        "baseline is sigmoid(logit p + delta); 0 leaves p as it is.",
     )
-    selection: str = field(
-        default="loo",
-        metadata=_help(
-            "loo: prompt i's (beta, gamma, m) from the other prompts' losses (unbiased); "
-            "batch: one choice on the whole batch (its own reward takes part)."
-        ),
+    selection: str = setting(
+        "loo",
+        choices=SELECTIONS,
+        help="loo: prompt i's (beta, gamma, m) from the other prompts' losses (unbiased); "
+        "batch: one choice on the whole batch (its own reward takes part).",
     )
-    loss: str = field(default="squared", metadata=_help("Calibration loss: squared or log."))
-    loss_memory: float = field(
-        default=LOSS_MEMORY,
-        metadata=_help(
-            "lambda in [0, 1]: each earlier step's calibration loss enters the choice with weight "
-            "lambda^age (age in steps); 0: the current batch alone, 1: all steps alike."
-        ),
+    loss: str = setting("squared", choices=LOSSES, help="Calibration loss: squared or log.")
+    loss_memory: float = setting(
+        LOSS_MEMORY,
+        min_val=0,
+        max_val=1,
+        help="lambda in [0, 1]: each earlier step's calibration loss enters the choice with "
+        "weight lambda^age (age in steps); 0: the current batch alone, 1: all steps alike.",
     )
 
     def __post_init__(self) -> None:
+        """Every setting (a subclass's too) against its range and choices; the grids
+        element by element."""
         c = self.estimator
-        _set(self, "loss_memory", _number(c, "loss_memory", self.loss_memory, low=0, high=1))
-        _set(self, "gammas", _grid(c, "gammas", self.gammas, 0, 1, True))
-        _set(self, "weights", _grid(c, "weights", self.weights, 0, None, True))
-        _set(self, "shifts", _grid(c, "shifts", self.shifts, None, None, False))
-        if self.selection not in SELECTIONS:
-            raise InputError(f"unknown {c}.selection {self.selection!r}; choose one of loo, batch")
-        if self.loss not in LOSSES:
-            raise InputError(f"unknown {c}.loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        checked_options(self, c)
+        for name, low, high, low_open in (
+            ("gammas", 0, 1, True),
+            ("weights", 0, None, True),
+            ("shifts", None, None, False),
+        ):
+            grid = _grid(c, name, getattr(self, name), low, high, low_open)
+            object.__setattr__(self, name, grid)  # a frozen dataclass
 
 
 def posterior_grid(

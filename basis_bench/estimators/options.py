@@ -2,10 +2,10 @@
 
 Each registered estimator names its options class (``register_estimator(name,
 options=SomeOptions)``) and receives exactly one instance of it per call, never another
-family's options. A field's help text lives in ``field(metadata={"help": ...})`` (the CLI
-reads it with :func:`~basis_bench.settings.setting_help`); ``__post_init__`` refuses a value
-the estimator cannot use (a NaN, a negative eps, an unknown variant; ranges through
-:func:`~basis_bench.settings.check_scalar`), so a bad option fails where it is given, not
+family's options. Every field is a :func:`~basis_bench.settings.setting`, like every other config's: its help
+(the CLI reads it), range and choices in one declaration; ``__post_init__`` refuses a value
+the estimator cannot use (a NaN, a negative eps, an unknown variant:
+:func:`~basis_bench.settings.check_settings`), so a bad option fails where it is given, not
 deep in a kernel.
 
 Configs carry ``{estimator: {key: value}}``; :func:`options_from_mapping` turns one such
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from basis_bench.errors import InputError
-from basis_bench.settings import Boundaries, check_scalar
+from basis_bench.settings import check_scalar, check_settings, setting
 
 CALIBRATIONS = ("current", "previous", "fixed")
 CRITERIA = ("initial", "refined")
@@ -42,36 +42,14 @@ JS_EPS = 1e-6  # the epsilon in the official JSPO code's lambda denominator
 T = TypeVar("T")
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
-def _number(cls: str, name: str, value: Any, *, low: float | None = None,
-            high: float | None = None, inf_ok: bool = False, low_open: bool = False) -> float:  # fmt: skip
-    """``value`` as a float in [low, high] (or (low, high]); NaN, bools and strings refused
-    (:func:`~basis_bench.settings.check_scalar`)."""
-    bounds: Boundaries = "right" if low_open else "both"
-    checked = check_scalar(
-        value, f"{cls}.{name}", float, min_val=low, max_val=high, include_boundaries=bounds,
-        allow_inf=inf_ok,
-    )  # fmt: skip
-    return float(checked)
-
-
-def _choice(cls: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise InputError(f"unknown {cls}.{name} {value!r}; choose one of {', '.join(allowed)}")
-    return str(value)
-
-
-def _flag(cls: str, name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InputError(f"{cls}.{name} must be true or false; got {value!r}")
-    return value
-
-
-def _set(obj: Any, name: str, value: Any) -> None:
-    object.__setattr__(obj, name, value)  # normalise a field of a frozen dataclass
+def checked_options(options: Any, family: str) -> None:
+    """Check every option against its declared range or choices (the message names
+    ``family.option``) and store numbers as floats where the field is a float."""
+    check_settings(options, lambda name: f"{family}.{name}")
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if "float" in str(f.type) and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(options, f.name, float(value))  # a frozen dataclass
 
 
 @dataclass(frozen=True)
@@ -83,84 +61,70 @@ class NoOptions:
 class BasisOptions:
     """Options of BASIS and the estimators built on its tilt table (offline, VOP, RVG)."""
 
-    calibration: str = field(
-        default="current",
-        metadata=_help(
-            "How BASIS picks beta: current (on this batch), previous (on the previous batch), "
-            "fixed (fixed_beta)."
-        ),
+    calibration: str = setting(
+        "current",
+        choices=CALIBRATIONS,
+        help="How BASIS picks beta: current (on this batch), previous (on the previous batch), "
+        "fixed (fixed_beta).",
     )
-    fixed_beta: float | None = field(
-        default=None,
-        metadata=_help(
-            "Beta for calibration fixed: a value of the beta grid (as fixed_beta.csv lists it) or inf."
-        ),
+    fixed_beta: float | None = setting(
+        None,
+        min_val=0,
+        include_boundaries="right",
+        allow_inf=True,
+        optional=True,
+        help="Beta for calibration fixed: a value of the beta grid (as fixed_beta.csv lists it) "
+        "or inf.",
     )
-    variant: str = field(
-        default="unb",
-        metadata=_help("Refinement: unb (unbiased BLUE), vop (shrinkage), rvg (ratio average)."),
+    variant: str = setting(
+        "unb",
+        choices=VARIANTS,
+        help="Refinement: unb (unbiased BLUE), vop (shrinkage), rvg (ratio average).",
     )
-    criterion: str = field(
-        default="initial",
-        metadata=_help(
-            "In-batch loss BASIS minimises over beta: initial (of the offline V^) or refined (of V~)."
-        ),
+    criterion: str = setting(
+        "initial",
+        choices=CRITERIA,
+        help="In-batch loss BASIS minimises over beta: initial (of the offline V^) or refined "
+        "(of V~).",
     )
-    loss: str = field(default="squared", metadata=_help("Calibration loss: squared or log."))
-    eps: float = field(
-        default=DEFAULT_EPS,
-        metadata=_help("Active-set threshold of BASIS's refinement: sources with s^2 > eps."),
+    loss: str = setting("squared", choices=LOSSES, help="Calibration loss: squared or log.")
+    eps: float = setting(
+        DEFAULT_EPS,
+        min_val=0,
+        help="Active-set threshold of BASIS's refinement: sources with s^2 > eps.",
     )
-    min_active: float = field(
-        default=DEFAULT_MIN_ACTIVE,
-        metadata=_help(
-            "Candidate betas at which fewer than this share of the batch is active are skipped."
-        ),
+    min_active: float = setting(
+        DEFAULT_MIN_ACTIVE,
+        min_val=0,
+        max_val=1,
+        help="Candidate betas at which fewer than this share of the batch is active are skipped.",
     )
-    shrink: bool = field(
-        default=True,
-        metadata=_help(
-            "Shrink the calibration ratio towards 1 by its estimated variance (false: the "
-            "paper's estimator, basis_paper)."
-        ),
+    shrink: bool = setting(
+        True,
+        help="Shrink the calibration ratio towards 1 by its estimated variance (false: the "
+        "paper's estimator, basis_paper).",
     )
-    ratio_var: str = field(
-        default="robust",
-        metadata=_help(
-            "Variance of the ratio that shrink uses: model (1/S2, the tilt model's own) or "
-            "robust (the larger of that and the leave-one-out sandwich estimate)."
-        ),
+    ratio_var: str = setting(
+        "robust",
+        choices=RATIO_VARS,
+        help="Variance of the ratio that shrink uses: model (1/S2, the tilt model's own) or "
+        "robust (the larger of that and the leave-one-out sandwich estimate).",
     )
-    threshold: float = field(
-        default=DEFAULT_THRESHOLD,
-        metadata=_help(
-            "Shrinkage threshold c: the ratio keeps (1 - c Var R / (R - 1)^2)_+ of its "
-            "departure from 1 (1: plain positive-part James-Stein)."
-        ),
+    threshold: float = setting(
+        DEFAULT_THRESHOLD,
+        min_val=0,
+        help="Shrinkage threshold c: the ratio keeps (1 - c Var R / (R - 1)^2)_+ of its "
+        "departure from 1 (1: plain positive-part James-Stein).",
     )
-    clip: tuple[float, float] | None = field(
-        default=None, metadata=_help("Clip the refined values to [low, high] (off by default).")
+    clip: tuple[float, float] | None = setting(
+        None, help="Clip the refined values to [low, high] (off by default)."
     )
-    refine: bool = field(
-        default=True,
-        metadata=_help("Refine the offline value (false: the offline V^ at the calibrated beta)."),
+    refine: bool = setting(
+        True, help="Refine the offline value (false: the offline V^ at the calibrated beta)."
     )
 
     def __post_init__(self) -> None:
-        c = "basis"
-        _choice(c, "calibration", self.calibration, CALIBRATIONS)
-        _choice(c, "variant", self.variant, VARIANTS)
-        _choice(c, "criterion", self.criterion, CRITERIA)
-        _choice(c, "loss", self.loss, LOSSES)
-        _choice(c, "ratio_var", self.ratio_var, RATIO_VARS)
-        _set(self, "eps", _number(c, "eps", self.eps, low=0))
-        _set(self, "min_active", _number(c, "min_active", self.min_active, low=0, high=1))
-        _flag(c, "shrink", self.shrink)
-        _set(self, "threshold", _number(c, "threshold", self.threshold, low=0))
-        _flag(c, "refine", self.refine)
-        if self.fixed_beta is not None:
-            beta = _number(c, "fixed_beta", self.fixed_beta, low=0, low_open=True, inf_ok=True)
-            _set(self, "fixed_beta", beta)
+        checked_options(self, "basis")
         if self.calibration == "fixed" and self.fixed_beta is None:
             raise InputError("calibration fixed needs fixed_beta, a positive beta (inf allowed)")
         if self.calibration != "fixed" and self.fixed_beta is not None:
@@ -168,83 +132,84 @@ class BasisOptions:
         if self.clip is not None:
             if isinstance(self.clip, str | bytes) or len(self.clip) != 2:
                 raise InputError(f"basis.clip must be a pair [low, high]; got {self.clip!r}")
-            lo, hi = (_number(c, "clip", x) for x in self.clip)
+            lo, hi = (float(check_scalar(x, "basis.clip", float)) for x in self.clip)
             if lo > hi:
                 raise InputError(f"basis.clip needs low <= high; got [{lo}, {hi}]")
-            _set(self, "clip", (lo, hi))
+            object.__setattr__(self, "clip", (lo, hi))
 
 
 @dataclass(frozen=True)
 class TableOptions:
     """How the reference cache becomes the (K, P) tilt table shared by cache estimators."""
 
-    prior: float = field(
-        default=DEFAULT_PRIOR,
-        metadata=_help(
-            "Smoothing a of the binary reference rate (k + a)/(n + 2a); 0.5 is Jeffreys."
-        ),
+    prior: float = setting(
+        DEFAULT_PRIOR,
+        min_val=0,
+        help="Smoothing a of the binary reference rate (k + a)/(n + 2a); 0.5 is Jeffreys.",
     )
-    grid_size: int = field(
-        default=DEFAULT_GRID_SIZE,
-        metadata=_help(
-            "Finite candidate betas (log-spaced in [0.05, 50], at most 1024); beta = inf is "
-            "always added."
-        ),
+    grid_size: int = setting(
+        DEFAULT_GRID_SIZE,
+        min_val=1,
+        max_val=MAX_GRID_SIZE,
+        help="Finite candidate betas (log-spaced in [0.05, 50], at most 1024); beta = inf is "
+        "always added.",
     )
 
     def __post_init__(self) -> None:
-        _set(self, "prior", _number("table", "prior", self.prior, low=0))
-        check_scalar(self.grid_size, "table.grid_size", int, min_val=1)
-        check_scalar(self.grid_size, "table.grid_size", int, max_val=MAX_GRID_SIZE)
+        checked_options(self, "table")
 
 
 @dataclass(frozen=True)
 class JamesSteinOptions:
     """Options of the James-Stein shrinkage of RLOO (Zeng et al. 2025)."""
 
-    eps: float = field(
-        default=JS_EPS, metadata=_help("Epsilon in the shrinkage weight's denominator.")
-    )
+    eps: float = setting(JS_EPS, min_val=0, help="Epsilon in the shrinkage weight's denominator.")
 
     def __post_init__(self) -> None:
-        _set(self, "eps", _number("james_stein", "eps", self.eps, low=0))
+        checked_options(self, "james_stein")
 
 
 @dataclass(frozen=True)
 class ApoOptions:
     """Options of A*-PO's offline soft value (Brantley et al. 2025)."""
 
-    beta: float = field(
-        default=APO_BETA,
-        metadata=_help(
-            "KL coefficient of the soft value beta log E_ref[e^{r/beta}] (inf allowed)."
-        ),
+    beta: float = setting(
+        APO_BETA,
+        min_val=0,
+        include_boundaries="right",
+        allow_inf=True,
+        help="KL coefficient of the soft value beta log E_ref[e^{r/beta}] (inf allowed).",
     )
 
     def __post_init__(self) -> None:
-        _set(self, "beta", _number("apo", "beta", self.beta, low=0, low_open=True, inf_ok=True))
+        checked_options(self, "apo")
 
 
 @dataclass(frozen=True)
 class SpoOptions:
     """Options of SPO's per-prompt Beta tracker (Xu & Ding 2025)."""
 
-    decay: float = field(
-        default=SPO_DECAY, metadata=_help("Forgetting factor per sighting of a prompt, in (0, 1].")
+    decay: float = setting(
+        SPO_DECAY,
+        min_val=0,
+        max_val=1,
+        include_boundaries="right",
+        help="Forgetting factor per sighting of a prompt, in (0, 1].",
     )
-    prior: float = field(
-        default=DEFAULT_PRIOR, metadata=_help("Smoothing a of the cache rate (k + a)/(n + 2a).")
+    prior: float = setting(
+        DEFAULT_PRIOR, min_val=0, help="Smoothing a of the cache rate (k + a)/(n + 2a)."
     )
-    weight: float | None = field(
-        default=None, metadata=_help("Prior count N0; default 1/(1 - decay).")
+    weight: float | None = setting(
+        None,
+        min_val=0,
+        include_boundaries="right",
+        optional=True,
+        help="Prior count N0; default 1/(1 - decay).",
     )
 
     def __post_init__(self) -> None:
-        _set(self, "decay", _number("spo", "decay", self.decay, low=0, high=1, low_open=True))
-        _set(self, "prior", _number("spo", "prior", self.prior, low=0))
-        if self.weight is not None:
-            _set(self, "weight", _number("spo", "weight", self.weight, low=0, low_open=True))
-        elif self.decay == 1:
+        checked_options(self, "spo")
+        if self.weight is None and self.decay == 1:
             raise InputError("spo.decay = 1 never forgets; give the prior weight explicitly")
 
 
