@@ -68,7 +68,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = simulate(
             SimulationConfig(
-                n_prompts=args.prompts, reference_n=64, checkpoint_n=320, stages={"late": 1.5}
+                n_prompts=args.prompts, ref_n=64, checkpoint_n=320, stages={"late": 1.5}
             ),
             Path(tmp) / "data",
         )

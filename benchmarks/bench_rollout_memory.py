@@ -79,7 +79,7 @@ def commands(rows: int, tmp: Path) -> dict[str, list[str]]:
                             str(tmp / f"long-csv{rows}")],
         "import long pq": ["import", "long", str(parquet), "--policy", "ck", "--out",
                            str(tmp / f"long-pq{rows}")],
-        "simulate": ["simulate", "--prompts", str(prompts), "--reference-n", "64",
+        "simulate": ["simulate", "--prompts", str(prompts), "--ref-n", "64",
                      "--checkpoint-n", str(CHECKPOINT_N), "--out", str(tmp / f"sim{rows}")],
     }  # fmt: skip
 

@@ -115,7 +115,7 @@ def main() -> None:
         sets: dict[int, Path] = {}
         for prompts, repeats in runs:
             if prompts not in sets:
-                cfg = SimulationConfig(n_prompts=prompts, reference_n=64, checkpoint_n=272)
+                cfg = SimulationConfig(n_prompts=prompts, ref_n=64, checkpoint_n=272)
                 sets[prompts] = simulate(cfg, Path(tmp) / f"data{prompts}")
             out = Path(tmp) / f"out{prompts}-{repeats}"
             r = run_child("--child", str(sets[prompts]), str(repeats), str(out), trajectory)

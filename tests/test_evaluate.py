@@ -34,7 +34,7 @@ def tilt_data(tmp_path_factory):
     """BASIS's model holds: checkpoints are logit shifts of the reference (small noise)."""
     root = tmp_path_factory.mktemp("tilt")
     return simulate(
-        SimulationConfig(n_prompts=300, reference_n=64, checkpoint_n=ORACLE_N + 16, seed=3), root
+        SimulationConfig(n_prompts=300, ref_n=64, checkpoint_n=ORACLE_N + 16, seed=3), root
     )
 
 

@@ -45,7 +45,7 @@ from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import load_rollouts
 
 SIMULATED = Path(__file__).resolve().parents[1] / "data" / "simulated"
-SMALL_SIM = ["--prompts", "12", "--reference-n", "4", "--checkpoint-n", "6"]
+SMALL_SIM = ["--prompts", "12", "--ref-n", "4", "--checkpoint-n", "6"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -81,7 +81,7 @@ def real_dataset(tmp_path) -> Path:
 @pytest.fixture
 def sim_dataset(tmp_path) -> Path:
     out = tmp_path / "sim"
-    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), out)
+    simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), out)
     return out
 
 
@@ -212,7 +212,7 @@ def test_datasets_without_a_marker_are_recognised_by_their_files(real_dataset, t
     claim_output_dir(real_dataset, "rollouts", simulated=False)  # adopted: a marker is added
     assert read_output_marker(real_dataset)["simulated"] is False
     legacy = tmp_path / "legacy-sim"
-    simulate(SimulationConfig(n_prompts=4, reference_n=2, checkpoint_n=2), legacy)
+    simulate(SimulationConfig(n_prompts=4, ref_n=2, checkpoint_n=2), legacy)
     (legacy / OUTPUT_MARKER).unlink()
     assert recognise_output(legacy) == {"kind": "rollouts", "simulated": True}
     bad = tmp_path / "bad"
@@ -244,9 +244,9 @@ def test_simulate_refuses_a_real_dataset_and_changes_no_byte(
 
 def test_simulate_rerun_replaces_its_own_dataset_whole(tmp_path):
     out = tmp_path / "sim"
-    simulate(SimulationConfig(n_prompts=6, reference_n=2, checkpoint_n=2), out)
+    simulate(SimulationConfig(n_prompts=6, ref_n=2, checkpoint_n=2), out)
     assert (out / "rollouts" / "middle.parquet").is_file()
-    simulate(SimulationConfig(n_prompts=4, reference_n=2, checkpoint_n=2, stages={"a": 1.0}), out)
+    simulate(SimulationConfig(n_prompts=4, ref_n=2, checkpoint_n=2, stages={"a": 1.0}), out)
     assert sorted(p.name for p in (out / "rollouts").iterdir()) == [
         "a.parquet",
         "reference.parquet",
@@ -1223,7 +1223,7 @@ def legacy_results(tmp_path_factory) -> Path:
     from basis_bench.evaluation.run import evaluate
 
     data = simulate(
-        SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6),
+        SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6),
         tmp_path_factory.mktemp("d"),
     )
     out = tmp_path_factory.mktemp("r") / "res"
@@ -1363,7 +1363,7 @@ def test_sensitivity_batch_larger_than_the_prompts_is_one_line(
 def test_sensitivity_without_a_point_to_sweep_is_one_line(
     monkeypatch, capsys, sim_dataset, tmp_path
 ):
-    """An empty --parameters, or one whose every value is beyond the data (n above the 4
+    """An empty --parameters, or one whose every value is beyond the data (ref_n above the 4
     cached samples, B above the 12 prompts), was polars' "cannot concat empty list"
     traceback; a parameter named twice wrote its rows twice."""
     out = tmp_path / "s"
@@ -1371,8 +1371,8 @@ def test_sensitivity_without_a_point_to_sweep_is_one_line(
     for parameters, needle in [
         ("", "--parameters names none"),
         (" , ", "--parameters names none"),
-        ("n", "no value of --parameters n fits this dataset"),
-        ("n,batch_size", "its 4 cached reference samples, batch_size at most its 12 prompts"),
+        ("ref_n", "no value of --parameters ref_n fits this dataset"),
+        ("ref_n,batch_size", "its 4 cached reference samples, batch_size at most its 12 prompts"),
     ]:
         result = run_main(monkeypatch, capsys, *args, "--parameters", parameters)
         assert_one_line_error(result, needle)
@@ -1478,7 +1478,7 @@ def test_figures_know_one_dataset_by_any_spelling_of_its_path(
         assert "fig5_sensitivity" not in skipped, skipped
     run = json.loads((res / "run.json").read_text())
     assert run["rollouts"] == run["config"]["rollouts"] == str(sim_dataset.resolve())
-    other = simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), tmp_path / "o")
+    other = simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), tmp_path / "o")
     sensitivity = ["sensitivity", "--rollouts", str(other), *EVAL, "--parameters", "eps"]
     assert run_main(monkeypatch, capsys, *sensitivity, "--out", str(res)).code == 0
     _, skipped = make_figures(res, tmp_path / "figs")
@@ -1487,13 +1487,13 @@ def test_figures_know_one_dataset_by_any_spelling_of_its_path(
 
 def test_simulate_refuses_sizes_that_cannot_fit_before_writing(monkeypatch, capsys, tmp_path):
     earlier = tmp_path / "earlier"
-    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)
+    simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), earlier)
     before = snapshot(earlier)
     for out in (tmp_path / "new", earlier):
         for extra, needle in [
             (["--prompts", "1000000000"], "GiB of memory is free"),
             (["--checkpoint-n", "1000000000000"], "--checkpoint-n must be in [1, 2147483647]"),
-            (["--reference-n", "3000000000"], "--reference-n must be in [1, 2147483647]"),
+            (["--ref-n", "3000000000"], "--ref-n must be in [1, 2147483647]"),
         ]:
             result = run_main(monkeypatch, capsys, "simulate", "--out", str(out), *extra)
             assert_one_line_error(result, needle)
@@ -1508,7 +1508,7 @@ def test_a_negative_seed_is_one_line_and_writes_nothing(
     new, earlier = tmp_path / "new", tmp_path / "earlier"
     if command == "simulate":
         args = ["simulate", *SMALL_SIM, "--out"]
-        simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), earlier)
+        simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), earlier)
     else:
         options = EVAL_GROUP if command == "evaluate" else EVAL
         args = [command, "--rollouts", str(sim_dataset), *options, "--out"]
@@ -1527,7 +1527,7 @@ def test_rewards_outside_unit_interval_name_the_tracker_before_the_replay(
     import basis_bench.evaluation.run as run_module
 
     data = tmp_path / "wide"
-    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), data)
+    simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), data)
     for f in (data / "rollouts").glob("*.parquet"):
         table = pq.read_table(f)
         rewards = table["reward"].to_numpy() * 2

@@ -20,7 +20,7 @@ from basis_bench.rollouts.simulate import SimulationConfig, simulate
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     data = simulate(
-        SimulationConfig(n_prompts=150, reference_n=32, checkpoint_n=48, seed=4),
+        SimulationConfig(n_prompts=150, ref_n=32, checkpoint_n=48, seed=4),
         tmp_path_factory.mktemp("data"),
     )
     out = tmp_path_factory.mktemp("results")
@@ -82,11 +82,11 @@ def test_sensitivity_sweeps_each_knob_and_skips_what_the_data_cannot_support(res
         p: sorted(g["value"].to_list())
         for (p,), g in df.filter(pl.col("checkpoint") == "late").group_by("parameter")
     }
-    assert values["n"] == [8, 16, 32]  # 64 exceeds the 32 cached samples
+    assert values["ref_n"] == [8, 16, 32]  # 64 exceeds the 32 cached samples
     assert values["batch_size"] == [16, 32, 64, 128]  # 256 exceeds the 150 prompts
     assert values["grid_size"] == [8, 16, 32, 64]
     assert len(values["eps"]) == 7
-    late_n = df.filter((pl.col("checkpoint") == "late") & (pl.col("parameter") == "n"))
+    late_n = df.filter((pl.col("checkpoint") == "late") & (pl.col("parameter") == "ref_n"))
     assert late_n["mse"].n_unique() == 3  # the cache really is cut to n
     assert set(df["checkpoint"]) == {"early", "middle", "late"}
     assert set(df["estimator"]) == {"basis"}

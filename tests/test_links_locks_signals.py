@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def sim_dataset(tmp_path) -> Path:
     out = tmp_path / "sim"
-    simulate(SimulationConfig(n_prompts=12, reference_n=4, checkpoint_n=6), out)
+    simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), out)
     return out
 
 

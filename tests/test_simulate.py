@@ -18,7 +18,7 @@ def _logit(p):
 
 
 def test_writes_store_schema_with_simulated_label(tmp_path):
-    cfg = SimulationConfig(n_prompts=50, reference_n=8, checkpoint_n=12, seed=1)
+    cfg = SimulationConfig(n_prompts=50, ref_n=8, checkpoint_n=12, seed=1)
     simulate(cfg, tmp_path)
     df = load_rollouts(tmp_path)
     counts = df.group_by("policy").len().sort("policy")
@@ -41,12 +41,12 @@ def test_writes_store_schema_with_simulated_label(tmp_path):
 
 
 def test_same_seed_same_bytes_other_seed_other_rewards(tmp_path):
-    cfg = SimulationConfig(n_prompts=40, reference_n=4, checkpoint_n=6, seed=5)
+    cfg = SimulationConfig(n_prompts=40, ref_n=4, checkpoint_n=6, seed=5)
     a, b = simulate(cfg, tmp_path / "a"), simulate(cfg, tmp_path / "b")
     for f in sorted(a.rglob("*.parquet")):
         assert f.read_bytes() == (b / f.relative_to(a)).read_bytes()
     c = simulate(
-        SimulationConfig(n_prompts=40, reference_n=4, checkpoint_n=6, seed=6), tmp_path / "c"
+        SimulationConfig(n_prompts=40, ref_n=4, checkpoint_n=6, seed=6), tmp_path / "c"
     )
     assert not load_rollouts(a)["reward"].equals(load_rollouts(c)["reward"])
 
@@ -83,7 +83,7 @@ def test_misspecified_settings_break_the_shared_shift():
 
 
 def test_empirical_rates_follow_the_true_values(tmp_path):
-    simulate(SimulationConfig(n_prompts=200, reference_n=400, checkpoint_n=400, seed=2), tmp_path)
+    simulate(SimulationConfig(n_prompts=200, ref_n=400, checkpoint_n=400, seed=2), tmp_path)
     prompts = load_prompts(tmp_path)
     assert prompts is not None
     rates = load_rollouts(tmp_path).group_by("policy", "prompt_id").agg(pl.col("reward").mean())

@@ -140,7 +140,7 @@ def test_evaluate_writes_trajectory_csv_and_keeps_stateful_out_of_one_step_table
     from basis_bench.rollouts.simulate import SimulationConfig, simulate
 
     root = tmp_path / "data"
-    simulate(SimulationConfig(n_prompts=40, reference_n=16, checkpoint_n=24), root)
+    simulate(SimulationConfig(n_prompts=40, ref_n=16, checkpoint_n=24), root)
     cfg = EvaluateConfig(
         rollouts=str(root), estimators=("basis", "grpo", "basis_memory", "spo_tracker"),
         batch_size=8, repeats=4, oracle_n=8, ref_n=16, trajectory_epochs=2,

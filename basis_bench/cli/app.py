@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import errno
 import sys
+import warnings
+from typing import Any
 
 import typer
 from rich.console import Console
 
 from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
+from basis_bench.settings import RenamedSetting
 
 app = typer.Typer(
     name="basis-bench",
@@ -69,6 +72,7 @@ def main() -> None:
     handler is armed by :mod:`basis_bench.__main__`)."""
     console = Console(stderr=True, soft_wrap=True)
     swallowed_interrupt(forget=True)
+    _renamed_settings_in_one_line(console)
     try:
         app()
     except InputError as err:
@@ -100,6 +104,20 @@ def main() -> None:
             )
             sys.exit(code)
         raise
+
+
+def _renamed_settings_in_one_line(console: Console) -> None:
+    """A setting given by its old name is one ``warning:`` line (Python's default shows
+    the file, the line and the source of the warning call too)."""
+    show = warnings.showwarning
+
+    def showwarning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, RenamedSetting):
+            console.print(f"[yellow]warning:[/] {message}", highlight=False)
+        else:
+            show(message, category, *args, **kwargs)
+
+    warnings.showwarning = showwarning
 
 
 def _say_interrupted(console: Console, stop: KeyboardInterrupt) -> None:

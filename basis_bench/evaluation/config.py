@@ -21,6 +21,7 @@ from basis_bench.estimators.options import (
 from basis_bench.settings import (
     check_scalar,
     check_settings,
+    renamed,
     setting,
     setting_flag,
     setting_help,
@@ -177,7 +178,7 @@ class EvaluateConfig:
 
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {
     "eps": (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
-    "n": (8, 16, 32, 64),
+    "ref_n": (8, 16, 32, 64),
     "batch_size": (16, 32, 64, 128, 256),
     "grid_size": (8, 16, 32, 64),
 }
@@ -212,4 +213,8 @@ class SensitivityConfig:
     )
 
     def __post_init__(self) -> None:
+        if "n" in self.parameters:  # the knob's name before it was the setting's
+            renamed("--parameters n", "--parameters ref_n")
+            knobs = tuple("ref_n" if p == "n" else p for p in self.parameters)
+            object.__setattr__(self, "parameters", knobs)  # a frozen dataclass
         _check_flags(self)

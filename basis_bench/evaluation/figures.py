@@ -394,7 +394,7 @@ def fig3_group_sweep(results: Path) -> Figure:
 
 SENSITIVITY_AXES = {
     "eps": ("active-set threshold $\\epsilon$", True),
-    "n": ("reference samples $n$", True),
+    "ref_n": ("reference samples $n$", True),
     "batch_size": ("batch size $B$", True),
     "grid_size": ("candidate betas $K$", True),
 }
@@ -403,7 +403,8 @@ SENSITIVITY_AXES = {
 def fig5_sensitivity(results: Path) -> Figure:
     """BASIS's MSE as one knob moves (the others as the run held them), per checkpoint."""
 
-    df = _read(results / "sensitivity.csv")
+    df = _read(results / "sensitivity.csv")  # "n": ref_n in tables of 0.1.0 and before
+    df = df.with_columns(pl.col("parameter").replace("n", "ref_n"))
     params = [p for p in SENSITIVITY_AXES if p in df["parameter"].unique().to_list()]
     names = _checkpoints(df)
     shades = _stage_colours(len(names))

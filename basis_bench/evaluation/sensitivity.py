@@ -85,7 +85,7 @@ def _point(
     value: float,
 ) -> pl.DataFrame | None:
     """summary.csv rows of one point of the sweep, or None where the data cannot support it."""
-    n = int(value) if param == "n" else cfg.ref_n
+    n = int(value) if param == "ref_n" else cfg.ref_n
     b = int(value) if param == "batch_size" else cfg.batch_size
     k = int(value) if param == "grid_size" else cfg.grid_size
     eps = float(value) if param == "eps" else cfg.eps
@@ -161,7 +161,7 @@ def sensitivity(
     if not rows:  # every point skipped: polars' "cannot concat empty list" traceback
         raise InputError(
             f"no value of --parameters {','.join(dict.fromkeys(cfg.parameters))} fits this "
-            f"dataset (n at most its {full.cache.shape[1]} cached reference samples, "
+            f"dataset (ref_n at most its {full.cache.shape[1]} cached reference samples, "
             f"batch_size at most its {full.n_prompts} prompts): add eps or grid_size to "
             "--parameters, or use a larger dataset"
         )

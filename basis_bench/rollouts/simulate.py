@@ -17,7 +17,7 @@ The model (all rewards binary, one Bernoulli draw per rollout):
    ``tau`` prompt-level noise (the shift is not shared), ``kappa`` a slope change of the
    log-odds (learning sharpens easy versus hard prompts; no tilt can express it) and
    ``phi`` a share of prompts that get worse while the rest improve.
-3. Rollouts. The reference policy gets ``reference_n`` samples per prompt (BASIS's
+3. Rollouts. The reference policy gets ``ref_n`` samples per prompt (BASIS's
    cache), each checkpoint ``checkpoint_n`` (the evaluator's oracle plus its pool).
 
 :data:`~basis_bench.rollouts.simulation.SETTINGS` names the presets: ``tilt`` (the model holds up to small noise) and three
@@ -138,7 +138,7 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
     simulation, never a mix; an interrupted run leaves the earlier one.
     """
     setting = cfg.generative_setting()
-    largest = cfg.n_prompts * (max(cfg.reference_n, cfg.checkpoint_n) + 2)  # a policy, prompts
+    largest = cfg.n_prompts * (max(cfg.ref_n, cfg.checkpoint_n) + 2)  # a policy, prompts
     check_rollouts_fit(
         largest,
         SIMULATE_BYTES_PER_ROLLOUT,
@@ -179,7 +179,7 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
     ]
     try:
         for name in policies:
-            n = cfg.reference_n if name == REFERENCE_POLICY else cfg.checkpoint_n
+            n = cfg.ref_n if name == REFERENCE_POLICY else cfg.checkpoint_n
             df = _rollouts(
                 prompt_ids, name, values[name], n, np.random.default_rng(_stream(cfg.seed, name))
             )

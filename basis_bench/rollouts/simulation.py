@@ -66,8 +66,9 @@ class SimulationConfig:
     """Everything that determines a simulated dataset; stored in its metadata."""
 
     n_prompts: int = settings.setting(600, flag="--prompts", help="Number of prompts.", min_val=2)
-    reference_n: int = settings.setting(
+    ref_n: int = settings.setting(
         64,
+        was=("reference_n",),
         help="Reference-policy samples per prompt (BASIS's cache).",
         min_val=1,
         max_val=2**31 - 1,  # a sample index is Int32
