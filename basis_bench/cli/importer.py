@@ -3,9 +3,7 @@ accuracy histories, long tables) written as a rollouts dataset."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,19 +11,17 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
+from basis_bench.cli.from_config import options_from
 from basis_bench.rollouts.importers import ImportOptions
-from basis_bench.settings import cli_option, setting_default
 
 if TYPE_CHECKING:
     import polars as pl
 
     from basis_bench.rollouts.importers import Imported, WriteReport
 
-_opt = partial(cli_option, ImportOptions)
-_default = partial(setting_default, ImportOptions)
-
 
 @app.command("import")
+@options_from(ImportOptions, param="options")
 def import_(
     fmt: Annotated[
         str,
@@ -66,7 +62,6 @@ def import_(
             "rollouts (another command's output, simulated data, foreign files).",
         ),
     ] = False,
-    seed: Annotated[int, _opt("seed")] = _default("seed"),
     reference: Annotated[
         bool,
         typer.Option(
@@ -86,30 +81,16 @@ def import_(
             ".jsonl) merged into DIR/prompts.parquet.",
         ),
     ] = None,
-    id_col: Annotated[str | None, _opt("id_col")] = _default("id_col"),
-    id_format: Annotated[str | None, _opt("id_format")] = _default("id_format"),
-    n_col: Annotated[str, _opt("n_col")] = _default("n_col"),
-    correct_col: Annotated[str, _opt("correct_col")] = _default("correct_col"),
-    problem_col: Annotated[str | None, _opt("problem_col")] = _default("problem_col"),
-    answer_col: Annotated[str | None, _opt("answer_col")] = _default("answer_col"),
-    score_field: Annotated[str, _opt("score_field")] = _default("score_field"),
-    response_field: Annotated[str, _opt("response_field")] = _default("response_field"),
-    rollouts_per_visit: Annotated[int | None, _opt("rollouts_per_visit")] = _default(
-        "rollouts_per_visit"
-    ),
-    policy_col: Annotated[str | None, _opt("policy_col")] = _default("policy_col"),
-    sample_col: Annotated[str, _opt("sample_col")] = _default("sample_col"),
-    reward_col: Annotated[str, _opt("reward_col")] = _default("reward_col"),
+    *,
+    options: ImportOptions,
 ) -> None:
     """Import existing multi-sample evaluation results into a rollouts dataset at --out
     (one policy per run; rerun with other sources and --policy to add more)."""
-    options = dict(locals())  # the ImportOptions fields among them
     from basis_bench.rollouts.importers import import_sources, write_import
 
     start = time.perf_counter()
-    opt = ImportOptions(**{f.name: options[f.name] for f in dataclasses.fields(ImportOptions)})
     extra = _prompts_table(prompts) if prompts is not None else None
-    result = import_sources(fmt, sources, policy, opt)
+    result = import_sources(fmt, sources, policy, options)
     if extra is not None:
         _check_prompts_cover(extra, result.rollouts, str(prompts))
     report = write_import(
