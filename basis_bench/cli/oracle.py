@@ -1,8 +1,8 @@
 """`basis-bench oracle`: sample and score rollouts from a checkpoint into a rollouts dataset.
 
-The options are :class:`~basis_bench.rollouts.oracle_job.OracleJob`'s fields (help, flag and
-default read from it); the run is :func:`~basis_bench.rollouts.oracle.run_oracle`, drawn
-here as a rich progress bar.
+The options are :class:`~basis_bench.rollouts.oracle_job.OracleJob`'s fields (made by
+:func:`~basis_bench.cli.from_config.options_from`); the run is
+:func:`~basis_bench.rollouts.oracle.run_oracle`, drawn here as a rich progress bar.
 """
 
 from __future__ import annotations
@@ -10,23 +10,18 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from basis_bench.cli.app import app
+from basis_bench.cli.from_config import Cli, options_from
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
-from basis_bench.settings import cli_option, setting_default
 
 if TYPE_CHECKING:
     from basis_bench.rollouts.oracle import OracleReport
-
-_opt = partial(cli_option, OracleJob)
-_default = partial(setting_default, OracleJob)
 
 
 # The task counts finished samples; its ``tokens`` field counts generated tokens
@@ -224,49 +219,13 @@ class _ConsoleProgress:
 
 
 @app.command()
-def oracle(
-    ckpt: Annotated[str, _opt("ckpt")],
-    policy: Annotated[str, _opt("policy")],
-    prompts: Annotated[str, _opt("prompts")],
-    out: Annotated[Path, _opt("out")],
-    n: Annotated[int, _opt("n")] = _default("n"),
-    backend: Annotated[str, _opt("backend")] = _default("backend"),
-    shard: Annotated[str, _opt("shard")] = str(_default("shard")),
-    chunk_size: Annotated[int, _opt("chunk_size")] = _default("chunk_size"),
-    max_new_tokens: Annotated[int | None, _opt("max_new_tokens", show_default=False)] = _default(
-        "max_new_tokens"
-    ),
-    temperature: Annotated[float, _opt("temperature")] = _default("temperature"),
-    top_p: Annotated[float, _opt("top_p")] = _default("top_p"),
-    seed: Annotated[int, _opt("seed")] = _default("seed"),
-    batch_size: Annotated[int, _opt("batch_size")] = _default("batch_size"),
-    levels: Annotated[str | None, _opt("levels")] = _default("levels"),
-    limit: Annotated[int | None, _opt("limit")] = _default("limit"),
-    tensor_parallel_size: Annotated[int, _opt("tensor_parallel_size")] = _default(
-        "tensor_parallel_size"
-    ),
-    kv_cache_gib: Annotated[float | None, _opt("kv_cache_gib", show_default=False)] = _default(
-        "kv_cache_gib"
-    ),
-    device: Annotated[str, _opt("device")] = _default("device"),
-    dtype: Annotated[str, _opt("dtype")] = _default("dtype"),
-    instruction: Annotated[str, _opt("instruction")] = _default("instruction"),
-    system: Annotated[str | None, _opt("system")] = _default("system"),
-    answer_format: Annotated[str, _opt("answer_format")] = _default("answer_format"),
-    verify_timeout: Annotated[float, _opt("verify_timeout")] = _default("verify_timeout"),
-    workers: Annotated[int, _opt("workers")] = _default("workers"),
-    score_workers: Annotated[int, _opt("score_workers")] = _default("score_workers"),
-    keep_responses: Annotated[bool, _opt("keep_responses")] = _default("keep_responses"),
-    features: Annotated[str, _opt("features")] = _default("features"),
-    force: Annotated[bool, _opt("force")] = _default("force"),
-) -> None:
+@options_from(OracleJob, param="job", cli={"shard": Cli(str, Shard.parse, str(Shard()))})
+def oracle(job: OracleJob) -> None:
     """Sample --n rollouts per prompt from --ckpt, score them with math-verify, and write
     them to --out as one Parquet part per chunk of prompts. Rerun the same command to
     resume: complete parts are skipped."""
-    options = dict(locals())  # every option is a field of the job
     from basis_bench.rollouts.oracle import run_oracle
 
-    job = OracleJob(**{**options, "shard": Shard.parse(shard)})
     progress = _ConsoleProgress()
     report = run_oracle(job, progress)
     if report.parts_written:
