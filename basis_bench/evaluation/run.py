@@ -89,6 +89,14 @@ def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
     return [get(n) for n in dict.fromkeys(names) if n != TRACKER_NAME]
 
 
+def ran_estimators(cfg: EvaluateConfig) -> list[str]:
+    """What ``cfg.estimators`` (``all`` or none named: every registered one) expanded to:
+    the estimators the run replays, stateful ones only with the trajectory replay, and the
+    SPO tracker when it runs (run.json's ``config.estimators``)."""
+    ran = [e.name for e in resolve_estimators(cfg.estimators) if cfg.trajectory or not e.stateful]
+    return ran + [TRACKER_NAME] * wants_tracker(cfg.estimators)
+
+
 def wants_tracker(names: Iterable[str]) -> bool:
     """The SPO tracker runs with ``all`` (or no names) and when named."""
     names = list(names)
@@ -168,7 +176,7 @@ def _run_record(
         simulated=ds.simulated,
         synthetic_order_policies=ds.synthetic_order,
         reference=ds.reference,
-        config={**asdict(cfg), "rollouts": rollouts},
+        config={**asdict(cfg), "rollouts": rollouts, "estimators": ran_estimators(cfg)},
         estimators=[e.name for e in estimators],
         estimator_options={name: asdict(opts) for name, opts in options.items()},
         betas=[float(x) for x in betas],
