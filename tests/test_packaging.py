@@ -45,3 +45,13 @@ def test_the_citation_file_names_this_version_the_licence_and_the_paper():
     (paper,) = citation["references"]
     assert paper["title"].startswith("BASIS: Batchwise Advantage Estimation")
     assert paper["authors"]
+
+
+def test_version_flag_prints_the_projects_version():
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "basis_bench", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0 and shown.stdout == f"basis-bench {version}\n"

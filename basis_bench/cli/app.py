@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +20,28 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        from basis_bench import __version__
+
+        typer.echo(f"basis-bench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Options before the command (basis-bench --version)."""
+
 
 # What an interrupted or failed run of each command leaves behind, and what to do next
 # (docs/failure_behaviour.md says the same at length).
