@@ -266,6 +266,15 @@ def test_out_must_be_a_directory(tmp_path):
     assert_one_line_error(result, "is a file")
 
 
+def test_third_party_progress_bars_stay_out_of_a_log(tiny_model, tmp_path):
+    """stderr into a file or pipe: transformers' "Loading weights" bar would be a line of
+    carriage returns there; this project's own progress lines stay."""
+    done = run_cli(tiny_args(tiny_model, tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr and "Loading weights" not in done.stderr, done.stderr
+    assert "wrote 6 part(s), 18 rollouts" in done.stderr
+
+
 # --------------------------------------------------------------------------- resumption
 
 

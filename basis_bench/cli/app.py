@@ -90,6 +90,9 @@ def main() -> None:
     failed write (disk full, read-only, no permission) one line saying what is kept
     (exit code 1), Ctrl-C the same (exit code 130), SIGTERM too (exit code 143; the
     handler is armed by :mod:`basis_bench.__main__`)."""
+    from basis_bench.cli.progress_bars import quiet_progress_bars
+
+    quiet_progress_bars()  # before transformers or the Hub is imported
     console = Console(stderr=True, soft_wrap=True)
     swallowed_interrupt(forget=True)
     try:
