@@ -9,7 +9,6 @@ from pathlib import Path
 import yaml
 
 import basis_bench
-
 from basis_bench.rollouts.store import default_dataset, rollout_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +51,9 @@ def test_version_flag_prints_the_projects_version():
 
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     shown = subprocess.run(
-        [sys.executable, "-m", "basis_bench", "--version"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "basis_bench", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert shown.returncode == 0 and shown.stdout == f"basis-bench {version}\n"

@@ -22,7 +22,6 @@ app = typer.Typer(
 )
 
 
-
 def _print_version(given: bool) -> None:
     if given:
         from basis_bench import __version__
