@@ -66,10 +66,12 @@ def train(
     resume: str | os.PathLike[str] | None = None,
     on_record: Callable[[Record], None] | None = None,
     force: bool = False,
+    progress: Any = None,
 ) -> Path:
     """Run (or, from a checkpoint, continue) training; returns the run directory.
 
-    ``on_record`` receives each log record as it is written (for progress output).
+    ``on_record`` receives each log record as it is written (for progress output);
+    ``progress`` shows the reference cache's build (see :func:`~basis_bench.train.setup.setup`).
     ``force`` lets ``run_dir`` be a folder that holds something other than a training run.
     """
     from basis_bench.rollouts.sampling import SamplingConfig
@@ -77,7 +79,7 @@ def train(
     from basis_bench.train.setup import setup, sync_sampler
     from basis_bench.train.update import update_policy
 
-    run = setup(config, resume, force)
+    run = setup(config, resume, force, progress)
     start = restore(run, resume) if resume is not None else 1
     if resume is not None:
         sync_sampler(config.backend, run.sampler, run.models.policy)
