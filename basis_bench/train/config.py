@@ -40,6 +40,12 @@ def _aggregations() -> tuple[str, ...]:
     return tuple(AGGREGATIONS)
 
 
+def _reporters() -> tuple[str, ...]:
+    from basis_bench.train.tracking import REPORTERS
+
+    return REPORTERS
+
+
 def _answer_formats() -> tuple[str, ...]:
     from basis_bench.rollouts.rewards import ANSWER_FORMATS
 
@@ -222,6 +228,12 @@ class TrainConfig:
     checkpoint_every: int = setting(
         10, help="Checkpoint every N steps, and after the last (0: never).", min_val=0
     )
+    report_to: tuple[str, ...] = setting(
+        ("none",),
+        help="Experiment trackers that get every log record (TRL's name): a list of "
+        "tensorboard, wandb, trackio, or none (basis_bench.train.tracking).",
+        choices=_reporters,
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -233,6 +245,11 @@ def _coerce(key: str, value: Any) -> Any:
     if key not in fields:
         raise InputError(f"unknown config key {key!r}; known keys: {', '.join(fields)}")
     kind = typing.get_type_hints(TrainConfig)[key]
+    if typing.get_origin(kind) is tuple:  # a list of names; one string may list them, a,b
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+            raise InputError(f"config key {key!r} must be a list of names, got {value!r}")
+        return tuple(i.strip() for i in items if i.strip())
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     expected = dict if typing.get_origin(kind) is dict else kind
