@@ -73,8 +73,9 @@ class TrainConfig:
     # policy (the reference is the same checkpoint, frozen)
     model: str = setting(
         "smollm2-135m",
-        help="Policy checkpoint: a Hugging Face directory, a .gguf file or smollm2-135m; "
-        "the frozen reference is the same checkpoint.",
+        help="Policy checkpoint: a Hugging Face directory, a .gguf file, a Hub name org/name "
+        "(from the local Hugging Face cache) or smollm2-135m; the frozen reference is the "
+        "same checkpoint.",
     )
     device: str = setting("auto", help="auto, cpu, cuda or cuda:N.")
     cpu_threads: int = setting(0, help="torch threads (0: torch's default).", min_val=0)
