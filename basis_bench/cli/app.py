@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +20,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        from basis_bench import __version__
+
+        typer.echo(f"basis-bench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Options before the command (basis-bench --version)."""
+
 
 # What an interrupted or failed run of each command leaves behind, and what to do next
 # (docs/failure_behaviour.md says the same at length).
@@ -67,6 +89,9 @@ def main() -> None:
     failed write (disk full, read-only, no permission) one line saying what is kept
     (exit code 1), Ctrl-C the same (exit code 130), SIGTERM too (exit code 143; the
     handler is armed by :mod:`basis_bench.__main__`)."""
+    from basis_bench.cli.progress_bars import quiet_progress_bars
+
+    quiet_progress_bars()  # before transformers or the Hub is imported
     console = Console(stderr=True, soft_wrap=True)
     swallowed_interrupt(forget=True)
     try:

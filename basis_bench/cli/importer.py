@@ -1,5 +1,6 @@
 """`basis-bench import`: rollouts researchers already have (counts, evaluator JSONL, GRPO
-accuracy histories, long tables) written as a rollouts dataset."""
+accuracy histories, long tables, lm-evaluation-harness samples) written as a rollouts
+dataset."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def import_(
         str,
         typer.Argument(
             metavar="FORMAT",
-            help="counts | eval-jsonl | acc-history | long (docs/schema.md, 'Importing').",
+            help="counts | eval-jsonl | acc-history | long | lm-eval (docs/schema.md, "
+            "'Importing').",
         ),
     ],
     sources: Annotated[
@@ -39,8 +41,9 @@ def import_(
         typer.Argument(
             metavar="SRC...",
             help="Source files (.csv/.tsv/.parquet/.jsonl tables; .jsonl for eval-jsonl; a JSON "
-            "map for acc-history). Several files are read as one table; for eval-jsonl the same "
-            "problem in several files (e.g. one per seed) gets its samples appended in file order.",
+            "map for acc-history; lm-eval's samples_*.jsonl). Several files are read as one "
+            "table; for eval-jsonl and lm-eval the same problem in several files (e.g. one per "
+            "seed) gets its samples appended in file order.",
         ),
     ],
     policy: Annotated[
@@ -100,6 +103,8 @@ def import_(
     policy_col: Annotated[str | None, _opt("policy_col")] = _default("policy_col"),
     sample_col: Annotated[str, _opt("sample_col")] = _default("sample_col"),
     reward_col: Annotated[str, _opt("reward_col")] = _default("reward_col"),
+    metric: Annotated[str | None, _opt("metric")] = _default("metric"),
+    filter_name: Annotated[str | None, _opt("filter_name")] = _default("filter_name"),
 ) -> None:
     """Import existing multi-sample evaluation results into a rollouts dataset at --out
     (one policy per run; rerun with other sources and --policy to add more)."""

@@ -157,7 +157,7 @@ LOG_INTERVAL_S = 30.0
 """Seconds between progress lines when stderr is not a terminal."""
 
 
-class _ConsoleProgress:
+class ConsoleProgress:
     """The oracle's progress on stderr: warnings, the plan, a live bar, the summary."""
 
     def __init__(self) -> None:
@@ -267,7 +267,7 @@ def oracle(
     from basis_bench.rollouts.oracle import run_oracle
 
     job = OracleJob(**{**options, "shard": Shard.parse(shard)})
-    progress = _ConsoleProgress()
+    progress = ConsoleProgress()
     report = run_oracle(job, progress)
     if report.parts_written:
         progress.finished(job, report)
