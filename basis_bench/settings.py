@@ -203,12 +203,13 @@ def check_setting(cls: type, name: str, value: Any, label: str | None = None) ->
     if value is None and meta.get("optional"):
         return value
     choices = meta.get("choices")
-    if choices is not None:
+    if choices is not None:  # a tuple value is a list of choices, each checked
         allowed = tuple(choices() if callable(choices) else choices)
-        if value not in allowed:
-            raise InputError(
-                f"{label} must be one of {', '.join(map(str, allowed))}; got {value!r}"
-            )
+        for item in value if isinstance(value, tuple) else (value,):
+            if item not in allowed:
+                raise InputError(
+                    f"{label} must be one of {', '.join(map(str, allowed))}; got {item!r}"
+                )
         return value
     if meta.get("min_val") is not None or meta.get("max_val") is not None:
         return check_scalar(

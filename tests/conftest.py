@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import polars as pl
@@ -125,3 +126,33 @@ def assert_own_reward_unused(step, batch_ids, rewards) -> None:
         step.load_state_dict(state)
         other = step(batch_ids, flipped[:, None]).baselines[:, 0]
         assert other[i] == base[i], "the current reward entered its own baseline"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer Llama with random weights and SmolLM2's tokenizer, saved as a local
+    Hugging Face model directory: loads in a blink, so runs can be killed and rerun."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
+
+    tokenizer = load_tokenizer(resolve_checkpoint("smollm2-135m"))
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_one_line_error, run_main
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import ESTIMATORS
+from basis_bench.estimators import ESTIMATORS, available
 from basis_bench.evaluation import replay as replay_module
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
 from basis_bench.evaluation.dataset import open_dataset
@@ -419,6 +419,8 @@ def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
     assert run["estimator_options"]["basis"]["fixed_beta"] == math.inf
     assert run["estimator_options"]["grpo"] == {}
     assert set(run["provenance"]) >= {"git_commit", "date_utc", "argv", "versions"}
+    # --estimators all (the default) is recorded as the estimators it expanded to
+    assert run["config"]["estimators"] == [*available(), "spo_tracker"]
     # with a fixed beta = inf and no refinement, offline equals the reference mean exactly
     est = pl.read_parquet(tmp_path / "o" / "estimates.parquet")
     wide = est.filter(pl.col("estimator").is_in(["offline", "reference_mean"])).pivot(

@@ -50,36 +50,6 @@ def parts(out: Path, policy: str) -> list[Path]:
     return sorted((out / "rollouts" / policy).glob("part-*.parquet"))
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A 2-layer Llama with random weights and SmolLM2's tokenizer, saved as a local
-    Hugging Face model directory: loads in a blink, so runs can be killed and rerun."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
-
-    tokenizer = load_tokenizer(resolve_checkpoint("smollm2-135m"))
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 def tiny_args(model: Path, out: Path, *extra: str) -> list[str]:
     return [
         "oracle",
@@ -264,6 +234,15 @@ def test_out_must_be_a_directory(tmp_path):
          "--out", str(tmp_path / "file")]
     )  # fmt: skip
     assert_one_line_error(result, "is a file")
+
+
+def test_third_party_progress_bars_stay_out_of_a_log(tiny_model, tmp_path):
+    """stderr into a file or pipe: transformers' "Loading weights" bar would be a line of
+    carriage returns there; this project's own progress lines stay."""
+    done = run_cli(tiny_args(tiny_model, tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr and "Loading weights" not in done.stderr, done.stderr
+    assert "wrote 6 part(s), 18 rollouts" in done.stderr
 
 
 # --------------------------------------------------------------------------- resumption

@@ -1,10 +1,14 @@
-"""The wheel carries the default dataset, so `pip install basis-bench` runs the main job."""
+"""The wheel carries the default dataset, so `pip install basis-bench` runs the main job, and
+its licence; the citation file names the version that is installed."""
 
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import yaml
+
+import basis_bench
 from basis_bench.rollouts.store import default_dataset, rollout_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,3 +27,33 @@ def test_wheel_ships_the_default_dataset(tmp_path):
         "basis_bench/data/default/prompts.parquet"
     }
     assert shipped <= names, sorted(shipped - names)
+    # the licence travels with the wheel, and its metadata says which one it is
+    (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    archive = zipfile.ZipFile(wheel)
+    assert archive.read(licence) == (ROOT / "LICENSE").read_bytes()
+    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    assert "License-Expression: MIT" in archive.read(metadata).decode()
+
+
+def test_the_citation_file_names_this_version_the_licence_and_the_paper():
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    for key in ("cff-version", "message", "title", "authors"):  # CFF 1.2's required keys
+        assert citation[key], key
+    assert str(citation["version"]) == basis_bench.__version__
+    assert citation["license"] == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License")
+    (paper,) = citation["references"]
+    assert paper["title"].startswith("BASIS: Batchwise Advantage Estimation")
+    assert paper["authors"]
+
+
+def test_version_flag_prints_the_projects_version():
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "basis_bench", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0 and shown.stdout == f"basis-bench {version}\n"

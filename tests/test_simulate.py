@@ -45,9 +45,7 @@ def test_same_seed_same_bytes_other_seed_other_rewards(tmp_path):
     a, b = simulate(cfg, tmp_path / "a"), simulate(cfg, tmp_path / "b")
     for f in sorted(a.rglob("*.parquet")):
         assert f.read_bytes() == (b / f.relative_to(a)).read_bytes()
-    c = simulate(
-        SimulationConfig(n_prompts=40, ref_n=4, checkpoint_n=6, seed=6), tmp_path / "c"
-    )
+    c = simulate(SimulationConfig(n_prompts=40, ref_n=4, checkpoint_n=6, seed=6), tmp_path / "c")
     assert not load_rollouts(a)["reward"].equals(load_rollouts(c)["reward"])
 
 

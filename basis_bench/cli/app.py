@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import sys
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +22,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        from basis_bench import __version__
+
+        typer.echo(f"basis-bench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Options before the command (basis-bench --version)."""
+
 
 # What an interrupted or failed run of each command leaves behind, and what to do next
 # (docs/failure_behaviour.md says the same at length).
@@ -70,6 +91,9 @@ def main() -> None:
     failed write (disk full, read-only, no permission) one line saying what is kept
     (exit code 1), Ctrl-C the same (exit code 130), SIGTERM too (exit code 143; the
     handler is armed by :mod:`basis_bench.__main__`)."""
+    from basis_bench.cli.progress_bars import quiet_progress_bars
+
+    quiet_progress_bars()  # before transformers or the Hub is imported
     console = Console(stderr=True, soft_wrap=True)
     swallowed_interrupt(forget=True)
     _renamed_settings_in_one_line(console)

@@ -1,5 +1,6 @@
 """`basis-bench import`: rollouts researchers already have (counts, evaluator JSONL, GRPO
-accuracy histories, long tables) written as a rollouts dataset."""
+accuracy histories, long tables, lm-evaluation-harness samples) written as a rollouts
+dataset."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def import_(
         str,
         typer.Argument(
             metavar="FORMAT",
-            help="counts | eval-jsonl | acc-history | long (docs/schema.md, 'Importing').",
+            help="counts | eval-jsonl | acc-history | long | lm-eval (docs/schema.md, "
+            "'Importing').",
         ),
     ],
     sources: Annotated[
@@ -35,8 +37,9 @@ def import_(
         typer.Argument(
             metavar="SRC...",
             help="Source files (.csv/.tsv/.parquet/.jsonl tables; .jsonl for eval-jsonl; a JSON "
-            "map for acc-history). Several files are read as one table; for eval-jsonl the same "
-            "problem in several files (e.g. one per seed) gets its samples appended in file order.",
+            "map for acc-history; lm-eval's samples_*.jsonl). Several files are read as one "
+            "table; for eval-jsonl and lm-eval the same problem in several files (e.g. one per "
+            "seed) gets its samples appended in file order.",
         ),
     ],
     policy: Annotated[

@@ -152,7 +152,7 @@ LOG_INTERVAL_S = 30.0
 """Seconds between progress lines when stderr is not a terminal."""
 
 
-class _ConsoleProgress:
+class ConsoleProgress:
     """The oracle's progress on stderr: warnings, the plan, a live bar, the summary."""
 
     def __init__(self) -> None:
@@ -226,7 +226,7 @@ def oracle(job: OracleJob) -> None:
     resume: complete parts are skipped."""
     from basis_bench.rollouts.oracle import run_oracle
 
-    progress = _ConsoleProgress()
+    progress = ConsoleProgress()
     report = run_oracle(job, progress)
     if report.parts_written:
         progress.finished(job, report)

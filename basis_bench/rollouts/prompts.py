@@ -11,8 +11,9 @@ Sources (the ``--prompts`` argument of ``basis-bench oracle``):
                           ``answer`` or ``solution``, ``level``, ``type``/``subject``) or
                           DAPO-Math-17K rows (``prompt`` messages, ``reward_model.ground_truth``)
                           are recognised by their columns
-``hf:NAME[@SPLIT]``       a Hugging Face hub dataset (needs the ``datasets`` package and a
-                          reachable hub)
+``hf:NAME[@SPLIT]``       a Hugging Face Hub dataset (``org/name``; split ``train`` unless
+                          given), from the local Hugging Face cache or downloaded into it
+                          (HF_HUB_OFFLINE: the cache only); needs the ``datasets`` extra
 ``arithmetic[:k=v,...]``  the built-in generated arithmetic family, see :func:`arithmetic_prompts`
 """
 
@@ -222,21 +223,26 @@ def _records_to_prompts(df: pl.DataFrame, what: str) -> pl.DataFrame:
 
 
 def _hub_records(spec: str) -> pl.DataFrame:
-    """Rows of ``NAME[@SPLIT]`` from the Hugging Face hub via the optional ``datasets`` package."""
+    """Rows of ``NAME[@SPLIT]``, a Hub dataset's snapshot (:mod:`.hub`) read by the optional
+    ``datasets`` package (its data files, splits and configs as the Hub shows them)."""
+    from basis_bench.rollouts.hub import hub_snapshot
+
     name, _, split = spec.partition("@")
     try:
         import datasets
     except ImportError as err:
         raise InputError(
-            f"loading {name!r} from the hub needs the 'datasets' package, which is not installed; "
-            "download the dataset and pass its local JSONL/Parquet path instead"
+            f"--prompts hf:{name} needs the 'datasets' package, which is not installed: "
+            "pip install 'basis-bench[datasets]', or pass the dataset's local JSONL/Parquet path"
         ) from err
+    folder = hub_snapshot(name, "dataset", f"--prompts hf:{name}")
     try:
-        ds = datasets.load_dataset(name, split=split or "train")
+        ds = datasets.load_dataset(str(folder), split=split or "train")
     except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise InputError(
-            f"could not load {name!r} from the hub ({type(err).__name__}: {err}); "
-            "pass a local JSONL/Parquet path instead"
+            f"--prompts hf:{spec}: could not read the dataset in {folder} "
+            f"({type(err).__name__}: {reason}); pass a local JSONL/Parquet path instead"
         ) from err
     return pl.from_arrow(ds.data.table)  # type: ignore[return-value]
 

@@ -40,6 +40,12 @@ def _aggregations() -> tuple[str, ...]:
     return tuple(AGGREGATIONS)
 
 
+def _reporters() -> tuple[str, ...]:
+    from basis_bench.train.tracking import REPORTERS
+
+    return REPORTERS
+
+
 def _answer_formats() -> tuple[str, ...]:
     from basis_bench.rollouts.rewards import ANSWER_FORMATS
 
@@ -67,8 +73,9 @@ class TrainConfig:
     # policy (the reference is the same checkpoint, frozen)
     model: str = setting(
         "smollm2-135m",
-        help="Policy checkpoint: a Hugging Face directory, a .gguf file or smollm2-135m; "
-        "the frozen reference is the same checkpoint.",
+        help="Policy checkpoint: a Hugging Face directory, a .gguf file, a Hub name org/name "
+        "(from the local Hugging Face cache) or smollm2-135m; the frozen reference is the "
+        "same checkpoint.",
     )
     device: str = setting("auto", help="auto, cpu, cuda or cuda:N.")
     cpu_threads: int = setting(0, help="torch threads (0: torch's default).", min_val=0)
@@ -222,6 +229,12 @@ class TrainConfig:
     checkpoint_every: int = setting(
         10, help="Checkpoint every N steps, and after the last (0: never).", min_val=0
     )
+    report_to: tuple[str, ...] = setting(
+        ("none",),
+        help="Experiment trackers that get every log record (TRL's name): a list of "
+        "tensorboard, wandb, trackio, or none (basis_bench.train.tracking).",
+        choices=_reporters,
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -233,6 +246,11 @@ def _coerce(key: str, value: Any) -> Any:
     if key not in fields:
         raise InputError(f"unknown config key {key!r}; known keys: {', '.join(fields)}")
     kind = typing.get_type_hints(TrainConfig)[key]
+    if typing.get_origin(kind) is tuple:  # a list of names; one string may list them, a,b
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+            raise InputError(f"config key {key!r} must be a list of names, got {value!r}")
+        return tuple(i.strip() for i in items if i.strip())
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     expected = dict if typing.get_origin(kind) is dict else kind

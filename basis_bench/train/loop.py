@@ -30,6 +30,8 @@ Run directory::
     RUN/rollouts/train-T.parquet step T's rollouts (policy "train-T"), rollouts schema
     RUN/eval/greedy-T.parquet    held-out greedy responses after step T (policy "greedy-T")
     RUN/checkpoints/step-T/      save_pretrained model + tokenizer, trainer_state.pt
+    RUN/tensorboard/             event files, with report_to = ["tensorboard"]
+                                 (:mod:`basis_bench.train.tracking`)
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from basis_bench.estimators import StepOutput
 from basis_bench.outputs import holds_output_locks
 from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
 from basis_bench.train.setup import LOG_FILE, Data, Run
+from basis_bench.train.tracking import check_reporters, open_trackers
 
 Record = dict[str, Any]
 
@@ -66,10 +69,12 @@ def train(
     resume: str | os.PathLike[str] | None = None,
     on_record: Callable[[Record], None] | None = None,
     force: bool = False,
+    progress: Any = None,
 ) -> Path:
     """Run (or, from a checkpoint, continue) training; returns the run directory.
 
-    ``on_record`` receives each log record as it is written (for progress output).
+    ``on_record`` receives each log record as it is written (for progress output);
+    ``progress`` shows the reference cache's build (see :func:`~basis_bench.train.setup.setup`).
     ``force`` lets ``run_dir`` be a folder that holds something other than a training run.
     """
     from basis_bench.rollouts.sampling import SamplingConfig
@@ -77,11 +82,13 @@ def train(
     from basis_bench.train.setup import setup, sync_sampler
     from basis_bench.train.update import update_policy
 
-    run = setup(config, resume, force)
+    check_reporters(config.report_to)
+    run = setup(config, resume, force, progress)
     start = restore(run, resume) if resume is not None else 1
     if resume is not None:
         sync_sampler(config.backend, run.sampler, run.models.policy)
-    log = open_run(run, start, on_record)
+    trackers = open_trackers(config.report_to, run.run_dir, config_dict(config), start)
+    log = open_run(run, start, on_record, trackers)
     train_set, policy = run.data.train_set, run.models.policy
     sampling = SamplingConfig(
         n=run.group,
@@ -91,10 +98,7 @@ def train(
     )
     try:
         if start == 1 and config.eval_every:
-            timer = Timer()
-            with timer("eval"):
-                accuracy = evaluate(run, 0)
-            log({"step": 0, "eval_accuracy": accuracy, "seconds": timer.seconds})
+            log(initial_evaluation(run))
 
         for step in range(start, config.steps + 1):
             timer = Timer()
@@ -158,6 +162,7 @@ def train(
             record["seconds"] = timer.seconds
             log(record)
     finally:
+        trackers.close()
         if run.data.pool is not None:
             run.data.pool.shutdown()
     return run.run_dir
@@ -269,6 +274,14 @@ def evaluate(run: Run, step: int) -> float:
     )
     write_parquet_atomic(frame, run.run_dir / "eval" / f"greedy-{step:06d}.parquet")
     return float(rewards.mean())
+
+
+def initial_evaluation(run: Run) -> Record:
+    """Step 0's record: held-out accuracy of the policy before any update."""
+    timer = Timer()
+    with timer("eval"):
+        accuracy = evaluate(run, 0)
+    return {"step": 0, "eval_accuracy": accuracy, "seconds": timer.seconds}
 
 
 # --------------------------------------------------------------------------- record
@@ -412,17 +425,20 @@ def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
     return records
 
 
-def _log(path: Path, on_record: Callable[[Record], None] | None, record: Record) -> None:
+def _log(path: Path, sinks: Sequence[Callable[[Record], None] | None], record: Record) -> None:
     append_jsonl(path, record)
-    if on_record is not None:
-        on_record(record)
+    for sink in sinks:
+        if sink is not None:
+            sink(record)
 
 
 def open_run(
-    run: Run, start: int, on_record: Callable[[Record], None] | None = None
+    run: Run, start: int, *sinks: Callable[[Record], None] | None
 ) -> Callable[[Record], None]:
     """Write the run directory's config.json (with provenance) and prompts, start the log
-    (a resumed run keeps the records before ``start``), and return the logging function."""
+    (a resumed run keeps the records before ``start``), and return the logging function:
+    it appends a record to log.jsonl, then hands it to each of ``sinks`` (progress output,
+    experiment trackers)."""
     from basis_bench.outputs import provenance, write_parquet_atomic, write_text_atomic
 
     run.run_dir.mkdir(parents=True, exist_ok=True)
@@ -433,4 +449,4 @@ def open_run(
     write_text_atomic(run.run_dir / "config.json", json.dumps(settings, indent=2) + "\n")
     prompts = pl.concat([run.data.train_set, run.data.eval_set], how="diagonal_relaxed")
     write_parquet_atomic(prompts, run.run_dir / "prompts.parquet")
-    return functools.partial(_log, log_path, on_record)
+    return functools.partial(_log, log_path, sinks)

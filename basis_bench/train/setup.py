@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,16 +75,22 @@ class Data:
     pool: Any = None  # grading processes, or None to grade in this process
 
 
-def load_data(config: TrainConfig) -> Data:
-    """Training prompts and held-out prompts (minus any training prompt)."""
+def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) -> Data:
+    """Training prompts and held-out prompts (minus any training prompt: ``note`` says how
+    many were left out)."""
     from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
     from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
 
     train_set = load_prompt_source(config.train_prompts, limit=config.train_limit or None)
-    eval_set = load_prompt_source(config.eval_prompts, limit=config.eval_limit or None)
-    eval_set = eval_set.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
+    asked = load_prompt_source(config.eval_prompts, limit=config.eval_limit or None)
+    eval_set = asked.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
     if eval_set.height == 0:
         raise InputError("eval_prompts has no prompt outside train_prompts")
+    if eval_set.height < asked.height:
+        note(
+            f"held-out accuracy is over {eval_set.height} prompts: {asked.height - eval_set.height} "
+            f"of the {asked.height} in eval_prompts are training prompts too and are left out"
+        )
     return Data(
         train_set,
         eval_set,
@@ -233,6 +240,7 @@ def reference_cache(
     sampler_of_reference: Callable[[], Any],
     pool: Any = None,
     hidden_states: Callable[[Sequence[str]], np.ndarray] | None = None,
+    progress: Any = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(P, n) reference rewards of the training prompts, sampled once and reused, and for an
     estimator that conditions on the prompt their features (P, d): the reference's final
@@ -243,7 +251,8 @@ def reference_cache(
     ``reference``) into ``cache_dir/ref-<hash>``, the hash covering model, prompts,
     template, sampling and grading settings, so any run that shares them reuses it and a
     killed build resumes; the features are stored in its prompts.parquet, so a resumed run
-    reads the same ones. ``sampler_of_reference`` is only called when something is missing.
+    reads the same ones. ``sampler_of_reference`` is only called when something is missing;
+    ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the build.
     """
     from basis_bench import estimators as E
     from basis_bench.rollouts.features import prompt_features
@@ -277,7 +286,7 @@ def reference_cache(
         job, out=job.out / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     )
     source = OracleSource(prompts, model, sampler_of_reference, "cache_dir", hidden_states)
-    run_oracle(job, source=source, pool=pool)
+    run_oracle(job, progress, source=source, pool=pool)
     ids = prompts["prompt_id"].to_list()
     rewards = reward_matrix(load_rollouts(job.out, ["reference"]), "reference", ids)
     return rewards, prompt_features(load_prompts(job.out), ids, "stored") if hidden else None
@@ -361,11 +370,15 @@ class Run:
 
 
 def setup(
-    config: TrainConfig, resume: str | os.PathLike[str] | None = None, force: bool = False
+    config: TrainConfig,
+    resume: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    progress: Any = None,
 ) -> Run:
     """Check the settings against the estimator and claim the run directory (new, empty or
     a training run: never a dataset, unless ``force``), then load data, models, sampler,
-    cache."""
+    cache. ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the
+    reference cache's build and notes on the data; None: Python warnings only."""
     from basis_bench import estimators as E
     from basis_bench.outputs import claim_output_dir, refuse_long_names
 
@@ -383,7 +396,7 @@ def setup(
     device = torch_runtime(config)
     if config.backend == "vllm":
         check_vllm_backend(device)
-    data = load_data(config)
+    data = load_data(config, progress.warning if progress is not None else warnings.warn)
     models = load_models(config, device, resume)
     sampler = make_training_sampler(config, models, data.template)
     ref_rewards = features = None
@@ -399,7 +412,7 @@ def setup(
             else None
         )
         ref_rewards, features = reference_cache(
-            config, data.train_set, of_reference, data.pool, hidden_states
+            config, data.train_set, of_reference, data.pool, hidden_states, progress
         )
     ids = data.train_set["prompt_id"].to_list()
     estimator = make_estimator(config, ids, ref_rewards, features)

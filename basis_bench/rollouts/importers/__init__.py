@@ -1,7 +1,8 @@
 """Importers: rollouts researchers already have, turned into a rollouts dataset.
 
-Four source formats, one module each (docs/schema.md has an example of each): ``counts``,
-``eval-jsonl``, ``acc-history`` and ``long``. :mod:`.options` says how to read the sources,
+Five source formats, one module each (docs/schema.md has an example of each): ``counts``,
+``eval-jsonl``, ``acc-history``, ``long`` and ``lm-eval`` (lm-evaluation-harness's samples
+files). :mod:`.options` says how to read the sources,
 :mod:`.reading` reads them and reports every malformed row, :func:`import_sources` reads and
 checks one import (nothing written) and :func:`write_import` (:mod:`.publishing`)
 publishes it into a dataset.

@@ -1,4 +1,4 @@
-"""The four source formats by name, and :func:`import_sources`, which reads and checks one."""
+"""The source formats by name, and :func:`import_sources`, which reads and checks one."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.importers.acc_history import import_acc_history
 from basis_bench.rollouts.importers.counts import import_counts
 from basis_bench.rollouts.importers.eval_jsonl import import_eval_jsonl
+from basis_bench.rollouts.importers.lm_eval import import_lm_eval
 from basis_bench.rollouts.importers.long import import_long
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import Imported
@@ -20,6 +21,7 @@ IMPORTERS = {  # format name -> reader
     "eval-jsonl": import_eval_jsonl,
     "acc-history": import_acc_history,
     "long": import_long,
+    "lm-eval": import_lm_eval,
 }
 
 

@@ -52,6 +52,17 @@ class ImportOptions:
         "math500_{:03d} maps 7 to math500_007.",
     )
     seed: int = setting(0, help="counts, acc-history: seed of the synthetic order of the rewards.")
+    metric: str | None = setting(
+        None,
+        help="lm-eval: the metric to read as the reward (exact_match, acc, ...). Default: the "
+        "only one the lines name.",
+    )
+    filter_name: str | None = setting(
+        None,
+        flag="--filter",
+        help="lm-eval: the filter whose lines are read (strict-match, flexible-extract, ...). "
+        "Default: the only one the files hold.",
+    )
 
     def __post_init__(self) -> None:
         check_settings(self, label=lambda name: setting_flag(ImportOptions, name))

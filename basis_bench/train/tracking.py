@@ -1,0 +1,149 @@
+"""Experiment trackers for `basis-bench train`: ``report_to`` (TRL's name for it).
+
+Every record the loop writes to ``log.jsonl`` also goes, as scalars at the record's step,
+to each tracker named in ``report_to``: the step's statistics under ``train/`` (rewards,
+losses, baseline and advantage moments, beta, zero-advantage share, tokens), held-out
+accuracy as ``eval/accuracy``, the seconds of each phase under ``seconds/``. Values that
+are not numbers (beta of an estimator without one) are left out. log.jsonl stays the record
+of the run; the trackers are views of it, each an optional extra, none needing a network:
+
+- ``tensorboard``: event files in ``RUN/tensorboard`` (``tensorboard --logdir RUN``);
+  a resumed run purges the events after its checkpoint's step, as log.jsonl does.
+- ``wandb``: a Weights & Biases run in ``RUN/wandb``, project ``$WANDB_PROJECT`` (else
+  ``basis-bench``), named after the run directory, the settings as its config;
+  ``WANDB_MODE=offline`` keeps it on disk (``wandb sync`` uploads it later).
+- ``trackio``: a trackio run, project ``$TRACKIO_PROJECT`` (else ``basis-bench``), stored
+  locally unless trackio is told to use a Space (``trackio show`` opens the dashboard).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from basis_bench.errors import InputError
+
+REPORTERS = ("tensorboard", "wandb", "trackio", "none")
+PROJECT = "basis-bench"
+_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+class Tracker(Protocol):
+    def log(self, scalars: Mapping[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """A log record as tracker scalars: ``train/KEY``, ``eval/accuracy``, ``seconds/PHASE``."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key == "seconds":
+            out.update({f"seconds/{phase}": float(s) for phase, s in value.items()})
+        elif key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+            out["eval/accuracy" if key == "eval_accuracy" else f"train/{key}"] = float(value)
+    return out
+
+
+def check_reporters(report_to: Sequence[str]) -> None:
+    """Each tracker's package imports, checked before any model loads."""
+    for name in report_to:
+        module = _MODULES.get(name)
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise InputError(
+                f"report_to = {name} needs the {module!r} package: "
+                f"pip install 'basis-bench[{name}]'"
+            )
+
+
+class _TensorBoard:
+    def __init__(self, run_dir: Path, start: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step: events at steps >= start, from the run before a resume, are hidden
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start)
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        for name, value in scalars.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()  # each record on disk as it is written, as log.jsonl is
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    def __init__(self, run_dir: Path, settings: Mapping[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", PROJECT),
+            name=run_dir.name,
+            dir=str(run_dir),
+            config=dict(settings),
+        )
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(scalars), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _Trackio:
+    def __init__(self, run_dir: Path, settings: Mapping[str, Any]) -> None:
+        import trackio
+
+        self.trackio = trackio
+        trackio.init(
+            project=os.environ.get("TRACKIO_PROJECT", PROJECT),
+            name=run_dir.name,
+            config=dict(settings),
+        )
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        self.trackio.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
+
+    def close(self) -> None:
+        self.trackio.finish()
+
+
+class Trackers:
+    """The trackers of ``report_to``, fed one log record at a time."""
+
+    def __init__(self, trackers: Sequence[Tracker]) -> None:
+        self.trackers = list(trackers)
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        if self.trackers:
+            values, step = scalars(record), int(record["step"])
+            for tracker in self.trackers:
+                tracker.log(values, step)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+
+
+def open_trackers(
+    report_to: Sequence[str], run_dir: Path, settings: Mapping[str, Any], start: int
+) -> Trackers:
+    """The trackers named in ``report_to`` ("none" and an empty list: none), for a run
+    that writes its records from step ``start`` on (1: a new run, else a resumed one)."""
+    opened: list[Tracker] = []
+    try:
+        for name in dict.fromkeys(report_to):
+            if name == "tensorboard":
+                opened.append(_TensorBoard(run_dir, start))
+            elif name == "wandb":
+                opened.append(_WandB(run_dir, settings))
+            elif name == "trackio":
+                opened.append(_Trackio(run_dir, settings))
+    except BaseException:
+        Trackers(opened).close()
+        raise
+    return Trackers(opened)

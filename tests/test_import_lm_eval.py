@@ -1,0 +1,168 @@
+"""`basis-bench import lm-eval`: lm-evaluation-harness `--log_samples` files, written here
+line by line in the layout lm-eval's evaluator writes (one line per document and filter:
+doc_id, doc, target, arguments, resps, filtered_resps, filter, metrics, the hashes, and
+each metric's value)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, run_main
+
+from basis_bench.errors import InputError
+from basis_bench.rollouts.importers import ImportOptions, import_sources
+from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts
+
+GSM8K = [  # (question, target) of three gsm8k documents
+    ("Janet has 3 apples and buys 2. How many?", "5"),
+    ("A pen costs 4 dollars. What do 3 pens cost?", "12"),
+    ("Tom reads 10 pages a day. How many in 7 days?", "70"),
+]
+
+
+def sample_line(
+    doc_id: int, doc: dict, target: str, resps: list[str], filtered: object, name: str, **metrics
+) -> str:
+    """One line as lm-eval's evaluator logs it (a generate_until task)."""
+    prompt = f"Question: {doc.get('question', '')}\nAnswer:"
+    return json.dumps(
+        {
+            "doc_id": doc_id,
+            "doc": doc,
+            "target": target,
+            "arguments": {"gen_args_0": {"arg_0": prompt, "arg_1": {"until": ["Question:"]}}},
+            "resps": [resps],
+            "filtered_resps": [filtered],
+            "filter": name,
+            "metrics": list(metrics),
+            "doc_hash": f"d{doc_id}",
+            "prompt_hash": f"p{doc_id}",
+            "target_hash": f"t{doc_id}",
+            **metrics,
+        }
+    )
+
+
+def gsm8k_run(path: Path, answers: list[str]) -> Path:
+    """A gsm8k run (repeats 1): per document a strict-match and a flexible-extract line;
+    the strict filter only scores '#### N', the flexible one the last number."""
+    lines = []
+    for doc_id, ((question, target), said) in enumerate(zip(GSM8K, answers, strict=True)):
+        output = f"The answer is {said}."
+        doc = {"question": question, "answer": f"... #### {target}"}
+        lines.append(sample_line(doc_id, doc, target, [output], "[invalid]", "strict-match",
+                                 exact_match=0.0))  # fmt: skip
+        lines.append(sample_line(doc_id, doc, target, [output], said, "flexible-extract",
+                                 exact_match=float(said == target)))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_seed_runs_of_a_task_become_samples_of_the_filter_and_metric_picked(
+    tmp_path, monkeypatch, capsys
+):
+    seed0 = gsm8k_run(tmp_path / "samples_gsm8k_2026-01-01T00-00-00.jsonl", ["5", "13", "70"])
+    seed1 = gsm8k_run(tmp_path / "samples_gsm8k_2026-01-02T00-00-00.jsonl", ["6", "12", "70"])
+    done = run_main(
+        monkeypatch, capsys, "import", "lm-eval", str(seed0), str(seed1), "--policy", "sft",
+        "--filter", "flexible-extract", "--id-format", "gsm8k_{:04d}", "--out", str(tmp_path / "ds"),
+    )  # fmt: skip
+    assert done.code == 0, done.message
+    rollouts = load_rollouts(tmp_path / "ds").sort("prompt_id", "sample_idx")
+    assert rollouts["prompt_id"].to_list() == [f"gsm8k_{i:04d}" for i in (0, 0, 1, 1, 2, 2)]
+    assert rollouts["sample_idx"].to_list() == [0, 1] * 3  # seed 0's line, then seed 1's
+    assert rollouts["reward"].to_list() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert rollouts["response"].to_list()[:2] == ["The answer is 5.", "The answer is 6."]
+    prompts = load_prompts(tmp_path / "ds").sort("prompt_id")  # doc's question, lm-eval's target
+    assert prompts["problem"].to_list() == [q for q, _ in GSM8K]
+    assert prompts["answer"].to_list() == [t for _, t in GSM8K]
+    (meta,) = dataset_metadata(tmp_path / "ds")
+    assert meta["format"] == "lm-eval" and meta["order"] == "source"
+    # the other filter's lines are another reading of the same outputs
+    strict = import_sources(
+        "lm-eval", [seed0, seed1], "sft", ImportOptions(filter_name="strict-match")
+    )
+    assert strict.rollouts["reward"].sum() == 0 and strict.rollouts.height == 6
+
+
+def test_per_repeat_scores_are_samples_with_their_responses_and_a_scalar_is_one(tmp_path):
+    """repeats = 3: a task whose process_results scores each repeat (a list) gives three
+    samples with the three raw outputs; lm-eval's take_first gives one, the first output."""
+    outputs = ["\\boxed{4}", "\\boxed{5}", "\\boxed{4}"]
+    doc = {"problem": "What is 2+2?", "solution": "\\boxed{4}", "answer": "4"}
+    each = tmp_path / "samples_math_each.jsonl"
+    each.write_text(sample_line(7, doc, "4", outputs, outputs, "none", exact_match=[1, 0, True]))
+    result = import_sources("lm-eval", [each], "p", ImportOptions())
+    assert result.rollouts["reward"].to_list() == [1.0, 0.0, 1.0]
+    assert result.rollouts["response"].to_list() == outputs
+    assert result.rollouts["sample_idx"].to_list() == [0, 1, 2]
+    assert result.prompts is not None and result.prompts["problem"].to_list() == [doc["problem"]]
+    first = tmp_path / "samples_math_first.jsonl"
+    first.write_text(sample_line(7, doc, "4", outputs, "\\boxed{4}", "none", exact_match=1))
+    result = import_sources("lm-eval", [first], "p", ImportOptions(answer_col="solution"))
+    assert result.rollouts["reward"].to_list() == [1.0]
+    assert result.rollouts["response"].to_list() == ["\\boxed{4}"]
+    assert result.prompts["answer"].to_list() == ["\\boxed{4}"]
+
+
+def test_a_multiple_choice_task_reads_acc_without_responses(tmp_path):
+    """loglikelihood requests (one per choice): resps are [logprob, is_greedy] pairs, not text."""
+    lines = []
+    for doc_id, acc in enumerate([1, 0, 1]):
+        row = json.loads(sample_line(doc_id, {"question": f"q{doc_id}"}, 2, [], None, "none",
+                                     acc=acc, acc_norm=1 - acc))  # fmt: skip
+        row["resps"] = [[[-1.5, False]], [[-0.5, True]], [[-2.0, False]]]
+        lines.append(json.dumps(row))
+    path = tmp_path / "samples_arc_easy.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match="hold metrics acc, acc_norm; pick one with --metric"):
+        import_sources("lm-eval", [path], "p", ImportOptions())
+    result = import_sources("lm-eval", [path], "p", ImportOptions(metric="acc"))
+    assert result.rollouts["reward"].to_list() == [1.0, 0.0, 1.0]
+    assert "response" not in result.rollouts.columns
+    assert result.prompts["answer"].to_list() == ["2", "2", "2"]  # the target index, as written
+
+
+def test_an_ambiguous_or_misspelt_choice_is_one_line_naming_the_choices(
+    tmp_path, monkeypatch, capsys
+):
+    run = gsm8k_run(tmp_path / "samples_gsm8k.jsonl", ["5", "12", "70"])
+    out = str(tmp_path / "ds")
+    done = run_main(
+        monkeypatch, capsys, "import", "lm-eval", str(run), "--policy", "p", "--out", out
+    )
+    assert_one_line_error(done, "filters strict-match, flexible-extract", "pick one with --filter")
+    done = run_main(monkeypatch, capsys, "import", "lm-eval", str(run), "--policy", "p",
+                    "--filter", "flexible", "--out", out)  # fmt: skip
+    assert_one_line_error(done, "--filter 'flexible'", "strict-match, flexible-extract")
+    done = run_main(monkeypatch, capsys, "import", "lm-eval", str(run), "--policy", "p",
+                    "--filter", "strict-match", "--metric", "acc", "--out", out)  # fmt: skip
+    assert_one_line_error(done, "--metric 'acc'", "metrics exact_match")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_bad_lines_are_reported_with_file_and_line(tmp_path):
+    doc = {"question": "q"}
+    path = tmp_path / "samples_bad.jsonl"
+    path.write_text(
+        sample_line(0, doc, "1", ["a"], "1", "none", exact_match=1.0) + "\n"
+        + sample_line(1, doc, "1", ["a"], "1", "none", exact_match="yes") + "\n"
+        + "not json\n"
+        + sample_line(3, doc, "1", ["a", "b"], ["1"], "none", exact_match=[1, 0, 1]) + "\n"
+        + sample_line(0, doc, "1", ["a"], "1", "none", exact_match=0.0) + "\n"
+    )  # fmt: skip
+    with pytest.raises(InputError) as err:
+        import_sources("lm-eval", [path], "p", ImportOptions())
+    assert "samples_bad.jsonl:3: malformed JSON" in str(err.value)
+    fixed = tmp_path / "samples_fixed.jsonl"
+    fixed.write_text(
+        "".join(line + "\n" for i, line in enumerate(path.read_text().splitlines()) if i != 2)
+    )
+    with pytest.raises(InputError) as err:
+        import_sources("lm-eval", [fixed], "p", ImportOptions())
+    message = str(err.value)
+    assert "samples_fixed.jsonl:2: 'exact_match' is \"yes\", not a number" in message
+    assert "samples_fixed.jsonl:3: 3 'exact_match' values but 2 responses" in message
+    assert "samples_fixed.jsonl:4: duplicate doc_id in one file" in message

@@ -1,0 +1,117 @@
+"""What a training run tells its user, read as the user reads it: `basis-bench train` in a
+fresh process (stderr not a terminal, as in a batch job's log) on a tiny random Llama; its
+TensorBoard events (report_to) read back with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import run_cli
+
+from basis_bench.rollouts.prompts import load_prompt_source
+from basis_bench.train import make_config, read_log
+from basis_bench.train.tracking import scalars
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TRAIN_PROMPTS = "arithmetic:n=8,digits=1,steps=1,ops=+,seed=0"
+EVAL_PROMPTS = "arithmetic:n=40,digits=1,steps=1,ops=+,seed=1"  # some are training prompts
+
+
+def write_config(path: Path, model: Path, root: Path, **extra: object) -> Path:
+    settings = {
+        "model": str(model),
+        "device": "cpu",
+        "cpu_threads": 1,
+        "run_dir": str(root / "run"),
+        "cache_dir": str(root / "cache"),
+        "train_prompts": TRAIN_PROMPTS,
+        "eval_prompts": EVAL_PROMPTS,
+        "instruction": "Answer with the number only.",
+        "answer_format": "number",
+        "rollouts_per_step": 4,
+        "ref_samples": 4,
+        "max_new_tokens": 8,
+        "steps": 2,
+        "eval_every": 1,
+        "checkpoint_every": 2,
+        "seed": 2,
+        **extra,
+    }
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model, tmp_path_factory):
+    """One two-step BASIS run through the CLI: (run directory, its stderr)."""
+    root = tmp_path_factory.mktemp("reporting")
+    config = write_config(root / "run.toml", tiny_model, root, report_to=["tensorboard"])
+    done = run_cli(["train", "--config", str(config)])
+    assert done.returncode == 0, done.stderr
+    return root / "run", " ".join(done.stderr.split())
+
+
+def test_the_reference_cache_build_is_announced_and_counted(trained):
+    _, stderr = trained
+    assert "reference cache: sampling 4 responses to each of 8 training prompts" in stderr
+    assert "reference on hf: 32/32 samples, 8/8 prompts" in stderr
+
+
+def test_a_held_out_count_below_the_configs_is_explained(trained):
+    run_dir, stderr = trained
+    train_ids = load_prompt_source(TRAIN_PROMPTS)["prompt_id"]
+    asked = load_prompt_source(EVAL_PROMPTS)
+    kept = asked.filter(~pl.col("prompt_id").is_in(train_ids.implode())).height
+    assert 0 < kept < asked.height  # the settings do overlap
+    assert (
+        f"held-out accuracy is over {kept} prompts: {asked.height - kept} of the "
+        f"{asked.height} in eval_prompts are training prompts too and are left out"
+    ) in stderr
+    greedy = pl.read_parquet(run_dir / "eval" / "greedy-000000.parquet")
+    assert greedy.height == kept and len(read_log(run_dir)) == 3
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value)]} of a run's TensorBoard events, read by TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
+def test_report_to_tensorboard_holds_every_number_of_the_log(trained):
+    run_dir, _ = trained
+    logged = tensorboard_scalars(run_dir)
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for record in read_log(run_dir):
+        for tag, value in scalars(record).items():
+            expected.setdefault(tag, []).append((record["step"], value))
+    assert logged.keys() == expected.keys()
+    for tag, points in expected.items():  # float32 in the event files
+        assert [s for s, _ in logged[tag]] == [s for s, _ in points], tag
+        for (_, got), (_, want) in zip(logged[tag], points, strict=True):
+            assert got == want or math.isclose(got, want, rel_tol=1e-6), (tag, got, want)
+    # what a TRL user looks for: the reward, the loss, beta, held-out accuracy, phase times
+    assert {"train/mean_reward", "train/loss", "train/beta", "eval/accuracy"} <= logged.keys()
+    assert {"seconds/sample", "seconds/update"} <= logged.keys()
+    assert [s for s, _ in logged["eval/accuracy"]] == [0, 1, 2]
+
+
+def test_report_to_reads_as_trl_spells_it():
+    assert make_config({"report_to": "tensorboard"}).report_to == ("tensorboard",)
+    assert make_config({}, ['report_to=["tensorboard", "wandb"]']).report_to == (
+        "tensorboard",
+        "wandb",
+    )
+    assert make_config({}, ["report_to=wandb,trackio"]).report_to == ("wandb", "trackio")
+    assert make_config({}).report_to == ("none",)
+    with pytest.raises(ValueError, match="report_to must be one of tensorboard, wandb, trackio"):
+        make_config({"report_to": ["tensorbord"]})
