@@ -198,3 +198,63 @@ def test_training_record_reads_writes_and_refuses(tmp_path) -> None:
     (tmp_path / TRAINING_FILE).write_text("[" * 100_000)
     with pytest.raises(InputError, match="not a readable training record"):
         read_training_record(tmp_path)
+
+
+def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from conftest import run_main
+
+    out = tmp_path / "res"
+    run = run_main(monkeypatch, capsys, "evaluate", "--estimators", "grpo,basis_memory",
+                   "--repeats", "3", "--rollouts-per-step", "64", "--no-estimates",
+                   "--out", str(out))  # fmt: skip
+    assert run.code == 0, run.message
+    traj = pl.read_csv(out / "trajectory.csv")
+    whole = traj.filter(pl.col("scope") == "trajectory")
+    assert set(whole["rollouts_spent"]) == {36 * 64}  # steps 5..40 of the training run
+    assert dict(zip(whole["estimator"], whole["prompts_per_step"], strict=True)) == {
+        "grpo": 8, "basis_memory": 64,
+    }  # fmt: skip
+    assert set(traj["schedule"]) == {"steps, budget 64 rollouts a step"}
+    record = json.loads((out / "run.json").read_text())["trajectory"]
+    assert record["steps"] == {"early": 5, "middle": 15, "late": 40}
+    assert "rollouts" in run.out and "whole" in run.out
+
+
+def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from conftest import assert_one_line_error, run_main
+
+    from basis_bench.rollouts.simulate import SimulationConfig, simulate
+
+    root = tmp_path / "sim"
+    simulate(SimulationConfig(n_prompts=24, reference_n=16, checkpoint_n=24), root)
+    common = ["evaluate", "--rollouts", str(root), "--estimators", "grpo", "--repeats", "2",
+              "--ref-n", "16", "--oracle-n", "8", "--batch-size", "8", "--no-estimates"]  # fmt: skip
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-schedule", "steps",
+                   "--out", str(tmp_path / "a"))  # fmt: skip
+    assert_one_line_error(run, "training.json", "--step")
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-schedule", "epochs",
+                   "--rollouts-per-step", "16", "--out", str(tmp_path / "b"))  # fmt: skip
+    assert_one_line_error(run, "--rollouts-per-step", "step schedule")
+    # no training record: auto is the epoch schedule, as before
+    run = run_main(monkeypatch, capsys, *common, "--out", str(tmp_path / "c"))
+    assert run.code == 0 and set(pl.read_csv(tmp_path / "c" / "trajectory.csv")["schedule"]) == {
+        "epochs"
+    }
+    record_step(root, "early", 0)
+    record_step(root, "middle", 10)
+    record_step(root, "late", 20)
+    run = run_main(monkeypatch, capsys, *common, "--out", str(tmp_path / "d"))
+    assert run.code == 0
+    assert "steps" in pl.read_csv(tmp_path / "d" / "trajectory.csv")["schedule"][0]
+    # an epoch option asks for the epoch schedule; with a step option too, one is unused
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-epochs", "2",
+                   "--out", str(tmp_path / "e"))  # fmt: skip
+    assert run.code == 0
+    assert set(pl.read_csv(tmp_path / "e" / "trajectory.csv")["schedule"]) == {"epochs"}
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-epochs", "2", "--folds", "3",
+                   "--out", str(tmp_path / "f"))  # fmt: skip
+    assert_one_line_error(run, "--folds", "step schedule")
