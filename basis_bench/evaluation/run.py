@@ -38,6 +38,7 @@ from basis_bench.evaluation.cost import check_memory, held_bytes
 from basis_bench.evaluation.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
+from basis_bench.evaluation.step_replay import replay_steps
 from basis_bench.evaluation.tables import (
     beta_table,
     claim_results_dir,
@@ -65,7 +66,6 @@ from basis_bench.outputs import (
     provenance,
     write_text_atomic,
 )
-from basis_bench.evaluation.step_replay import replay_steps
 from basis_bench.rollouts.features import check_feature_kind
 from basis_bench.rollouts.store import load_prompts
 from basis_bench.rollouts.training_record import (
@@ -429,9 +429,9 @@ def _schedule_record(cfg: EvaluateConfig, ds: Dataset) -> dict[str, Any]:
             "epochs_per_checkpoint": cfg.trajectory_epochs,
             "blend": cfg.trajectory_blend,
         }
+    at = dict(zip(ds.checkpoints, steps, strict=True))
     return {
-        "schedule": schedule, "steps": dict(zip(ds.checkpoints, steps, strict=True)),
-        "checkpoint_order": sorted(ds.checkpoints, key=dict(zip(ds.checkpoints, steps)).get),
+        "schedule": schedule, "steps": at, "checkpoint_order": sorted(at, key=at.__getitem__),
         "rollouts_per_step": cfg.rollouts_per_step, "batch_size": cfg.batch_size,
         "folds": cfg.folds, "standing_steps": cfg.standing_steps,
     }  # fmt: skip
