@@ -537,8 +537,9 @@ def _checkpoint_marks(ax: Any, df: pl.DataFrame, moving: bool, at: str = "first"
                     ha="left" if at == "first" else "right", va="top", fontsize=6.5,
                     color="0.35", rotation=90 if at == "first" else 0)  # fmt: skip
     ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))
-    if ends["last"].max() == ends["first"].min():  # one step: a readable axis around it
-        ax.set_xlim(ends["first"].min() - 1, ends["last"].max() + 1)
+    lo, hi = int(df["step"].min()), int(df["step"].max())
+    if lo == hi:  # one step: a readable axis around it
+        ax.set_xlim(lo - 1, hi + 1)
 
 
 def fig_trajectory(results: Path) -> Figure:
