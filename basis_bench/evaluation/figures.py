@@ -537,7 +537,7 @@ def _checkpoint_marks(ax: Any, df: pl.DataFrame, moving: bool, at: str = "first"
                     ha="left" if at == "first" else "right", va="top", fontsize=6.5,
                     color="0.35", rotation=90 if at == "first" else 0)  # fmt: skip
     ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))
-    lo, hi = int(df["step"].min()), int(df["step"].max())
+    lo, hi = (int(x) for x in df["step"].to_numpy()[[0, -1]])
     if lo == hi:  # one step: a readable axis around it
         ax.set_xlim(lo - 1, hi + 1)
 
