@@ -14,6 +14,7 @@ checkpoint interval and over the whole trajectory, and the share of 0/1 baseline
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 
 import polars as pl
@@ -31,7 +32,7 @@ def table(result: pl.DataFrame, title: str) -> str:
     """Markdown: one row per estimator, a column per checkpoint interval and the whole."""
     rows = result.filter(pl.col("scope") == "checkpoint")
     names = rows["checkpoint"].unique(maintain_order=True).to_list()
-    heads = [f"{a} -> {b}" for a, b in zip(names, names[1:], strict=False)] + names[-1:]
+    heads = [f"{a} -> {b}" for a, b in itertools.pairwise(names)] + names[-1:]
     whole = result.filter(pl.col("scope") == "trajectory")
     out = [
         f"**{title}**",
