@@ -369,6 +369,128 @@ def test_registry_lookup_and_registration():
     assert "test_constant_half" not in E.ESTIMATORS
 
 
+def test_every_registered_estimator_is_a_step_kernel_factory_that_steps():
+    """One contract: each registry entry builds its kernel, and the kernel runs two steps of
+    two parallel streams; a stateful estimator has no one-step function (none only raises)."""
+    rng = np.random.default_rng(0)
+    p, b, g = 6, 4, 3
+    ref = rng.integers(0, 2, (p, 16)).astype(float)
+    features = rng.normal(size=(p, 2))  # for basis_context
+    table = E.TiltTable.from_cache(ref, None, 0.5, [f"p{i}" for i in range(p)], features)
+    for name, est in E.available().items():
+        opts = est.parse_options()
+        kernel = est.kernel(est, opts, table if est.uses_cache else None, ref, (0.0, 1.0))
+        state = kernel.initial_state((2,))
+        width = est.rollouts_per_prompt(g)
+        for _ in range(2):
+            cols = np.stack([rng.permutation(p)[:b] for _ in range(2)])
+            rewards = rng.integers(0, 2, (2, b, width)).astype(float)
+            out = kernel.step(state, cols, rewards)
+            assert np.shape(out.baselines) == (2, b, width), name
+            assert np.all(np.isfinite(out.baselines)), name
+        assert est.stateful == (est.fn is None), name
+        if est.stateful:
+            with pytest.raises(InputError, match="no one-step call"):
+                est(E.EstimatorInput(np.ones((b, 1))))
+
+
+def test_a_stateful_estimator_registers_its_kernel_alone():
+    """``register_estimator(name, kernel=...)`` registers at once; the decorator form of old
+    still works and only lends its docstring (its body is never the estimator)."""
+
+    class Count:
+        """Counts the steps: a stateful toy."""
+
+        def __init__(self, estimator, options, table, ref_rewards, reward_range):
+            pass
+
+        def initial_state(self, lead):
+            return {"steps": np.zeros(lead)}
+
+        def step(self, state, cols, rewards):
+            state["steps"] += 1
+            return E.StepOutput(rewards * 0 + state["steps"][..., None, None])
+
+    with E.registry.temporary():
+        E.register_estimator("test_count", kernel=Count)
+        assert E.get("test_count").description == "Counts the steps: a stateful toy."
+
+        @E.register_estimator("test_count_old", kernel=Count)
+        def _old(batch, options):
+            """Counts, registered the old way."""
+            raise AssertionError("never called")
+
+        for name in ("test_count", "test_count_old"):
+            est = E.get(name)
+            assert est.stateful and est.fn is None
+            step = E.make_step_estimator(name)
+            step(["a", "b"], np.zeros((2, 1)))
+            assert step(["a", "b"], np.zeros((2, 1))).baselines.tolist() == [[2.0], [2.0]]
+        assert E.get("test_count_old").description == "Counts, registered the old way."
+
+
+# The numbers the Basis and SpoTracker classes gave on main ce9c9a6, before they became names
+# for make_step_estimator: three batches of a stream, per option set (baselines, beta, index).
+PINNED_BATCHES = [
+    (["p0", "p3", "p5", "p6"], [1.0, 0.0, 1.0, 1.0]),
+    (["p1", "p2", "p3", "p7"], [0.0, 0.0, 1.0, 0.0]),
+    (["p4", "p0", "p6", "p2"], [1.0, 1.0, 0.0, 1.0]),
+]
+PINNED_BASIS = [
+    ({}, [
+        ([0.8340790190139855, 0.7510071262686628, 0.6149107707944701, 0.8044190205659604], 0.905804597100207, 18),
+        ([0.3461538461538461, 0.7307692307692307, 0.5, 0.5769230769230769], math.inf, 32),
+        ([0.681986409341876, 0.7238392683968259, 0.681986409341876, 0.8101968118075114], 2.2086723515700353, 14),
+    ]),
+    ({"calibration": "previous"}, [
+        ([0.625, 0.5, 0.3461538461538461, 0.5769230769230769], math.inf, 32),
+        ([0.6149107707944701, 0.8911478386458653, 0.7510071262686628, 0.8044190205659604], 0.905804597100207, 18),
+        ([0.5769230769230769, 0.625, 0.5769230769230769, 0.7307692307692307], math.inf, 32),
+    ]),
+    ({"calibration": "fixed", "fixed_beta": 2.0}, [
+        ([0.7331816940508624, 0.6224593312018546, 0.4660551039608244, 0.6921425176015688], 2.0, 0),
+        ([0.4660551039608244, 0.8173549539017856, 0.6224593312018546, 0.6921425176015688], 2.0, 0),
+        ([0.6921425176015688, 0.7331816940508624, 0.6921425176015688, 0.8173549539017856], 2.0, 0),
+    ]),
+    ({"variant": "vop", "eps": 1e-4}, [
+        ([0.6611753444195398, 0.8789825730082886, 0.5206754896874799, 0.6519884531929958], 0.905804597100207, 18),
+        ([0.11390532544378698, 0.37542265426880816, 0.5, 0.22004437869822488], math.inf, 32),
+        ([0.604197872782291, 0.6371602327359612, 0.8179186029205869, 0.692968966418337], 2.2086723515700353, 14),
+    ]),
+]  # fmt: skip
+PINNED_SPO = [
+    [0.625, 0.5, 0.34615384615384615, 0.5769230769230769],
+    [0.34615384615384615, 0.7307692307692307, 0.4, 0.5769230769230769],
+    [0.5769230769230769, 0.7, 0.6615384615384615, 0.5846153846153845],
+]
+
+
+def _pinned_cache() -> tuple[list[str], np.ndarray]:
+    rng = np.random.default_rng(7)
+    ref = rng.integers(0, 2, (8, 12)).astype(float)
+    ref[0, 3] = np.nan
+    return [f"p{i}" for i in range(8)], ref
+
+
+@pytest.mark.parametrize(("options", "want"), PINNED_BASIS)
+def test_basis_gives_the_numbers_of_the_class_it_replaced(options, want):
+    ids, ref = _pinned_cache()
+    basis = E.Basis(ids, ref, **options)
+    assert isinstance(basis, E.StepEstimator)
+    for (batch, rewards), (values, beta, index) in zip(PINNED_BATCHES, want, strict=True):
+        out = basis(batch, np.array(rewards))
+        np.testing.assert_allclose(out.baselines, values, rtol=1e-14, atol=0)
+        assert (out.beta, out.beta_index) == (beta, index)
+
+
+def test_spo_tracker_gives_the_numbers_of_the_class_it_replaced():
+    ids, ref = _pinned_cache()
+    tracker = E.SpoTracker(ids, ref, decay=0.8)
+    assert isinstance(tracker, E.StepEstimator)
+    for (batch, rewards), values in zip(PINNED_BATCHES, PINNED_SPO, strict=True):
+        np.testing.assert_allclose(tracker(batch, np.array(rewards)).baselines, values, rtol=1e-14)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     data=st.data(),

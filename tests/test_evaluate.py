@@ -502,20 +502,27 @@ def test_cli_option_reaches_one_estimator(small, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "q").exists()
 
 
-def test_spo_tracker_runs_with_all_and_by_name_only(tilt_data, tilt_result, tmp_path):
-    rows = tilt_result.summary.filter(pl.col("estimator") == "spo_tracker")
-    assert sorted(rows["checkpoint"]) == sorted(tilt_result.summary["checkpoint"].unique())
-    assert rows["mse"].is_finite().all() and tilt_result.run.tracker["repeats"] == 200
+def test_stateful_estimators_run_through_the_trajectory_only(tilt_data, tilt_result, tmp_path):
+    """Every stateful estimator, the SPO tracker included, goes through the one trajectory
+    replay: rows in trajectory.csv, none in summary.csv, with ``all`` and when named."""
+    stateful = {name for name, e in ESTIMATORS.items() if e.stateful}
+    assert "spo_tracker" in stateful
+    assert not stateful & set(tilt_result.summary["estimator"])
+    assert tilt_result.trajectory is not None
+    rows = tilt_result.trajectory.filter(
+        (pl.col("estimator") == "spo_tracker") & (pl.col("scope") == "checkpoint")
+    )
+    assert rows["checkpoint"].to_list() == tilt_result.run.trajectory["checkpoint_order"]
+    assert rows["mse"].is_finite().all() and tilt_result.run.trajectory["repeats"] == 200
     named = evaluate(
-        EvaluateConfig(rollouts=str(tilt_data), estimators=("basis", "spo_tracker"), **FAST),
+        EvaluateConfig(rollouts=str(tilt_data), estimators=("spo_tracker", "basis"), **FAST),
         tmp_path / "a",
     )
-    assert set(named.summary["estimator"]) == {"basis", "spo_tracker"}
-    assert named.summary.filter(pl.col("estimator") == "spo_tracker").equals(rows)
-    plain = evaluate(
-        EvaluateConfig(rollouts=str(tilt_data), estimators=("basis",), **FAST), tmp_path / "b"
-    )
-    assert set(plain.summary["estimator"]) == {"basis"} and plain.run.tracker is None
+    assert set(named.summary["estimator"]) == {"basis"}
+    assert named.trajectory is not None
+    assert named.trajectory["estimator"].unique(maintain_order=True).to_list() == [
+        "spo_tracker", "basis"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

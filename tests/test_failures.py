@@ -1154,7 +1154,7 @@ def test_a_failed_run_keeps_the_earlier_run_whole(monkeypatch, capsys, sim_datas
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "summary.csv"))
 
-    monkeypatch.setattr(run_module, "_tracker", full)  # after every per-batch table
+    monkeypatch.setattr(run_module, "_trajectory", full)  # after every per-batch table
     result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out, "--seed", "1"))
     assert_one_line_error(result, "no space left", "earlier run whole", code=1)
     assert snapshot(out) == before
@@ -1312,7 +1312,8 @@ def test_estimator_lists(sim_dataset, tmp_path):
     only = evaluate(
         EvaluateConfig(**{**cfg.__dict__, "estimators": ("spo_tracker",)}), tmp_path / "a"
     )
-    assert set(only.summary["estimator"]) == {"spo_tracker"}
+    assert only.trajectory is not None and only.summary.is_empty()
+    assert set(only.trajectory["estimator"]) == {"spo_tracker"}
     both = evaluate(
         EvaluateConfig(**{**cfg.__dict__, "estimators": ("all", "basis")}), tmp_path / "b"
     )
@@ -1540,7 +1541,8 @@ def test_rewards_outside_unit_interval_name_the_tracker_before_the_replay(
     monkeypatch.setattr(run_module, "_replay_all", no_replay)
     result = run_main(monkeypatch, capsys, *evaluate_args(data, tmp_path / "r"))
     assert_one_line_error(result, "outside [0, 1]", "spo_tracker", "--estimators vanilla,")
-    assert "spo_tracker" not in result.message.split("drop it:")[1]  # the list to keep had it
+    assert "basis_memory" in result.message  # its Beta posterior needs [0, 1] too
+    assert "spo_tracker" not in result.message.split("--estimators")[1]  # the list to keep had it
     assert not (tmp_path / "r").exists()
 
 

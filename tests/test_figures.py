@@ -97,7 +97,7 @@ def test_sensitivity_sweeps_each_knob_and_skips_what_the_data_cannot_support(res
 # The display names the estimators declare at registration, in registration order.
 ONE_STEP_LABELS = [
     "REINFORCE++", "GRPO (G=8)", "RLOO (G=8)", "Reference mean", "Offline $\\hat V$", "BASIS",
-    "BASIS (paper)", "BASIS-VOP", "BASIS-RVG", "James-Stein (G=8)", "A*-PO", "SPO tracker",
+    "BASIS (paper)", "BASIS-VOP", "BASIS-RVG", "James-Stein (G=8)", "A*-PO",
 ]  # fmt: skip
 LINE_PLOT_LABELS = [
     "REINFORCE++", "GRPO (G=8)", "RLOO (G=8)", "Reference mean", "Offline $\\hat V$", "BASIS",
@@ -224,6 +224,12 @@ def test_sensitivity_and_trajectory_draw_one_line_per_series(results, drawn):
     assert _texts(fig.legends[0]) == checkpoints
     (ax,) = drawn["fig_trajectory"].axes
     epochs = pl.read_csv(results / "trajectory.csv").filter(pl.col("scope") == "epoch")
-    labels = [*ONE_STEP_LABELS[:9], "BASIS memory", "BASIS context", *ONE_STEP_LABELS[9:]]
+    labels = [
+        *ONE_STEP_LABELS[:9],
+        "BASIS memory",
+        "BASIS context",
+        *ONE_STEP_LABELS[9:],
+        "SPO tracker",
+    ]
     assert _texts(ax.get_legend()) == ["REINFORCE (b=0)", *labels]
     assert len(ax.collections) == epochs["estimator"].n_unique()  # one CI band per line

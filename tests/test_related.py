@@ -23,7 +23,11 @@ from basis_bench.estimators import (
     tilted_moments,
 )
 from basis_bench.estimators.related import hermite_weights
-from basis_bench.evaluation.trajectory import replay_tracker, tracker_prompts
+from basis_bench.evaluation.trajectory import (
+    TrajectorySettings,
+    replay_trajectory,
+    shared_prompts,
+)
 
 RNG = np.random.default_rng(7)
 
@@ -206,17 +210,17 @@ def test_spo_step_vectorises_over_repeats() -> None:
 def test_spo_tracker_hand_computed() -> None:
     # n = 4 reference samples, k = 1: p0 = 1.5 / 5 = 0.3; decay 0.875 -> N0 = 8.
     tracker = SpoTracker(["a", "b"], np.array([[1.0, 0, 0, 0], [1, 1, 1, 1]]))
-    np.testing.assert_allclose(tracker.alpha, [2.4, 8 * 4.5 / 5])
-    first = tracker(["a"], np.array([1.0]))
+    np.testing.assert_allclose(tracker.state["alpha"], [2.4, 8 * 4.5 / 5])
+    first = tracker(["a"], np.array([1.0])).baselines
     assert first[0] == pytest.approx(0.3)
     # alpha = .875 * 2.4 + 1 = 3.1, beta = .875 * 5.6 = 4.9 -> 3.1 / 8.
-    assert tracker.values(["a"])[0] == pytest.approx(3.1 / 8)
-    out = tracker(["a", "b"], torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert tracker.state["alpha"][0] / 8 == pytest.approx(3.1 / 8)
+    out = tracker(["a", "b"], torch.tensor([0.0, 1.0], dtype=torch.float64)).baselines
     assert isinstance(out, torch.Tensor)
     assert out.tolist() == pytest.approx([3.1 / 8, 0.9])
     with pytest.raises(InputError, match="not in the reference cache"):
         tracker(["zzz"], np.array([1.0]))
-    with pytest.raises(InputError, match=r"\[0, 1\]"):
+    with pytest.raises(InputError, match=r"outside the declared reward range \[0.0, 1.0\]"):
         tracker(["a"], np.array([2.0]))
 
 
@@ -230,6 +234,16 @@ def test_spo_prior_options_and_errors() -> None:
 
 
 # --------------------------------------------------------------------------- tracker replay
+
+
+def replay_tracker(
+    df: pl.DataFrame, reference: str, checkpoints: list[str], **settings: int
+) -> pl.DataFrame:
+    """The SPO tracker alone through trajectory replay: its rows per checkpoint."""
+    table, _ = replay_trajectory(
+        df, reference, checkpoints, ["spo_tracker"], TrajectorySettings(**settings)
+    )
+    return table.filter(pl.col("scope") == "checkpoint")
 
 
 def test_replay_tracker_hand_computed() -> None:
@@ -271,10 +285,6 @@ def test_replay_tracker_hand_computed() -> None:
             r = v[4]
             alpha[p], beta[p] = decay * alpha[p] + r, decay * beta[p] + 1 - r
         want.append((np.mean(sq), np.mean(sq) - np.mean(noise)))
-    assert out.columns == [
-        "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected",
-        "ci_low", "ci_high", "extreme_rate", "n_estimates",
-    ]  # fmt: skip
     assert out["checkpoint"].to_list() == ["early", "late"]
     assert out["estimator"].to_list() == ["spo_tracker"] * 2
     np.testing.assert_allclose(out["mse"].to_numpy(), [w[0] for w in want])
@@ -316,7 +326,7 @@ def test_replay_tracker_errors() -> None:
             rollouts_frame("other", {"a": [1.0] * 3}),
         ]
     )
-    ids, dropped = tracker_prompts(df, "reference", ["ck", "other"])
+    ids, dropped = shared_prompts(df, "reference", ["ck", "other"])
     assert list(ids) == ["a"] and dropped == 1
     with pytest.raises(InputError, match="no rollouts"):
         replay_tracker(df, "reference", ["nope"], batch_size=1, oracle_n=2)

@@ -1,5 +1,5 @@
 """Trajectory replay: a stateless estimator's trajectory equals independent per-step calls,
-the SPO tracker's summary rows are unchanged, and evaluate writes trajectory.csv."""
+the SPO tracker's rows equal a loop over tracker objects, and evaluate writes trajectory.csv."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get, m
 from basis_bench.evaluation import trajectory
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
-    replay_tracker,
     replay_trajectory,
-    tracker_prompts,
+    shared_prompts,
 )
 from basis_bench.rollouts.store import reward_matrix
 
@@ -46,7 +45,7 @@ SETTINGS = TrajectorySettings(
 
 def _per_step_reference(df, name, settings):
     """Redraw the replay's randomness and call the estimator step by step, repeat by repeat."""
-    ids, _ = tracker_prompts(df, "reference", ["a", "b"])
+    ids, _ = shared_prompts(df, "reference", ["a", "b"])
     cache = reward_matrix(df, "reference", ids)[:, : settings.ref_n]
     table = TiltTable.from_cache(cache, None, settings.prior, list(ids))
     est = get(name)
@@ -91,11 +90,13 @@ def test_stateless_trajectory_equals_independent_per_step_calls(name):
     assert len(curves[name]) == 4 * (20 // 6)
 
 
-def test_spo_tracker_summary_rows_are_the_tracker_class_replayed():
-    """replay_tracker (now on the shared step interface) equals a loop over SpoTracker objects."""
+def test_spo_tracker_rows_are_the_tracker_replayed_step_by_step():
+    """The tracker's trajectory rows equal a loop over SpoTracker step estimators."""
     df = _rollouts(seed=2)
-    got = replay_tracker(df, "reference", ["a", "b"], batch_size=5, repeats=2, oracle_n=4, ref_n=8)
-    ids, _ = tracker_prompts(df, "reference", ["a", "b"])
+    settings = TrajectorySettings(batch_size=5, repeats=2, oracle_n=4, ref_n=8)
+    table, _ = replay_trajectory(df, "reference", ["a", "b"], ["spo_tracker"], settings)
+    got = table.filter(pl.col("scope") == "checkpoint")
+    ids, _ = shared_prompts(df, "reference", ["a", "b"])
     cache = reward_matrix(df, "reference", ids)[:, :8]
     trackers = [SpoTracker(list(ids), cache) for _ in range(2)]
     rng = np.random.default_rng(0)
@@ -109,7 +110,7 @@ def test_spo_tracker_summary_rows_are_the_tracker_class_replayed():
         r = pool[index, col]
         sq = [
             np.concatenate([
-                (trackers[j]([ids[i] for i in index[j, s : s + 5]], r[j, s : s + 5])
+                (trackers[j]([ids[i] for i in index[j, s : s + 5]], r[j, s : s + 5]).baselines
                  - oracle[index[j, s : s + 5]]) ** 2
                 for s in range(0, p, 5)
             ]).mean()
@@ -185,7 +186,7 @@ def test_blend_is_the_mixture_policy_and_its_oracle():
     w = np.r_[np.arange(epochs) / epochs, np.zeros(epochs)]  # b is last: no next, it stays
     want_oracle = np.r_[w[:epochs], np.ones(epochs)]
     assert rows.filter(pl.col("estimator") == "grpo")["next_share"].to_list() == list(w)
-    ids, _ = tracker_prompts(df, "reference", ["a", "b"])
+    ids, _ = shared_prompts(df, "reference", ["a", "b"])
     k = reward_matrix(df, "reference", ids).sum(axis=1)
     v_ref = (k + 0.5) / (8 + 1)  # the smoothed reference rate (Jeffreys)
     ref = rows.filter(pl.col("estimator") == "reference_mean")

@@ -6,11 +6,12 @@ BASIS in three steps (see docs/method.md for the derivations):
    from cached reference rollouts, for a grid of betas (:class:`TiltTable` holds it).
 2. :func:`refine`: leave-one-out BLUE refinement that borrows the other prompts' rewards.
 3. :func:`select_beta` / :func:`basis_estimate`: calibrate beta on the batch, then refine;
-   :class:`Basis` does all three for a stream of training batches.
+   :func:`Basis` does all three for a stream of training batches.
 
 The baselines :func:`vanilla`, :func:`reinforce_pp`, :func:`grpo`, :func:`rloo` need only
 the step's rewards. Every estimator is registered in :data:`ESTIMATORS` (:func:`get` by
-name) with one uniform call on an :class:`EstimatorInput` and its own typed options
+name) as a step-kernel factory (:mod:`basis_bench.estimators.kernel`), the stateless ones
+also with one uniform call on an :class:`EstimatorInput`, each with its own typed options
 (:mod:`basis_bench.estimators.options`; :func:`parse_options` builds them from a mapping).
 :func:`make_step_estimator` is the one entry point of a training loop. Third-party
 packages add estimators through the entry point group ``basis_bench.estimators``. All
@@ -20,7 +21,7 @@ functions accept numpy arrays and torch tensors alike and keep their dtype and d
 # Import order is registration order, which is the order of ``--estimators all``.
 from basis_bench.estimators import registry
 from basis_bench.estimators.baselines import grpo, reinforce_pp, rloo, vanilla
-from basis_bench.estimators.basis import BASIS_FAMILY, Basis, basis_values
+from basis_bench.estimators.basis import BASIS_FAMILY, Basis, BasisKernel, basis_values
 from basis_bench.estimators.calibrate import (
     active_fraction,
     basis_estimate,
@@ -29,6 +30,7 @@ from basis_bench.estimators.calibrate import (
     take_beta,
 )
 from basis_bench.estimators.context import ContextOptions
+from basis_bench.estimators.kernel import StatelessKernel, StepKernel
 from basis_bench.estimators.memory import MemoryOptions, memory_values
 from basis_bench.estimators.options import (
     ApoOptions,
@@ -60,14 +62,7 @@ from basis_bench.estimators.related import (
     spo_prior,
     spo_step,
 )
-from basis_bench.estimators.step import (
-    BasisKernel,
-    StatelessKernel,
-    StepEstimator,
-    StepKernel,
-    make_kernel,
-    make_step_estimator,
-)
+from basis_bench.estimators.step import StepEstimator, make_step_estimator
 from basis_bench.estimators.table import PromptIndex, TiltTable
 from basis_bench.estimators.tilt import default_betas, is_binary, tilted_moments, tilted_value
 
@@ -108,7 +103,6 @@ __all__ = [
     "is_binary",
     "james_stein",
     "load_plugins",
-    "make_kernel",
     "make_step_estimator",
     "memory_values",
     "parse_options",

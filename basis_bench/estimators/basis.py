@@ -1,10 +1,11 @@
-"""BASIS as a stateful object for training loops, and its registered one-step estimators.
+"""BASIS's registered one-step estimators, their step kernel, and :func:`Basis` for a stream.
 
-:class:`Basis` is built once from the reference cache (prompt ids and their n cached
-rewards) into a :class:`~basis_bench.estimators.table.TiltTable`; each step gathers the
-batch's columns, calibrates beta (``current``, ``previous`` or ``fixed``) and refines.
-With ``previous``, the first step uses beta = inf: the initial policy is the reference
-policy.
+:func:`Basis` is ``make_step_estimator("basis", ...)``: built once from the reference cache
+(prompt ids and their n cached rewards) into a
+:class:`~basis_bench.estimators.table.TiltTable`; each step gathers the batch's columns,
+calibrates beta (``current``, ``previous`` or ``fixed``) and refines. With ``previous``,
+the first step uses beta = inf: the initial policy is the reference policy
+(:class:`BasisKernel` carries the grid index).
 
 Registered here: ``reference_mean`` (beta = inf, no refinement), ``offline`` (V^ at the
 calibrated beta), ``basis`` (UNB), ``basis_vop`` and ``basis_rvg``, all reading
@@ -14,13 +15,15 @@ calibrated beta), ``basis`` (UNB), ``basis_vop`` and ``basis_rvg``, all reading
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, as_rewards, check_rewards
-from basis_bench.estimators.calibrate import estimate_with
+from basis_bench.estimators._array import Array, RewardRange, asarray_like, to_numpy
+from basis_bench.estimators.calibrate import estimate_with, take_beta
+from basis_bench.estimators.kernel import EstimatorInput, State, batch_input
 from basis_bench.estimators.options import (
     DEFAULT_PRIOR,
     BasisOptions,
@@ -28,7 +31,8 @@ from basis_bench.estimators.options import (
     options_from_mapping,
 )
 from basis_bench.estimators.output import StepOutput
-from basis_bench.estimators.registry import EstimatorInput, register_estimator
+from basis_bench.estimators.registry import register_estimator
+from basis_bench.estimators.step import StepEstimator, make_step_estimator
 from basis_bench.estimators.table import TiltTable, grid_beta_index, inf_index
 
 BASIS_NAME = "basis"
@@ -40,91 +44,92 @@ BASIS_VARIANTS = (BASIS_PAPER_NAME, "basis_vop", "basis_rvg")
 BASIS_FAMILY = (OFFLINE_NAME, BASIS_NAME, *BASIS_VARIANTS)
 
 
-class Basis:
-    """Single-rollout baselines b_i = V~_{i, beta_t} for a stream of training batches.
+def Basis(
+    prompt_ids: Sequence[str],
+    ref_rewards: Array,
+    betas: Sequence[float] | np.ndarray | None = None,
+    prior: float = DEFAULT_PRIOR,
+    options: BasisOptions | dict[str, Any] | None = None,
+    reward_range: RewardRange = (0.0, 1.0),
+    **option_values: Any,
+) -> StepEstimator:
+    """BASIS for a stream of training batches: ``make_step_estimator("basis", ...)``.
 
     ``options`` is a :class:`BasisOptions` or a ``{key: value}`` mapping of its fields; the
-    same keys may also be passed as keywords (``Basis(ids, ref, eps=1e-4)``). With
-    ``calibration="fixed"`` the grid is ``[fixed_beta]`` itself. ``betas`` and ``prior``
-    shape the tilt table; ``table`` may be given instead of building it from the cache.
+    same keys may also be passed as keywords (``Basis(ids, ref, eps=1e-4)``). Call it with a
+    batch's prompt ids and rewards (B,), one per prompt: baselines b_i = V~_{i, beta_t} (B,).
+    """
+    opts = options if isinstance(options, BasisOptions) else BasisOptions()
+    values = {**(options if isinstance(options, dict) else {}), **option_values}
+    return make_step_estimator(
+        BASIS_NAME,
+        options_from_mapping(BasisOptions, values, "Basis", opts),
+        prompt_ids=prompt_ids,
+        ref_rewards=ref_rewards,
+        betas=betas,
+        prior=prior,
+        reward_range=reward_range,
+    )
+
+
+class BasisKernel:
+    """The BASIS family: state = the grid index that ``previous`` calibration applies next.
+
+    ``current`` and ``fixed`` go through the registered estimator (and report the chosen
+    beta); ``previous`` evaluates the registered estimator on the one-row grid of each
+    stream's previous beta, then calibrates on this batch (no refinement) for the next.
+    The first step uses beta = inf: the initial policy is the reference.
     """
 
     def __init__(
         self,
-        prompt_ids: Sequence[str],
-        ref_rewards: Array,
-        betas: Sequence[float] | np.ndarray | None = None,
-        prior: float = DEFAULT_PRIOR,
-        options: BasisOptions | dict[str, Any] | None = None,
-        reward_range: RewardRange = (0.0, 1.0),
-        **option_values: Any,
+        estimator: Any,
+        options: BasisOptions,
+        table: TiltTable,
+        ref_rewards: np.ndarray | None,
+        reward_range: RewardRange,
     ) -> None:
-        opts = options if isinstance(options, BasisOptions) else BasisOptions()
-        values = {**(options if isinstance(options, dict) else {}), **option_values}
-        self.options = options_from_mapping(BasisOptions, values, "Basis", opts)
-        if self.options.calibration == "fixed":
-            betas = [self.options.fixed_beta]  # type: ignore[list-item]
-        self.table = TiltTable.from_cache(ref_rewards, betas, prior, prompt_ids)
+        self.estimator, self.options, self.table = estimator, options, table
         self.reward_range = reward_range
+
+    @property
+    def carries_state(self) -> bool:
+        """Only ``previous`` calibration carries its grid index from one step to the next."""
+        return self.options.calibration == "previous"
+
+    def initial_state(self, lead: tuple[int, ...]) -> State:
         inf = self.table.inf_index
-        # The grid index that ``previous`` calibration applies to the next batch; public so a
-        # training loop can save and restore it with its checkpoints.
-        self.previous_index = inf if inf is not None else 0
+        return {"previous_index": np.full(lead, inf if inf is not None else 0, dtype=np.int64)}
 
-    @property
-    def calibration(self) -> str:
-        return self.options.calibration
+    def step(self, state: State, cols: np.ndarray, rewards: Array) -> StepOutput:
+        inputs = batch_input(self.table, cols, rewards, self.reward_range)
+        betas = self.table.betas
+        if self.options.calibration != "previous":
+            values = self.estimator(inputs, self.options)
+            return _basis_output(values, to_numpy(calibrated_index(inputs, self.options)), betas)
+        chosen = state["previous_index"].copy()
+        assert inputs.v_grid is not None and inputs.var_grid is not None
+        idx = asarray_like(chosen, rewards[..., 0])
+        one_v = take_beta(inputs.v_grid, idx)[None]
+        one_var = take_beta(inputs.var_grid, idx)[None]
+        one = EstimatorInput(rewards, one_v, one_var, np.array([1.0]), self.reward_range)
+        at_chosen = replace(self.options, calibration="fixed", fixed_beta=1.0)
+        values = self.estimator(one, at_chosen)
+        now = calibrated_index(inputs, replace(self.options, calibration="current"))
+        state["previous_index"][...] = to_numpy(now)
+        return _basis_output(values, chosen, betas)
 
-    @property
-    def betas(self) -> np.ndarray:
-        return self.table.betas
 
-    @property
-    def v_table(self) -> np.ndarray:
-        return self.table.values
-
-    @property
-    def var_table(self) -> np.ndarray:
-        return self.table.variances
-
-    @property
-    def columns(self) -> Any:
-        return self.table.index
-
-    def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> StepOutput:
-        """Baselines for one batch: rewards (B,), one per prompt in ``prompt_ids``."""
-        rewards = as_rewards(rewards)
-        if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
-            raise InputError(
-                f"rewards must be ({len(prompt_ids)},), one per prompt id; got {tuple(rewards.shape)}"
-            )
-        if self.options.refine and rewards.shape[0] < 2:
-            raise InputError(
-                "BASIS's refinement needs a batch of at least 2 prompts (it leaves one out); "
-                f"got {rewards.shape[0]}: batch several prompts, or pass refine=False"
-            )
-        check_rewards(rewards, self.reward_range)
-        v_grid, var_grid = self.table.gather(self.table.columns(prompt_ids), like=rewards)
-        if self.calibration == "current":
-            values, index = estimate_with(
-                v_grid, var_grid, rewards, self.options, reward_range=self.reward_range
-            )
-            return StepOutput(values, float(self.betas[int(index)]), int(index))
-        chosen = self.previous_index if self.calibration == "previous" else 0
-        values, _ = estimate_with(
-            v_grid, var_grid, rewards, self.options, "fixed", chosen, self.reward_range
-        )
-        if self.calibration == "previous":
-            offline = _offline(self.options)
-            _, now = estimate_with(v_grid, var_grid, rewards, offline, "current")
-            self.previous_index = int(now)
-        return StepOutput(values, float(self.betas[chosen]), chosen)
+def _basis_output(values: Array, index: np.ndarray, betas: np.ndarray) -> StepOutput:
+    index = np.asarray(index, dtype=np.int64)
+    beta = betas[index]
+    if index.ndim == 0:
+        return StepOutput(values, float(beta), int(index))
+    return StepOutput(values, beta, index)
 
 
 def _offline(opts: BasisOptions) -> BasisOptions:
     """The same options without refinement (only the calibrated beta is wanted)."""
-    from dataclasses import replace
-
     return replace(opts, refine=False)
 
 
@@ -219,4 +224,5 @@ for _name, _label, _colour, _text, _defaults in (
         defaults=_defaults,
         label=_label,
         colour=_colour,
+        call_kernel=BasisKernel,
     )(_basis)

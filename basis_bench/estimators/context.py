@@ -32,10 +32,9 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange
+from basis_bench.estimators._array import RewardRange
 from basis_bench.estimators.memory import History, MemoryKernel, MemoryOptions
-from basis_bench.estimators.registry import EstimatorInput, register_estimator
+from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
 from basis_bench.settings import check_settings, setting
 
@@ -205,7 +204,7 @@ class ContextKernel(MemoryKernel):
         state["coef"] += step
 
 
-@register_estimator(
+register_estimator(
     "basis_context",
     uses_cache=True,
     options=ContextOptions,
@@ -213,7 +212,7 @@ class ContextKernel(MemoryKernel):
     label="BASIS context",
     colour="darkcyan",
     uses_features=True,
+    description="BASIS context: basis_memory plus its candidates moved by an online fit of the "
+    "lag and w . phi(x).",
+    reward_bounds=(0.0, 1.0),
 )
-def _basis_context(batch: EstimatorInput, options: ContextOptions) -> Array:
-    """BASIS context: basis_memory plus its candidates moved by an online fit of the lag and w . phi(x)."""
-    raise InputError("basis_context is stateful; use make_step_estimator or trajectory replay")

@@ -46,7 +46,7 @@ from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
 from basis_bench.estimators.options import LOSSES, _help, _number, _set
 from basis_bench.estimators.output import StepOutput
-from basis_bench.estimators.registry import EstimatorInput, register_estimator
+from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
 
 MEMORY_GAMMAS = (0.5, 0.75, 0.9, 1.0)
@@ -330,14 +330,14 @@ def _mode(index: np.ndarray) -> np.ndarray:
     return np.argmax(counts, axis=-1)
 
 
-@register_estimator(
+register_estimator(
     "basis_memory",
     uses_cache=True,
     options=MemoryOptions,
     kernel=MemoryKernel,
     label="BASIS memory",
     colour="navy",
+    description="BASIS memory: Beta posterior with the tilted value as prior and the prompt's "
+    "own past rollouts.",
+    reward_bounds=(0.0, 1.0),
 )
-def _basis_memory(batch: EstimatorInput, options: MemoryOptions) -> Array:
-    """BASIS memory: Beta posterior with the tilted value as prior and the prompt's own past rollouts."""
-    raise InputError("basis_memory is stateful; use make_step_estimator or trajectory replay")

@@ -11,7 +11,7 @@ from basis_bench.estimators._array import Array
 
 @dataclass(frozen=True)
 class StepOutput:
-    """Baselines of one step ((..., B, G) from a step estimator, (B,) from :class:`Basis`);
+    """Baselines of one step ((..., B, G) from a step estimator, (B,) when it was given (B,));
     the calibrated beta and its grid index (scalars for one stream, arrays (...) over
     parallel streams; None where there is none); ``info``: an estimator's other per-step
     choices (``basis_memory``: gamma and m per prompt)."""

@@ -1,13 +1,19 @@
 """Name -> estimator registry, in the style of verl's advantage-estimator registry.
 
-Every registered estimator has one uniform call, ``est(batch, options)``, that maps an
-:class:`EstimatorInput` to baselines of shape (..., B, G), one per rollout, so the
-benchmark and the training loop can treat them alike. ``options`` is an instance of the
-estimator's own options dataclass (:mod:`basis_bench.estimators.options`), never another
-estimator's. Register your own with::
+Every registered estimator is a step-kernel factory (:mod:`basis_bench.estimators.kernel`),
+so the benchmark, trajectory replay and the training loop run them alike. One registered
+with a one-step function also has the uniform call ``est(batch, options)``, mapping an
+:class:`EstimatorInput` to baselines of shape (..., B, G), one per rollout, and its kernel
+is that call (:class:`~basis_bench.estimators.kernel.StatelessKernel`). ``options`` is an
+instance of the estimator's own options dataclass (:mod:`basis_bench.estimators.options`),
+never another estimator's. Register your own with::
 
     @register_estimator("my_baseline", uses_cache=True, options=MyOptions)
     def my_baseline(batch: EstimatorInput, options: MyOptions) -> Array: ...
+
+or, for an estimator that carries state across steps, with its kernel alone::
+
+    register_estimator("my_tracker", uses_cache=True, options=MyOptions, kernel=MyKernel)
 
 The registry holds no estimators of its own: each module of the package registers its
 estimators when imported (``basis_bench.estimators`` imports them all), and third-party
@@ -28,6 +34,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, as_rewards, check_rewards
+from basis_bench.estimators.kernel import EstimatorInput, StatelessKernel, StepKernel
 from basis_bench.estimators.options import NoOptions, as_dict, options_from_mapping
 
 ENTRY_POINT_GROUP = "basis_bench.estimators"
@@ -37,42 +44,27 @@ class PluginWarning(UserWarning):
     """A third-party estimator package could not be loaded."""
 
 
-@dataclass(frozen=True)
-class EstimatorInput:
-    """One step's data, batched over any leading axes ``...``.
-
-    rewards: (..., B, G) rewards of this step's rollouts (G = 1 for one rollout per prompt).
-    v_grid, var_grid: (K, ..., B) offline tilted values and reward variances of the batch's
-    prompts, one row per candidate beta in ``betas`` (K,); None for estimators that need
-    no reference cache.
-    """
-
-    rewards: Array
-    v_grid: Array | None = None
-    var_grid: Array | None = None
-    betas: Array | None = None
-    reward_range: RewardRange = (0.0, 1.0)
-
-
 EstimatorFn = Callable[[EstimatorInput, Any], Array]
+# ``factory(estimator, options, table, ref_rewards, reward_range)`` -> the estimator's kernel.
+KernelFactory = Callable[..., StepKernel]
 
 
 @dataclass(frozen=True)
 class Estimator:
-    """A registered value estimator: its function, what data it needs and its options."""
+    """A registered value estimator: its kernel factory, its one-step function (None for a
+    stateful estimator), what data it needs and its options."""
 
     name: str
-    fn: EstimatorFn
+    fn: EstimatorFn | None
     group: bool
     uses_cache: bool
     description: str
     options_class: type = NoOptions
     default_options: Any = field(default_factory=NoOptions)
-    # Stateful estimators (state carried across steps) name a kernel factory instead of
-    # being called one step at a time: ``kernel(estimator, options, table, ref_rewards,
-    # reward_range)`` -> a :class:`~basis_bench.estimators.step.StepKernel`; they run through
-    # :func:`~basis_bench.estimators.step.make_step_estimator` and trajectory replay only.
-    kernel: Callable[..., Any] | None = None
+    # ``kernel(estimator, options, table, ref_rewards, reward_range)`` -> its
+    # :class:`~basis_bench.estimators.kernel.StepKernel`, what make_step_estimator and
+    # trajectory replay run (a stateful estimator runs only so).
+    kernel: KernelFactory = StatelessKernel
     # How figures show it: display name (default: the name) and a matplotlib colour (None:
     # the figures pick one that no registered estimator uses).
     label: str = ""
@@ -80,11 +72,14 @@ class Estimator:
     # Whether it conditions on per-prompt features phi(x) (make_step_estimator's features):
     # training computes them (the policy's prompt hidden states) only for such an estimator.
     uses_features: bool = False
+    # Rewards it can take, (low, high): a replay checks its data against them before it starts
+    # (the SPO tracker's Beta posterior needs [0, 1]); None: any finite rewards.
+    reward_bounds: RewardRange | None = None
 
     @property
     def stateful(self) -> bool:
         """Whether the estimator carries state across steps (it has no one-step call)."""
-        return self.kernel is not None
+        return self.fn is None
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -132,7 +127,7 @@ class Estimator:
             opts = options_from_mapping(
                 self.options_class, overrides, f"estimator {self.name!r}", opts
             )
-        if self.stateful:
+        if self.fn is None:
             raise InputError(
                 f"estimator {self.name!r} carries state across steps and has no one-step call; "
                 "use make_step_estimator (a stream of steps) or trajectory replay"
@@ -172,10 +167,12 @@ def register_estimator(
     description: str | None = None,
     options: type = NoOptions,
     defaults: Mapping[str, Any] | None = None,
-    kernel: Callable[..., Any] | None = None,
+    kernel: KernelFactory | None = None,
     label: str | None = None,
     colour: str | None = None,
     uses_features: bool = False,
+    reward_bounds: RewardRange | None = None,
+    call_kernel: KernelFactory = StatelessKernel,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator: register ``fn(batch, options) -> (..., B, G)`` under ``name``.
 
@@ -183,26 +180,43 @@ def register_estimator(
     estimator may also be written ``fn(batch)``);
     ``defaults`` are values of its fields that this name fixes, so one function can back
     several named variants (``basis_vop`` is BASIS with ``variant="vop"``). The
-    description defaults to the first line of ``fn``'s docstring. ``kernel`` makes the
-    estimator stateful: the factory of its :class:`~basis_bench.estimators.step.StepKernel`
-    (``fn`` then only documents it and is never called). ``label`` and ``colour``: how
+    description defaults to the first line of ``fn``'s docstring. ``kernel``: the factory
+    of its :class:`~basis_bench.estimators.kernel.StepKernel` (default: ``fn`` as a
+    :class:`~basis_bench.estimators.kernel.StatelessKernel`). A stateful estimator has no
+    one-step function: given ``kernel``, the call registers it at once (description: the
+    factory's docstring's first line), and the decorator, if applied, only lends ``fn``'s
+    docstring as the description; ``fn`` is never called. ``label`` and ``colour``: how
     figures show it (display name, default ``name``; a matplotlib colour, default: a spare).
     ``uses_features``: it reads per-prompt features (``make_step_estimator(features=...)``).
+    ``reward_bounds``: the rewards it can take, checked against a replay's data.
+    ``call_kernel``: the kernel that runs ``fn`` on a stream of steps (BASIS's carries
+    ``previous`` calibration's grid index).
     """
     default_options: Any = options_from_mapping(
         options, dict(defaults or {}), f"estimator {name!r}"
     )
+    if name in ESTIMATORS:
+        raise ValueError(f"estimator {name!r} is already registered")
+
+    def entry(fn: EstimatorFn | None, doc: str | None) -> Estimator:
+        lines = (doc or "").strip().splitlines()
+        text = description if description is not None else (lines[0] if lines else "")
+        return Estimator(
+            name, fn, group, uses_cache, text, options, default_options,
+            kernel or call_kernel, label or name, colour, uses_features, reward_bounds,
+        )  # fmt: skip
+
+    if kernel is not None:
+        ESTIMATORS[name] = entry(None, kernel.__doc__)
 
     def wrap(fn: EstimatorFn) -> EstimatorFn:
+        if kernel is not None:
+            if description is None:
+                ESTIMATORS[name] = entry(None, fn.__doc__)
+            return fn
         if name in ESTIMATORS:
             raise ValueError(f"estimator {name!r} is already registered")
-        doc = (fn.__doc__ or "").strip().splitlines()
-        text = description if description is not None else (doc[0] if doc else "")
-        call = _batch_only(fn) if options is NoOptions else fn
-        ESTIMATORS[name] = Estimator(
-            name, call, group, uses_cache, text, options, default_options, kernel,
-            label or name, colour, uses_features,
-        )  # fmt: skip
+        ESTIMATORS[name] = entry(_batch_only(fn) if options is NoOptions else fn, fn.__doc__)
         return fn
 
     return wrap

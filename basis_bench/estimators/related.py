@@ -46,7 +46,8 @@ from basis_bench.estimators.options import (
 )
 from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import EstimatorInput, register_estimator
-from basis_bench.estimators.table import PromptIndex, inf_index
+from basis_bench.estimators.step import StepEstimator, make_step_estimator
+from basis_bench.estimators.table import inf_index
 from basis_bench.estimators.tilt import is_binary
 from basis_bench.settings import check_scalar
 
@@ -308,57 +309,37 @@ def spo_step(
     return baselines
 
 
-class SpoTracker:
-    """SPO's single-stream value tracker: one Beta posterior per prompt, carried across steps.
+SPO_TRACKER_NAME = "spo_tracker"
 
-    ``tracker(prompt_ids, rewards)`` returns the baselines b_i = alpha_i / (alpha_i + beta_i)
-    of the batch's prompts before it sees their rewards, then decays and updates them. The
-    decay is a constant forgetting factor per sighting (SPO's KL-adaptive rho needs the
+
+def SpoTracker(
+    prompt_ids: Sequence[str],
+    ref_rewards: Array,
+    decay: float = SPO_DECAY,
+    prior: float = 0.5,
+    weight: float | None = None,
+    options: SpoOptions | None = None,
+) -> StepEstimator:
+    """SPO's single-stream value tracker: ``make_step_estimator("spo_tracker", ...)``.
+
+    ``tracker(prompt_ids, rewards)`` with rewards (B,) returns the baselines
+    b_i = alpha_i / (alpha_i + beta_i) of the batch's prompts before it sees their rewards,
+    then decays and updates them (state ``alpha``, ``beta``: one Beta posterior per prompt).
+    The decay is a constant forgetting factor per sighting (SPO's KL-adaptive rho needs the
     policies' log-probabilities, which a replay of stored rewards does not have).
     """
-
-    def __init__(
-        self,
-        prompt_ids: Sequence[str],
-        ref_rewards: Array,
-        decay: float = SPO_DECAY,
-        prior: float = 0.5,
-        weight: float | None = None,
-        options: SpoOptions | None = None,
-    ) -> None:
-        if options is not None:  # the typed form; the keywords stay for callers of old
-            decay, prior, weight = options.decay, options.prior, options.weight
-        ref = to_numpy(ref_rewards, dtype=np.float64)
-        if ref.ndim != 2 or ref.shape[0] != len(prompt_ids):
-            raise InputError(
-                f"ref_rewards must be ({len(prompt_ids)}, n) to match prompt_ids; got {ref.shape}"
-            )
-        self._columns = PromptIndex(prompt_ids)
-        self.decay = decay
-        self.alpha, self.beta = spo_prior(ref, decay=decay, prior=prior, weight=weight)
-
-    def values(self, prompt_ids: Sequence[str]) -> np.ndarray:
-        """Current posterior means of the given prompts (no update)."""
-        cols = self._columns(prompt_ids)
-        return self.alpha[cols] / (self.alpha[cols] + self.beta[cols])
-
-    def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> Array:
-        """Baselines (B,) for one batch, then the update; keeps the rewards' array type."""
-        if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
-            raise InputError(
-                f"rewards must be ({len(prompt_ids)},), one per prompt id; got {tuple(rewards.shape)}"
-            )
-        r = to_numpy(rewards, dtype=np.float64)
-        out = spo_step(self.alpha, self.beta, self._columns(prompt_ids), r, self.decay)
-        return asarray_like(out, rewards)
+    opts = options or SpoOptions(decay=decay, prior=prior, weight=weight)
+    return make_step_estimator(
+        SPO_TRACKER_NAME, opts, prompt_ids=prompt_ids, ref_rewards=ref_rewards
+    )
 
 
 class SpoKernel:
     """The SPO tracker on the shared step interface: state (alpha, beta), each (*lead, P).
 
-    The same arithmetic as :class:`SpoTracker` (:func:`spo_prior`, then :func:`spo_step`
-    per batch), for any number of parallel streams, so trajectory replay, the training loop
-    and the plug-ins carry it alike (``make_step_estimator("spo_tracker", ...)``).
+    :func:`spo_prior`, then :func:`spo_step` per batch, for any number of parallel streams,
+    so trajectory replay, the training loop and the plug-ins carry it alike
+    (``make_step_estimator("spo_tracker", ...)``).
     """
 
     def __init__(
@@ -391,17 +372,14 @@ class SpoKernel:
         return StepOutput(asarray_like(out[..., None], rewards))
 
 
-SPO_TRACKER_NAME = "spo_tracker"
-
-
-@register_estimator(
+register_estimator(
     SPO_TRACKER_NAME,
     uses_cache=True,
     options=SpoOptions,
     kernel=SpoKernel,
+    description="SPO tracker: a Beta posterior per prompt, decayed per sighting (Xu & Ding 2025); "
+    "stateful.",
     label="SPO tracker",
     colour="darkgoldenrod",
+    reward_bounds=(0.0, 1.0),
 )
-def _spo_tracker(batch: EstimatorInput, options: SpoOptions) -> Array:
-    """SPO tracker: a Beta posterior per prompt, decayed per sighting (Xu & Ding 2025); stateful."""
-    raise InputError("spo_tracker is stateful; use make_step_estimator or trajectory replay")

@@ -12,122 +12,26 @@ verl/TRL plug-ins and trajectory replay handle every estimator alike:
 * ``est.state_dict()`` / ``est.load_state_dict(state)``: the state, for checkpoints;
 * ``est.reset(lead)``: back to the initial state, for ``lead`` parallel streams.
 
-The computation of one step is a :class:`StepKernel`: ``initial_state(lead)`` and
-``step(state, cols, rewards)``, which updates the state in place. Stateless estimators get
-:class:`StatelessKernel` (no state: the registry's one-step call on the batch's columns of
-the shared :class:`~basis_bench.estimators.table.TiltTable`); the BASIS family gets
-:class:`BasisKernel` (its ``previous`` calibration's grid index); an estimator registered
-with ``kernel=`` (the SPO tracker, ``basis_memory``) gets its own.
+The computation of one step is the :class:`~basis_bench.estimators.kernel.StepKernel` that
+the registry entry makes (``est.kernel(est, options, table, ref_rewards, reward_range)``):
+``initial_state(lead)`` and ``step(state, cols, rewards)``, which updates the state in place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, asarray_like, to_numpy
-from basis_bench.estimators.basis import calibrated_index
-from basis_bench.estimators.calibrate import take_beta
+from basis_bench.estimators._array import Array, RewardRange, as_rewards, to_numpy
+from basis_bench.estimators.kernel import StepKernel
 from basis_bench.estimators.options import DEFAULT_PRIOR, BasisOptions
 from basis_bench.estimators.output import StepOutput
-from basis_bench.estimators.registry import Estimator, EstimatorInput, get
+from basis_bench.estimators.registry import Estimator, get
 from basis_bench.estimators.table import TiltTable
-
-State = dict[str, np.ndarray]
-
-
-class StepKernel(Protocol):
-    """One step's computation; the state is a dict of numpy arrays with leading axes ``lead``."""
-
-    def initial_state(self, lead: tuple[int, ...]) -> State: ...
-
-    def step(self, state: State, cols: np.ndarray, rewards: Array) -> StepOutput: ...
-
-
-def _inputs(
-    table: TiltTable | None, cols: np.ndarray, rewards: Array, reward_range: RewardRange
-) -> EstimatorInput:
-    """The registry's input for a batch: rewards and, with a table, the batch's grids."""
-    if table is None:
-        return EstimatorInput(rewards, reward_range=reward_range)
-    v, var = table.gather(cols, like=rewards)
-    return EstimatorInput(rewards, v, var, table.betas, reward_range)
-
-
-class StatelessKernel:
-    """A one-step estimator: no state, the registry's call on the batch."""
-
-    def __init__(
-        self, estimator: Estimator, options: Any, table: TiltTable | None, reward_range: RewardRange
-    ) -> None:
-        self.estimator, self.options, self.table = estimator, options, table
-        self.reward_range = reward_range
-
-    def initial_state(self, lead: tuple[int, ...]) -> State:
-        return {}
-
-    def step(self, state: State, cols: np.ndarray, rewards: Array) -> StepOutput:
-        inputs = _inputs(self.table, cols, rewards, self.reward_range)
-        return StepOutput(self.estimator(inputs, self.options))
-
-
-class BasisKernel:
-    """The BASIS family: state = the grid index that ``previous`` calibration applies next.
-
-    ``current`` and ``fixed`` go through the registered estimator (and report the chosen
-    beta); ``previous`` evaluates the registered estimator on the one-row grid of each
-    stream's previous beta, then calibrates on this batch (no refinement) for the next.
-    The first step uses beta = inf: the initial policy is the reference.
-    """
-
-    def __init__(
-        self,
-        estimator: Estimator,
-        options: BasisOptions,
-        table: TiltTable,
-        reward_range: RewardRange,
-    ) -> None:
-        self.estimator, self.options, self.table = estimator, options, table
-        self.reward_range = reward_range
-
-    @property
-    def carries_state(self) -> bool:
-        """Only ``previous`` calibration carries its grid index from one step to the next."""
-        return self.options.calibration == "previous"
-
-    def initial_state(self, lead: tuple[int, ...]) -> State:
-        inf = self.table.inf_index
-        return {"previous_index": np.full(lead, inf if inf is not None else 0, dtype=np.int64)}
-
-    def step(self, state: State, cols: np.ndarray, rewards: Array) -> StepOutput:
-        inputs = _inputs(self.table, cols, rewards, self.reward_range)
-        betas = self.table.betas
-        if self.options.calibration != "previous":
-            values = self.estimator(inputs, self.options)
-            return _basis_output(values, to_numpy(calibrated_index(inputs, self.options)), betas)
-        chosen = state["previous_index"].copy()
-        assert inputs.v_grid is not None and inputs.var_grid is not None
-        idx = asarray_like(chosen, rewards[..., 0])
-        one_v = take_beta(inputs.v_grid, idx)[None]
-        one_var = take_beta(inputs.var_grid, idx)[None]
-        one = EstimatorInput(rewards, one_v, one_var, np.array([1.0]), self.reward_range)
-        at_chosen = replace(self.options, calibration="fixed", fixed_beta=1.0)
-        values = self.estimator(one, at_chosen)
-        now = calibrated_index(inputs, replace(self.options, calibration="current"))
-        state["previous_index"][...] = to_numpy(now)
-        return _basis_output(values, chosen, betas)
-
-
-def _basis_output(values: Array, index: np.ndarray, betas: np.ndarray) -> StepOutput:
-    index = np.asarray(index, dtype=np.int64)
-    beta = betas[index]
-    if index.ndim == 0:
-        return StepOutput(values, float(beta), int(index))
-    return StepOutput(values, beta, index)
 
 
 class StepEstimator:
@@ -201,17 +105,23 @@ class StepEstimator:
             return np.arange(len(prompt_ids), dtype=np.int64)
         return self.table.columns(list(prompt_ids))
 
-    def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> StepOutput:
+    def __call__(self, prompt_ids: Sequence[str], rewards: Any) -> StepOutput:
+        """One step: rewards (B, G), one row per prompt id, or (B,) for one rollout each
+        (baselines then (B,) too)."""
         if self.lead:
             raise InputError(
                 f"this step estimator runs {self.lead} parallel streams; use step_columns"
             )
-        if rewards.ndim != 2 or rewards.shape[0] != len(prompt_ids):
+        rewards = as_rewards(rewards)
+        if rewards.ndim not in (1, 2) or rewards.shape[0] != len(prompt_ids):
             raise InputError(
-                f"rewards must be ({len(prompt_ids)}, G), one row per prompt id; "
-                f"got {tuple(rewards.shape)}"
+                f"rewards must be ({len(prompt_ids)}, G), one row per prompt id (or "
+                f"({len(prompt_ids)},), one each); got {tuple(rewards.shape)}"
             )
-        return self.step_columns(self.columns(prompt_ids), rewards)
+        if rewards.ndim == 2:
+            return self.step_columns(self.columns(prompt_ids), rewards)
+        out = self.step_columns(self.columns(prompt_ids), rewards[:, None])
+        return replace(out, baselines=out.baselines[:, 0])
 
     def step_columns(self, cols: np.ndarray, rewards: Array) -> StepOutput:
         """One step of every stream: cols (*lead, B) columns, rewards (*lead, B, G)."""
@@ -227,22 +137,6 @@ class StepEstimator:
                 f"got {tuple(rewards.shape)}"
             )
         return self.kernel.step(self.state, cols, rewards)
-
-
-def make_kernel(
-    estimator: Estimator,
-    options: Any,
-    table: TiltTable | None,
-    ref_rewards: np.ndarray | None = None,
-    reward_range: RewardRange = (0.0, 1.0),
-) -> StepKernel:
-    """The kernel of ``estimator``: its own (stateful), BASIS's, or the stateless one."""
-    if estimator.kernel is not None:
-        kernel: StepKernel = estimator.kernel(estimator, options, table, ref_rewards, reward_range)
-        return kernel
-    if isinstance(options, BasisOptions) and table is not None:
-        return BasisKernel(estimator, options, table, reward_range)
-    return StatelessKernel(estimator, options, table, reward_range)
 
 
 def make_step_estimator(
@@ -269,7 +163,7 @@ def make_step_estimator(
     est = get(name)
     opts = est.parse_options(options)
     if not est.uses_cache:
-        kernel = make_kernel(est, opts, None, None, reward_range)
+        kernel = est.kernel(est, opts, None, None, reward_range)
         return StepEstimator(est, opts, kernel, None, reward_range, lead)
     if prompt_ids is None or ref_rewards is None:
         raise InputError(
@@ -279,5 +173,5 @@ def make_step_estimator(
         betas = [opts.fixed_beta]  # type: ignore[list-item]
     ref = to_numpy(ref_rewards, dtype=np.float64)
     table = TiltTable.from_cache(ref, betas, prior, prompt_ids, features)
-    kernel = make_kernel(est, opts, table, ref, reward_range)
+    kernel = est.kernel(est, opts, table, ref, reward_range)
     return StepEstimator(est, opts, kernel, table, reward_range, lead)

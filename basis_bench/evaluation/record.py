@@ -59,9 +59,10 @@ def _from_json(cls: Any, path: Path) -> Any:
 class RunRecord:
     """run.json: one run of ``basis-bench evaluate``.
 
-    ``tracker`` / ``trajectory``: how the SPO tracker's summary rows and the trajectory
-    replay were run (None when they were not); ``run_id`` and ``tables`` ({file: sha256})
-    are set when the tables are written (None in records that predate run ids).
+    ``trajectory``: how the trajectory replay was run (None when it was not); ``run_id`` and
+    ``tables`` ({file: sha256}) are set when the tables are written (None in records that
+    predate run ids). Keys of older records (``tracker``: the SPO tracker's summary rows,
+    before it joined the trajectory replay) are ignored.
     """
 
     package_version: str
@@ -78,7 +79,6 @@ class RunRecord:
     estimates: str
     checkpoints: Mapping[str, Mapping[str, int]]
     synthetic_order_policies: Sequence[str] = ()
-    tracker: Mapping[str, Any] | None = None
     trajectory: Mapping[str, Any] | None = None
     run_id: str | None = None
     tables: Mapping[str, str] | None = None

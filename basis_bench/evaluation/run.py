@@ -4,10 +4,9 @@ Protocol (the paper's section 5.1 and appendix A), per checkpoint: split the sam
 oracle, pool and cache (:mod:`basis_bench.evaluation.dataset`), replay repeated batch draws
 through every estimator (:mod:`basis_bench.evaluation.replay`), and summarise them
 (:mod:`basis_bench.evaluation.tables`). Estimators that carry state across steps (the SPO
-tracker, ``basis_memory``) have no one-step call; trajectory replay
+tracker, ``basis_memory``, ``basis_context``) have no one-step call: trajectory replay
 (:mod:`basis_bench.evaluation.trajectory`) runs every estimator, stateful or not, over the
-checkpoints in training order and writes trajectory.csv. The SPO tracker's summary.csv
-rows come from its own single-rollout trajectory replay, as before.
+checkpoints in training order and writes trajectory.csv, the only table of the stateful ones.
 
 Options reach estimators typed: ``basis_options`` (the CLI's --calibration, --eps, ...)
 go to every estimator whose options class is
@@ -51,13 +50,7 @@ from basis_bench.evaluation.tables import (
     summary_table,
     write_csv,
 )
-from basis_bench.evaluation.trajectory import ESTIMATOR_NAME as TRACKER_NAME
-from basis_bench.evaluation.trajectory import (
-    TrajectorySettings,
-    check_blend,
-    replay_tracker,
-    replay_trajectory,
-)
+from basis_bench.evaluation.trajectory import TrajectorySettings, check_blend, replay_trajectory
 from basis_bench.outputs import (
     METADATA_KEY,
     atomic_write,
@@ -74,8 +67,7 @@ from basis_bench.rollouts.training_record import (
     read_training_record,
 )
 
-TRACKER_REPEATS = 200  # the tracker replays whole epochs over every checkpoint; 200 gives tight CIs
-TRAJECTORY_REPEATS = 200  # the same for the trajectory replay of every estimator
+TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
 RUN_FILES = (*(f"{t}.csv" for t in TABLES), "trajectory.csv", "estimates.parquet", RUN_FILE)
 """The files of one evaluate run: a rerun replaces all of them, whichever it writes."""
@@ -83,22 +75,13 @@ RUN_FILES = (*(f"{t}.csv" for t in TABLES), "trajectory.csv", "estimates.parquet
 
 def resolve_estimators(names: Iterable[str]) -> list[Estimator]:
     """Registered estimators by name (all of them, plug-ins included, for an empty list or
-    ``all``), in registry order.
-
-    The SPO tracker is not in the list (:func:`wants_tracker` says whether it was asked
-    for); other stateful estimators are (``Estimator.stateful``): evaluate gives them only
-    the trajectory replay.
+    ``all``), in registry order, else in the order named. Stateful estimators
+    (``Estimator.stateful``) are in the list: evaluate gives them only the trajectory replay.
     """
     names = list(names)
     if not names or "all" in names:
         return list(available().values())
-    return [get(n) for n in dict.fromkeys(names) if n != TRACKER_NAME]
-
-
-def wants_tracker(names: Iterable[str]) -> bool:
-    """The SPO tracker runs with ``all`` (or no names) and when named."""
-    names = list(names)
-    return not names or "all" in names or TRACKER_NAME in names
+    return [get(n) for n in dict.fromkeys(names)]
 
 
 def resolve_options(
@@ -222,15 +205,6 @@ def _replay_all(
     return tables
 
 
-def _tracker(cfg: EvaluateConfig, ds: Dataset, columns: list[str]) -> pl.DataFrame:
-    """The SPO tracker's summary rows: one tracker per repeat, across the checkpoints in order."""
-    return replay_tracker(
-        ds.rewards, ds.reference, ds.checkpoints, batch_size=cfg.batch_size,
-        repeats=min(cfg.repeats, TRACKER_REPEATS), oracle_n=cfg.oracle_n, ref_n=cfg.ref_n,
-        seed=cfg.seed,
-    ).select(columns)  # fmt: skip
-
-
 def _trajectory(
     cfg: EvaluateConfig,
     ds: Dataset,
@@ -238,10 +212,8 @@ def _trajectory(
     options: Mapping[str, Any],
     progress: Callable[[str, int, int], None] | None,
 ) -> pl.DataFrame:
-    """Every estimator (the SPO tracker when asked for) over the checkpoints in order."""
+    """Every estimator over the checkpoints in order."""
     names = [e.name for e in estimators]
-    if wants_tracker(cfg.estimators) and TRACKER_NAME not in names:
-        names.append(TRACKER_NAME)
     settings = TrajectorySettings(
         cfg.batch_size, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
         cfg.group_size, cfg.oracle_n, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
@@ -292,19 +264,26 @@ def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> tuple[str, list[int
     return schedule, steps or []
 
 
-def _check_tracker_rewards(cfg: EvaluateConfig, ds: Dataset) -> None:
-    """The SPO tracker's Beta posterior needs rewards in [0, 1]: say so before any replay."""
+def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
+    """The data's rewards against the bounds estimators declare (``reward_bounds``: the Beta
+    posteriors of the SPO tracker and ``basis_memory`` need [0, 1]), before any replay; the
+    error names the estimators to drop and the list to keep."""
     bounds = [b for p in (ds.reference, *ds.checkpoints) if (b := ds.rewards[p].reward_bounds())]
     if not bounds:
         return
     lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
-    if 0 <= lo and hi <= 1:
+    unfit: dict[tuple[float, float], list[str]] = {}
+    for e in estimators:
+        if e.reward_bounds is not None and not e.reward_bounds[0] <= lo <= hi <= e.reward_bounds[1]:
+            unfit.setdefault(e.reward_bounds, []).append(e.name)
+    if not unfit:
         return
-    others = [e.name for e in resolve_estimators(cfg.estimators) if e.name != TRACKER_NAME]
+    names = [n for group in unfit.values() for n in group]
+    others = [e.name for e in estimators if e.name not in names]
     keep = f"--estimators {','.join(others)}" if others else "another estimator"
+    needs = "; ".join(f"[{a:g}, {b:g}], which {', '.join(g)} need" for (a, b), g in unfit.items())
     raise InputError(
-        f"rewards lie in [{lo:g}, {hi:g}], outside [0, 1], and {TRACKER_NAME} (the SPO "
-        f"tracker's Beta posterior) needs rewards in [0, 1]; drop it: {keep}"
+        f"rewards lie in [{lo:g}, {hi:g}], outside {needs}; drop {', '.join(names)}: {keep}"
     )
 
 
@@ -334,11 +313,9 @@ def evaluate(
     if cfg.trajectory:
         check_feature_kind(load_prompts(ds.root), cfg.features)
         trajectory_schedule(cfg, ds)  # refused before any folder is made
-    tracker = wants_tracker(cfg.estimators)
-    if tracker:
-        _check_tracker_rewards(cfg, ds)
+    check_reward_bounds(ds, [e for e in estimators if cfg.trajectory or not e.stateful])
     named = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
-    stateful = [e.name for e in estimators if e.stateful and e.name != TRACKER_NAME]
+    stateful = [e.name for e in estimators if e.stateful]
     if named and stateful and not cfg.trajectory:  # were dropped silently; alone, an empty run
         raise InputError(
             f"{', '.join(stateful)}: stateful, run only in the trajectory replay, which "
@@ -357,9 +334,7 @@ def evaluate(
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
     # One run, all or nothing: written into a hidden sibling folder and swapped in whole.
     with staged_run(out, RUN_FILES) as stage:
-        frames = _write_run(
-            cfg, ds, datas, estimators, options, settings, run, stage, tracker, progress
-        )
+        frames = _write_run(cfg, ds, datas, estimators, options, settings, run, stage, progress)
         run = RunRecord.read(stage / RUN_FILE)
     return EvaluateResult(out, frames["summary"], run, frames.get("trajectory"))
 
@@ -367,7 +342,7 @@ def evaluate(
 def _write_run(
     cfg: EvaluateConfig, ds: Dataset, datas: list[CheckpointData], estimators: list[Estimator],
     options: Mapping[str, Any], settings: ReplaySettings, run: RunRecord, stage: Path,
-    tracker: bool, progress: Callable[[str, int, int], None] | None,
+    progress: Callable[[str, int, int], None] | None,
 ) -> dict[str, pl.DataFrame]:  # fmt: skip
     """Replay, and write every file of the run into ``stage``; run.json last, with the run id
     and the sha256 of every table (what `figures` checks). Stateful estimators have no
@@ -385,12 +360,6 @@ def _write_run(
             if one_step
             else {k: [] for k in TABLES}
         )
-        if tracker:
-            tables["summary"].append(_tracker(cfg, ds, _summary_columns(tables)))
-            run = replace(run, tracker={
-                "checkpoint_order": ds.checkpoints,
-                "repeats": min(cfg.repeats, TRACKER_REPEATS),
-            })  # fmt: skip
     except BaseException as exc:
         if writer is not None:
             writer.close(exc)
@@ -437,16 +406,6 @@ def _schedule_record(cfg: EvaluateConfig, ds: Dataset) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _summary_columns(tables: dict[str, list[pl.DataFrame]]) -> list[str]:
-    """summary.csv's columns (from the replay's rows, or the documented ones without any)."""
-    if tables["summary"]:
-        return tables["summary"][0].columns
-    return [
-        "checkpoint", "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected",
-        "ci_low", "ci_high", "extreme_rate", "n_estimates",
-    ]  # fmt: skip
-
-
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     kept = [t for t in frames if t.height]
     return pl.concat(kept) if kept else pl.DataFrame()
@@ -455,12 +414,10 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
 __all__ = [
     "RUN_FILES",
     "TABLES",
-    "TRACKER_REPEATS",
     "TRAJECTORY_REPEATS",
     "EvaluateConfig",
     "EvaluateResult",
     "evaluate",
     "resolve_estimators",
     "resolve_options",
-    "wants_tracker",
 ]

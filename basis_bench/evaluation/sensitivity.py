@@ -30,7 +30,7 @@ from basis_bench.evaluation.config import DEFAULT_VALUES, SensitivityConfig
 from basis_bench.evaluation.dataset import CheckpointData, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import SENSITIVITY_FILE, SensitivityRecord
 from basis_bench.evaluation.replay import ReplaySettings, replay
-from basis_bench.evaluation.run import TRACKER_NAME, resolve_estimators, resolve_options
+from basis_bench.evaluation.run import resolve_estimators, resolve_options
 from basis_bench.evaluation.tables import (
     claim_results_dir,
     new_run_id,
@@ -126,7 +126,6 @@ def sensitivity(
         )
     estimators = resolve_estimators(names)
     unfit = [e.name for e in estimators if e.group or e.stateful]
-    unfit += [TRACKER_NAME] if TRACKER_NAME in names else []  # was dropped, or a traceback
     if unfit:
         raise InputError(
             "sensitivity studies one-step single-rollout estimators; drop "

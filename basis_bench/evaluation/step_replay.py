@@ -45,15 +45,14 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
-from basis_bench.estimators.step import make_kernel
 from basis_bench.evaluation.counter_random import permute, tag, uniforms
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
+    shared_prompts,
     stream_bytes,
     stream_group,
     summarise,
-    tracker_prompts,
 )
 from basis_bench.rollouts.features import prompt_features
 
@@ -197,7 +196,7 @@ def replay_steps(
     s = settings
     ests = [get(e) if isinstance(e, str) else e for e in estimators]
     rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
-    ids, _ = tracker_prompts(rewards, reference, checkpoints)
+    ids, _ = shared_prompts(rewards, reference, checkpoints)
     if len(steps) != len(checkpoints):
         raise InputError(f"{len(checkpoints)} checkpoints but {len(steps)} steps")
     timeline = Timeline.build(steps, s.standing_steps)
@@ -213,7 +212,7 @@ def replay_steps(
     kernels = {}
     for e in ests:
         opts = e.parse_options(s.options.get(e.name))
-        kernels[e.name] = (opts, make_kernel(e, opts, table if e.uses_cache else None, cache, rr))
+        kernels[e.name] = (opts, e.kernel(e, opts, table if e.uses_cache else None, cache, rr))
     runs = _runs(ests, s, p, kernels)
     _check_pools(runs, folds, checkpoints)
     n_t = len(timeline.steps)

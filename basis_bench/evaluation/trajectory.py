@@ -27,14 +27,11 @@ the two oracles' noise). The last checkpoint has no next and stays put. Column
 
 Oracle and pool follow ``basis-bench evaluate``: the oracle is the mean of a checkpoint's
 first ``oracle_n`` samples (by sample_idx), the pool the rest. Only prompts with a reference
-sample and rollouts at every checkpoint take part (:func:`tracker_prompts`). Pool draws are
+sample and rollouts at every checkpoint take part (:func:`shared_prompts`). Pool draws are
 with replacement across visits. The result has one row per (checkpoint, epoch, estimator)
 (scope ``epoch``) and one per (checkpoint, estimator) over its epochs (scope
 ``checkpoint``): MSE, noise-corrected MSE (minus the oracle's own variance), a normal 95%
 CI over repeats, and the share of baselines exactly 0 or 1.
-
-:func:`replay_tracker` is the SPO tracker's summary rows of ``evaluate`` (single-rollout
-draws only), kept for its summary.csv rows.
 """
 
 from __future__ import annotations
@@ -48,35 +45,21 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import (
-    Estimator,
-    SpoOptions,
-    StepEstimator,
-    TiltTable,
-    default_betas,
-    get,
-    make_kernel,
-)
+from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
+from basis_bench.estimators.kernel import StepKernel
 from basis_bench.estimators.options import DEFAULT_PRIOR
-from basis_bench.estimators.related import SPO_DECAY, SPO_TRACKER_NAME
-from basis_bench.estimators.step import StepKernel
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.evaluation.replay import pick_rollouts
 from basis_bench.rollouts.features import prompt_features
 
-ESTIMATOR_NAME = SPO_TRACKER_NAME
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
 STATELESS_VISITS = 1 << 14  # visits per call of a stateless estimator: a one-step replay chunk's
 SHUFFLE_BYTES = 16  # per stream and prompt: an epoch's sort keys and their order
 STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
 Z_95 = 1.959963984540054
-SUMMARY_COLUMNS = (
-    "estimator", "rollouts_per_prompt", "mse", "mse_noise_corrected", "ci_low", "ci_high",
-    "extreme_rate", "n_estimates",
-)  # fmt: skip
 
 
-def tracker_prompts(
+def shared_prompts(
     rollouts: pl.DataFrame | Rewards, reference: str, checkpoints: Sequence[str]
 ) -> tuple[np.ndarray, int]:
     """Sorted prompt ids present in the reference and every checkpoint, and how many are dropped."""
@@ -263,7 +246,7 @@ def replay_trajectory(
     s = settings or TrajectorySettings()
     ests = [get(e) if isinstance(e, str) else e for e in estimators]
     rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
-    ids, _ = tracker_prompts(rewards, reference, checkpoints)
+    ids, _ = shared_prompts(rewards, reference, checkpoints)
     p = len(ids)
     g_max = _check(s, ests, p, len(checkpoints))
     cache = rewards[reference].rows(ids)[:, : s.ref_n].copy()  # not a view of every column
@@ -276,7 +259,7 @@ def replay_trajectory(
     steppers = []
     for e in ests:
         opts = e.parse_options(s.options.get(e.name))
-        kernel = make_kernel(e, opts, table if e.uses_cache else None, cache, rr)
+        kernel = e.kernel(e, opts, table if e.uses_cache else None, cache, rr)
         steppers.append((e, opts, kernel))
     b, n_epochs = s.batch_size, len(checkpoints) * s.epochs_per_checkpoint
     per_epoch = (p // b) * b
@@ -511,31 +494,3 @@ def _run_epoch(
     for name, t in tracks.items():
         t.extreme_last = extreme[name] if t.g == 1 else extreme[name] / t.g
     return out
-
-
-def replay_tracker(
-    rollouts: pl.DataFrame | Rewards,
-    reference: str,
-    checkpoints: Sequence[str],
-    batch_size: int = 64,
-    repeats: int = 100,
-    epochs_per_checkpoint: int = 1,
-    oracle_n: int = 256,
-    ref_n: int = 64,
-    decay: float = SPO_DECAY,
-    prior: float = 0.5,
-    weight: float | None = None,
-    seed: int = 0,
-) -> pl.DataFrame:
-    """The SPO tracker's trajectory replay; one summary row per checkpoint.
-
-    Columns, as in ``evaluate``'s summary.csv: checkpoint, estimator, rollouts_per_prompt,
-    mse, mse_noise_corrected, ci_low, ci_high, extreme_rate, n_estimates.
-    """
-    options = SpoOptions(decay=decay, prior=prior, weight=weight)
-    settings = TrajectorySettings(
-        batch_size, repeats, epochs_per_checkpoint, 1, oracle_n, ref_n, seed,
-        options={ESTIMATOR_NAME: options},
-    )  # fmt: skip
-    table, _ = replay_trajectory(rollouts, reference, checkpoints, [ESTIMATOR_NAME], settings)
-    return table.filter(pl.col("scope") == "checkpoint").select("checkpoint", *SUMMARY_COLUMNS)

@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench import __version__
-from basis_bench.fits import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
+from basis_bench.memory_check import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.outputs import (
     STAGED_SUFFIX,
     claim_output_dir,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from basis_bench.fits import IMPORT_BYTES_PER_ROLLOUT, check_rollouts_fit
+from basis_bench.memory_check import IMPORT_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     Imported,

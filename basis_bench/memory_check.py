@@ -1,4 +1,4 @@
-"""What fits in this machine's memory, asked before allocating: a size the user gave (a
+"""What fits in this machine's memory, checked before allocating: a size the user gave (a
 count of 10^12 samples, a simulation of 10^9 prompts) is one line, not a numpy
 ``MemoryError`` traceback or the kernel's out-of-memory kill after minutes."""
 
