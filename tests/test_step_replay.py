@@ -258,3 +258,22 @@ def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
     run = run_main(monkeypatch, capsys, *common, "--trajectory-epochs", "2", "--folds", "3",
                    "--out", str(tmp_path / "f"))  # fmt: skip
     assert_one_line_error(run, "--folds", "step schedule")
+
+
+def test_import_step_records_the_policy_in_the_training_record(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from basis_bench.cli import app
+
+    src = tmp_path / "c.csv"
+    src.write_text("prompt_id,n,n_correct\np1,8,3\np2,8,5\n", encoding="utf-8")
+    runner = CliRunner()
+    for policy, step in (("ref", 0), ("ckpt", 30)):
+        args = ["import", "counts", str(src), "--policy", policy, "--out", str(tmp_path / "ds")]
+        result = runner.invoke(app, [*args, "--step", str(step)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    record = read_training_record(tmp_path / "ds")
+    assert record is not None and record.steps == {"ref": 0, "ckpt": 30}
+    bad = runner.invoke(app, ["import", "counts", str(src), "--policy", "x", "--out",
+                              str(tmp_path / "ds"), "--step", "-1"])  # fmt: skip
+    assert bad.exit_code == 2
