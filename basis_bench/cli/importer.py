@@ -14,7 +14,9 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
+from basis_bench.errors import InputError
 from basis_bench.rollouts.importers import ImportOptions
+from basis_bench.rollouts.training_record import record_step
 from basis_bench.settings import cli_option, setting_default
 
 if TYPE_CHECKING:
@@ -105,12 +107,25 @@ def import_(
     reward_col: Annotated[str, _opt("reward_col")] = _default("reward_col"),
     metric: Annotated[str | None, _opt("metric")] = _default("metric"),
     filter_name: Annotated[str | None, _opt("filter_name")] = _default("filter_name"),
+    step: Annotated[
+        int | None,
+        typer.Option(
+            "--step",
+            min=0,
+            help="The training step the imported policy was saved at, recorded in the dataset's "
+            "training.json for the trajectory replay's step schedule (not with acc-history, "
+            "whose visits are policies of their own).",
+        ),
+    ] = None,
 ) -> None:
     """Import existing multi-sample evaluation results into a rollouts dataset at --out
     (one policy per run; rerun with other sources and --policy to add more)."""
     options = dict(locals())  # the ImportOptions fields among them
     from basis_bench.rollouts.importers import import_sources, write_import
 
+    if step is not None and fmt == "acc-history":
+        raise InputError("--step records one policy's training step; acc-history writes one "
+                         "policy per visit: drop --step")  # fmt: skip
     start = time.perf_counter()
     opt = ImportOptions(**{f.name: options[f.name] for f in dataclasses.fields(ImportOptions)})
     extra = _prompts_table(prompts) if prompts is not None else None
@@ -120,6 +135,8 @@ def import_(
     report = write_import(
         result, out, replace=replace, reference=reference, label=label, prompts=extra, force=force
     )
+    if step is not None:
+        record_step(out, policy, step)
     _print_summary(result, report, out, time.perf_counter() - start)
 
 

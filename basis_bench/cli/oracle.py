@@ -20,6 +20,7 @@ from rich.text import Text
 
 from basis_bench.cli.app import app
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
+from basis_bench.rollouts.training_record import record_step
 from basis_bench.settings import cli_option, setting_default
 
 if TYPE_CHECKING:
@@ -258,6 +259,7 @@ def oracle(
     score_workers: Annotated[int, _opt("score_workers")] = _default("score_workers"),
     keep_responses: Annotated[bool, _opt("keep_responses")] = _default("keep_responses"),
     features: Annotated[str, _opt("features")] = _default("features"),
+    step: Annotated[int | None, _opt("step", show_default=False)] = _default("step"),
     force: Annotated[bool, _opt("force")] = _default("force"),
 ) -> None:
     """Sample --n rollouts per prompt from --ckpt, score them with math-verify, and write
@@ -269,5 +271,7 @@ def oracle(
     job = OracleJob(**{**options, "shard": Shard.parse(shard)})
     progress = ConsoleProgress()
     report = run_oracle(job, progress)
+    if job.step is not None:  # where the checkpoint sat in training, for the step replay
+        record_step(job.out, job.policy, job.step)
     if report.parts_written:
         progress.finished(job, report)
