@@ -40,6 +40,7 @@ from basis_bench.rollouts.store import (
     load_rollouts,
     write_prompts_table,
 )
+from basis_bench.rollouts.training_record import read_training_record
 from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
@@ -266,10 +267,12 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tiny_model, tmp_
         f"the kill came too late to test resumption ({written} of 6 parts written)"
     )
 
-    rerun = runner.invoke(app, tiny_args(tiny_model, resumed))
+    rerun = runner.invoke(app, tiny_args(tiny_model, resumed, "--step", "12"))
     assert rerun.exit_code == 0, rerun.output
     assert f"{written} already complete" in " ".join(rerun.output.split())
     assert len(parts(resumed, "tiny")) == 6
+    record = read_training_record(resumed)  # --step: where the checkpoint sat in training
+    assert record is not None and record.steps == {"tiny": 12}
 
     expected, got = load_rollouts(whole), load_rollouts(resumed)
     assert got.height == 6 * 3

@@ -201,8 +201,9 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
 
 
 def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console: Console) -> None:
-    """The trajectory replay per checkpoint: noise-corrected MSE over its epochs, one row per
-    estimator, and the share of 0/1 baselines over the whole replay."""
+    """The trajectory replay per checkpoint (per interval between checkpoints, on the step
+    schedule): noise-corrected MSE, one row per estimator, and the share of 0/1 baselines
+    over the whole replay."""
     import polars as pl
     from rich import box
     from rich.table import Table
@@ -210,25 +211,39 @@ def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console:
     rows = trajectory.filter(pl.col("scope") == "checkpoint")
     checkpoints = rows["checkpoint"].unique(maintain_order=True).to_list()
     heads = list(checkpoints)
-    if info.get("blend"):  # a checkpoint's epochs move towards the next one
+    steps = info.get("schedule") == "steps"
+    if info.get("blend") or steps:  # a checkpoint's visits move towards the next one
         heads = [f"{a} -> {b}" for a, b in itertools.pairwise(heads)] + heads[-1:]
-    table = Table(
-        title=f"trajectory replay ({info['epochs_per_checkpoint']} epoch(s) per checkpoint, "
-        "state carried): noise-corrected MSE",
-        box=box.SIMPLE_HEAD,
-    )
+    if steps:
+        spent = trajectory["schedule"][0]
+        title = f"trajectory replay ({spent}, state carried): noise-corrected MSE"
+    else:
+        title = (
+            f"trajectory replay ({info['epochs_per_checkpoint']} epoch(s) per checkpoint per "
+            "visit, state carried): noise-corrected MSE"
+        )
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     table.add_column("estimator", no_wrap=True)
     table.add_column("G", justify="right")
+    if steps:
+        table.add_column("prompts/step", justify="right")
+        table.add_column("rollouts", justify="right")
     for head in heads:
         table.add_column(head, justify="right", no_wrap=True)
+    if steps:
+        table.add_column("whole", justify="right", no_wrap=True)
     table.add_column("0/1 base", justify="right", no_wrap=True)
+    whole = trajectory.filter(pl.col("scope") == "trajectory")
     for (name, g), df in rows.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
         by = dict(zip(df["checkpoint"], df["mse_noise_corrected"], strict=True))
         counts = df["n_estimates"].to_numpy()
         extreme = float((df["extreme_rate"].to_numpy() * counts).sum() / counts.sum())
-        table.add_row(
-            str(name), str(g), *(f"{by[c]:.5f}" for c in checkpoints), f"{100 * extreme:.1f}%"
-        )
+        cells = [f"{by[c]:.5f}" for c in checkpoints]
+        if steps:
+            row = whole.filter(pl.col("estimator") == name).row(0, named=True)
+            spent = [str(row["prompts_per_step"]), f"{row['rollouts_spent']:,}"]
+            cells = [*spent, *cells, f"{row['mse_noise_corrected']:.5f}"]
+        table.add_row(str(name), str(g), *cells, f"{100 * extreme:.1f}%")
     console.print(table)
 
 

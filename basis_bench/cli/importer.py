@@ -13,7 +13,9 @@ from rich.console import Console
 
 from basis_bench.cli.app import app
 from basis_bench.cli.from_config import options_from
+from basis_bench.errors import InputError
 from basis_bench.rollouts.importers import ImportOptions
+from basis_bench.rollouts.training_record import record_step
 
 if TYPE_CHECKING:
     import polars as pl
@@ -84,6 +86,16 @@ def import_(
             ".jsonl) merged into DIR/prompts.parquet.",
         ),
     ] = None,
+    step: Annotated[
+        int | None,
+        typer.Option(
+            "--step",
+            min=0,
+            help="The training step the imported policy was saved at, recorded in the dataset's "
+            "training.json for the trajectory replay's step schedule (not with acc-history, "
+            "whose visits are policies of their own).",
+        ),
+    ] = None,
     *,
     options: ImportOptions,
 ) -> None:
@@ -91,6 +103,9 @@ def import_(
     (one policy per run; rerun with other sources and --policy to add more)."""
     from basis_bench.rollouts.importers import import_sources, write_import
 
+    if step is not None and fmt == "acc-history":
+        raise InputError("--step records one policy's training step; acc-history writes one "
+                         "policy per visit: drop --step")  # fmt: skip
     start = time.perf_counter()
     extra = _prompts_table(prompts) if prompts is not None else None
     result = import_sources(fmt, sources, policy, options)
@@ -99,6 +114,8 @@ def import_(
     report = write_import(
         result, out, replace=replace, reference=reference, label=label, prompts=extra, force=force
     )
+    if step is not None:
+        record_step(out, policy, step)
     _print_summary(result, report, out, time.perf_counter() - start)
 
 

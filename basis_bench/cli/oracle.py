@@ -19,6 +19,7 @@ from rich.text import Text
 from basis_bench.cli.app import app
 from basis_bench.cli.from_config import Cli, options_from
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
+from basis_bench.rollouts.training_record import record_step
 
 if TYPE_CHECKING:
     from basis_bench.rollouts.oracle import OracleReport
@@ -228,5 +229,7 @@ def oracle(job: OracleJob) -> None:
 
     progress = ConsoleProgress()
     report = run_oracle(job, progress)
+    if job.step is not None:  # where the checkpoint sat in training, for the step replay
+        record_step(job.out, job.policy, job.step)
     if report.parts_written:
         progress.finished(job, report)

@@ -149,6 +149,36 @@ class EvaluateConfig:
         "epochs (each rollout from the next checkpoint with probability epoch/epochs) "
         "instead of jumping; the oracle is the same mixture. Needs --trajectory-epochs >= 2.",
     )
+    trajectory_schedule: str = setting(
+        "auto",
+        choices=("auto", "steps", "epochs"),
+        help="How the trajectory replay schedules visits. steps: as the training run did, each "
+        "checkpoint at the step it was saved at (the dataset's training.json), each prompt's "
+        "value moving in log-odds between them, oracle and pool cross-fitted, draws without "
+        "replacement (docs/method.md). epochs: --trajectory-epochs visits of every prompt per "
+        "checkpoint from a pool after the first --oracle-n samples, with replacement (the "
+        "replay before issue 31). auto: steps when training.json gives every checkpoint a step and no epoch option (--trajectory-epochs, --trajectory-blend) is set.",
+    )
+    rollouts_per_step: int | None = setting(
+        None,
+        min_val=1,
+        optional=True,
+        help="Step replay: the rollouts every estimator spends a step, so an estimator that "
+        "takes G rollouts per prompt visits R/G prompts (the paper's equal budget: 64 x 8 or "
+        "512 x 1). Unset: every estimator visits --batch-size prompts a step (per visit).",
+    )
+    folds: int = setting(
+        2,
+        min_val=2,
+        help="Step replay: folds of each checkpoint's samples; a repeat draws from one fold and "
+        "is scored against the mean of the others, the fold rotating across repeats.",
+    )
+    standing_steps: int = setting(
+        0,
+        min_val=0,
+        help="Step replay: steps the last checkpoint stands after its own (a standing policy; "
+        "what a dataset with one checkpoint replays).",
+    )
     features: str = setting(
         "auto",
         choices=_feature_kinds,
@@ -161,19 +191,46 @@ class EvaluateConfig:
     def __post_init__(self) -> None:
         _check_flags(self)
         if not self.trajectory:  # their values went unused, silently
-            defaults = {f.name: f.default for f in fields(self)}
-            unused = [
-                setting_flag(EvaluateConfig, name).split("/")[0]
-                for name in ("trajectory_epochs", "trajectory_blend", "features")
-                if getattr(self, name) != defaults[name]
-            ]
-            if unused:
-                verb, them = ("apply", "them") if len(unused) > 1 else ("applies", "it")
-                raise InputError(
-                    f"{', '.join(unused)} {verb} only to the trajectory replay, which "
-                    f"--no-trajectory turns off (the value would go unused); drop {them} or "
-                    "--no-trajectory"
-                )
+            names = (*EPOCH_ONLY, *STEP_ONLY, "features", "trajectory_schedule")
+            _refuse_unused(self, names, "the trajectory replay", "--no-trajectory")
+        elif self.trajectory_schedule != "auto":
+            self.check_schedule(self.trajectory_schedule)
+
+    def epoch_options_set(self) -> bool:
+        """Whether an option of the epoch schedule only is set (``auto`` then means epochs)."""
+        return bool(_changed(self, EPOCH_ONLY))
+
+    def check_schedule(self, schedule: str) -> None:
+        """Refuse options that ``schedule`` (what ``auto`` resolved to) would not use."""
+        if schedule == "epochs":
+            _refuse_unused(self, STEP_ONLY, "the step schedule", "--trajectory-schedule epochs")
+        else:
+            _refuse_unused(self, EPOCH_ONLY, "the epoch schedule", "--trajectory-schedule steps")
+
+
+EPOCH_ONLY = ("trajectory_epochs", "trajectory_blend")
+STEP_ONLY = ("rollouts_per_step", "folds", "standing_steps")
+
+
+def _changed(config: EvaluateConfig, names: tuple[str, ...]) -> list[str]:
+    """The flags of ``names`` whose values differ from their defaults."""
+    defaults = {f.name: f.default for f in fields(config)}
+    return [
+        setting_flag(EvaluateConfig, name).split("/")[0]
+        for name in names
+        if getattr(config, name) != defaults[name]
+    ]
+
+
+def _refuse_unused(config: EvaluateConfig, names: tuple[str, ...], where: str, off: str) -> None:
+    """Options set for a part of the run that is off went unused, silently: refuse them."""
+    unused = _changed(config, names)
+    if unused:
+        verb, them = ("apply", "them") if len(unused) > 1 else ("applies", "it")
+        raise InputError(
+            f"{', '.join(unused)} {verb} only to {where}, which {off} turns off (the value "
+            f"would go unused); drop {them} or {off}"
+        )
 
 
 DEFAULT_VALUES: dict[str, tuple[float, ...]] = {

@@ -496,39 +496,79 @@ def fig_beta_choice(results: Path) -> Figure:
     return fig
 
 
-def fig_trajectory(results: Path) -> Figure:
-    """Trajectory replay: noise-corrected MSE per epoch against the training step, one line
-    per estimator (95% CI band), dotted lines where the checkpoint changes (labelled
-    "a -> b" where the replay blends a into b); log scale."""
-    df = _ordered(pl.read_csv(results / "trajectory.csv").filter(pl.col("scope") == "epoch"))
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+
+
+def _trajectory_lines(ax: Any, df: pl.DataFrame, x_column: str) -> None:
+    """One line per (estimator, G) against ``x_column``, with its 95% CI band: group
+    estimators dashed, each estimator its own marker, so lines of one colour family stay
+    apart."""
     palette = _palette(df["estimator"].unique().to_list())
-    fig, axes = _panels(1, height=3.0)
-    ax = axes[0]
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
-    for name, g in keys:
+    every = max(1, df.height // max(len(keys), 1) // 12)  # about 12 markers a line
+    for i, (name, g) in enumerate(keys):
         d = df.filter((pl.col("estimator") == name) & (pl.col("rollouts_per_prompt") == g))
-        x = d["step"].to_numpy()
+        x = d[x_column].to_numpy()
         y = d["mse_noise_corrected"].to_numpy()
         half = (d["ci_high"] - d["ci_low"]).to_numpy() / 2
-        style = "--" if g > 1 else "-"
-        ax.plot(x, y, style, marker="o", ms=2.5, color=palette[name], label=label(name, g))
-        ax.fill_between(x, y - half, y + half, color=palette[name], alpha=0.15, lw=0)
-    blended = pl.col("next_share").max() > 0 if "next_share" in df.columns else pl.lit(False)
-    ends = df.group_by("checkpoint", maintain_order=True).agg(pl.col("step").max(), blended)
-    names = ends["checkpoint"].to_list()
-    for step in ends["step"].to_list()[:-1]:
-        ax.axvline(step, color="0.5", ls=":", lw=0.8)
-    for k, (name, step, moving) in enumerate(ends.rows()):
-        text = f"{name} -> {names[k + 1]}" if moving and k + 1 < len(names) else name
-        ax.annotate(text, (step, 1.0), xycoords=("data", "axes fraction"), ha="right",
-                    va="top", fontsize=7, color="0.35")  # fmt: skip
-    positive = df.filter(pl.col("mse_noise_corrected") > 0)
-    if positive.height == df.height:
+        ax.plot(x, y, "--" if g > 1 else "-", marker=MARKERS[i % len(MARKERS)], ms=3,
+                markevery=every, lw=1.1, color=palette[name], label=label(name, g))  # fmt: skip
+        ax.fill_between(x, y - half, y + half, color=palette[name], alpha=0.12, lw=0)
+    if (df["mse_noise_corrected"] > 0).all():
         ax.set_yscale("log")
-    ax.set_xlabel("training step (end of epoch)")
     ax.set_ylabel("MSE (noise-corrected)")
-    ax.set_title("trajectory replay: value error over training", fontsize=9)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+
+
+def _checkpoint_marks(ax: Any, df: pl.DataFrame, moving: bool, at: str = "first") -> None:
+    """Dotted lines where the checkpoints are, each labelled. ``at="first"`` (step schedule):
+    checkpoint c is the policy at its first step, the line there names it; ``"last"`` (epoch
+    schedule): its epochs end at its last step ("a -> b" while blending a into b)."""
+    import matplotlib.ticker as mticker
+
+    ends = df.group_by("checkpoint", maintain_order=True).agg(
+        pl.col("step").min().alias("first"), pl.col("step").max().alias("last")
+    )
+    names = ends["checkpoint"].to_list()
+    for k, (name, first, last) in enumerate(ends.rows()):
+        x = first if at == "first" else last
+        if at == "first" or k + 1 < len(names):
+            ax.axvline(x, color="0.5", ls=":", lw=0.8)
+        text = f"{name} -> {names[k + 1]}" if moving and k + 1 < len(names) else name
+        ax.annotate(text, (x, 0.98), xycoords=("data", "axes fraction"),
+                    ha="left" if at == "first" else "right", va="top", fontsize=6.5,
+                    color="0.35", rotation=90 if at == "first" else 0)  # fmt: skip
+    ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))
+    lo, hi = (int(x) for x in df["step"].to_numpy()[[0, -1]])
+    if lo == hi:  # one step: a readable axis around it
+        ax.set_xlim(lo - 1, hi + 1)
+
+
+def fig_trajectory(results: Path) -> Figure:
+    """Trajectory replay: noise-corrected MSE against the training step (95% CI bands); on the
+    step schedule a second panel against the rollouts each estimator has spent (the budget
+    curve). Dotted lines where the checkpoint changes; log scale."""
+    table = _ordered(pl.read_csv(results / "trajectory.csv"))
+    if (table["scope"] == "step").any():
+        df = table.filter(pl.col("scope") == "step")
+        fig, axes = _panels(2, height=3.0)
+        _trajectory_lines(axes[0], df, "step")
+        _checkpoint_marks(axes[0], df, moving=False)
+        axes[0].set_xlabel("training step")
+        _trajectory_lines(axes[1], df, "rollouts_spent")
+        axes[1].set_xlabel("rollouts spent")
+        axes[1].set_ylabel("")
+        fig.suptitle(f"trajectory replay ({df['schedule'][0]}): value error over training",
+                     fontsize=9)  # fmt: skip
+        _legend_below(fig, axes, ncol=4)
+        return fig
+    df = table.filter(pl.col("scope") == "epoch")
+    fig, axes = _panels(1, height=3.0)
+    _trajectory_lines(axes[0], df, "step")
+    moving = "next_share" in df.columns and bool((df["next_share"] > 0).any())
+    _checkpoint_marks(axes[0], df, moving=moving, at="last")
+    axes[0].set_xlabel("replay step (end of epoch)")
+    axes[0].set_title("trajectory replay (epochs per checkpoint): value error", fontsize=9)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     return fig
 
 

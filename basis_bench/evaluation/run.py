@@ -37,6 +37,7 @@ from basis_bench.evaluation.cost import check_memory, held_bytes
 from basis_bench.evaluation.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
+from basis_bench.evaluation.step_replay import replay_steps
 from basis_bench.evaluation.tables import (
     beta_table,
     claim_results_dir,
@@ -60,6 +61,11 @@ from basis_bench.outputs import (
 )
 from basis_bench.rollouts.features import check_feature_kind
 from basis_bench.rollouts.store import load_prompts
+from basis_bench.rollouts.training_record import (
+    TRAINING_FILE,
+    checkpoint_steps,
+    read_training_record,
+)
 
 TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
@@ -219,17 +225,50 @@ def _trajectory(
         cfg.batch_size, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
         cfg.group_size, cfg.oracle_n, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
         blend=cfg.trajectory_blend, features=cfg.features,
+        rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
+        standing_steps=cfg.standing_steps,
     )  # fmt: skip
+    prompts = load_prompts(ds.root)
+    schedule, steps = trajectory_schedule(cfg, ds)
+    if schedule == "steps":
+        order = sorted(range(len(steps)), key=steps.__getitem__)
+
+        def tick_run(run: str, steps_done: int) -> None:
+            if progress is not None:
+                progress(f"trajectory, {run}", steps_done, steps_done)
+
+        table, _ = replay_steps(
+            ds.rewards, ds.reference, [ds.checkpoints[i] for i in order],
+            [steps[i] for i in order], names, settings, tick_run, prompts,
+        )  # fmt: skip
+        return table
 
     def tick(checkpoint: str, epoch: int) -> None:
         if progress is not None:
             progress(f"trajectory {checkpoint}", epoch, cfg.trajectory_epochs)
 
-    prompts = load_prompts(ds.root)
     table, _ = replay_trajectory(
         ds.rewards, ds.reference, ds.checkpoints, names, settings, tick, prompts
     )
-    return table
+    return table.with_columns(pl.lit("epochs").alias("schedule"))
+
+
+def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> tuple[str, list[int]]:
+    """The trajectory replay's schedule (``auto`` resolved) and each checkpoint's training
+    step (empty for the epoch schedule); options the schedule would not use are refused."""
+    steps = checkpoint_steps(read_training_record(ds.root), ds.checkpoints)
+    schedule = cfg.trajectory_schedule
+    if schedule == "auto":  # epochs when asked for by its options (the commands of before)
+        moves = steps is not None and (len(set(steps)) > 1 or cfg.standing_steps > 0)
+        schedule = "steps" if moves and not cfg.epoch_options_set() else "epochs"
+    if schedule == "steps" and steps is None:
+        raise InputError(
+            f"--trajectory-schedule steps needs every checkpoint's training step; {ds.root} has "
+            f"no {TRAINING_FILE} giving one to each of {', '.join(ds.checkpoints)} (write it: "
+            '{"steps": {"<checkpoint>": <step>, ...}}, or record it with oracle/import --step)'
+        )
+    cfg.check_schedule(schedule)
+    return schedule, steps or []
 
 
 def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
@@ -280,6 +319,7 @@ def evaluate(
         check_blend(cfg.trajectory_epochs, len(ds.checkpoints))
     if cfg.trajectory:
         check_feature_kind(load_prompts(ds.root), cfg.features)
+        trajectory_schedule(cfg, ds)  # refused before any folder is made
     check_reward_bounds(ds, [e for e in estimators if cfg.trajectory or not e.stateful])
     named = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
     stateful = [e.name for e in estimators if e.stateful]
@@ -340,8 +380,7 @@ def _write_run(
         run = replace(run, trajectory={
             "checkpoint_order": ds.checkpoints,
             "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
-            "epochs_per_checkpoint": cfg.trajectory_epochs,
-            "blend": cfg.trajectory_blend,
+            **_schedule_record(cfg, ds),
             "features": cfg.features,
             "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
         })  # fmt: skip
@@ -355,6 +394,23 @@ def _write_run(
     run = replace(run, run_id=new_run_id(), tables={f: file_sha256(stage / f) for f in files})
     write_text_atomic(stage / RUN_FILE, run.to_json())
     return frames
+
+
+def _schedule_record(cfg: EvaluateConfig, ds: Dataset) -> dict[str, Any]:
+    """What run.json says of the trajectory's schedule."""
+    schedule, steps = trajectory_schedule(cfg, ds)
+    if schedule == "epochs":
+        return {
+            "schedule": schedule,
+            "epochs_per_checkpoint": cfg.trajectory_epochs,
+            "blend": cfg.trajectory_blend,
+        }
+    at = dict(zip(ds.checkpoints, steps, strict=True))
+    return {
+        "schedule": schedule, "steps": at, "checkpoint_order": sorted(at, key=at.__getitem__),
+        "rollouts_per_step": cfg.rollouts_per_step, "batch_size": cfg.batch_size,
+        "folds": cfg.folds, "standing_steps": cfg.standing_steps,
+    }  # fmt: skip
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:

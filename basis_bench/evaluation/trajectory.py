@@ -122,6 +122,11 @@ class TrajectorySettings:
     options: Mapping[str, Any] = field(default_factory=dict)
     blend: bool = False  # move from each checkpoint towards the next over its epochs
     features: str = "auto"  # prompt features for basis_context (rollouts/features.py kinds)
+    # The step schedule (step_replay.py): rollouts a step (None: batch_size prompts a step,
+    # per visit), the cross-fit's folds, steps the last checkpoint stands after its own.
+    rollouts_per_step: int | None = None
+    folds: int = 2
+    standing_steps: int = 0
 
 
 @dataclass
@@ -160,7 +165,7 @@ class _Totals:
     curve: dict[str, np.ndarray]
 
 
-def _summary(
+def summarise(
     sq_sum: np.ndarray, per_repeat: int, noise_sum: float, extreme: float
 ) -> dict[str, float | int]:
     """MSE, noise-corrected MSE, normal 95% CI over repeats, 0/1 share, count."""
@@ -344,7 +349,7 @@ def _rows(
                         "scope": "epoch", "checkpoint": checkpoint, "checkpoint_index": ck,
                         "epoch": ck * s.epochs_per_checkpoint + epoch + 1, "step": step_count,
                         "next_share": share, "estimator": name, "rollouts_per_prompt": g[name],
-                        **_summary(sq_sum, per_epoch, noise_sum, extreme),
+                        **summarise(sq_sum, per_epoch, noise_sum, extreme),
                     }
                 )  # fmt: skip
             e += 1
@@ -355,7 +360,7 @@ def _rows(
                     "scope": "checkpoint", "checkpoint": checkpoint, "checkpoint_index": ck,
                     "epoch": None, "step": step_count, "next_share": share_ckpt,
                     "estimator": name, "rollouts_per_prompt": g[name],
-                    **_summary(sq_ckpt[name], s.epochs_per_checkpoint * per_epoch, noise_ckpt,
+                    **summarise(sq_ckpt[name], s.epochs_per_checkpoint * per_epoch, noise_ckpt,
                                extreme_ckpt[name]),
                 }
             )  # fmt: skip

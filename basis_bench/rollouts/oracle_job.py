@@ -209,6 +209,14 @@ class OracleJob:
         "at the last token of the prompt as sampled (with --backend vllm computed by "
         "transformers before the engine starts: the hf backend's numbers); none: no column.",
     )
+    step: int | None = setting(
+        None,
+        min_val=0,
+        optional=True,
+        help="The training step --ckpt was saved at, recorded for --policy in the dataset's "
+        "training.json: the trajectory replay then schedules as the training did "
+        "(evaluate --trajectory-schedule steps).",
+    )
     force: bool = setting(
         False,
         help="Write into --out even if it holds something other than a dataset of real "

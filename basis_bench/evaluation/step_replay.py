@@ -1,0 +1,374 @@
+"""Trajectory replay on training's schedule: steps, a rollout budget, cross-fitted pools.
+
+The epoch replay (:mod:`~basis_bench.evaluation.trajectory`) visits every prompt a fixed
+number of times per checkpoint and draws from a 16-sample pool with replacement. This one
+replays a checkpoint sequence the way the training run that made it went:
+
+* **Steps.** Checkpoint c was saved at training step s_c (the dataset's training record).
+  The replay runs steps t = s_0, ..., s_last (+ ``standing_steps`` more at the last
+  checkpoint). Between checkpoints each prompt's value moves in log-odds,
+  logit V_i(t) = (1 - w) logit V_i,c + w logit V_i,c+1 with w = (t - s_c) / (s_c+1 - s_c),
+  so how far a prompt drifts between two visits follows from the training's own rate. The
+  policy at step t is realised with real rollouts: each rollout of prompt i is checkpoint
+  c+1's with probability m_i(t) = (V_i(t) - V_i,c) / (V_i,c+1 - V_i,c), else checkpoint c's,
+  a mixture whose value is V_i(t) exactly; the oracle is the same mixture of the two oracles.
+* **A rollout budget.** With ``rollouts_per_step`` R, an estimator that takes G rollouts per
+  visit visits R / G prompts a step (the paper's protocol: 64 prompts x 8 or 512 x 1), so
+  every estimator spends the same rollouts; without it, every estimator visits
+  ``batch_size`` prompts a step (per visit; group estimators spend G times more). Each
+  estimator group (same prompts per step) is its own training run: prompts come in epochs
+  over the prompt set without replacement, B a step (a partial last batch dropped).
+* **Cross-fitted pools, no floor.** Each checkpoint's samples of a prompt are split at random
+  into ``folds`` folds; repeat r draws from fold r mod F (its pool) and is scored against
+  the mean of the other folds (its oracle), so across repeats every sample serves both
+  roles and the draws are never the oracle's. A prompt's pool is read in a random order of
+  the repeat's own, without replacement; only once it is used up are samples reused (the
+  share is reported as ``pool_reuse``). An estimator that averages a standing policy's
+  rollouts therefore approaches the value, not the mean of a 16-sample pool.
+
+The oracle's own noise, Var(oracle) = sigma^2 / n_oracle for one fold set, enters the
+squared error additively because the oracle and the draws are disjoint samples; the
+noise-corrected MSE subtracts (1 - m)^2 Var_c + m^2 Var_c+1, estimated per visit by the
+oracle samples' variance (ddof = 1). Random numbers are counter-based
+(:mod:`~basis_bench.evaluation.counter_random`): any subset of repeats draws what the
+whole run would, so memory passes never change a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import polars as pl
+
+from basis_bench.errors import InputError
+from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
+from basis_bench.evaluation.counter_random import permute, tag, uniforms
+from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
+from basis_bench.evaluation.trajectory import (
+    TrajectorySettings,
+    shared_prompts,
+    stream_bytes,
+    stream_group,
+    summarise,
+)
+from basis_bench.rollouts.features import prompt_features
+
+FOLD, ORDER, MIX, POOL = tag("fold"), tag("order"), tag("mix"), tag("pool")
+
+
+class Folds(NamedTuple):
+    """One checkpoint's cross-fit: for fold f as the pool, the oracle mean (F, P), its
+    noise Var(oracle) (F, P), the pool's rewards in random order (F, P, W), NaN-padded,
+    and the pool sizes (F, P)."""
+
+    oracle: np.ndarray
+    noise: np.ndarray
+    pool: np.ndarray
+    pool_size: np.ndarray
+
+
+def cross_fit(rewards: np.ndarray, folds: int, seed: int, index: int, name: str) -> Folds:
+    """Split each prompt's samples (a row of ``rewards``, NaN-padded) at random into
+    ``folds`` folds of near-equal size; fold f's pool is fold f, its oracle the rest."""
+    p, s = rewards.shape
+    finite = np.isfinite(rewards)
+    keys = uniforms(seed, FOLD, index, np.arange(p)[:, None], np.arange(s)[None, :])
+    keys[~finite] = 2.0  # missing samples sort last
+    ranked = np.take_along_axis(rewards, np.argsort(keys, axis=1), axis=1)
+    fold_of = np.arange(s) % folds
+    oracle, noise, pools, counts = [], [], [], []
+    for f in range(folds):
+        pool = ranked[:, fold_of == f]
+        rest = ranked[:, fold_of != f]
+        n_rest = np.isfinite(rest).sum(axis=1)
+        count = np.isfinite(pool).sum(axis=1)
+        if n_rest.min() < 2 or count.min() < 1:
+            raise InputError(
+                f"checkpoint {name!r}: a prompt has {int(finite.sum(axis=1).min())} samples, too "
+                f"few for {folds} folds (each fold's oracle needs 2, its pool 1); lower --folds"
+            )
+        oracle.append(np.nanmean(rest, axis=1))
+        noise.append(np.nanvar(rest, axis=1, ddof=1) / n_rest)
+        pools.append(pool)
+        counts.append(count)
+    width = max(p.shape[1] for p in pools)
+    padded = np.full((folds, p, width), np.nan)
+    for f, pool in enumerate(pools):
+        padded[f, :, : pool.shape[1]] = pool
+    return Folds(np.stack(oracle), np.stack(noise), padded, np.stack(counts))
+
+
+def mixture_weight(
+    v_from: np.ndarray, v_to: np.ndarray, w: float, eps: float | np.ndarray
+) -> np.ndarray:
+    """m such that (1 - m) v_from + m v_to equals the log-odds path's value at w:
+    sigmoid((1 - w) logit v_from + w logit v_to), the values clipped to [eps, 1 - eps]."""
+    if w == 0.0:
+        return np.zeros_like(v_from)
+    a, b = np.clip(v_from, eps, 1 - eps), np.clip(v_to, eps, 1 - eps)
+    logit = (1 - w) * np.log(a / (1 - a)) + w * np.log(b / (1 - b))
+    target = 1 / (1 + np.exp(-logit))
+    gap = v_to - v_from
+    safe = np.abs(gap) > 1e-12
+    m = np.where(safe, (target - v_from) / np.where(safe, gap, 1.0), w)
+    return np.clip(m, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The training steps replayed: each step's checkpoint interval k and weight w."""
+
+    steps: np.ndarray  # (T,) training step of each replayed step
+    interval: np.ndarray  # (T,) index of the checkpoint at or before it
+    weight: np.ndarray  # (T,) w: how far towards the next checkpoint
+
+    @classmethod
+    def build(cls, ckpt_steps: Sequence[int], standing: int) -> Timeline:
+        s = np.asarray(ckpt_steps, dtype=np.int64)
+        if s.size == 0 or np.any(np.diff(s) <= 0):
+            raise InputError(
+                f"the step schedule needs checkpoints at increasing training steps; got "
+                f"{s.tolist()} (set them in the dataset's training.json)"
+            )
+        t = np.arange(s[0], s[-1] + 1 + standing)
+        k = np.minimum(np.searchsorted(s, t, side="right") - 1, len(s) - 1)
+        nxt = np.minimum(k + 1, len(s) - 1)
+        span = np.where(nxt > k, s[nxt] - s[k], 1)
+        w = np.where(nxt > k, (t - s[k]) / span, 0.0)
+        if t.size < 2:
+            raise InputError(
+                "the step schedule replays a single step: give at least two checkpoints at "
+                "different steps, or --standing-steps to hold the last one"
+            )
+        return cls(t, k, w)
+
+
+@dataclass
+class _Run:
+    """One estimator group: the estimators that visit the same prompts each step."""
+
+    batch: int  # prompts per step
+    draws: int  # rollouts drawn per visit (the group's largest G)
+    members: list[tuple[Estimator, Any, Any, int]]  # (estimator, options, kernel, G)
+    sq: dict[str, np.ndarray] = field(default_factory=dict)  # (T, R) summed squared error
+    extreme: dict[str, np.ndarray] = field(default_factory=dict)  # (T,)
+    noise: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,)
+    reuse: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,) reused draws
+
+
+def _runs(
+    ests: Sequence[Estimator], s: TrajectorySettings, p: int, kernels: Mapping[str, tuple]
+) -> list[_Run]:
+    """Group the estimators by prompts per step (R / G with a budget, else B)."""
+    runs: dict[int, _Run] = {}
+    for e in ests:
+        g = e.rollouts_per_prompt(s.group_size)
+        b = s.rollouts_per_step // g if s.rollouts_per_step else s.batch_size
+        if b < 1 or b > p:
+            raise InputError(
+                f"{e.name} visits {b} prompt(s) a step ({s.rollouts_per_step} rollouts / G={g}); "
+                f"it must be between 1 and the {p} prompts every checkpoint shares"
+                + ("; raise --rollouts-per-step" if b < 1 else "; lower --rollouts-per-step")
+            )
+        run = runs.setdefault(b, _Run(b, g, []))
+        run.draws = max(run.draws, g)
+        run.members.append((e, *kernels[e.name], g))
+    return list(runs.values())
+
+
+def replay_steps(
+    rollouts: pl.DataFrame | Rewards,
+    reference: str,
+    checkpoints: Sequence[str],
+    steps: Sequence[int],
+    estimators: Sequence[str | Estimator],
+    settings: TrajectorySettings,
+    progress: Callable[[str, int], None] | None = None,
+    prompts: pl.DataFrame | None = None,
+) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
+    """Replay ``estimators`` over ``checkpoints`` saved at training ``steps``; the table has
+    one row per (step, estimator), per (checkpoint interval, estimator) and per estimator
+    over the whole trajectory (scopes ``step``, ``checkpoint``, ``trajectory``); the curves
+    are each estimator's MSE per replayed step."""
+    s = settings
+    ests = [get(e) if isinstance(e, str) else e for e in estimators]
+    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
+    ids, _ = shared_prompts(rewards, reference, checkpoints)
+    if len(steps) != len(checkpoints):
+        raise InputError(f"{len(checkpoints)} checkpoints but {len(steps)} steps")
+    timeline = Timeline.build(steps, s.standing_steps)
+    p = len(ids)
+    cache = rewards[reference].rows(ids)[:, : s.ref_n].copy()
+    betas = default_betas(s.grid_size) if s.grid_size is not None else None
+    features = prompt_features(prompts, list(ids), s.features)
+    table = TiltTable.from_cache(cache, betas, s.prior, list(ids), features)
+    folds = [
+        cross_fit(rewards[c].rows(ids), s.folds, s.seed, k, c) for k, c in enumerate(checkpoints)
+    ]
+    rr = _reward_range(cache, folds)
+    kernels = {}
+    for e in ests:
+        opts = e.parse_options(s.options.get(e.name))
+        kernels[e.name] = (opts, e.kernel(e, opts, table if e.uses_cache else None, cache, rr))
+    runs = _runs(ests, s, p, kernels)
+    _check_pools(runs, folds, checkpoints)
+    n_t = len(timeline.steps)
+    for run in runs:
+        run.sq = {e.name: np.zeros((n_t, s.repeats)) for e, *_ in run.members}
+        run.extreme = {e.name: np.zeros(n_t) for e, *_ in run.members}
+        run.noise, run.reuse = np.zeros(n_t), np.zeros(n_t)
+        per = stream_bytes(p, [k for _, _, k, _ in run.members]) + 4 * p * len(folds)
+        group = stream_group(s.repeats, per)
+        for lo in range(0, s.repeats, group):
+            _replay_run(run, (lo, min(lo + group, s.repeats)), timeline, folds, table, rr, s)
+        if progress is not None:
+            progress(f"{run.batch} prompts a step", n_t)
+    return _table(runs, timeline, checkpoints, s), _curves(runs, s)
+
+
+def _check_pools(runs: Sequence[_Run], folds: Sequence[Folds], names: Sequence[str]) -> None:
+    """A visit draws its G rollouts without replacement: every pool needs G samples."""
+    need = max(r.draws for r in runs)
+    for f, name in zip(folds, names, strict=True):
+        if f.pool_size.min() < need:
+            raise InputError(
+                f"checkpoint {name!r}: a prompt's pool holds {int(f.pool_size.min())} samples, fewer "
+                f"than the {need} rollouts of one visit; lower --folds or --group-size"
+            )
+
+
+def _reward_range(cache: np.ndarray, folds: Sequence[Folds]) -> tuple[float, float] | None:
+    vals = np.concatenate(
+        [cache[np.isfinite(cache)], *(f.pool[np.isfinite(f.pool)] for f in folds)]
+    )
+    return (0.0, 1.0) if vals.size == 0 or (vals.min() >= 0 and vals.max() <= 1) else None
+
+
+def _replay_run(
+    run: _Run, rows: tuple[int, int], timeline: Timeline, folds: Sequence[Folds],
+    table: TiltTable, rr: tuple[float, float] | None, s: TrajectorySettings,
+) -> None:  # fmt: skip
+    """Repeats [lo, hi) of one estimator group over every step, into the run's totals."""
+    r_ids = np.arange(*rows)
+    lead = (len(r_ids),)
+    p = folds[0].oracle.shape[1]
+    streams = {
+        e.name: StepEstimator(e, opts, kernel, table, rr or (0.0, 1.0), lead)
+        for e, opts, kernel, _ in run.members
+    }
+    used = np.zeros((len(r_ids), p, len(folds)), dtype=np.int64)  # pool samples taken so far
+    rho = r_ids % s.folds  # each repeat's pool fold
+    per_epoch = p // run.batch
+    epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
+    for u, (k, w) in enumerate(zip(timeline.interval, timeline.weight, strict=True)):
+        epoch, j = divmod(u, per_epoch)
+        if epoch != epoch_order[0]:
+            keys = uniforms(s.seed, ORDER, run.batch, r_ids[:, None], epoch, np.arange(p))
+            epoch_order = (epoch, np.argsort(keys, axis=1))
+        cols = epoch_order[1][:, j * run.batch : (j + 1) * run.batch]  # (r, b)
+        nxt = min(int(k) + 1, len(folds) - 1)
+        visit = _draw(run, folds, int(k), nxt, float(w), cols, rho, r_ids, used, s.seed, u)
+        run.noise[u] += float(visit.noise.sum())
+        run.reuse[u] += float(visit.reused.sum())
+        for e, _, _, g in run.members:
+            out = streams[e.name].step_columns(cols, visit.rewards[..., :g])
+            base = np.asarray(out.baselines, dtype=np.float64)
+            err = (base - visit.oracle[..., None]) ** 2
+            run.sq[e.name][u, rows[0] : rows[1]] = err.mean(axis=-1).sum(axis=1)
+            extreme = int(((base == 0) | (base == 1)).sum())
+            run.extreme[e.name][u] += extreme / g
+
+
+class _Visit(NamedTuple):
+    rewards: np.ndarray  # (r, b, draws)
+    oracle: np.ndarray  # (r, b)
+    noise: np.ndarray  # (r, b)
+    reused: np.ndarray  # (r, b, draws) bool
+
+
+def _draw(
+    run: _Run, folds: Sequence[Folds], k: int, nxt: int, w: float, cols: np.ndarray,
+    rho: np.ndarray, r_ids: np.ndarray, used: np.ndarray, seed: int, u: int,
+) -> _Visit:  # fmt: skip
+    """One step's rollouts of the visited prompts from the mixture policy at weight w, each
+    from its checkpoint's pool without replacement (``used`` counts what was taken)."""
+    rf = rho[:, None]
+    here, there = folds[k], folds[nxt]
+    v_here, v_there = here.oracle[rf, cols], there.oracle[rf, cols]
+    eps = 0.5 / here.pool_size.sum(axis=0)[cols]  # half a sample of the prompt's
+    m = mixture_weight(v_here, v_there, w, eps) if nxt != k else np.zeros_like(v_here)
+    oracle = (1 - m) * v_here + m * v_there
+    noise = (1 - m) ** 2 * here.noise[rf, cols] + m**2 * there.noise[rf, cols]
+    slots = np.arange(run.draws)
+    rows = np.arange(len(r_ids))[:, None]
+    later = (
+        uniforms(seed, MIX, run.batch, r_ids[:, None, None], u, cols[..., None], slots)
+        < m[..., None]
+    )
+    rewards = np.full((*cols.shape, run.draws), np.nan)
+    reused = np.zeros(rewards.shape, dtype=bool)
+    for c, take in ((k, ~later), (nxt, later)) if nxt != k else ((k, np.ones_like(later)),):
+        f = folds[c]
+        count = f.pool_size[rf, cols][..., None]  # (r, b, 1)
+        pos = used[rows, cols, c][..., None] + np.cumsum(take, axis=-1) - 1
+        reused |= take & (pos >= count)
+        order = permute(
+            pos % count, count, seed, POOL, run.batch, r_ids[:, None, None], c, cols[..., None]
+        )
+        got = f.pool[rf[..., None], cols[..., None], order]
+        rewards = np.where(take, got, rewards)
+        used[rows, cols, c] += take.sum(axis=-1)
+    return _Visit(rewards, oracle, noise, reused)
+
+
+def schedule_label(s: TrajectorySettings) -> str:
+    """How the replay spent its rollouts, for every table row."""
+    if s.rollouts_per_step:
+        return f"steps, budget {s.rollouts_per_step} rollouts a step"
+    return f"steps, {s.batch_size} prompts a step (per visit)"
+
+
+def _scopes(timeline: Timeline, n_checkpoints: int) -> list[tuple[str, int, int]]:
+    """(scope, first, end) step ranges: each step, each checkpoint's interval, the whole."""
+    scopes = [("step", u, u + 1) for u in range(len(timeline.steps))]
+    for k in range(n_checkpoints):
+        at = np.flatnonzero(timeline.interval == k)
+        if at.size:
+            scopes.append(("checkpoint", int(at[0]), int(at[-1]) + 1))
+    return [*scopes, ("trajectory", 0, len(timeline.steps))]
+
+
+def _table(
+    runs: Sequence[_Run], timeline: Timeline, checkpoints: Sequence[str], s: TrajectorySettings
+) -> pl.DataFrame:
+    """Rows per (step, estimator), per (checkpoint interval, estimator), per estimator."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        for e, _, _, g in run.members:
+            for scope, lo, hi in _scopes(timeline, len(checkpoints)):
+                k = int(timeline.interval[lo if scope == "checkpoint" else hi - 1])
+                visits = (hi - lo) * run.batch
+                rows.append({
+                    "scope": scope, "schedule": schedule_label(s), "checkpoint": checkpoints[k],
+                    "checkpoint_index": k, "step": int(timeline.steps[hi - 1]),
+                    "next_share": float(timeline.weight[lo:hi].mean()), "estimator": e.name,
+                    "rollouts_per_prompt": g, "prompts_per_step": run.batch,
+                    "rollouts_spent": run.batch * g * hi,
+                    **summarise(run.sq[e.name][lo:hi].sum(axis=0), visits,
+                                float(run.noise[lo:hi].sum()),
+                                float(run.extreme[e.name][lo:hi].sum())),
+                    "pool_reuse": float(run.reuse[lo:hi].sum()) / (s.repeats * visits * run.draws),
+                })  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def _curves(runs: Sequence[_Run], s: TrajectorySettings) -> dict[str, np.ndarray]:
+    """Each estimator's MSE per replayed step."""
+    return {
+        e.name: run.sq[e.name].sum(axis=1) / (s.repeats * run.batch)
+        for run in runs
+        for e, *_ in run.members
+    }

@@ -1,0 +1,96 @@
+"""A dataset's training record (``training.json`` beside ``rollouts/``): where each policy sat
+in the training run that made it, so the trajectory replay can schedule as that run did.
+
+    {"steps": {"early": 5, "middle": 15, "late": 40},
+     "prompts_per_step": 16, "train_prompts": 128}
+
+``steps``: the training step each checkpoint was saved at (the reference is step 0 and
+needs no entry). ``prompts_per_step`` and ``train_prompts``: that run's batch and prompt set,
+so a replay can visit each prompt as often per step as training did
+(prompts_per_step / train_prompts visits a step). Written by ``oracle --step`` and
+``import --step`` (one policy at a time, merged), and a plain JSON file to edit by hand for
+data made before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from basis_bench.errors import InputError
+from basis_bench.outputs import write_text_atomic
+
+TRAINING_FILE = "training.json"
+MAX_BYTES = 1 << 20  # a record of steps is small: anything larger is not one
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """Each checkpoint's training step, and the run's prompts per step and prompt set."""
+
+    steps: dict[str, int] = field(default_factory=dict)
+    prompts_per_step: int | None = None
+    train_prompts: int | None = None
+
+    def visit_rate(self) -> float | None:
+        """Visits a prompt got per training step: prompts_per_step / train_prompts."""
+        if self.prompts_per_step is None or self.train_prompts is None:
+            return None
+        return self.prompts_per_step / self.train_prompts
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"steps": dict(sorted(self.steps.items(), key=lambda kv: kv[1]))}
+        for key in ("prompts_per_step", "train_prompts"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return json.dumps(data, indent=2) + "\n"
+
+
+def _count(value: Any, what: str, path: Path, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InputError(f"{path}: {what} must be an integer >= {low}; got {value!r}")
+    return value
+
+
+def read_training_record(root: str | os.PathLike[str]) -> TrainingRecord | None:
+    """The dataset's training record, None without one; a malformed file is a one-line error."""
+    path = Path(root) / TRAINING_FILE
+    if not path.is_file():
+        return None
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise ValueError(f"larger than {MAX_BYTES} bytes")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise InputError(f"{path}: not a readable training record ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("steps", {}), dict):
+        raise InputError(f'{path}: must be a JSON object with "steps": {{policy: step}}')
+    unknown = set(data) - {"steps", "prompts_per_step", "train_prompts"}
+    if unknown:
+        raise InputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    steps = {str(k): _count(v, f"the step of {k!r}", path, 0) for k, v in data["steps"].items()}
+    sizes = {
+        k: _count(data[k], k, path, 1) if data.get(k) is not None else None
+        for k in ("prompts_per_step", "train_prompts")
+    }
+    return TrainingRecord(steps, sizes["prompts_per_step"], sizes["train_prompts"])
+
+
+def record_step(root: str | os.PathLike[str], policy: str, step: int) -> TrainingRecord:
+    """Set ``policy``'s training step in the dataset's record (made if absent), atomically."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InputError(f"--step must be an integer >= 0; got {step!r}")
+    old = read_training_record(root) or TrainingRecord()
+    new = TrainingRecord({**old.steps, policy: step}, old.prompts_per_step, old.train_prompts)
+    write_text_atomic(Path(root) / TRAINING_FILE, new.to_json())
+    return new
+
+
+def checkpoint_steps(record: TrainingRecord | None, checkpoints: list[str]) -> list[int] | None:
+    """The steps of ``checkpoints`` in order; None when the record lacks any of them."""
+    if record is None or any(c not in record.steps for c in checkpoints):
+        return None
+    return [record.steps[c] for c in checkpoints]

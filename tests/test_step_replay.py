@@ -1,0 +1,279 @@
+"""The step replay: counter-based draws, cross-fitted pools, the log-odds mixture, the
+rollout budget, and no pool floor (a memory estimator on a standing policy goes below
+v(1-v)/16, where the epoch replay's 16-sample pool stops it)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from basis_bench.errors import InputError
+from basis_bench.evaluation import trajectory
+from basis_bench.evaluation.counter_random import permute, uniforms
+from basis_bench.evaluation.step_replay import (
+    Timeline,
+    cross_fit,
+    mixture_weight,
+    replay_steps,
+)
+from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
+from basis_bench.rollouts.training_record import (
+    TRAINING_FILE,
+    checkpoint_steps,
+    read_training_record,
+    record_step,
+)
+
+
+def _frame(values: dict[str, np.ndarray], samples: dict[str, int], seed: int = 0) -> pl.DataFrame:
+    """Bernoulli rewards: policy -> per-prompt values, and samples per prompt."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for policy, v in values.items():
+        n = samples[policy]
+        r = (rng.random((len(v), n)) < v[:, None]).astype(float)
+        parts.append(
+            pl.DataFrame({
+                "prompt_id": np.repeat([f"x{i:03d}" for i in range(len(v))], n),
+                "policy": policy,
+                "sample_idx": np.tile(np.arange(n), len(v)).astype(np.int32),
+                "reward": r.ravel(),
+            })
+        )  # fmt: skip
+    return pl.concat(parts)
+
+
+def test_permute_is_a_bijection_for_every_size_and_key() -> None:
+    for n in (1, 2, 3, 7, 16, 17, 100, 255, 256, 257):
+        for key in range(3):
+            got = permute(np.arange(n), n, 5, key)
+            assert sorted(got.tolist()) == list(range(n))
+    # sizes varying per element: each row of a prompt's positions is its own bijection
+    n = np.array([3, 9, 1, 40])[:, None]
+    pos = np.arange(40)[None, :] % n
+    got = permute(pos, n, 1, np.arange(4)[:, None])
+    for i, size in enumerate(n.ravel()):
+        assert sorted(set(got[i].tolist())) == list(range(size))
+
+
+def test_uniforms_are_uniform_and_a_function_of_their_keys() -> None:
+    u = uniforms(3, np.arange(200_000))
+    assert abs(u.mean() - 0.5) < 0.003 and abs(u.var() - 1 / 12) < 0.002
+    # any subset of keys reads the same numbers as the whole (memory passes change nothing)
+    whole = uniforms(3, np.arange(10)[:, None], np.arange(7)[None, :])
+    assert np.array_equal(whole[4:6], uniforms(3, np.arange(4, 6)[:, None], np.arange(7)[None, :]))
+    assert not np.array_equal(whole, uniforms(4, np.arange(10)[:, None], np.arange(7)[None, :]))
+
+
+def test_cross_fit_pool_and_oracle_are_disjoint_and_cover_the_samples() -> None:
+    rng = np.random.default_rng(0)
+    rewards = rng.random((5, 30))
+    rewards[2, 25:] = np.nan  # a prompt with fewer samples
+    folds = cross_fit(rewards, 3, seed=0, index=0, name="c")
+    for i in range(5):
+        row = rewards[i][np.isfinite(rewards[i])]
+        pools = [folds.pool[f, i, : folds.pool_size[f, i]] for f in range(3)]
+        assert sorted(np.concatenate(pools).tolist()) == sorted(row.tolist())
+        assert max(folds.pool_size[:, i]) - min(folds.pool_size[:, i]) <= 1
+        for f in range(3):
+            rest = np.concatenate([pools[g] for g in range(3) if g != f])
+            assert folds.oracle[f, i] == pytest.approx(rest.mean())
+            assert folds.noise[f, i] == pytest.approx(rest.var(ddof=1) / rest.size)
+
+
+def test_mixture_weight_follows_the_log_odds_path() -> None:
+    a, b = np.array([0.1, 0.8, 0.3, 0.5]), np.array([0.9, 0.2, 0.3, 0.7])
+    for w in (0.0, 0.25, 0.5, 1.0):
+        m = mixture_weight(a, b, w, 1e-6)
+        logit = (1 - w) * np.log(a / (1 - a)) + w * np.log(b / (1 - b))
+        moved = a != b
+        want = 1 / (1 + np.exp(-logit))
+        assert np.allclose(((1 - m) * a + m * b)[moved], want[moved])
+        assert np.all((m >= 0) & (m <= 1))
+    assert np.allclose(mixture_weight(a, b, 1.0, 1e-6)[a != b], 1.0)
+
+
+def test_timeline_interpolates_between_checkpoint_steps() -> None:
+    t = Timeline.build([5, 15, 40], standing=2)
+    assert t.steps[0] == 5 and t.steps[-1] == 42
+    at10 = int(np.flatnonzero(t.steps == 10)[0])
+    assert t.interval[at10] == 0 and t.weight[at10] == pytest.approx(0.5)
+    assert t.interval[-1] == 2 and t.weight[-1] == 0.0
+    with pytest.raises(InputError, match="increasing training steps"):
+        Timeline.build([5, 5], 0)
+
+
+def test_a_standing_policy_has_no_pool_floor() -> None:
+    """64 visits of every prompt of a standing policy: basis_memory's noise-corrected MSE
+    falls below the mean v(1-v)/16 the epoch replay's 16-sample pool cannot pass."""
+    rng = np.random.default_rng(1)
+    p = 32
+    v = rng.uniform(0.2, 0.8, p)
+    df = _frame({"reference": v, "c": v}, {"reference": 64, "c": 272}, seed=2)
+    floor = float(np.mean(v * (1 - v)) / 16)
+    steps = TrajectorySettings(batch_size=p, repeats=8, ref_n=64, folds=2, standing_steps=63)
+    table, curves = replay_steps(df, "reference", ["c"], [0], ["basis_memory"], steps)
+    late = table.filter(pl.col("scope") == "step").tail(8)["mse_noise_corrected"].mean()
+    assert late < floor
+    assert curves["basis_memory"][-8:].mean() < curves["basis_memory"][:4].mean()
+    epochs = TrajectorySettings(
+        batch_size=p, repeats=8, epochs_per_checkpoint=64, oracle_n=256, ref_n=64
+    )
+    old, _ = replay_trajectory(df, "reference", ["c"], ["basis_memory"], epochs)
+    stuck = old.filter(pl.col("scope") == "epoch").tail(8)["mse_noise_corrected"].mean()
+    assert stuck > floor / 2  # the 16-sample pool: about v(1-v)/16, never far below
+
+
+def test_a_budget_makes_every_estimator_spend_the_same_rollouts() -> None:
+    rng = np.random.default_rng(3)
+    v0 = rng.uniform(0.1, 0.9, 40)
+    df = _frame(
+        {"reference": v0, "a": np.clip(v0 + 0.2, 0, 1), "b": np.clip(v0 + 0.3, 0, 1)},
+        {"reference": 16, "a": 64, "b": 64},
+    )
+    s = TrajectorySettings(repeats=4, ref_n=16, group_size=8, rollouts_per_step=32)
+    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 10], ["grpo", "basis", "vanilla"], s)
+    whole = table.filter(pl.col("scope") == "trajectory")
+    by = {r["estimator"]: r for r in whole.iter_rows(named=True)}
+    assert by["grpo"]["prompts_per_step"] == 4 and by["basis"]["prompts_per_step"] == 32
+    assert by["grpo"]["rollouts_spent"] == by["basis"]["rollouts_spent"] == 11 * 32
+    # the zero baseline's MSE is the mean squared oracle value over its visits
+    assert by["vanilla"]["mse"] > 0
+    with pytest.raises(InputError, match="visits 0 prompt"):
+        replay_steps(df, "reference", ["a", "b"], [0, 10], ["grpo"],
+                     TrajectorySettings(repeats=2, ref_n=16, rollouts_per_step=4))  # fmt: skip
+
+
+def test_draws_follow_the_mixture_policy() -> None:
+    """Checkpoint a answers nothing, b everything: halfway the rollouts are b's with the
+    log-odds path's probability, and the oracle is that mixture's value."""
+    p = 10
+    df = _frame(
+        {"reference": np.full(p, 0.5), "a": np.zeros(p), "b": np.ones(p)},
+        {"reference": 8, "a": 64, "b": 64},
+    )
+    s = TrajectorySettings(batch_size=p, repeats=400, ref_n=8, folds=2)
+    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 2], ["vanilla", "reinforce_pp"], s)
+    mid = {
+        r["estimator"]: r["mse"]
+        for r in table.filter((pl.col("scope") == "step") & (pl.col("step") == 1)).iter_rows(
+            named=True
+        )
+    }
+    m = float(mixture_weight(np.array([0.0]), np.array([1.0]), 0.5, 0.5 / 64)[0])
+    assert m == pytest.approx(0.5)
+    # vanilla's baseline is 0: its MSE is the mean squared oracle, m^2
+    assert mid["vanilla"] == pytest.approx(m**2)
+    # REINFORCE++'s batch mean of p rollouts, each b's with probability m: variance m(1-m)/p
+    assert mid["reinforce_pp"] == pytest.approx(m * (1 - m) / p, rel=0.12)
+
+
+def test_memory_passes_change_no_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(4)
+    v = rng.uniform(0.1, 0.9, 24)
+    df = _frame({"reference": v, "a": v, "b": np.clip(v + 0.2, 0, 1)},
+                {"reference": 16, "a": 40, "b": 40})  # fmt: skip
+    s = TrajectorySettings(batch_size=8, repeats=6, ref_n=16, group_size=4)
+    names = ["basis_memory", "grpo", "basis"]
+    whole, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, s)
+    monkeypatch.setattr(trajectory, "STREAM_BYTES", 1)  # one stream a pass
+    split, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, s)
+    assert_frame_equal(whole, split)
+
+
+def test_training_record_reads_writes_and_refuses(tmp_path) -> None:
+    assert read_training_record(tmp_path) is None
+    record_step(tmp_path, "late", 40)
+    rec = record_step(tmp_path, "early", 5)
+    assert read_training_record(tmp_path) == rec
+    assert checkpoint_steps(rec, ["early", "late"]) == [5, 40]
+    assert checkpoint_steps(rec, ["early", "middle"]) is None
+    (tmp_path / TRAINING_FILE).write_text(json.dumps({"steps": {"a": -1}}))
+    with pytest.raises(InputError, match="integer >= 0"):
+        read_training_record(tmp_path)
+    (tmp_path / TRAINING_FILE).write_text("[" * 100_000)
+    with pytest.raises(InputError, match="not a readable training record"):
+        read_training_record(tmp_path)
+
+
+def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from conftest import run_main
+
+    out = tmp_path / "res"
+    run = run_main(monkeypatch, capsys, "evaluate", "--estimators", "grpo,basis_memory",
+                   "--repeats", "3", "--rollouts-per-step", "64", "--no-estimates",
+                   "--out", str(out))  # fmt: skip
+    assert run.code == 0, run.message
+    traj = pl.read_csv(out / "trajectory.csv")
+    whole = traj.filter(pl.col("scope") == "trajectory")
+    assert set(whole["rollouts_spent"]) == {36 * 64}  # steps 5..40 of the training run
+    assert dict(zip(whole["estimator"], whole["prompts_per_step"], strict=True)) == {
+        "grpo": 8, "basis_memory": 64,
+    }  # fmt: skip
+    assert set(traj["schedule"]) == {"steps, budget 64 rollouts a step"}
+    record = json.loads((out / "run.json").read_text())["trajectory"]
+    assert record["steps"] == {"early": 5, "middle": 15, "late": 40}
+    assert "rollouts" in run.out and "whole" in run.out
+
+
+def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from conftest import assert_one_line_error, run_main
+
+    from basis_bench.rollouts.simulate import SimulationConfig, simulate
+
+    root = tmp_path / "sim"
+    simulate(SimulationConfig(n_prompts=24, reference_n=16, checkpoint_n=24), root)
+    common = ["evaluate", "--rollouts", str(root), "--estimators", "grpo", "--repeats", "2",
+              "--ref-n", "16", "--oracle-n", "8", "--batch-size", "8", "--no-estimates"]  # fmt: skip
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-schedule", "steps",
+                   "--out", str(tmp_path / "a"))  # fmt: skip
+    assert_one_line_error(run, "training.json", "--step")
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-schedule", "epochs",
+                   "--rollouts-per-step", "16", "--out", str(tmp_path / "b"))  # fmt: skip
+    assert_one_line_error(run, "--rollouts-per-step", "step schedule")
+    # no training record: auto is the epoch schedule, as before
+    run = run_main(monkeypatch, capsys, *common, "--out", str(tmp_path / "c"))
+    assert run.code == 0 and set(pl.read_csv(tmp_path / "c" / "trajectory.csv")["schedule"]) == {
+        "epochs"
+    }
+    record_step(root, "early", 0)
+    record_step(root, "middle", 10)
+    record_step(root, "late", 20)
+    run = run_main(monkeypatch, capsys, *common, "--out", str(tmp_path / "d"))
+    assert run.code == 0
+    assert "steps" in pl.read_csv(tmp_path / "d" / "trajectory.csv")["schedule"][0]
+    # an epoch option asks for the epoch schedule; with a step option too, one is unused
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-epochs", "2",
+                   "--out", str(tmp_path / "e"))  # fmt: skip
+    assert run.code == 0
+    assert set(pl.read_csv(tmp_path / "e" / "trajectory.csv")["schedule"]) == {"epochs"}
+    run = run_main(monkeypatch, capsys, *common, "--trajectory-epochs", "2", "--folds", "3",
+                   "--out", str(tmp_path / "f"))  # fmt: skip
+    assert_one_line_error(run, "--folds", "step schedule")
+
+
+def test_import_step_records_the_policy_in_the_training_record(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from basis_bench.cli import app
+
+    src = tmp_path / "c.csv"
+    src.write_text("prompt_id,n,n_correct\np1,8,3\np2,8,5\n", encoding="utf-8")
+    runner = CliRunner()
+    for policy, step in (("ref", 0), ("ckpt", 30)):
+        args = ["import", "counts", str(src), "--policy", policy, "--out", str(tmp_path / "ds")]
+        result = runner.invoke(app, [*args, "--step", str(step)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    record = read_training_record(tmp_path / "ds")
+    assert record is not None and record.steps == {"ref": 0, "ckpt": 30}
+    bad = runner.invoke(app, ["import", "counts", str(src), "--policy", "x", "--out",
+                              str(tmp_path / "ds"), "--step", "-1"])  # fmt: skip
+    assert bad.exit_code == 2
