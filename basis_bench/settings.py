@@ -166,22 +166,28 @@ def renamed(old: str, new: str) -> None:
     )
 
 
+def current_name(cls: type, key: str, label: Callable[[str], str] = str) -> str:
+    """``key``, or the current name of the setting of ``cls`` it is an old name of (a notice)."""
+    for f in dataclasses.fields(cls):
+        if key in f.metadata.get("was", ()):
+            renamed(label(key), label(f.name))
+            return f.name
+    return key
+
+
 def renamed_keys(
     cls: type, values: Mapping[str, Any], label: Callable[[str], str] = str
 ) -> dict[str, Any]:
     """``values`` with every old key of ``cls``'s settings turned into its current name (a
     notice for each); the old and the new name together is an InputError."""
     new_of = {old: f.name for f in dataclasses.fields(cls) for old in f.metadata.get("was", ())}
-    out = dict(values)
-    for old in [key for key in values if key in new_of]:
-        new = new_of[old]
-        if new in values:
+    for key in values:
+        new = new_of.get(key)
+        if new is not None and new in values:
             raise InputError(
-                f"{label(old)} and {label(new)} are the same setting; give {label(new)}"
+                f"{label(key)} and {label(new)} are the same setting; give {label(new)}"
             )
-        renamed(label(old), label(new))
-        out[new] = out.pop(old)
-    return out
+    return {current_name(cls, key, label): value for key, value in values.items()}
 
 
 def cli_option(cls: type, name: str, *flags: str, **typer_kwargs: Any) -> Any:

@@ -620,7 +620,7 @@ class FakeSampler:
 def oracle_args(ckpt: Path, out: Path, *extra: str) -> list[str]:
     # one worker: the fakes patched in below live in this process
     return [
-        "oracle", "--ckpt", str(ckpt), "--policy", "p", "--prompts", "arithmetic:n=40,seed=3",
+        "oracle", "--model", str(ckpt), "--policy", "p", "--prompts", "arithmetic:n=40,seed=3",
         "--n", "2", "--chunk-size", "1", "--device", "cpu", "--workers", "1", "--out", str(out),
         *extra,
     ]  # fmt: skip

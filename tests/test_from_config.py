@@ -72,6 +72,7 @@ def test_values_reach_the_config_and_the_command_keeps_its_extras() -> None:
         (("--count", "3", "--size", "5"), "--count and --size are the same setting; give --size"),
     ],
 )
+@pytest.mark.filterwarnings("ignore::basis_bench.settings.RenamedSetting")
 def test_the_config_enforces_range_and_choices_naming_the_flag(args, message) -> None:
     with pytest.raises(InputError, match=message):
         invoke(*args)
@@ -129,3 +130,26 @@ def test_simulate_takes_the_old_reference_n_and_writes_the_same_dataset(
 def test_the_sensitivity_knob_n_is_ref_n() -> None:
     with pytest.warns(RenamedSetting, match="--parameters n is renamed --parameters ref_n"):
         assert SensitivityConfig(parameters=("eps", "n")).parameters == ("eps", "ref_n")
+
+
+def test_oracle_takes_its_old_flags_the_required_one_included(monkeypatch, capsys, tmp_path):
+    """--ckpt (required under its new name --model), --system, --score-workers and
+    --features reach the job: one notice each, then the job runs (here: to the missing
+    model, named by its new flag)."""
+    from basis_bench.cli import main
+
+    args = ["oracle", "--ckpt", str(tmp_path / "none"), "--policy", "p", "--prompts",
+            "arithmetic:n=2", "--out", str(tmp_path / "o"), "--system", "S",
+            "--score-workers", "1", "--features", "hidden"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["basis-bench", *args])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2
+    assert [line.split(";")[0] for line in lines[:-1]] == [
+        "warning: --ckpt is renamed --model",
+        "warning: --system is renamed --system-prompt",
+        "warning: --score-workers is renamed --reward-workers",
+        "warning: --features is renamed --store-features",
+    ]
+    assert lines[-1].startswith(f"error: --model '{tmp_path / 'none'}': no such model")

@@ -1,4 +1,4 @@
-"""Hub names as vLLM, TRL and lm-eval take them: `--ckpt org/name` and `--prompts
+"""Hub names as vLLM, TRL and lm-eval take them: `--model org/name` and `--prompts
 hf:org/name` resolve from a prepared local Hugging Face cache with the Hub off
 (HF_HUB_OFFLINE=1, no network), in a fresh `basis-bench` process as a user runs it."""
 
@@ -49,7 +49,7 @@ def basis_bench(hf_home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def oracle_args(ckpt: str, prompts: str, out: Path) -> list[str]:
     return [
-        "oracle", "--ckpt", ckpt, "--policy", "tiny", "--prompts", prompts, "--limit", "3",
+        "oracle", "--model", ckpt, "--policy", "tiny", "--prompts", prompts, "--limit", "3",
         "--n", "2", "--max-new-tokens", "8", "--device", "cpu", "--out", str(out),
     ]  # fmt: skip
 

@@ -54,7 +54,7 @@ def parts(out: Path, policy: str) -> list[Path]:
 def tiny_args(model: Path, out: Path, *extra: str) -> list[str]:
     return [
         "oracle",
-        "--ckpt", str(model),
+        "--model", str(model),
         "--policy", "tiny",
         "--prompts", "arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
         "--n", "3",
@@ -142,7 +142,7 @@ def test_unknown_model_path(tmp_path):
     result = run_cli(
         [
             "oracle",
-            "--ckpt",
+            "--model",
             str(tmp_path / "nope"),
             "--policy",
             "p",
@@ -157,7 +157,7 @@ def test_unknown_model_path(tmp_path):
     result = run_cli(
         [
             "oracle",
-            "--ckpt",
+            "--model",
             str(tmp_path / "not-a-model"),
             "--policy",
             "p",
@@ -175,7 +175,7 @@ def test_empty_prompt_file(tmp_path):
     result = run_cli(
         [
             "oracle",
-            "--ckpt",
+            "--model",
             "smollm2-135m",
             "--policy",
             "p",
@@ -195,7 +195,7 @@ def test_malformed_jsonl_line_is_reported_with_its_number(tmp_path):
     result = run_cli(
         [
             "oracle",
-            "--ckpt",
+            "--model",
             "smollm2-135m",
             "--policy",
             "p",
@@ -212,7 +212,7 @@ def test_shard_out_of_range(tmp_path):
     result = run_cli(
         [
             "oracle",
-            "--ckpt",
+            "--model",
             "smollm2-135m",
             "--policy",
             "p",
@@ -231,7 +231,7 @@ def test_shard_out_of_range(tmp_path):
 def test_out_must_be_a_directory(tmp_path):
     (tmp_path / "file").write_text("x")
     result = run_cli(
-        ["oracle", "--ckpt", "smollm2-135m", "--policy", "p", "--prompts", "arithmetic:n=2",
+        ["oracle", "--model", "smollm2-135m", "--policy", "p", "--prompts", "arithmetic:n=2",
          "--out", str(tmp_path / "file")]
     )  # fmt: skip
     assert_one_line_error(result, "is a file")
@@ -294,7 +294,7 @@ def test_shards_fill_the_same_dataset_as_one_job_and_reruns_skip(tiny_model, tmp
         "--max-new-tokens",
         "8",
     ]
-    base = ["oracle", "--ckpt", str(tiny_model), "--policy", "tiny", "--device", "cpu", *args]
+    base = ["oracle", "--model", str(tiny_model), "--policy", "tiny", "--device", "cpu", *args]
     assert runner.invoke(app, [*base, "--out", str(one)]).exit_code == 0
     for shard in ("1/2", "0/2"):
         result = runner.invoke(app, [*base, "--out", str(sharded), "--shard", shard])
@@ -319,7 +319,7 @@ def test_shards_fill_the_same_dataset_as_one_job_and_reruns_skip(tiny_model, tmp
 def test_resuming_with_other_settings_is_refused(tmp_path):
     prompts = arithmetic_prompts(2, digits=2, steps=1, seed=0)
     job = OracleJob(
-        ckpt="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, n=2, chunk_size=1,
+        model="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, n=2, chunk_size=1,
         instruction="i",
     )  # fmt: skip
     identity = run_identity(job, {"name": "m", "path": "/m"})
@@ -362,7 +362,7 @@ def test_each_prompt_family_has_a_default_instruction_the_run_records():
 
 
 def test_auto_workers_use_the_free_cores_and_never_exceed_the_chunks(tmp_path):
-    job = OracleJob(ckpt="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, device="cpu")
+    job = OracleJob(model="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, device="cpu")
     assert 1 <= free_cores() <= len(os.sched_getaffinity(0))
     assert 1 <= auto_workers(job, 100) <= len(os.sched_getaffinity(0))
     assert auto_workers(job, 1) == 1
@@ -423,7 +423,7 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tiny_model, tmp_p
 
 
 def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, tmp_path):
-    """--features hidden on a finished run adds the model's last-prompt-token hidden states
+    """--store-features hidden on a finished run adds the model's last-prompt-token hidden states
     to prompts.parquet and leaves every part as it was; a rerun computes nothing; a fresh
     run with two workers stores the same features."""
     import numpy as np
@@ -436,7 +436,7 @@ def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, t
     assert runner.invoke(app, tiny_args(tiny_model, out, "--workers", "1")).exit_code == 0
     before = {f: f.read_bytes() for f in parts(out, "tiny")}
     assert "features" not in load_prompts(out).columns  # type: ignore[union-attr]
-    result = runner.invoke(app, tiny_args(tiny_model, out, "--features", "hidden"))
+    result = runner.invoke(app, tiny_args(tiny_model, out, "--store-features", "hidden"))
     assert result.exit_code == 0, result.output
     assert "computing the hidden states of 6 prompts" in result.output  # the pass is announced
     assert "hidden states of 6 prompts (--device cpu): done in" in result.output
@@ -446,7 +446,7 @@ def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, t
     stored = np.asarray(prompts["features"].to_list())
 
     job = OracleJob(
-        ckpt=str(tiny_model),
+        model=str(tiny_model),
         policy="tiny",
         prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
         out=out,
@@ -460,12 +460,12 @@ def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, t
     assert stored.shape == (6, 32) and np.allclose(stored, direct, atol=1e-5)
     assert np.linalg.matrix_rank(stored) == 6  # one distinct vector per prompt
 
-    job = dataclasses.replace(job, features="hidden")
+    job = dataclasses.replace(job, store_features="hidden")
     own = open_source(job, print)
     source = OracleSource(own.prompts, own.model, lambda: 1 / 0)
     run_oracle(job, source=source)  # every part and every feature there: no model loaded
     two = tmp_path / "two"
-    args = tiny_args(tiny_model, two, "--workers", "2", "--features", "hidden")
+    args = tiny_args(tiny_model, two, "--workers", "2", "--store-features", "hidden")
     assert runner.invoke(app, args).exit_code == 0
     again = load_prompts(two)
     assert again is not None and np.allclose(np.asarray(again["features"].to_list()), stored)
@@ -488,7 +488,7 @@ def test_prompts_table_fills_a_column_it_lacks_for_its_own_prompts(tmp_path):
 def test_features_of_a_backend_without_hidden_states_come_first_from_transformers(
     tiny_model, tmp_path
 ):
-    """--backend vllm --features hidden: the job's source computes the features with
+    """--backend vllm --store-features hidden: the job's source computes the features with
     transformers (same folder, device and dtype) before the sampler is made, so they equal
     the hf backend's; an hf job has no such step (its sampler gives them)."""
     import numpy as np
@@ -496,9 +496,9 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
     from basis_bench.rollouts.oracle import JobHiddenStates, JobSampler, open_source, run_oracle
 
     hf = OracleJob(
-        ckpt=str(tiny_model), policy="tiny", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
+        model=str(tiny_model), policy="tiny", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
         out=tmp_path / "hf", n=2, max_new_tokens=8, chunk_size=3, device="cpu", workers=1,
-        features="hidden",
+        store_features="hidden",
     )  # fmt: skip
     run_oracle(hf)
     expected = np.asarray(load_prompts(hf.out)["features"].to_list())  # type: ignore[index]
@@ -525,7 +525,7 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
 
     # A finished run without them gets them without a sampler; its parts stay as they were.
     later = dataclasses.replace(vllm, out=tmp_path / "later")
-    run_oracle(dataclasses.replace(later, features="none"), source=source)
+    run_oracle(dataclasses.replace(later, store_features="none"), source=source)
     before = {f: f.read_bytes() for f in parts(later.out, "tiny")}
     run_oracle(later, source=dataclasses.replace(source, sampler=lambda: 1 / 0))
     assert {f: f.read_bytes() for f in parts(later.out, "tiny")} == before
@@ -553,13 +553,13 @@ def test_features_of_another_model_size_are_refused_not_mixed(tiny_model, tmp_pa
         if (tiny_model / name).exists():
             (wider / name).write_bytes((tiny_model / name).read_bytes())
     job = OracleJob(
-        ckpt=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,digits=1-2,steps=1-2,seed=5",
-        out=tmp_path / "ds", n=1, max_new_tokens=2, device="cpu", workers=1, features="hidden",
+        model=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,digits=1-2,steps=1-2,seed=5",
+        out=tmp_path / "ds", n=1, max_new_tokens=2, device="cpu", workers=1, store_features="hidden",
     )  # fmt: skip
     run_oracle(job)
     before = (job.out / PROMPTS_FILE).read_bytes()
     more = dataclasses.replace(
-        job, ckpt=str(wider), policy="wide", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5"
+        job, model=str(wider), policy="wide", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5"
     )
     with pytest.raises(InputError, match=r"features of 32 numbers.*this model's have 48"):
         run_oracle(more)
@@ -587,9 +587,7 @@ def test_training_reference_cache_is_an_oracle_run_built_once(tmp_path):
         def describe(self):
             return {"backend": "boxed"}
 
-    config = TrainConfig(
-        train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_samples=4
-    )
+    config = TrainConfig(train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_n=4)
     prompts = load_prompt_source(config.train_prompts)
     rewards, features = reference_cache(config, prompts, Boxed)
     assert rewards.shape == (20, 4) and features is None  # basis: no features
@@ -613,7 +611,7 @@ def test_training_reference_cache_stores_the_prompt_features_basis_context_uses(
 
     config = TrainConfig(
         model=str(tiny_model), estimator="basis_context", train_prompts="arithmetic:n=6,seed=1",
-        cache_dir=str(tmp_path), ref_samples=2, max_new_tokens=8,
+        cache_dir=str(tmp_path), ref_n=2, max_new_tokens=8,
     )  # fmt: skip
     prompts = load_prompt_source(config.train_prompts)
     template = PromptTemplate(config.instruction, config.system_prompt or None)
@@ -637,7 +635,7 @@ def test_smollm2_end_to_end_on_cpu(tmp_path):
     result = run_cli(
         [
             "oracle",
-            "--ckpt", "smollm2-135m",
+            "--model", "smollm2-135m",
             "--policy", "smol",
             "--prompts", "arithmetic:n=3,digits=1,steps=1,ops=+,seed=0",
             "--instruction", "Give only the final answer.",
@@ -646,7 +644,7 @@ def test_smollm2_end_to_end_on_cpu(tmp_path):
             "--chunk-size", "2",
             "--seed", "0",
             "--device", "cpu",
-            "--features", "hidden",
+            "--store-features", "hidden",
             "--out", str(out),
         ]
     )  # fmt: skip

@@ -25,6 +25,27 @@ from basis_bench.train.loop import normalise_advantages, step_prompt_indices
 # ---------------------------------------------------------------- configuration
 
 
+def test_renamed_keys_are_read_for_one_release_with_a_notice(tmp_path):
+    """A TOML file or --set with a setting's old name (ref_samples, eval_every,
+    vllm_kv_cache_gib, ...) makes the same config as the new name, with one notice each;
+    both names at once is an error."""
+    from basis_bench.settings import RenamedSetting
+
+    (tmp_path / "old.toml").write_text("ref_samples = 8\neval_every = 3\nvllm_kv_cache_gib = 2\n")
+    with pytest.warns(RenamedSetting) as notices:
+        old = make_config(read_config_file(tmp_path / "old.toml"), ["eval_prompts=arithmetic:n=9"])
+    assert [str(w.message).split(" is renamed ")[0] for w in notices] == [
+        "ref_samples", "eval_every", "vllm_kv_cache_gib", "eval_prompts",
+    ]  # fmt: skip
+    new = make_config(
+        {"ref_n": 8, "heldout_every": 3, "kv_cache_gib": 2.0},
+        ["heldout_prompts=arithmetic:n=9"],
+    )
+    assert old == new
+    with pytest.raises(InputError, match="ref_samples and ref_n are the same setting; give ref_n"):
+        make_config({"ref_samples": 8, "ref_n": 8})
+
+
 def test_config_files_overrides_and_errors(tmp_path):
     (tmp_path / "base.toml").write_text('steps = 7\nloss = "grpo"\nlr = 1\n')
     (tmp_path / "run.toml").write_text('extends = "base.toml"\nsteps = 9\n')
@@ -318,7 +339,7 @@ def test_counts_and_seeds_are_checked_where_the_config_is_made():
     for override, message in (
         ("steps=0", "steps must be >= 1; got 0"),
         ("seed=-1", "seed must be >= 0; got -1"),
-        ("eval_every=-1", "eval_every must be >= 0"),
+        ("heldout_every=-1", "heldout_every must be >= 0"),
         ("backend=tpu", "backend must be one of hf, vllm; got 'tpu'"),
     ):
         with pytest.raises(InputError, match=message):

@@ -69,14 +69,14 @@ def tiny(smol_dir: Path, root: Path, *overrides: str):
         "run_dir": str(root / "run"),
         "cache_dir": str(root / "cache"),
         "train_prompts": "arithmetic:n=8,digits=1,steps=1,ops=+,seed=0",
-        "eval_prompts": "arithmetic:n=4,digits=1,steps=1,ops=+,seed=1",
+        "heldout_prompts": "arithmetic:n=4,digits=1,steps=1,ops=+,seed=1",
         "instruction": "Answer with the number only.",
         "answer_format": "number",
         "rollouts_per_step": 4,
-        "ref_samples": 4,
+        "ref_n": 4,
         "max_new_tokens": 8,
         "steps": 2,
-        "eval_every": 2,
+        "heldout_every": 2,
         "checkpoint_every": 1,
         "lr": 1e-4,
         "seed": 2,
@@ -133,7 +133,7 @@ def test_run_moves_parameters_logs_and_writes_loadable_checkpoints(basis_run, sm
     assert log[1]["beta"] is not None, "BASIS reports its calibrated beta"
     assert log[1]["adv_std"] > 0, "the seed was chosen so that step 1 has something to learn"
     ckpt = basis_run / "checkpoints" / "step-000001"
-    assert resolve_checkpoint(ckpt).gguf_file is None  # what `oracle --ckpt DIR` resolves
+    assert resolve_checkpoint(ckpt).gguf_file is None  # what `oracle --model DIR` resolves
     trained, _ = load_policy(ckpt, device="cpu")
     base, _ = load_policy(smol_dir, device="cpu")
     pairs = zip(trained.parameters(), base.parameters(), strict=True)
@@ -148,7 +148,7 @@ def test_resume_continues_the_step_count_and_reproduces_the_run(basis_run, tmp_p
     copy = tmp_path / "run"
     shutil.copytree(basis_run, copy)
     resume = copy / "checkpoints" / "step-000001"
-    config = resume_config(resume, ["eval_every=0", "checkpoint_every=0"])
+    config = resume_config(resume, ["heldout_every=0", "checkpoint_every=0"])
     assert config.run_dir == str(copy.resolve()) and config.steps == 2
     train(config, resume=resume)
     assert [r["step"] for r in read_log(copy)] == [0, 1, 2]
@@ -173,7 +173,7 @@ def test_estimator_sees_exactly_its_batch_and_same_seed_same_first_rollouts(
         "micro_batch_size=1",
         "kl_coef=0.1",
         "checkpoint_every=0",
-        "eval_every=0",
+        "heldout_every=0",
     )
     run = train(config)
     assert len(RECORDED) == 1
@@ -198,7 +198,7 @@ def test_group_estimator_gets_prompt_major_groups(smol_dir, tmp_path):
         "loss=gspo",
         "steps=1",
         "checkpoint_every=0",
-        "eval_every=0",
+        "heldout_every=0",
     )
     step = rollouts(train(config), 1)
     assert len(RECORDED) == 1 and RECORDED[0].shape == (2, 2), "4 rollouts = 2 prompts x G=2"
@@ -214,7 +214,7 @@ def test_basis_context_trains_on_the_reference_models_prompt_hidden_states(smol_
     from basis_bench.rollouts.store import load_prompts
     from basis_bench.train.checkpoint import load_trainer_state
 
-    run = train(tiny(smol_dir, tmp_path, "estimator=basis_context", "eval_every=0"))
+    run = train(tiny(smol_dir, tmp_path, "estimator=basis_context", "heldout_every=0"))
     (cache,) = (tmp_path / "cache").iterdir()
     prompts = load_prompts(cache)
     assert prompts is not None and np.asarray(prompts["features"].to_list()).shape == (8, 576)

@@ -30,14 +30,14 @@ def write_config(path: Path, model: Path, root: Path, **extra: object) -> Path:
         "run_dir": str(root / "run"),
         "cache_dir": str(root / "cache"),
         "train_prompts": TRAIN_PROMPTS,
-        "eval_prompts": EVAL_PROMPTS,
+        "heldout_prompts": EVAL_PROMPTS,
         "instruction": "Answer with the number only.",
         "answer_format": "number",
         "rollouts_per_step": 4,
-        "ref_samples": 4,
+        "ref_n": 4,
         "max_new_tokens": 8,
         "steps": 2,
-        "eval_every": 1,
+        "heldout_every": 1,
         "checkpoint_every": 2,
         "seed": 2,
         **extra,
@@ -70,7 +70,7 @@ def test_a_held_out_count_below_the_configs_is_explained(trained):
     assert 0 < kept < asked.height  # the settings do overlap
     assert (
         f"held-out accuracy is over {kept} prompts: {asked.height - kept} of the "
-        f"{asked.height} in eval_prompts are training prompts too and are left out"
+        f"{asked.height} in heldout_prompts are training prompts too and are left out"
     ) in stderr
     greedy = pl.read_parquet(run_dir / "eval" / "greedy-000000.parquet")
     assert greedy.height == kept and len(read_log(run_dir)) == 3

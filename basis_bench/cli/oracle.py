@@ -222,7 +222,7 @@ class ConsoleProgress:
 @app.command()
 @options_from(OracleJob, param="job", cli={"shard": Cli(str, Shard.parse, str(Shard()))})
 def oracle(job: OracleJob) -> None:
-    """Sample --n rollouts per prompt from --ckpt, score them with math-verify, and write
+    """Sample --n rollouts per prompt from --model, score them with math-verify, and write
     them to --out as one Parquet part per chunk of prompts. Rerun the same command to
     resume: complete parts are skipped."""
     from basis_bench.rollouts.oracle import run_oracle

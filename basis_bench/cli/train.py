@@ -84,7 +84,7 @@ def train(
 ) -> None:
     """Train a policy with RL on verifiable rewards, with the advantage estimator as a plug-in:
     sample, score with math-verify, baselines from any registered estimator, then a GPG, GRPO
-    or GSPO update. Logs to RUN/log.jsonl; checkpoints load with `basis-bench oracle --ckpt`."""
+    or GSPO update. Logs to RUN/log.jsonl; checkpoints load with `basis-bench oracle --model`."""
     from basis_bench.errors import InputError
     from basis_bench.train import make_config, read_config_file, resume_config
     from basis_bench.train import train as run_training

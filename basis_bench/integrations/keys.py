@@ -79,7 +79,7 @@ def keyed_features(
 ) -> np.ndarray | None:
     """Features (P, d) of the prompts with ``keys``, in that order (:func:`prompt_features`'s
     ``kind``; ``auto``: the stored column, e.g. the reference model's prompt hidden states
-    from ``oracle --features hidden``, else plain); prompts sharing a key share its first row."""
+    from ``oracle --store-features hidden``, else plain); prompts sharing a key share its first row."""
     prompts = keyed_prompts(rollouts, prompt_format).unique(
         "key", keep="first", maintain_order=True
     )

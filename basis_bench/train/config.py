@@ -20,7 +20,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
-from basis_bench.settings import check_settings, setting
+from basis_bench.settings import check_settings, current_name, renamed_keys, setting
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 BACKENDS = ("hf", "vllm")
@@ -56,8 +56,8 @@ def _answer_formats() -> tuple[str, ...]:
 class TrainConfig:
     """Every setting of a run. TOML files set these keys (flat); ``--set key=value`` overrides.
 
-    0 or "" means "not set" where TOML has no null: ``train_limit``/``eval_limit`` 0 = all
-    prompts, ``eval_max_new_tokens`` 0 = ``max_new_tokens``, ``vllm_kv_cache_gib`` 0 = the
+    0 or "" means "not set" where TOML has no null: ``train_limit``/``heldout_limit`` 0 = all
+    prompts, ``heldout_max_new_tokens`` 0 = ``max_new_tokens``, ``kv_cache_gib`` 0 = the
     engine's default KV cache, ``vllm_max_model_len`` 0 = the model's, ``system_prompt``
     "" = the chat template's own system message.
     """
@@ -93,13 +93,14 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = setting(
         0.3,
         help="vllm backend on GPUs: share of the GPU's memory the engine may take "
-        "(weights and KV cache), unless vllm_kv_cache_gib is set.",
+        "(weights and KV cache), unless kv_cache_gib is set.",
         min_val=0,
         max_val=1,
         include_boundaries="right",
     )
-    vllm_kv_cache_gib: float = setting(
+    kv_cache_gib: float = setting(
         0.0,
+        was=("vllm_kv_cache_gib",),
         help="vllm backend: GiB of KV cache (0: on the CPU a quarter of the available "
         "memory, at most 4; on GPUs vllm_gpu_memory_utilization of the GPU's memory).",
         min_val=0,
@@ -114,12 +115,15 @@ class TrainConfig:
         "draws 128 of 200 distinct sums and differences).",
     )
     train_limit: int = setting(0, help="Keep the first N training prompts (0: all).", min_val=0)
-    eval_prompts: str = setting(
+    heldout_prompts: str = setting(
         "arithmetic:n=64,digits=1,steps=1,ops=+-,seed=1",
+        was=("eval_prompts",),
         help="Held-out prompts for the greedy evaluation (prompts shared with the training "
         "set are dropped).",
     )
-    eval_limit: int = setting(0, help="Keep the first N held-out prompts (0: all).", min_val=0)
+    heldout_limit: int = setting(
+        0, help="Keep the first N held-out prompts (0: all).", min_val=0, was=("eval_limit",)
+    )
     instruction: str = setting(
         DEFAULT_INSTRUCTION, help="Instruction appended to every problem in the user turn."
     )
@@ -162,8 +166,9 @@ class TrainConfig:
     )
     max_new_tokens: int = setting(64, help="Tokens sampled per response at most.", min_val=1)
     # reference cache (only for estimators that use it)
-    ref_samples: int = setting(
+    ref_n: int = setting(
         64,
+        was=("ref_samples",),
         help="Reference samples per prompt in the estimator's offline cache (estimators "
         "that use it).",
         min_val=1,
@@ -217,14 +222,18 @@ class TrainConfig:
     max_grad_norm: float = setting(
         1.0, help="Gradient norm clip.", min_val=0, include_boundaries="neither"
     )
-    # evaluation and checkpoints
-    eval_every: int = setting(
+    # held-out accuracy and checkpoints
+    heldout_every: int = setting(
         5,
-        help="Held-out greedy evaluation every N steps, and after the last (0: never).",
+        was=("eval_every",),
+        help="Held-out accuracy (greedy) every N steps, and after the last (0: never).",
         min_val=0,
     )
-    eval_max_new_tokens: int = setting(
-        0, help="Tokens per held-out response (0: max_new_tokens).", min_val=0
+    heldout_max_new_tokens: int = setting(
+        0,
+        was=("eval_max_new_tokens",),
+        help="Tokens per held-out response (0: max_new_tokens).",
+        min_val=0,
     )
     checkpoint_every: int = setting(
         10, help="Checkpoint every N steps, and after the last (0: never).", min_val=0
@@ -300,12 +309,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 def make_config(
     values: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()
 ) -> TrainConfig:
-    """A checked :class:`TrainConfig` from file values plus ``key=value`` overrides."""
-    settings = dict(values or {})
+    """A checked :class:`TrainConfig` from file values plus ``key=value`` overrides (a
+    setting's old name is taken for its current one, with a notice)."""
+    settings = renamed_keys(TrainConfig, values or {})
     options = dict(_coerce("estimator_options", settings.get("estimator_options", {})))
     given: set[str] = set()
     for text in overrides:
         key, value = parse_override(text)
+        key = current_name(TrainConfig, key)
         if key in given:  # the later value would silently win
             raise InputError(f"--set {key} is given twice; give it once")
         given.add(key)

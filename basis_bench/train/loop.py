@@ -25,7 +25,7 @@ the reference cache for estimators that use it); checkpoints and ``--resume`` ar
 Run directory::
 
     RUN/config.json              the resolved configuration and its provenance
-    RUN/log.jsonl                one JSON record per step (step 0: the initial evaluation)
+    RUN/log.jsonl                one JSON record per step (step 0: the initial held-out accuracy)
     RUN/prompts.parquet          training and held-out prompts
     RUN/rollouts/train-T.parquet step T's rollouts (policy "train-T"), rollouts schema
     RUN/eval/greedy-T.parquet    held-out greedy responses after step T (policy "greedy-T")
@@ -97,8 +97,8 @@ def train(
         max_new_tokens=config.max_new_tokens,
     )
     try:
-        if start == 1 and config.eval_every:
-            log(initial_evaluation(run))
+        if start == 1 and config.heldout_every:
+            log(initial_accuracy(run))
 
         for step in range(start, config.steps + 1):
             timer = Timer()
@@ -153,9 +153,9 @@ def train(
             # 6. record: the rollouts, the step's statistics, evaluation and checkpoint
             write_step_rollouts(run, step, batch, rollouts, rewards, statuses)
             record = step_record(step, run, rollouts, rewards, estimate, advantages, stats)
-            if due(step, config.eval_every, config.steps):
+            if due(step, config.heldout_every, config.steps):
                 with timer("eval"):
-                    record["eval_accuracy"] = evaluate(run, step)
+                    record["eval_accuracy"] = heldout_accuracy(run, step)
             if due(step, config.checkpoint_every, config.steps):
                 with timer("checkpoint"):
                     save_run_checkpoint(run, step)
@@ -252,19 +252,19 @@ def normalise_advantages(advantages: np.ndarray, rewards: np.ndarray, mode: str)
     raise InputError(f"advantage_norm must be one of {ADVANTAGE_NORMS}, got {mode!r}")
 
 
-def evaluate(run: Run, step: int) -> float:
+def heldout_accuracy(run: Run, step: int) -> float:
     """Held-out accuracy of greedy responses; the responses go to RUN/eval/greedy-T.parquet."""
     from basis_bench.outputs import write_parquet_atomic
     from basis_bench.rollouts.sampling import SamplingConfig
 
-    config, eval_set = run.config, run.data.eval_set
+    config, heldout_set = run.config, run.data.heldout_set
     greedy = SamplingConfig(
-        n=1, temperature=0.0, max_new_tokens=config.eval_max_new_tokens or config.max_new_tokens
+        n=1, temperature=0.0, max_new_tokens=config.heldout_max_new_tokens or config.max_new_tokens
     )
-    samples = run.sampler.sample(eval_set["problem"].to_list(), greedy, seed=0)
-    rewards, statuses = score_rollouts(samples.responses, eval_set["answer"].to_list(), run.data)
+    samples = run.sampler.sample(heldout_set["problem"].to_list(), greedy, seed=0)
+    rewards, statuses = score_rollouts(samples.responses, heldout_set["answer"].to_list(), run.data)
     frame = rollout_frame(
-        eval_set["prompt_id"].to_list(),
+        heldout_set["prompt_id"].to_list(),
         f"greedy-{step:06d}",
         rewards.reshape(-1),
         statuses,
@@ -276,11 +276,11 @@ def evaluate(run: Run, step: int) -> float:
     return float(rewards.mean())
 
 
-def initial_evaluation(run: Run) -> Record:
+def initial_accuracy(run: Run) -> Record:
     """Step 0's record: held-out accuracy of the policy before any update."""
     timer = Timer()
     with timer("eval"):
-        accuracy = evaluate(run, 0)
+        accuracy = heldout_accuracy(run, 0)
     return {"step": 0, "eval_accuracy": accuracy, "seconds": timer.seconds}
 
 
@@ -447,6 +447,6 @@ def open_run(
     write_text_atomic(log_path, "".join(jsonl_line(r) for r in kept))
     settings = {**config_dict(run.config), "provenance": provenance()}
     write_text_atomic(run.run_dir / "config.json", json.dumps(settings, indent=2) + "\n")
-    prompts = pl.concat([run.data.train_set, run.data.eval_set], how="diagonal_relaxed")
+    prompts = pl.concat([run.data.train_set, run.data.heldout_set], how="diagonal_relaxed")
     write_parquet_atomic(prompts, run.run_dir / "prompts.parquet")
     return functools.partial(_log, log_path, sinks)

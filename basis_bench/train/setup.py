@@ -69,7 +69,7 @@ class Data:
     """Training and held-out prompts, the chat template, grading settings and worker pool."""
 
     train_set: pl.DataFrame
-    eval_set: pl.DataFrame
+    heldout_set: pl.DataFrame
     template: Any  # PromptTemplate
     reward: Any  # RewardConfig
     pool: Any = None  # grading processes, or None to grade in this process
@@ -82,18 +82,18 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
 
     train_set = load_prompt_source(config.train_prompts, limit=config.train_limit or None)
-    asked = load_prompt_source(config.eval_prompts, limit=config.eval_limit or None)
-    eval_set = asked.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
-    if eval_set.height == 0:
-        raise InputError("eval_prompts has no prompt outside train_prompts")
-    if eval_set.height < asked.height:
+    asked = load_prompt_source(config.heldout_prompts, limit=config.heldout_limit or None)
+    heldout_set = asked.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
+    if heldout_set.height == 0:
+        raise InputError("heldout_prompts has no prompt outside train_prompts")
+    if heldout_set.height < asked.height:
         note(
-            f"held-out accuracy is over {eval_set.height} prompts: {asked.height - eval_set.height} "
-            f"of the {asked.height} in eval_prompts are training prompts too and are left out"
+            f"held-out accuracy is over {heldout_set.height} prompts: {asked.height - heldout_set.height} "
+            f"of the {asked.height} in heldout_prompts are training prompts too and are left out"
         )
     return Data(
         train_set,
-        eval_set,
+        heldout_set,
         PromptTemplate(config.instruction, config.system_prompt or None),
         RewardConfig(config.answer_format, config.verify_timeout),  # type: ignore[arg-type]
         scoring_pool(config.reward_workers) if config.reward_workers else None,
@@ -165,7 +165,7 @@ def make_training_sampler(config: TrainConfig, models: Models, template: Any) ->
             template,
             dtype=vllm_dtype(config),
             device=models.device,
-            kv_cache_gib=config.vllm_kv_cache_gib or None,
+            kv_cache_gib=config.kv_cache_gib or None,
             max_model_len=config.vllm_max_model_len or None,
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         )
@@ -263,20 +263,20 @@ def reference_cache(
     hidden = E.get(config.estimator).uses_features
 
     job = OracleJob(
-        ckpt=config.model,
+        model=config.model,
         policy="reference",
         prompts=config.train_prompts,
         out=Path(config.cache_dir),
-        n=config.ref_samples,
+        n=config.ref_n,
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature,
         top_p=config.top_p,
         limit=config.train_limit or None,
         instruction=config.instruction,
-        system=config.system_prompt or None,
+        system_prompt=config.system_prompt or None,
         answer_format=config.answer_format,
         verify_timeout=config.verify_timeout,
-        features="hidden" if hidden else "none",
+        store_features="hidden" if hidden else "none",
     )
     model = {"name": config.model}
     key = json.dumps(

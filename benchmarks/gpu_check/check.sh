@@ -10,11 +10,11 @@ step 5 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --forma
 python3 -c "import torch, transformers, polars, math_verify; print('torch', torch.__version__, 'transformers', transformers.__version__, 'polars', polars.__version__, 'cuda', torch.cuda.is_available())"
 step 60 python3 benchmarks/gpu_check/make_model.py .gpu/smollm2 /tmp/smol
 # B: oracle at its defaults (batch 64, workers auto = one on a GPU), resumable
-step 120 $BB oracle --ckpt /tmp/smol --policy random --prompts "arithmetic:n=$((16/S)),digits=1-2,steps=1-2,seed=5" --n 16 --max-new-tokens $((128/S)) --device $DEV --out /tmp/o1
-step 60 $BB oracle --ckpt /tmp/smol --policy random --prompts "arithmetic:n=$((16/S)),digits=1-2,steps=1-2,seed=5" --n 16 --max-new-tokens $((128/S)) --device $DEV --out /tmp/o1
+step 120 $BB oracle --model /tmp/smol --policy random --prompts "arithmetic:n=$((16/S)),digits=1-2,steps=1-2,seed=5" --n 16 --max-new-tokens $((128/S)) --device $DEV --out /tmp/o1
+step 60 $BB oracle --model /tmp/smol --policy random --prompts "arithmetic:n=$((16/S)),digits=1-2,steps=1-2,seed=5" --n 16 --max-new-tokens $((128/S)) --device $DEV --out /tmp/o1
 # D: a GPU-sized decode batch
 for b in 512 2048; do
-  step 120 $BB oracle --ckpt /tmp/smol --policy random --prompts "arithmetic:n=$((64/S)),digits=1-2,steps=1-2,seed=6" --n 32 --max-new-tokens $((128/S)) --batch-size $((b/S)) --chunk-size $((b/32)) --device $DEV --out /tmp/o2-$b
+  step 120 $BB oracle --model /tmp/smol --policy random --prompts "arithmetic:n=$((64/S)),digits=1-2,steps=1-2,seed=6" --n 32 --max-new-tokens $((128/S)) --batch-size $((b/S)) --chunk-size $((b/32)) --device $DEV --out /tmp/o2-$b
 done
 python3 -c "
 import polars as pl, sys

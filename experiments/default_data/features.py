@@ -1,7 +1,7 @@
 """Store the reference model's prompt hidden states in a sampled dataset's prompts.parquet
 (the ``features`` column ``basis_context`` reads), leaving every rollouts file byte for byte.
 
-It is the oracle's own ``--features hidden`` step, resumed on the finished reference run with
+It is the oracle's own ``--store-features hidden`` step, resumed on the finished reference run with
 the settings its parts recorded (the template, the sampling, and the model identity, whose
 path names the machine that sampled them): every part is complete, so nothing is sampled;
 the model loads once and one forward pass per prompt fills the column. It runs on a copy of

@@ -21,7 +21,7 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 sample() {  # policy ckpt n
     for ((i = 0; i < SHARDS; i++)); do
-        basis-bench oracle --ckpt "$2" --policy "$1" --n "$3" --shard "$i/$SHARDS" "${COMMON[@]}" &
+        basis-bench oracle --model "$2" --policy "$1" --n "$3" --shard "$i/$SHARDS" "${COMMON[@]}" &
     done
     wait
 }
