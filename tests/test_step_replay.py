@@ -230,7 +230,7 @@ def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
     from basis_bench.rollouts.simulate import SimulationConfig, simulate
 
     root = tmp_path / "sim"
-    simulate(SimulationConfig(n_prompts=24, reference_n=16, checkpoint_n=24), root)
+    simulate(SimulationConfig(n_prompts=24, ref_n=16, checkpoint_n=24), root)
     common = ["evaluate", "--rollouts", str(root), "--estimators", "grpo", "--repeats", "2",
               "--ref-n", "16", "--oracle-n", "8", "--batch-size", "8", "--no-estimates"]  # fmt: skip
     run = run_main(monkeypatch, capsys, *common, "--trajectory-schedule", "steps",

@@ -25,7 +25,7 @@ for d in ['/tmp/o1','/tmp/o2-512','/tmp/o2-2048']:
 # E: training on the GPU (3 steps, checkpoint at 2), then resume in place from step 2:
 # the CUDA RNG state is restored, so step 3 must come out the same
 sed "s/device = \"cuda\"/device = \"$DEV\"/; s/^steps = 4/steps = 3/" benchmarks/gpu_check/train.toml > /tmp/train.toml
-if [ "$S" != 1 ]; then sed -i 's/^rollouts_per_step = 64/rollouts_per_step = 16/; s/^max_new_tokens = 64/max_new_tokens = 8/; s/^ref_samples = 8/ref_samples = 2/; s/n=64,/n=8,/; s/n=32,/n=4,/; s/^autocast = .*/autocast = "none"/; s/^micro_batch_size = 32/micro_batch_size = 16/' /tmp/train.toml; fi
+if [ "$S" != 1 ]; then sed -i 's/^rollouts_per_step = 64/rollouts_per_step = 16/; s/^max_new_tokens = 64/max_new_tokens = 8/; s/^ref_n = 8/ref_n = 2/; s/n=64,/n=8,/; s/n=32,/n=4,/; s/^autocast = .*/autocast = "none"/; s/^micro_batch_size = 32/micro_batch_size = 16/' /tmp/train.toml; fi
 step 150 $BB train --config /tmp/train.toml
 cp /tmp/train/log.jsonl /tmp/first.jsonl
 step 90 $BB train --resume /tmp/train/checkpoints/step-000002
