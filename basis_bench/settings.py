@@ -4,8 +4,8 @@ Every config of the project (training, evaluate, sensitivity, import, oracle, es
 options) is a frozen dataclass whose fields are made by :func:`setting`. The field's
 metadata holds the help text and the checks, so
 
-- the CLI reads help and flag from it (:func:`cli_option`) and the default from the
-  dataclass (never typed twice);
+- the CLI makes its options from the fields (:mod:`basis_bench.cli.from_config`): help,
+  flag and default are never typed twice;
 - :func:`check_settings` refuses a value outside its declared range or choices, with one
   line that names the setting, in every place a config is made;
 - :func:`check_scalar` is the one range checker (scikit-learn's ``check_scalar``,
@@ -188,18 +188,6 @@ def renamed_keys(
                 f"{label(key)} and {label(new)} are the same setting; give {label(new)}"
             )
     return {current_name(cls, key, label): value for key, value in values.items()}
-
-
-def cli_option(cls: type, name: str, *flags: str, **typer_kwargs: Any) -> Any:
-    """A ``typer.Option`` for setting ``name`` of ``cls``, help and flag read from the field.
-
-    Use as ``batch_size: Annotated[int, cli_option(EvaluateConfig, "batch_size")] =
-    EVALUATE.batch_size``: the default comes from the config, the help from its metadata.
-    """
-    import typer
-
-    typer_kwargs.setdefault("help", setting_help(cls, name))
-    return typer.Option(*(flags or (setting_flag(cls, name),)), **typer_kwargs)
 
 
 def check_setting(cls: type, name: str, value: Any, label: str | None = None) -> Any:
