@@ -108,7 +108,7 @@ def test_chunk_seed_depends_on_base_seed_and_chunk_content():
 
 
 def test_policy_and_chunk_size_are_checked():
-    job = {"ckpt": "m", "prompts": "arithmetic:n=2", "out": Path("o"), "n": 2}
+    job = {"model": "m", "prompts": "arithmetic:n=2", "out": Path("o"), "n": 2}
     with pytest.raises(InputError, match="--policy"):
         OracleJob(policy="../up", **job)
     with pytest.raises(InputError, match="--chunk-size"):
@@ -342,7 +342,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
 
 
 def test_each_prompt_family_has_a_default_instruction_the_run_records():
-    job = {"ckpt": "m", "policy": "p", "out": Path("o"), "n": 2}
+    job = {"model": "m", "policy": "p", "out": Path("o"), "n": 2}
     arithmetic = OracleJob(prompts="arithmetic:n=2", **job)
     assert arithmetic.template.instruction == FAMILY_INSTRUCTIONS["arithmetic"]
     assert arithmetic.sampling.max_new_tokens == 48

@@ -40,7 +40,7 @@ def reference_job(root: Path) -> tuple[OracleJob, dict[str, str]]:
     meta = read_metadata(sorted((root / "rollouts" / "reference").glob("*.parquet"))[0])
     run, sampling = meta["run"], meta["run"]["sampling"]
     job = OracleJob(
-        ckpt=run["model"]["name"],
+        model=run["model"]["name"],
         policy=run["policy"],
         prompts=meta["dataset"]["source"],
         out=root,
@@ -51,11 +51,11 @@ def reference_job(root: Path) -> tuple[OracleJob, dict[str, str]]:
         seed=run["seed"],
         chunk_size=run["chunk_size"],
         instruction=run["template"]["instruction"],
-        system=run["template"]["system"],
+        system_prompt=run["template"]["system"],
         answer_format=run["reward"]["answer_format"],
         verify_timeout=run["reward"]["timeout_s"],
         device="cpu",
-        features="hidden",
+        store_features="hidden",
     )
     return job, run["model"]
 
@@ -72,7 +72,7 @@ def main(dataset: Path) -> None:
 def add_features(root: Path) -> None:
     before = rollouts_digest(root)
     job, model = reference_job(root)
-    checkpoint = resolve_checkpoint(job.ckpt)
+    checkpoint = resolve_checkpoint(job.model)
     print(f"model {checkpoint.path} sha256 {file_sha256(checkpoint.path)}")
     source = OracleSource(load_prompt_source(job.prompts), model, JobSampler(job, checkpoint))
     report = run_oracle(job, source=source)
