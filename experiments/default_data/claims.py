@@ -95,7 +95,9 @@ def claims(folder: Path) -> list[str]:
         f = fixed.filter(pl.col("checkpoint") == ck)
         init = float(f["initial_mse_noise_corrected"].min())
         refined = float(f["refined_mse_noise_corrected"].min())
-        n = sens.filter((pl.col("checkpoint") == ck) & (pl.col("parameter").is_in(["ref_n", "n"]))).sort("value")
+        n = sens.filter(
+            (pl.col("checkpoint") == ck) & (pl.col("parameter").is_in(["ref_n", "n"]))
+        ).sort("value")
         cache = ", ".join(f"{int(v)}: {m:.4f}" for v, m in zip(n["value"], n[MSE], strict=True))
         rows += [
             f"| BASIS cuts REINFORCE++'s MSE by 69% | {ck} | basis {b:.4f} vs R++ {rpp:.4f}: "
