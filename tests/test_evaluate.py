@@ -370,7 +370,7 @@ def small(tmp_path):
         (None, ("--group-size", "9"), "pool is smaller than the group size"),
         (None, ("--estimators", "basis,nope"), "unknown estimator 'nope'"),
         (None, ("--ref-n", "9"), "more reference samples than the dataset has"),
-        (None, ("--calibration", "fixed"), "needs --fixed-beta"),
+        (None, ("--calibration", "fixed"), "calibration fixed needs fixed_beta"),
         (None, ("--features", "hidden"), "--features must be one of auto, stored"),
         (None, ("--features", "stored"), "features 'stored' need the dataset's prompts.parquet"),
         (None, ("--features", "plain"), "features 'plain' need the dataset's prompts.parquet"),

@@ -33,14 +33,9 @@ def split_names(names: str) -> tuple[str, ...]:
 
 
 def basis_options(given: dict[str, Any]) -> dict[str, Any]:
-    """The BASIS options the user set (unset ones keep each estimator's defaults), checked."""
-    if given.get("calibration") == "fixed" and given.get("fixed_beta") is None:
-        raise InputError(
-            "--calibration fixed needs --fixed-beta, a positive beta of the grid (or inf)"
-        )
-    if given.get("fixed_beta") is not None and given.get("calibration") != "fixed":
-        raise InputError("--fixed-beta only applies with --calibration fixed")
-    BasisOptions(**given)  # one clear error for a bad value, before any data is read
+    """The BASIS options the user set (unset ones keep each estimator's defaults), checked
+    by :class:`BasisOptions` before any data is read (fixed_beta with calibration fixed)."""
+    BasisOptions(**given)
     return given
 
 
