@@ -47,7 +47,6 @@ class Cli:
     type: Any  # the type typer parses
     parse: Callable[[Any], Any] = _same  # the command-line value -> the field's value
     default: Any = _FIELD  # the command-line default (shown in --help); _FIELD: the field's
-    show_default: bool = True
 
 
 def comma(parse: Callable[[str], Any], default: str | None = None) -> Cli:
@@ -93,7 +92,8 @@ def options_from(
     """Make ``command(param: cls, ...extras)`` a command whose options are ``cls``'s fields
     (but ``skip``), read as ``cli`` says where given; the command's own parameters before
     ``param`` come first in ``--help``, those after it last."""
-    settings = [_field_setting(cls, f, (cli or {}).get(f.name)) for f in _fields(cls, skip)]
+    cli = cli or {}
+    settings = [_field_setting(cls, f, cli.get(f.name)) for f in _fields(cls, skip, cli)]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = list(inspect.signature(command, eval_str=True).parameters.values())
@@ -114,9 +114,10 @@ def options_from(
     return decorate
 
 
-def _fields(cls: type, skip: Sequence[str]) -> list[dataclasses.Field[Any]]:
+def _fields(cls: type, skip: Sequence[str], cli: Mapping[str, Any]) -> list[dataclasses.Field[Any]]:
+    """The fields made into options; a name in ``skip`` or ``cli`` that is none is a bug."""
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(skip) - names
+    unknown = (set(skip) | set(cli)) - names
     if unknown:
         raise TypeError(f"{cls.__name__} has no setting(s) {', '.join(sorted(unknown))}")
     return [f for f in dataclasses.fields(cls) if f.name not in skip]
@@ -138,7 +139,7 @@ def _field_setting(cls: type, f: dataclasses.Field[Any], spec: Cli | Group | Non
     if default is dataclasses.MISSING:
         default = inspect.Parameter.empty  # a required option
     flag = setting_flag(cls, f.name)
-    option = typer.Option(flag, help=setting_help(cls, f.name), show_default=spec.show_default)
+    option = typer.Option(flag, help=setting_help(cls, f.name))
     main = inspect.Parameter(
         f.name, _KEYWORD, default=default, annotation=Annotated[spec.type, option]
     )
