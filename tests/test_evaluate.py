@@ -538,7 +538,7 @@ def test_stateful_estimators_run_through_the_trajectory_only(tilt_data, tilt_res
         (EvaluateConfig, {"ref_n": 2.5}, "--ref-n must be an integer"),
         (SensitivityConfig, {"eps": float("nan")}, "--eps must be a number, not NaN"),
         (SensitivityConfig, {"eps": -1e-6}, "--eps must be >= 0"),
-        (SensitivityConfig, {"grid_size": 0}, "--grid-size must be >= 1"),
+        (SensitivityConfig, {"grid_size": 0}, "--grid-size must be in [1, 1024]"),
     ],
 )
 def test_benchmark_settings_out_of_range_are_refused_where_made(config, values, message):

@@ -19,7 +19,6 @@ from basis_bench.estimators.options import (
     TableOptions,
 )
 from basis_bench.settings import (
-    check_scalar,
     check_settings,
     renamed,
     setting,
@@ -83,7 +82,12 @@ def _seed() -> Any:
 
 
 def _grid_size() -> Any:
-    return setting(DEFAULT_GRID_SIZE, help=setting_help(TableOptions, "grid_size"), min_val=1)
+    return setting(
+        DEFAULT_GRID_SIZE,
+        help=setting_help(TableOptions, "grid_size"),
+        min_val=1,
+        max_val=MAX_GRID_SIZE,
+    )
 
 
 BASIS_OPTIONS_HELP = (
@@ -99,7 +103,6 @@ OPTION_HELP = (
 def _check_flags(config: Any) -> None:
     """Refuse a value out of range, naming the setting by its command-line flag."""
     check_settings(config, lambda name: setting_flag(type(config), name))
-    check_scalar(config.grid_size, "--grid-size", int, max_val=MAX_GRID_SIZE)
 
 
 @dataclass(frozen=True)
