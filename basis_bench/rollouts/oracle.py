@@ -189,7 +189,7 @@ class JobSampler:
             job.template,
             job.device,
             job.dtype,
-            backend.settings_for_job(job),
+            backend.settings_from(vars(job)),  # --batch-size, --kv-cache-gib, ...
         )
 
 

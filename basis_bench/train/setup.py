@@ -159,13 +159,23 @@ def load_models(
 # --------------------------------------------------------------------------- samplers
 
 
+def sampler_options(config: TrainConfig) -> dict[str, Any]:
+    """The sampler settings a run sets, by the samplers' own names (0 in TOML: unset)."""
+    return {
+        "batch_size": config.sample_batch_size,
+        "kv_cache_gib": config.vllm_kv_cache_gib or None,
+        "max_model_len": config.vllm_max_model_len or None,
+        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
+    }
+
+
 def make_training_sampler(
     backend: type[Sampler], config: TrainConfig, models: Models, template: Any
 ) -> Sampler:
     """The live policy (a backend without weight sync: hf), or an engine of the backend's own
     (vLLM) started from the reference checkpoint, on the policy's device, that gets the
     policy's weights after every update (:func:`sync_sampler`)."""
-    settings = backend.settings_for_training(config)
+    settings = backend.settings_from(sampler_options(config))
     if backend.capabilities.weight_sync:
         return backend.start(
             models.reference_ckpt, template, models.device, engine_dtype(config), settings

@@ -11,8 +11,8 @@ at the stop token, decoding, token counts, finish reasons) is here, so the ``hf`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -23,8 +23,6 @@ from basis_bench.settings import check_settings, setting
 
 if TYPE_CHECKING:
     from basis_bench.rollouts.models import Checkpoint
-    from basis_bench.rollouts.oracle_job import OracleJob
-    from basis_bench.train.config import TrainConfig
 
 Progress = Callable[[int, int], None]
 """Called as sampling advances with (sequences just finished, tokens just generated).
@@ -128,16 +126,12 @@ class Sampler(ABC):
         raise NotImplementedError(f"{cls.__name__} cannot start from a checkpoint")
 
     @classmethod
-    def settings_for_job(cls, job: OracleJob) -> Any:
-        """This backend's :attr:`Settings` from the options of ``basis-bench oracle``
-        (default: the Settings' own defaults)."""
-        return cls.Settings()
-
-    @classmethod
-    def settings_for_training(cls, config: TrainConfig) -> Any:
-        """This backend's :attr:`Settings` from a training config (default: the Settings'
-        own defaults)."""
-        return cls.Settings()
+    def settings_from(cls, options: Mapping[str, Any]) -> Any:
+        """This backend's :attr:`Settings` from a command's or a config's options, matched by
+        name (``batch_size``, ``kv_cache_gib``, ...); a field ``options`` lacks keeps its
+        default."""
+        names = {f.name for f in fields(cls.Settings)}
+        return cls.Settings(**{k: v for k, v in options.items() if k in names})
 
     @classmethod
     def check_device(cls, device: str, in_config: bool = False) -> None:

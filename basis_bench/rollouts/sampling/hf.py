@@ -16,7 +16,7 @@ import gc
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -32,10 +32,6 @@ from basis_bench.rollouts.models import (
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import Capabilities, Progress, Sampler, SamplingConfig
 from basis_bench.rollouts.sampling.continuous import DecodeStats, decode
-
-if TYPE_CHECKING:
-    from basis_bench.rollouts.oracle_job import OracleJob
-    from basis_bench.train.config import TrainConfig
 
 ENGINES = ("continuous", "generate")
 
@@ -223,14 +219,6 @@ class HFSampler(Sampler):
         cls, model: Any, tokenizer: Any, template: PromptTemplate, settings: Any, name: str
     ) -> HFSampler:
         return cls(model, tokenizer, template, settings.batch_size, name, settings.engine)
-
-    @classmethod
-    def settings_for_job(cls, job: OracleJob) -> HFSettings:
-        return HFSettings(batch_size=job.batch_size)
-
-    @classmethod
-    def settings_for_training(cls, config: TrainConfig) -> HFSettings:
-        return HFSettings(batch_size=config.sample_batch_size)
 
     def describe(self) -> dict[str, Any]:
         return {

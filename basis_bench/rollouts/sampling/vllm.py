@@ -29,7 +29,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -42,10 +42,6 @@ from basis_bench.rollouts.models import (
 )
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import Capabilities, Progress, Sampler, SamplingConfig
-
-if TYPE_CHECKING:
-    from basis_bench.rollouts.oracle_job import OracleJob
-    from basis_bench.train.config import TrainConfig
 
 GIB = 1 << 30
 CPU_KV_CACHE_MAX_GIB = 4.0
@@ -249,19 +245,6 @@ class VLLMSampler(Sampler):
         cls, ckpt: Checkpoint, template: PromptTemplate, device: str, dtype: str, settings: Any
     ) -> VLLMSampler:
         return cls(ckpt, template, device, dtype, settings)
-
-    @classmethod
-    def settings_for_job(cls, job: OracleJob) -> VLLMSettings:
-        return VLLMSettings(job.tensor_parallel_size, job.kv_cache_gib)
-
-    @classmethod
-    def settings_for_training(cls, config: TrainConfig) -> VLLMSettings:
-        """Training's ``vllm_*`` settings (0: unset, as TOML has no null)."""
-        return VLLMSettings(
-            kv_cache_gib=config.vllm_kv_cache_gib or None,
-            max_model_len=config.vllm_max_model_len or None,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        )
 
     @classmethod
     def check_device(cls, device: str, in_config: bool = False) -> None:
