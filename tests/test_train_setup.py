@@ -11,7 +11,8 @@ import warnings
 import pytest
 import torch
 
-from basis_bench.rollouts.sampling import register_sampler, registry
+from basis_bench.errors import InputError
+from basis_bench.rollouts.sampling import Sampler, register_sampler, registry
 from basis_bench.rollouts.sampling.hf import HFSampler
 from basis_bench.train import make_config
 from basis_bench.train.loop import open_run
@@ -124,3 +125,21 @@ def test_a_weight_sync_backend_starts_from_the_reference_and_follows_the_policy(
     sync_sampler(sampler, policy)
     for name, value in policy.state_dict().items():
         torch.testing.assert_close(sampler.model.state_dict()[name], value)
+
+
+def test_a_backend_that_cannot_follow_a_policy_is_refused_before_models_load(root, monkeypatch):
+    import basis_bench.train.setup as setup_module
+
+    class OracleOnly(Synced):
+        backend = "oracle-only"
+        capabilities = dataclasses.replace(HFSampler.capabilities, weight_sync=False)
+        of_policy = Sampler.of_policy
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model loaded before the backend was checked")
+
+    monkeypatch.setattr(setup_module, "load_models", loaded)
+    with registry.temporary():
+        register_sampler(OracleOnly)
+        with pytest.raises(InputError, match="oracle-only backend cannot sample a model being"):
+            train_setup(root, backend="oracle-only")

@@ -149,8 +149,14 @@ class Sampler(ABC):
 
     @classmethod
     def check_training(cls, device: str) -> None:
-        """Refuse, before any model loads, a training run this backend cannot sample for
-        on ``device`` (the resolved one)."""
+        """Refuse, before any model loads, a training run this backend cannot sample for:
+        it neither takes weights (:attr:`Capabilities.weight_sync`) nor samples the trained
+        model (:meth:`of_policy`), or it cannot serve ``device`` (the resolved one)."""
+        live = cls.of_policy.__func__ is not Sampler.of_policy.__func__  # type: ignore[attr-defined]
+        if not (cls.capabilities.weight_sync or live):
+            raise InputError(
+                f'the {cls.backend} backend cannot sample a model being trained; use backend = "hf"'
+            )
         cls.check_device(device, in_config=True)
 
     @classmethod
