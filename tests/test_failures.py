@@ -747,7 +747,7 @@ def test_oracle_on_a_read_only_out_is_one_line(monkeypatch, capsys, fake_ckpt, t
 def test_oracle_disk_full_keeps_completed_parts_valid(monkeypatch, capsys, fake_ckpt, tmp_path):
     """Disk full mid-run: one line, exit 1, every part on disk loads, no temporary file is
     left, and a rerun with space resumes and completes the dataset."""
-    import basis_bench.rollouts.oracle as oracle_module
+    import basis_bench.rollouts.oracle_chunks as oracle_module
     import basis_bench.rollouts.sampling as sampling
 
     monkeypatch.setattr(sampling, "make_sampler", lambda *a, **k: FakeSampler())

@@ -143,12 +143,8 @@ def import_(
 def _prompts_table(path: Path) -> pl.DataFrame:
     """The --prompts table, checked like a dataset's prompts.parquet."""
     from basis_bench.rollouts.features import FEATURE_COLUMN, stored_features
-    from basis_bench.rollouts.importers.reading import (
-        Problems,
-        prompt_texts,
-        read_table,
-        report_prompt_values,
-    )
+    from basis_bench.rollouts.importers.checks import prompt_texts, report_prompt_values
+    from basis_bench.rollouts.importers.reading import Problems, read_table
     from basis_bench.rollouts.store import conform_prompts
 
     table, src = read_table(path, text_cols=prompt_texts("problem", "answer"))

@@ -23,7 +23,6 @@ from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 from basis_bench.settings import check_settings, setting
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
-BACKENDS = ("hf", "vllm")
 AUTOCASTS = ("none", "bfloat16", "float16")
 
 
@@ -32,6 +31,13 @@ def _policy_losses() -> tuple[str, ...]:
     from basis_bench.train.losses import POLICY_LOSSES
 
     return tuple(POLICY_LOSSES)
+
+
+def _backends() -> tuple[str, ...]:
+    """The registered sampling backends and ``auto``."""
+    from basis_bench.rollouts.sampling import backend_names
+
+    return backend_names()
 
 
 def _aggregations() -> tuple[str, ...]:
@@ -88,7 +94,12 @@ class TrainConfig:
     gradient_checkpointing: bool = setting(
         False, help="Recompute activations in the backward pass (less memory, more time)."
     )
-    backend: str = setting("hf", help="Sampling backend: hf or vllm.", choices=BACKENDS)
+    backend: str = setting(
+        "auto",
+        help="Sampling backend: hf or vllm; auto: vllm where it imports and serves the "
+        "device, else hf (config.json records the one used).",
+        choices=_backends,
+    )
     sample_batch_size: int = setting(64, help="hf backend: sequences per generate call.", min_val=1)
     vllm_gpu_memory_utilization: float = setting(
         0.3,

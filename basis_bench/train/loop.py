@@ -86,7 +86,7 @@ def train(
     run = setup(config, resume, force, progress)
     start = restore(run, resume) if resume is not None else 1
     if resume is not None:
-        sync_sampler(config.backend, run.sampler, run.models.policy)
+        sync_sampler(run.sampler, run.models.policy)
     trackers = open_trackers(config.report_to, run.run_dir, config_dict(config), start)
     log = open_run(run, start, on_record, trackers)
     train_set, policy = run.data.train_set, run.models.policy
@@ -148,7 +148,7 @@ def train(
                 policy.eval()
             # step t + 1 samples from the weights of step t (vllm: copied into the engine)
             with timer("sync"):
-                sync_sampler(config.backend, run.sampler, policy)
+                sync_sampler(run.sampler, policy)
 
             # 6. record: the rollouts, the step's statistics, evaluation and checkpoint
             write_step_rollouts(run, step, batch, rollouts, rewards, statuses)

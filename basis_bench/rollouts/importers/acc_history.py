@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.importers.checks import add_prompt_ids, report_duplicates
 from basis_bench.rollouts.importers.counts import expand_counts
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
@@ -21,10 +22,8 @@ from basis_bench.rollouts.importers.reading import (
     Imported,
     Problems,
     Source,
-    add_prompt_ids,
     check_exists,
     describe_source,
-    report_duplicates,
     sources_label,
     stack_sources,
     utf8_text,
