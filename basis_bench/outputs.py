@@ -421,7 +421,7 @@ def _release(claims: _Claims, failed: bool) -> None:
     does not undo a folder another shard is writing)."""
     for folder in (*claims.created, *claims.emptied) if failed else ():
         if _unused_and_ours(folder):
-            _forget_lock(folder)
+            forget_lock(folder)
             if folder in claims.created:
                 shutil.rmtree(folder, ignore_errors=True)
             else:
@@ -445,12 +445,21 @@ def _unused_and_ours(folder: Path) -> bool:
     return _output_files(folder) == [folder / OUTPUT_MARKER]
 
 
-def _forget_lock(folder: Path) -> None:
+def forget_lock(folder: Path) -> None:
     """Close this process's descriptor of ``folder``'s lock file (its locks go with it),
     before the file is removed: a later claim of the folder opens the new one."""
     fd = _HELD_LOCKS.pop(folder / LOCK_FILE, None)
     if fd is not None:
         os.close(fd)
+
+
+def lock_moved(src: Path, dst: Path) -> None:
+    """After the folder ``src`` was renamed onto ``dst``: this process's lock of ``src`` is
+    ``dst``'s now, and its lock of the folder ``dst`` was (set aside, to be removed) is let go."""
+    forget_lock(dst)
+    fd = _HELD_LOCKS.pop(src / LOCK_FILE, None)
+    if fd is not None:
+        _HELD_LOCKS[dst / LOCK_FILE] = fd
 
 
 def _lock_descriptor(folder: Path) -> int | None:
@@ -485,6 +494,25 @@ def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") ->
         ) from err
     if _SCOPE:
         _SCOPE[-1].locks.append(fd)
+
+
+def held_by_a_writer(folder: Path) -> bool:
+    """Whether a live process holds ``folder``'s writer lock (this one included; a folder
+    without a lock file has no writer): how a cleanup knows a leftover, never by a name."""
+    lock = folder / LOCK_FILE
+    if lock in _HELD_LOCKS:
+        return True
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WRITERS)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 @contextlib.contextmanager

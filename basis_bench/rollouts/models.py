@@ -16,6 +16,7 @@ import importlib.util
 import os
 import pickle
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -200,18 +201,19 @@ def hf_format_directory(ckpt: Checkpoint, cache_root: Path | None = None) -> Pat
     target = root / f"{Path(ckpt.gguf_file).stem}-{file_sha256(ckpt.path)[:16]}"
     if (target / "config.json").is_file():
         return target
-    staging = root / f".{target.name}.{os.getpid()}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
     model, tokenizer = load_model(ckpt, "cpu", "float32"), load_tokenizer(ckpt)
-    model.save_pretrained(staging)
-    model.generation_config.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    root.mkdir(parents=True, exist_ok=True)  # a unique name: never another job's (a pid is not)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=root))
     try:
+        model.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
         staging.rename(target)
     except OSError:  # another job finished its copy first; keep that one
-        shutil.rmtree(staging, ignore_errors=True)
         if not (target / "config.json").is_file():
             raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
