@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from importlib import resources as importlib_resources
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -154,10 +154,36 @@ def _is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and path.name.endswith(suffixes)
 
 
+def walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """``os.walk`` of ``root`` as every reader and claim sees a folder: links followed, each
+    real folder once (a second link to it, or a link back up, adds nothing, so two links to
+    ``.`` no longer make the walk exponential), a folder that cannot be read an
+    :class:`InputError` naming it (it was skipped in silence, and its files with it)."""
+    seen: set[tuple[int, int]] = set()
+    for folder, dirs, files in os.walk(root, onerror=_unreadable_folder, followlinks=True):
+        try:
+            info = os.stat(folder)
+        except OSError as err:
+            _unreadable_folder(err)
+        if (info.st_dev, info.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        yield Path(folder), dirs, files
+
+
+def _unreadable_folder(err: OSError) -> NoReturn:
+    reason = err.strerror or type(err).__name__
+    raise InputError(
+        f"{err.filename}: cannot read this folder ({reason}); everything under a dataset or "
+        "an output folder must be readable: fix its permissions, or move it out"
+    ) from err
+
+
 def _output_files(path: Path) -> list[Path]:
     """Every file under ``path`` but writers' temporary files (empty folders do not count)."""
-    files = (f for f in path.rglob("*") if not f.is_dir() and not _is_temporary(f))
-    return sorted(f for f in files if f.name != LOCK_FILE)
+    files = (Path(d) / f for d, _, names in walk(path) for f in names)
+    return sorted(f for f in files if f.name != LOCK_FILE and not _is_temporary(f))
 
 
 def read_output_marker(
@@ -271,14 +297,15 @@ def claim_output_dir(
     the setting in messages (``--out``, ``run_dir``); ``force_flag`` False for a command
     without --force (evaluate, sensitivity, figures), whose messages then do not suggest it.
 
-    Links are followed: the folder returned is the real one, so every command writes
+    Never inside another command's output, at any depth (:func:`_check_not_nested`), unless
+    ``force``. Links are followed: the folder returned is the real one, so every command writes
     through a symbolic link into its target and never replaces the link. The folder is
     locked to this process until it exits (:func:`lock_output`; ``shared`` for the
     oracle's shards, which write disjoint parts of one dataset side by side). The shipped
     dataset (installed package data) is read-only to every command.
     """
     path = _writable_folder(Path(path), option)
-    if kind == "rollouts" and not force:
+    if not force:
         _check_not_nested(path, option)
     existed = path.exists()
     try:
@@ -308,19 +335,27 @@ def claim_output_dir(
 
 
 def _check_not_nested(path: Path, option: str) -> None:
-    """Refuse a dataset inside another one (--out DATASET/rollouts): its rows were read as
-    the outer dataset's, its prompts.parquet was not, and the outer one held two markers."""
+    """Refuse an output folder inside another command's output, at any depth, for every
+    command: inside a rollouts dataset (by its marker, or a folder written before markers by
+    its layout) its files were read as the dataset's (``evaluate --out DATASET/results``
+    broke every later command on it, ``train`` run_dir=DATASET/run added a policy); inside
+    a results folder or a training run, a rerun of that one swaps or mixes it."""
     for above in path.parents:
         try:
             held = read_output_marker(above)
         except InputError:  # not ours to judge here
             held = None
-        marked = held is not None and held.get("kind") == "rollouts"
         layout = (above / PROMPTS_FILE).is_file() and (above / "rollouts").is_dir()
-        if marked or layout:
+        if (held is not None and held.get("kind") == "rollouts") or (held is None and layout):
             raise InputError(
                 f"{option} {path} is inside the rollouts dataset {above}; give that dataset's "
-                f"folder ({option} {above}) or one outside it"
+                f"folder ({option} {above}) or one outside it (its files would be read as the "
+                "dataset's by every later command)"
+            )
+        if held is not None:
+            raise InputError(
+                f"{option} {path} is inside {_describe(held)}, {above}; give a folder outside "
+                "it (a rerun of that command would replace or mix it)"
             )
 
 
@@ -442,7 +477,10 @@ def _unused_and_ours(folder: Path) -> bool:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WRITERS)
     except OSError:
         return False
-    return _output_files(folder) == [folder / OUTPUT_MARKER]
+    try:
+        return _output_files(folder) == [folder / OUTPUT_MARKER]
+    except InputError:  # something there cannot be read: not known to be unused
+        return False
 
 
 def forget_lock(folder: Path) -> None:
@@ -478,8 +516,8 @@ def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") ->
     """Lock ``folder`` (created) for writing by this process (an advisory POSIX lock on its
     ``.basis-bench.lock``, which a killed process never leaves held). A folder another
     process writes is an :class:`InputError`; ``shared`` lets several oracle shards write
-    one dataset. A results folder swapped whole at the end of a run gets a new lock file
-    with it: its writer is done by then."""
+    one dataset. A results folder swapped whole at the end of a run gets its staging
+    folder's lock file with it, which the writer holds (:func:`lock_moved`)."""
     folder.mkdir(parents=True, exist_ok=True)
     fd = _lock_descriptor(folder)
     if fd is None:

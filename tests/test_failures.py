@@ -34,6 +34,7 @@ from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
 from basis_bench.evaluation.figures import make_figures
 from basis_bench.outputs import (
+    LOCK_FILE,
     OUTPUT_MARKER,
     atomic_write,
     claim_output_dir,
@@ -1138,7 +1139,7 @@ def test_a_rerun_replaces_the_whole_run(monkeypatch, capsys, sim_dataset, tmp_pa
     assert not (out / "g_sweep.csv").exists()
     assert not (out / "estimates.parquet").exists()
     run = json.loads((out / "run.json").read_text())
-    files = {f.name for f in out.iterdir()} - {OUTPUT_MARKER, "run.json"}
+    files = {f.name for f in out.iterdir()} - {OUTPUT_MARKER, LOCK_FILE, "run.json"}
     assert set(run["tables"]) == files
     assert pl.read_csv(out / "summary.csv")["estimator"].unique().to_list() == ["basis"]
     assert siblings(out) == []

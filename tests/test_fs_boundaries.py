@@ -10,21 +10,24 @@ CAP_DAC_OVERRIDE and friends), since the sandbox runs as root.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_main
-from test_failures import evaluate_args, siblings
+from conftest import assert_one_line_error, run_main
+from test_failures import evaluate_args, siblings, snapshot
 
 import basis_bench
 import basis_bench.evaluation.run as run_module
 from basis_bench.outputs import LOCK_FILE
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
+from basis_bench.rollouts.store import default_dataset
 
 ROOT = Path(basis_bench.__file__).resolve().parents[1]  # subprocesses run the code under test
 CLI = [sys.executable, "-m", "basis_bench"]
+TRAIN_TOML = Path(__file__).resolve().parents[1] / "experiments" / "cpu_smollm2_arithmetic.toml"
 
 
 @pytest.fixture
@@ -117,3 +120,200 @@ def test_a_gguf_conversion_never_removes_a_folder_named_with_its_pid(tmp_path):
     with pytest.raises(InputError):
         hf_format_directory(resolve_checkpoint(gguf), cache)
     assert (other / "config.json").is_file()
+
+
+# --------------------------------------------------------------------------- 5: outputs inside data
+
+
+def make_run(tmp_path: Path) -> Path:
+    """A training run's folder as train-figures reads it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"estimator": "grpo", "group_size": 4, "loss": "gpg"}')
+    (run / "log.jsonl").write_text('{"step": 1, "mean_reward": 0.5}\n')
+    return run
+
+
+def commands_writing(out: Path, data: Path, results: Path, run: Path) -> dict[str, list[str]]:
+    """Every command's arguments that write into ``out`` (train's run_dir too)."""
+    source = data.parent / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\nb,4,3\n")
+    return {
+        "evaluate": evaluate_args(data, out),
+        "sensitivity": [
+            "sensitivity",
+            "--rollouts",
+            str(data),
+            "--out",
+            str(out),
+            "--repeats",
+            "2",
+        ],
+        "figures": ["figures", "--results", str(results), "--out", str(out)],
+        "train-figures": ["train-figures", str(run), "--out", str(out)],
+        "train": ["train", "--config", str(TRAIN_TOML), "--set", f"run_dir={out}"],
+        "import": ["import", "counts", str(source), "--policy", "ck", "--out", str(out)],
+        "simulate": ["simulate", "--out", str(out), "--prompts", "4"],
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["evaluate", "sensitivity", "figures", "train-figures", "train", "import", "simulate"],
+)
+def test_no_command_writes_inside_another_dataset_at_any_depth(
+    monkeypatch, capsys, sim_dataset, tmp_path, command
+):
+    """``evaluate --rollouts A --out B/results`` wrote B's tables where B's readers took
+    estimates.parquet for a rollouts part; ``train --set run_dir=B/run`` added a policy
+    train-000001 to B. Refused for every command, however deep, before a model loads."""
+    import basis_bench.train.setup as setup
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    other = tmp_path / "other"
+    simulate(SimulationConfig(n_prompts=6, reference_n=4, checkpoint_n=6, seed=3), other)
+    results = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, results)).code == 0
+    run, before = make_run(tmp_path), snapshot(other)
+    for out in (other / "results", other / "rollouts" / "a" / "b"):
+        args = commands_writing(out, sim_dataset, results, run)
+        result = run_main(monkeypatch, capsys, *args[command])
+        assert_one_line_error(result, "is inside the rollouts dataset", str(other))
+    assert snapshot(other) == before
+
+
+@pytest.mark.parametrize("command", ["evaluate", "import", "train-figures"])
+def test_no_output_goes_inside_a_results_folder_or_a_training_run(
+    monkeypatch, capsys, sim_dataset, tmp_path, command
+):
+    """A results folder is swapped whole by its next run and a training run's folder holds
+    its own rollouts: an output inside either was copied along, or read as its data."""
+    results = tmp_path / "res"
+    assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, results)).code == 0
+    run = make_run(tmp_path)
+    (run / ".basis-bench-output.json").write_text('{"kind": "train-run"}')
+    before = snapshot(results)
+    for outer, what in ((results, "a results folder"), (run, "a training run")):
+        args = commands_writing(outer / "x" / "y", sim_dataset, results, run)
+        assert_one_line_error(run_main(monkeypatch, capsys, *args[command]), f"inside {what}")
+    assert snapshot(results) == before and not (run / "x").exists()
+
+
+# --------------------------------------------------------------------------- 3: unreadable folders
+
+SETPRIV = shutil.which("setpriv")
+NO_OVERRIDE = "--bounding-set=-dac_override,-dac_read_search,-fowner"
+
+
+def as_a_user(*args: str) -> subprocess.CompletedProcess[str]:
+    """``basis-bench ARGS`` as a user runs it: root's override of file permissions dropped
+    (the sandbox runs as root, which reads every folder whatever its mode)."""
+    if os.geteuid() != 0:
+        return cli(*args)
+    if SETPRIV is None:
+        pytest.skip("setpriv (util-linux) is needed to run without root's permission override")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [SETPRIV, NO_OVERRIDE, *CLI, *args], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+
+
+@pytest.fixture
+def default_copy(tmp_path) -> Path:
+    """The shipped dataset (96 prompts, 24 parts a policy), to break by hand."""
+    out = tmp_path / "data"
+    shutil.copytree(default_dataset(), out)
+    return out
+
+
+@pytest.mark.parametrize("hidden", ["policy", "some parts"])
+def test_evaluate_stops_at_an_unreadable_folder_naming_it(default_copy, tmp_path, hidden):
+    """With ``rollouts/late`` unreadable evaluate exited 0 without late; with 10 of late's
+    parts in an unreadable subfolder it evaluated late on 56 of 96 prompts."""
+    late = default_copy / "rollouts" / "late"
+    locked = late
+    if hidden == "some parts":
+        locked = late / "old"
+        locked.mkdir()
+        for part in sorted(late.glob("*.parquet"))[:10]:
+            part.rename(locked / part.name)
+    locked.chmod(0)
+    try:
+        result = as_a_user(*evaluate_args(default_copy, tmp_path / "res"))
+    finally:
+        locked.chmod(0o755)
+    assert_one_line_error(result, str(locked), "cannot read this folder")
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("locked", ["old", "part-000000.parquet"])
+def test_import_replace_stops_at_old_parts_it_cannot_read(tmp_path, locked):
+    """``import --replace`` said "(replaced)" while old parts in an unreadable subfolder
+    survived, to mix with the new rows once readable; an unreadable part was a bare
+    "permission denied" naming no file."""
+    data, source = tmp_path / "d", tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\nb,4,3\n")
+    args = ["import", "counts", str(source), "--policy", "ck", "--out", str(data)]
+    assert cli(*args).returncode == 0
+    policy = data / "rollouts" / "ck"
+    (policy / "old").mkdir()
+    shutil.copy(policy / "part-000000.parquet", policy / "old" / "part-000000.parquet")
+    before = snapshot(data)
+    (policy / locked).chmod(0)
+    try:
+        result = as_a_user(*args, "--replace")
+    finally:
+        (policy / locked).chmod(0o755)
+    assert_one_line_error(result, str(policy / locked), "read")
+    assert snapshot(data) == before
+
+
+# --------------------------------------------------------------------------- 7: bounded reads
+
+
+def test_links_back_into_a_dataset_are_walked_once(monkeypatch, capsys, default_copy, tmp_path):
+    """Two links to ``.`` inside ``rollouts/`` made the folder walk exponential (still
+    walking at 90 s); each real folder is visited once, so the dataset reads as itself."""
+    for name in ("again", "more"):
+        (default_copy / "rollouts" / name).symlink_to(".")
+    lister = "import sys; from basis_bench.rollouts.store import rollout_files as f; print(len(f(sys.argv[1])))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    listed = subprocess.run([sys.executable, "-c", lister, str(default_copy)], env=env,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert listed.stdout.strip() == "96"  # 4 policies x 24 parts, each once
+    result = run_main(monkeypatch, capsys, *evaluate_args(default_copy, tmp_path / "res"))
+    assert result.code == 0, result.message
+
+
+@pytest.mark.parametrize("option", ["--rollouts", "--rollouts=", "--out"])
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(
+    monkeypatch, capsys, sim_dataset, tmp_path, option
+):
+    """``--rollouts ''`` was taken silently as the current folder (in a folder holding link
+    loops: out of memory at 19 GB); ``import --out ''`` wrote a dataset there."""
+    here = tmp_path / "here"
+    here.mkdir()
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\n")
+    if option == "--out":
+        monkeypatch.chdir(here)
+        args = ["import", "counts", str(source), "--policy", "ck", "--out", ""]
+    else:
+        monkeypatch.chdir(sim_dataset)
+        args = evaluate_args(Path("."), here / "res")
+        at = args.index("--rollouts")
+        args[at : at + 2] = [option] if option.endswith("=") else [option, ""]
+    result = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(result, f"{option.rstrip('=')} is empty")
+    assert list(here.iterdir()) == []
+
+
+def test_train_refuses_an_empty_run_dir(monkeypatch, capsys, tmp_path):
+    """``--set run_dir=`` claimed the current folder as a training run."""
+    import basis_bench.train.setup as setup
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--config", str(TRAIN_TOML), "--set", "run_dir="]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "run_dir is empty")
+    assert list(tmp_path.iterdir()) == []

@@ -26,10 +26,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import publishing, read_metadata, write_parquet_atomic
+from basis_bench.outputs import publishing, read_metadata, walk, write_parquet_atomic
 from basis_bench.schema import (
     OPTIONAL_PROMPT_COLUMNS,
     OPTIONAL_ROLLOUT_COLUMNS,
@@ -224,7 +225,8 @@ def default_dataset() -> Path:
 
 def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     """All rollouts Parquet files under ``root``, sorted (temporary files are skipped; links
-    are followed, as every command does)."""
+    are followed, as every command does, each real folder once; a folder that cannot be read
+    is an :class:`InputError` naming it: :func:`~basis_bench.outputs.walk`)."""
     root = Path(root)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"
@@ -235,16 +237,28 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
         )
     found = (  # folders named *.parquet too, so that readers refuse them by name
         Path(folder) / name
-        for folder, dirs, files in os.walk(root, followlinks=True)
+        for folder, dirs, files in walk(root)
         for name in (*dirs, *files)
         if name.endswith(".parquet") and name != PROMPTS_FILE
     )
     return sorted(found)
 
 
+def parquet_schema(path: Path) -> pa.Schema:
+    """The schema of one Parquet file of a dataset; a file that cannot be read (garbage, cut
+    short, no permission) is an :class:`InputError` naming it."""
+    try:
+        return pq.read_schema(path)
+    except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
+        raise InputError(
+            f"{path} is not a readable Parquet file ({str(err).splitlines()[0]}); "
+            "restore or remove it"
+        ) from err
+
+
 def _rollout_file_columns(path: Path) -> list[str]:
     """Column names of one rollouts file (schema only); missing required columns are an error."""
-    names = pq.read_schema(path).names
+    names = parquet_schema(path).names
     missing = [c for c in ROLLOUT_COLUMNS if c not in names]
     if missing:
         raise InputError(
