@@ -53,7 +53,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     share a file, and a reader sees the old complete file or the new complete file, never a
     torn one. The one writer every output of the package goes through.
     """
-    path = Path(path)
+    path = inside_claim(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
@@ -317,6 +317,7 @@ def claim_output_dir(
     if found is not None and not force:
         _check_claim(path, kind, simulated, found, option, force_flag)
     lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
+    _CLAIMED.add(path)
     if _SCOPE and found is None:  # new or empty, and ours: a failed command leaves it so
         (_SCOPE[-1].emptied if existed else _SCOPE[-1].created).append(path)
     marker: dict[str, Any] = {"kind": kind}
@@ -357,6 +358,29 @@ def _check_not_nested(path: Path, option: str) -> None:
                 f"{option} {path} is inside {_describe(held)}, {above}; give a folder outside "
                 "it (a rerun of that command would replace or mix it)"
             )
+
+
+_CLAIMED: set[Path] = set()  # the real folders this process claimed (claim_output_dir)
+
+
+def inside_claim(path: Path) -> Path:
+    """``path``, refused in one line where a symbolic link leads it out of the output folder
+    it lies in: every write (:func:`atomic_write`), replace and removal under a claimed folder
+    asks here, so a command changes only files physically inside the folder it claimed
+    (``import --replace`` through ``DATASET/rollouts/POLICY``, a link into another dataset,
+    deleted and rewrote that dataset's parts). Links are still followed for reading."""
+    real = Path(os.path.realpath(path.parent))
+    for above in (path.parent, *path.parent.parents):
+        root = Path(os.path.realpath(above))
+        if root in _CLAIMED:
+            if real != root and root not in real.parents:
+                raise InputError(
+                    f"{path.parent} leads out of {root} through a symbolic link (to {real}); "
+                    "a command writes, replaces and removes files only inside the folder it "
+                    "claimed: replace the link by a folder, or write to its target directly"
+                )
+            break
+    return path
 
 
 _NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)

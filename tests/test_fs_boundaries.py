@@ -9,10 +9,12 @@ CAP_DAC_OVERRIDE and friends), since the sandbox runs as root.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,68 @@ def test_a_gguf_conversion_never_removes_a_folder_named_with_its_pid(tmp_path):
     with pytest.raises(InputError):
         hf_format_directory(resolve_checkpoint(gguf), cache)
     assert (other / "config.json").is_file()
+
+
+# --------------------------------------------------------------------------- 2: links leading out
+
+
+def counts_source(tmp_path: Path) -> Path:
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\na,4,1\nb,4,3\n")
+    return source
+
+
+@pytest.mark.parametrize("policy", ["reference", "new"])
+def test_import_never_writes_or_deletes_through_a_link_out_of_the_dataset(
+    monkeypatch, capsys, tmp_path, policy
+):
+    """``import --policy reference --replace --out d_main``, where ``d_main/rollouts/
+    reference`` links into another dataset, deleted and rewrote that dataset's parts (and a
+    new policy, with ``d_main/rollouts`` a link, was written into the other one)."""
+    source = counts_source(tmp_path)
+    other, main = tmp_path / "other", tmp_path / "d_main"
+    run = ["import", "counts", str(source), "--out"]
+    assert run_main(monkeypatch, capsys, *run, str(other), "--policy", "reference").code == 0
+    assert run_main(monkeypatch, capsys, *run, str(main), "--policy", "ck").code == 0
+    if policy == "reference":
+        (main / "rollouts" / "reference").symlink_to(other / "rollouts" / "reference")
+    else:
+        shutil.move(main / "rollouts", other / "rollouts" / "ck-of-main")
+        (main / "rollouts").symlink_to(other / "rollouts")
+    before = snapshot(other), snapshot(main)
+    args = [*run, str(main), "--policy", policy, "--replace"]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "through a symbolic link")
+    assert (snapshot(other), snapshot(main)) == before
+
+
+def test_a_simulate_rerun_never_removes_files_through_a_link_out(monkeypatch, capsys, tmp_path):
+    """A rerun removed the earlier simulation's files it did not rewrite, found through a
+    link in ``rollouts/`` to another simulated dataset: that dataset's files."""
+    sim, other = tmp_path / "sim", tmp_path / "other"
+    for out in (sim, other):
+        simulate(SimulationConfig(n_prompts=4, reference_n=4, checkpoint_n=6), out)
+    (sim / "rollouts" / "other").symlink_to(other / "rollouts")
+    before = snapshot(other)
+    args = ["simulate", "--out", str(sim), "--prompts", "4", "--seed", "1"]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "through a symbolic link")
+    assert snapshot(other) == before
+
+
+def test_no_write_under_a_claimed_folder_goes_through_a_link_out(tmp_path):
+    """The one writer (atomic_write: a training run's rollouts and logs, every part, table
+    and figure) asks the same: a link inside the claimed folder may not lead the write out."""
+    from basis_bench.errors import InputError
+    from basis_bench.outputs import claim_output_dir, write_text_atomic
+
+    run, elsewhere = claim_output_dir(tmp_path / "run", "train-run"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "rollouts").symlink_to(elsewhere)
+    with pytest.raises(InputError, match="through a symbolic link"):
+        write_text_atomic(run / "rollouts" / "train-000001.parquet", "x")
+    (run / "inner").mkdir()
+    (run / "same").symlink_to(run / "inner")  # a link that stays inside is followed
+    write_text_atomic(run / "same" / "x.txt", "x")
+    assert list(elsewhere.iterdir()) == [] and (run / "inner" / "x.txt").is_file()
 
 
 # --------------------------------------------------------------------------- 5: outputs inside data
@@ -317,3 +381,53 @@ def test_train_refuses_an_empty_run_dir(monkeypatch, capsys, tmp_path):
     args = ["train", "--config", str(TRAIN_TOML), "--set", "run_dir="]
     assert_one_line_error(run_main(monkeypatch, capsys, *args), "run_dir is empty")
     assert list(tmp_path.iterdir()) == []
+
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[Path]:
+    """A fresh memory cgroup (v2, or v1 as here) below this process's, limited to ``limit``
+    bytes, as SLURM or Docker make one; skipped where this process may not make one."""
+    own = {
+        c: p
+        for _, c, p in (
+            line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()
+        )
+    }
+    if (CGROUP / "cgroup.controllers").exists():
+        base, limit_file = CGROUP / own.get("", "/").strip().lstrip("/"), "memory.max"
+    else:
+        memory = next((p for c, p in own.items() if "memory" in c.split(",")), None)
+        if memory is None:
+            pytest.skip("no memory cgroup controller on this machine")
+        base, limit_file = (
+            CGROUP / "memory" / memory.strip().lstrip("/"),
+            "memory.limit_in_bytes",
+        )
+    group = base / f"basis-bench-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / limit_file).write_text(str(limit))
+    except OSError as err:
+        pytest.skip(f"cannot make a memory cgroup here ({err})")
+    try:
+        yield group
+    finally:
+        group.rmdir()
+
+
+def test_the_memory_guard_reads_the_cgroup_limit(tmp_path):
+    """In a memory cgroup (SLURM, Docker) ``import counts`` of many rows passed the guard,
+    which read the host's free memory, and was killed without a word."""
+    source = tmp_path / "c.csv"
+    source.write_text("prompt_id,n,n_correct\n" + "".join(f"p{i},100000,5\n" for i in range(100)))
+    args = ["import", "counts", str(source), "--policy", "ck", "--out", str(tmp_path / "d")]
+    with memory_cgroup(256 * 2**20) as group:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
+        result = subprocess.run(["sh", "-c", enter, "sh", *CLI, *args], capture_output=True,
+                                text=True, env=env, timeout=300)  # fmt: skip
+    assert_one_line_error(result, "10,000,000 rollouts", "cgroup")
+    assert not (tmp_path / "d").exists()

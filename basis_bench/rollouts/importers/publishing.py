@@ -22,6 +22,7 @@ from basis_bench.outputs import (
     REPLACED_SUFFIX,
     claim_output_dir,
     holds_output_locks,
+    inside_claim,
     provenance,
     publishing,
     read_metadata,
@@ -83,7 +84,7 @@ def _files_to_replace(
                     f"{f} holds policy {p!r} together with {', '.join(map(repr, others))}; "
                     "--replace only removes files of the replaced policies alone: remove it by hand"
                 )
-            to_remove.append(f)
+            to_remove.append(inside_claim(f))
     return clash, to_remove
 
 
