@@ -18,6 +18,9 @@ from basis_bench.errors import InputError
 # each copied once more, and the ~300 MiB intercept is not counted. `simulate` 134, 148 and
 # 148 B a row: its check is that rounded up.
 IMPORT_BYTES_PER_ROLLOUT = 64
+# A row read whole from Parquet, beyond its decoded bytes: polars' offsets and validity, the
+# cast, filter, concatenation and sort copies of the store's full reader; the import's 64.
+READ_BYTES_PER_ROW = IMPORT_BYTES_PER_ROLLOUT
 SIMULATE_BYTES_PER_ROLLOUT = 160
 
 

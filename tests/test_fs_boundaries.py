@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_main
 from test_failures import evaluate_args, siblings, snapshot
@@ -425,9 +426,35 @@ def test_the_memory_guard_reads_the_cgroup_limit(tmp_path):
     source.write_text("prompt_id,n,n_correct\n" + "".join(f"p{i},100000,5\n" for i in range(100)))
     args = ["import", "counts", str(source), "--policy", "ck", "--out", str(tmp_path / "d")]
     with memory_cgroup(256 * 2**20) as group:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
-        result = subprocess.run(["sh", "-c", enter, "sh", *CLI, *args], capture_output=True,
-                                text=True, env=env, timeout=300)  # fmt: skip
+        result = in_cgroup(group, *args)
     assert_one_line_error(result, "10,000,000 rollouts", "cgroup")
     assert not (tmp_path / "d").exists()
+
+
+def in_cgroup(group: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``basis-bench ARGS`` in the cgroup ``group``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
+    return subprocess.run(["sh", "-c", enter, "sh", *CLI, *args], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+
+
+def test_rows_a_footer_declares_are_checked_before_reading(sim_dataset, tmp_path):
+    """A few-MB part holding millions of identical rows (repeated keys: the streaming reader
+    hands it to the full one) aborted polars with an allocation failure; the rows its
+    footer declares are checked against free memory first."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 1 << 20
+    block = pa.table({"prompt_id": pa.array(["sim-00"] * rows), "policy": pa.array(["late"] * rows),
+                      "sample_idx": pa.array(np.zeros(rows, np.int32)),
+                      "reward": pa.array(np.ones(rows))})  # fmt: skip
+    part = sim_dataset / "rollouts" / "dup.parquet"
+    with pq.ParquetWriter(part, block.schema, compression="zstd") as writer:
+        for _ in range(20):
+            writer.write_table(block)
+    assert part.stat().st_size < 4 << 20
+    with memory_cgroup(384 * 2**20) as group:
+        result = in_cgroup(group, *evaluate_args(sim_dataset, tmp_path / "res"))
+    assert_one_line_error(result, "20,971,", "rollouts at once", "footer")
