@@ -458,3 +458,24 @@ def test_rows_a_footer_declares_are_checked_before_reading(sim_dataset, tmp_path
     with memory_cgroup(384 * 2**20) as group:
         result = in_cgroup(group, *evaluate_args(sim_dataset, tmp_path / "res"))
     assert_one_line_error(result, "20,971,", "rollouts at once", "footer")
+
+
+def test_a_model_is_sized_from_its_metadata_before_it_is_built(tmp_path):
+    """A 96-byte .gguf declaring only ``general.architecture=llama`` made the oracle build a
+    default-size Llama (6.6B parameters, ~27 GB): refused from its header, nothing built."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    out = tmp_path / "out"
+    args = ["oracle", "--ckpt", str(path), "--policy", "p", "--prompts", "arithmetic:n=4,seed=3",
+            "--n", "2", "--device", "cpu", "--workers", "1", "--out", str(out)]  # fmt: skip
+    with memory_cgroup(3 * 2**30) as group:  # where the old behaviour is a kill, not a swap storm
+        result = in_cgroup(group, *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # after the oracle's plan
+    assert last.startswith("error:") and "6,607,343,616 parameters" in last, last
+    assert "holds 0 weights" in last and not out.exists()
