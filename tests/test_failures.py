@@ -681,6 +681,11 @@ def test_oracle_names_a_corrupt_checkpoint(monkeypatch, capsys, tmp_path, broken
     assert_one_line_error(result, str(target.resolve()), "cannot load the model", "corrupt")
 
 
+# A Llama small enough to build (the defaults make 6.5B parameters, refused before building).
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
+
+
 def test_an_oracle_whose_model_cannot_load_writes_nothing(
     monkeypatch, capsys, tmp_path, real_dataset
 ):
@@ -688,7 +693,7 @@ def test_an_oracle_whose_model_cannot_load_writes_nothing(
     dataset's bytes as they were."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "config.json").write_text(json.dumps(TINY_LLAMA))
     (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     claim_output_dir(real_dataset, "rollouts", simulated=False)  # as an earlier run left it
     before = snapshot(real_dataset)
@@ -708,7 +713,7 @@ def test_an_oracle_whose_model_cannot_load_leaves_the_out_folder_as_it_was(
     and an empty one stays empty (its own subfolder kept)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "config.json").write_text(json.dumps(TINY_LLAMA))
     (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     out = tmp_path / "out"
     if given == "empty":

@@ -479,3 +479,16 @@ def test_a_model_is_sized_from_its_metadata_before_it_is_built(tmp_path):
     last = result.stderr.strip().splitlines()[-1]  # after the oracle's plan
     assert last.startswith("error:") and "6,607,343,616 parameters" in last, last
     assert "holds 0 weights" in last and not out.exists()
+
+
+@pytest.mark.parametrize("where", ["rollouts/late/part-999999.parquet", "prompts.parquet"])
+def test_a_fifo_in_a_dataset_is_refused_not_waited_on(default_copy, tmp_path, where):
+    """Found while hunting the next class: opening a FIFO named like a part blocked evaluate
+    for good, deaf to SIGTERM."""
+    fifo = default_copy / where
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*CLI, *evaluate_args(default_copy, tmp_path / "res")],
+                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert_one_line_error(result, str(fifo), "not a regular file")

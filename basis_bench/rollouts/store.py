@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources as importlib_resources
@@ -245,9 +246,22 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(found)
 
 
+def regular_file(path: Path) -> Path:
+    """``path``, refused in one line unless it is a regular file (or a link to one): opening
+    a FIFO named ``part.parquet`` blocked evaluate for good, deaf to SIGTERM."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # missing or unreadable: the reader that opens it names it
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise InputError(f"{path} is not a regular file (a FIFO, socket or device); remove it")
+    return path
+
+
 def parquet_schema(path: Path) -> pa.Schema:
     """The schema of one Parquet file of a dataset; a file that cannot be read (garbage, cut
     short, no permission) is an :class:`InputError` naming it."""
+    regular_file(path)
     try:
         return pq.read_schema(path)
     except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
@@ -352,7 +366,7 @@ def load_prompts(root: str | os.PathLike[str]) -> pl.DataFrame | None:
     # One open file: a concurrent shard may replace prompts.parquet, and a reader that
     # opened the path twice could pair the old footer with the new pages.
     try:
-        with open(path, "rb") as fh:
+        with open(regular_file(path), "rb") as fh:
             check_read_fits([fh], str(path))
             table = pl.read_parquet(fh)
     except (OSError, pl.exceptions.ComputeError) as err:
