@@ -29,13 +29,14 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from importlib import resources as importlib_resources
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import polars as pl
 import pyarrow.parquet as pq
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
+from basis_bench.folders import claimed, inside_claim, real_path, walk
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 METADATA_KEY = "basis_bench"
@@ -152,32 +153,6 @@ def _is_temporary(path: Path) -> bool:
     ``.replaced``)."""
     suffixes = (TEMP_SUFFIX, STAGED_SUFFIX, REPLACED_SUFFIX)
     return path.name.startswith(".") and path.name.endswith(suffixes)
-
-
-def walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
-    """``os.walk`` of ``root`` as every reader and claim sees a folder: links followed, each
-    real folder once (a second link to it, or a link back up, adds nothing, so two links to
-    ``.`` no longer make the walk exponential), a folder that cannot be read an
-    :class:`InputError` naming it (it was skipped in silence, and its files with it)."""
-    seen: set[tuple[int, int]] = set()
-    for folder, dirs, files in os.walk(root, onerror=_unreadable_folder, followlinks=True):
-        try:
-            info = os.stat(folder)
-        except OSError as err:
-            _unreadable_folder(err)
-        if (info.st_dev, info.st_ino) in seen:
-            dirs.clear()
-            continue
-        seen.add((info.st_dev, info.st_ino))
-        yield Path(folder), dirs, files
-
-
-def _unreadable_folder(err: OSError) -> NoReturn:
-    reason = err.strerror or type(err).__name__
-    raise InputError(
-        f"{err.filename}: cannot read this folder ({reason}); everything under a dataset or "
-        "an output folder must be readable: fix its permissions, or move it out"
-    ) from err
 
 
 def _output_files(path: Path) -> list[Path]:
@@ -317,7 +292,7 @@ def claim_output_dir(
     if found is not None and not force:
         _check_claim(path, kind, simulated, found, option, force_flag)
     lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
-    _CLAIMED.add(path)
+    claimed(path)
     if _SCOPE and found is None:  # new or empty, and ours: a failed command leaves it so
         (_SCOPE[-1].emptied if existed else _SCOPE[-1].created).append(path)
     marker: dict[str, Any] = {"kind": kind}
@@ -358,53 +333,6 @@ def _check_not_nested(path: Path, option: str) -> None:
                 f"{option} {path} is inside {_describe(held)}, {above}; give a folder outside "
                 "it (a rerun of that command would replace or mix it)"
             )
-
-
-_CLAIMED: set[Path] = set()  # the real folders this process claimed (claim_output_dir)
-
-
-def inside_claim(path: Path) -> Path:
-    """``path``, refused in one line where a symbolic link leads it out of the output folder
-    it lies in: every write (:func:`atomic_write`), replace and removal under a claimed folder
-    asks here, so a command changes only files physically inside the folder it claimed
-    (``import --replace`` through ``DATASET/rollouts/POLICY``, a link into another dataset,
-    deleted and rewrote that dataset's parts). Links are still followed for reading."""
-    real = Path(os.path.realpath(path.parent))
-    for above in (path.parent, *path.parent.parents):
-        root = Path(os.path.realpath(above))
-        if root in _CLAIMED:
-            if real != root and root not in real.parents:
-                raise InputError(
-                    f"{path.parent} leads out of {root} through a symbolic link (to {real}); "
-                    "a command writes, replaces and removes files only inside the folder it "
-                    "claimed: replace the link by a folder, or write to its target directly"
-                )
-            break
-    return path
-
-
-_NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)
-
-
-def refuse_long_names(path: str | os.PathLike[str], option: str) -> None:
-    """A name in ``path`` longer than a file system takes is one line (``stat`` would fail
-    with ENAMETOOLONG, an OSError, wherever the path is first looked at)."""
-    long = next((p for p in Path(path).parts if len(os.fsencode(p)) > _NAME_MAX), None)
-    if long is not None:
-        raise InputError(
-            f"{option}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a file "
-            f"system takes at most {_NAME_MAX}"
-        )
-
-
-def real_path(path: str | os.PathLike[str], option: str) -> Path:
-    """``path`` with every symbolic link resolved; a link loop or a name longer than a file
-    system takes is one line."""
-    refuse_long_names(path, option)
-    real = Path(os.path.realpath(path))
-    if any(p.is_symlink() for p in (real, *real.parents)):  # realpath left a link: a loop
-        raise InputError(f"{option} {path} is a loop of symbolic links; give a directory")
-    return real
 
 
 def _writable_folder(path: Path, option: str) -> Path:

@@ -39,11 +39,11 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.fits import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
+from basis_bench.folders import inside_claim
 from basis_bench.outputs import (
     STAGED_SUFFIX,
     claim_output_dir,
     holds_output_locks,
-    inside_claim,
     publishing,
     read_metadata,
     write_parquet_atomic,

@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
 from basis_bench.fits import READ_BYTES_PER_ROW, check_rollouts_fit
-from basis_bench.outputs import publishing, read_metadata, walk, write_parquet_atomic
+from basis_bench.folders import walk
+from basis_bench.outputs import publishing, read_metadata, write_parquet_atomic
 from basis_bench.schema import (
     OPTIONAL_PROMPT_COLUMNS,
     OPTIONAL_ROLLOUT_COLUMNS,
@@ -228,7 +229,7 @@ def default_dataset() -> Path:
 def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     """All rollouts Parquet files under ``root``, sorted (temporary files are skipped; links
     are followed, as every command does, each real folder once; a folder that cannot be read
-    is an :class:`InputError` naming it: :func:`~basis_bench.outputs.walk`)."""
+    is an :class:`InputError` naming it: :func:`~basis_bench.folders.walk`)."""
     root = Path(root)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"

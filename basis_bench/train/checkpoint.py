@@ -19,7 +19,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
-from basis_bench.outputs import inside_claim
+from basis_bench.folders import inside_claim
 from basis_bench.train.config import TrainConfig, config_dict, make_config, parse_override
 from basis_bench.train.setup import CHECKPOINTS_DIR, Run
 

@@ -367,7 +367,8 @@ def setup(
     a training run: never a dataset, unless ``force``), then load data, models, sampler,
     cache."""
     from basis_bench import estimators as E
-    from basis_bench.outputs import claim_output_dir, refuse_long_names
+    from basis_bench.folders import refuse_long_names
+    from basis_bench.outputs import claim_output_dir
 
     run_dir = Path(config.run_dir)
     refuse_long_names(run_dir, "run_dir")  # before the log check looks into it

@@ -18,11 +18,11 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
+from basis_bench.folders import inside_claim
 from basis_bench.outputs import (
     REPLACED_SUFFIX,
     claim_output_dir,
     holds_output_locks,
-    inside_claim,
     provenance,
     publishing,
     read_metadata,
