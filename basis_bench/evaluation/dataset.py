@@ -28,6 +28,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
+from basis_bench.fits import check_rollouts_fit
 from basis_bench.outputs import publishing
 from basis_bench.rollouts.store import (
     ROLLOUT_COLUMNS,
@@ -162,6 +163,9 @@ def _stream_rewards(files: Sequence[Path], policies: Sequence[str]) -> Rewards:
         order = np.array(sorted(shape.ids), dtype=object)
         if len(order) * shape.width > SPARSE_FACTOR * shape.count + BATCH_ROWS:
             raise _Irregular
+        check_rollouts_fit(  # float64 cells, before they are allocated
+            len(order) * shape.width, 8, f"reading policy {p!r}", "evaluate fewer samples"
+        )
         m = np.full((len(order), shape.width), np.nan)
         rows = pl.DataFrame({"prompt_id": order.tolist(), "_row": np.arange(len(order))})
         for df in _batches(shape.files, [p]):
