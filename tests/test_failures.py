@@ -34,6 +34,7 @@ from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
 from basis_bench.evaluation.figures import make_figures
 from basis_bench.outputs import (
+    LOCK_FILE,
     OUTPUT_MARKER,
     atomic_write,
     claim_output_dir,
@@ -680,6 +681,11 @@ def test_oracle_names_a_corrupt_checkpoint(monkeypatch, capsys, tmp_path, broken
     assert_one_line_error(result, str(target.resolve()), "cannot load the model", "corrupt")
 
 
+# A Llama small enough to build (the defaults make 6.5B parameters, refused before building).
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
+
+
 def test_an_oracle_whose_model_cannot_load_writes_nothing(
     monkeypatch, capsys, tmp_path, real_dataset
 ):
@@ -687,7 +693,7 @@ def test_an_oracle_whose_model_cannot_load_writes_nothing(
     dataset's bytes as they were."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "config.json").write_text(json.dumps(TINY_LLAMA))
     (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     claim_output_dir(real_dataset, "rollouts", simulated=False)  # as an earlier run left it
     before = snapshot(real_dataset)
@@ -707,7 +713,7 @@ def test_an_oracle_whose_model_cannot_load_leaves_the_out_folder_as_it_was(
     and an empty one stays empty (its own subfolder kept)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "config.json").write_text(json.dumps(TINY_LLAMA))
     (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     out = tmp_path / "out"
     if given == "empty":
@@ -1138,7 +1144,7 @@ def test_a_rerun_replaces_the_whole_run(monkeypatch, capsys, sim_dataset, tmp_pa
     assert not (out / "g_sweep.csv").exists()
     assert not (out / "estimates.parquet").exists()
     run = json.loads((out / "run.json").read_text())
-    files = {f.name for f in out.iterdir()} - {OUTPUT_MARKER, "run.json"}
+    files = {f.name for f in out.iterdir()} - {OUTPUT_MARKER, LOCK_FILE, "run.json"}
     assert set(run["tables"]) == files
     assert pl.read_csv(out / "summary.csv")["estimator"].unique().to_list() == ["basis"]
     assert siblings(out) == []

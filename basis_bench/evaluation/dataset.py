@@ -28,6 +28,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
+from basis_bench.memory_check import check_rollouts_fit
 from basis_bench.outputs import publishing
 from basis_bench.rollouts.store import (
     ROLLOUT_COLUMNS,
@@ -35,6 +36,7 @@ from basis_bench.rollouts.store import (
     default_dataset,
     file_policies,
     load_rollouts,
+    parquet_schema,
     reward_matrix,
     rollout_files,
 )
@@ -161,6 +163,9 @@ def _stream_rewards(files: Sequence[Path], policies: Sequence[str]) -> Rewards:
         order = np.array(sorted(shape.ids), dtype=object)
         if len(order) * shape.width > SPARSE_FACTOR * shape.count + BATCH_ROWS:
             raise _Irregular
+        check_rollouts_fit(  # float64 cells, before they are allocated
+            len(order) * shape.width, 8, f"reading policy {p!r}", "evaluate fewer samples"
+        )
         m = np.full((len(order), shape.width), np.nan)
         rows = pl.DataFrame({"prompt_id": order.tolist(), "_row": np.arange(len(order))})
         for df in _batches(shape.files, [p]):
@@ -262,8 +267,6 @@ def resolve_reference(
 def _check_parquet(files: Sequence[Path]) -> None:
     """Every ``*.parquet`` path of a dataset is a readable Parquet file, else an InputError
     that names it (a folder named x.parquet, a link to nothing, a file cut short, garbage)."""
-    import pyarrow.parquet as pq
-
     for f in files:
         if f.is_dir():
             raise InputError(f"{f} is a folder, not a Parquet file; move it out of the dataset")
@@ -271,15 +274,8 @@ def _check_parquet(files: Sequence[Path]) -> None:
             raise InputError(
                 f"{f} is a symbolic link to nothing (or a loop); restore its target or remove it"
             )
-        if not f.exists():
-            continue
-        try:
-            pq.read_schema(f)
-        except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
-            raise InputError(
-                f"{f} is not a readable Parquet file ({str(err).splitlines()[0]}); "
-                "restore or remove it"
-            ) from err
+        if f.exists():
+            parquet_schema(f)
 
 
 def _check_not_inner(root: Path) -> None:

@@ -33,7 +33,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.rewards import last_boxed
-from basis_bench.rollouts.store import conform_prompts
+from basis_bench.rollouts.store import check_read_fits, conform_prompts
 from basis_bench.settings import check_scalar
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -117,6 +117,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
         raise InputError(f"prompt file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
+        check_read_fits([path], str(path))
         try:
             df = pl.read_parquet(path)
         except Exception as err:

@@ -19,6 +19,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
+from basis_bench.folders import inside_claim
 from basis_bench.train.config import TrainConfig, config_dict, make_config, parse_override
 from basis_bench.train.setup import CHECKPOINTS_DIR, Run
 
@@ -61,7 +62,7 @@ def save_checkpoint(
     states, estimator state, config), written beside and renamed into place when complete."""
     import torch
 
-    tmp = path.with_name(path.name + PARTIAL)
+    tmp = inside_claim(path.with_name(path.name + PARTIAL))  # never through a link out
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

@@ -249,6 +249,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        for name in ("run_dir", "cache_dir"):  # "" was the current folder, claimed as a run
+            if not getattr(self, name).strip():
+                raise InputError(f"{name} is empty; give a folder (. for the current one)")
 
 
 def _coerce(key: str, value: Any) -> Any:

@@ -378,7 +378,8 @@ def setup(
     cache. ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the
     reference cache's build and notes on the data; None: Python warnings only."""
     from basis_bench import estimators as E
-    from basis_bench.outputs import claim_output_dir, refuse_long_names
+    from basis_bench.folders import refuse_long_names
+    from basis_bench.outputs import claim_output_dir
 
     run_dir = Path(config.run_dir)
     refuse_long_names(run_dir, "run_dir")  # before the log check looks into it

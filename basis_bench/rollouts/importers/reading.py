@@ -24,6 +24,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.outputs import file_sha256
+from basis_bench.rollouts.store import check_read_fits
 
 MAX_LISTED = 50  # malformed rows listed in one error message (the total is always given)
 LOC = "_loc"  # source line/row number column
@@ -232,6 +233,7 @@ def read_table(
             return df.with_row_index(LOC, offset=1), Source(path, "row")
         return df.with_row_index(LOC, offset=2), Source(path, "line")  # line 1 is the header
     if suffix == ".parquet":
+        check_read_fits([path], str(path))
         try:
             df = pl.read_parquet(path)
         except (pl.exceptions.PolarsError, OSError) as err:
