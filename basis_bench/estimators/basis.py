@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, as_rewards, check_rewards
+from basis_bench.estimators._array import Array, RewardRange, as_step_rewards, check_rewards
 from basis_bench.estimators.calibrate import estimate_with
 from basis_bench.estimators.options import (
     DEFAULT_PRIOR,
@@ -93,7 +93,7 @@ class Basis:
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> StepOutput:
         """Baselines for one batch: rewards (B,), one per prompt in ``prompt_ids``."""
-        rewards = as_rewards(rewards)
+        rewards = as_step_rewards(rewards, prompt_axis=-1)
         if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
             raise InputError(
                 f"rewards must be ({len(prompt_ids)},), one per prompt id; got {tuple(rewards.shape)}"

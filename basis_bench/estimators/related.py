@@ -32,6 +32,7 @@ from basis_bench.errors import InputError
 from basis_bench.estimators._array import (
     Array,
     RewardRange,
+    as_step_rewards,
     asarray_like,
     check_rewards,
     to_numpy,
@@ -344,6 +345,7 @@ class SpoTracker:
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> Array:
         """Baselines (B,) for one batch, then the update; keeps the rewards' array type."""
+        rewards = as_step_rewards(rewards, prompt_axis=-1)
         if rewards.ndim != 1 or rewards.shape[0] != len(prompt_ids):
             raise InputError(
                 f"rewards must be ({len(prompt_ids)},), one per prompt id; got {tuple(rewards.shape)}"

@@ -29,7 +29,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, asarray_like, to_numpy
+from basis_bench.estimators._array import (
+    Array,
+    RewardRange,
+    as_step_rewards,
+    asarray_like,
+    to_numpy,
+)
 from basis_bench.estimators.basis import calibrated_index
 from basis_bench.estimators.calibrate import take_beta
 from basis_bench.estimators.options import DEFAULT_PRIOR, BasisOptions
@@ -202,6 +208,7 @@ class StepEstimator:
         return self.table.columns(list(prompt_ids))
 
     def __call__(self, prompt_ids: Sequence[str], rewards: Array) -> StepOutput:
+        rewards = as_step_rewards(rewards)
         if self.lead:
             raise InputError(
                 f"this step estimator runs {self.lead} parallel streams; use step_columns"
@@ -215,6 +222,7 @@ class StepEstimator:
 
     def step_columns(self, cols: np.ndarray, rewards: Array) -> StepOutput:
         """One step of every stream: cols (*lead, B) columns, rewards (*lead, B, G)."""
+        rewards = as_step_rewards(rewards)
         cols = np.asarray(cols, dtype=np.int64)
         if tuple(rewards.shape[:-1]) != cols.shape or cols.shape[:-1] != self.lead:
             raise InputError(
