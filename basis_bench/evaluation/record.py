@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 
 RUN_FILE = "run.json"
@@ -37,7 +38,7 @@ def _to_json(record: Any) -> str:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise InputError(f"{path} is not a readable run record ({err}); rerun the command") from err
     if not isinstance(data, dict):

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.rollouts.rewards import last_boxed
 from basis_bench.rollouts.store import conform_prompts
@@ -95,7 +96,7 @@ def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = bounded_json.loads(line)
             except json.JSONDecodeError as err:
                 raise InputError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
             if not isinstance(row, dict):
@@ -124,7 +125,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
         df = _frame(_jsonl_rows(path), path)
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = bounded_json.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as err:
             raise InputError(
                 f"{path}: not UTF-8 text (byte offset {err.start}); save the file as UTF-8"

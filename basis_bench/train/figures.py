@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, holds_output_locks
 from basis_bench.settings import check_scalar
@@ -48,7 +49,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
     if not path.is_file():
         raise InputError(f"{run_dir}: no config.json; is this a training run directory?")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = bounded_json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{path}: not a JSON configuration ({err})") from err
     if not isinstance(config, dict):

@@ -1,0 +1,122 @@
+"""Files and values that once gave a traceback or a silently wrong answer (issue 35,
+classes 8 and 9): each command reads them through the one shared reader or check, and each
+case here is one line naming the file, or an accepted value."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import test_failures
+from conftest import assert_one_line_error, run_main
+from test_failures import snapshot
+
+from basis_bench.errors import InputError
+
+real_dataset = test_failures.real_dataset  # the fixtures, shared
+sim_dataset = test_failures.sim_dataset
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads: RecursionError
+
+
+# --------------------------------------------------------------------------- nested JSON
+
+
+def _train_run(root: Path, config: str, log: str) -> Path:
+    run = root / "run"
+    run.mkdir()
+    (run / "config.json").write_text(config)
+    (run / "log.jsonl").write_text(log)
+    return run
+
+
+@pytest.mark.parametrize("where", ["config.json", "log.jsonl"])
+def test_a_deeply_nested_training_run_file_is_one_line(monkeypatch, capsys, tmp_path, where):
+    config = {"estimator": "grpo", "group_size": 4, "loss": "grpo"}
+    config_text = json.dumps({**config, "x": 1})
+    log = '{"step": 1, "mean_reward": 0.5}\n'
+    if where == "config.json":
+        config_text = config_text[:-1] + f', "deep": {DEEP}}}'
+    else:
+        log += '{"step": 2, "deep": ' + DEEP + "}\n"
+    run = _train_run(tmp_path, config_text, log)
+    out = tmp_path / "figs"
+    result = run_main(monkeypatch, capsys, "train-figures", str(run), "--out", str(out))
+    assert_one_line_error(result, where, "nested")
+    assert not out.exists()
+
+
+def test_a_deeply_nested_run_json_and_marker_are_one_line(monkeypatch, capsys, tmp_path):
+    results = tmp_path / "res"
+    results.mkdir()
+    (results / "run.json").write_text(DEEP)
+    (results / "summary.csv").write_text("estimator,mse\nx,1\n")
+    args = ["figures", "--results", str(results), "--out", str(tmp_path / "f")]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "run.json", "nested")
+    marked = tmp_path / "marked"
+    marked.mkdir()
+    (marked / ".basis-bench-output.json").write_text(DEEP)
+    args = ["simulate", "--out", str(marked), "--prompts", "4"]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "marker", "nested")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "name", "text"),
+    [
+        ("acc-history", "h.json", '{"a": [0.5], "b": ' + DEEP + "}"),
+        ("eval-jsonl", "e.jsonl", '{"idx": 1, "score": [1]}\n{"idx": 2, "score": ' + DEEP + "}\n"),
+        ("long", "l.jsonl", '{"prompt_id": "a", "sample_idx": 0, "reward": ' + DEEP + "}\n"),
+    ],
+)
+def test_a_deeply_nested_import_source_is_one_line(
+    monkeypatch, capsys, real_dataset, tmp_path, fmt, name, text
+):
+    source = tmp_path / name
+    source.write_text(text)
+    before = snapshot(real_dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    result = run_main(
+        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
+        "--out", str(real_dataset), *extra,
+    )  # fmt: skip
+    assert result.code == 2 and name in result.message and "nested" in result.message
+    assert snapshot(real_dataset) == before
+
+
+@pytest.mark.parametrize("name", ["p.jsonl", "p.json"])
+def test_a_deeply_nested_prompt_file_is_refused(tmp_path, name):
+    from basis_bench.rollouts.prompts import read_records
+
+    path = tmp_path / name
+    row = '{"problem": "1+1", "answer": "2", "x": ' + DEEP + "}"
+    path.write_text(row + "\n" if name.endswith("l") else f"[{row}]")
+    with pytest.raises(InputError, match="nested"):
+        read_records(path)
+
+
+def test_parquet_metadata_that_is_not_a_json_record_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from basis_bench.outputs import METADATA_KEY, read_metadata
+
+    for raw in (DEEP, "not json", "[1, 2]"):
+        table = pa.table({"x": [1]}).replace_schema_metadata({METADATA_KEY: raw})
+        pq.write_table(table, tmp_path / "m.parquet")
+        with pytest.raises(InputError, match=r"m\.parquet"):
+            read_metadata(tmp_path / "m.parquet")
+
+
+def test_the_bound_is_on_nesting_not_on_brackets_inside_strings():
+    from basis_bench import bounded_json
+
+    text = json.dumps({"a": ["[" * 500, "\\[" * 10, {"b": [[1]]}], "c": '"{{{'})
+    assert bounded_json.nesting(text) == 5
+    assert bounded_json.loads(text)["c"] == '"{{{'
+    assert bounded_json.nesting("[" * 65 + "]" * 65) == 65
+    with pytest.raises(json.JSONDecodeError, match="nested 65 levels"):
+        bounded_json.loads("[" * 65 + "]" * 65)
+    deepest = bounded_json.loads(b"[" * 64 + b"]" * 64)
+    for _ in range(63):
+        (deepest,) = deepest
+    assert deepest == []
