@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 import test_failures
 from conftest import assert_one_line_error, run_main
@@ -120,3 +121,44 @@ def test_the_bound_is_on_nesting_not_on_brackets_inside_strings():
     for _ in range(63):
         (deepest,) = deepest
     assert deepest == []
+
+
+# --------------------------------------------------------------------------- text to the terminal
+
+
+def _dataset_with_policy(out: Path, policy: str) -> Path:
+    from basis_bench.outputs import write_parquet_atomic
+
+    meta = {"kind": "oracle", "simulated": False}
+    ids = ["a", "b", "c"]
+    prompts = pl.DataFrame({"prompt_id": ids, "problem": ["1+1", "2+2", "3+3"], "answer": ids})
+    write_parquet_atomic(prompts, out / "prompts.parquet", meta)
+    for name, folder in (("reference", "reference"), (policy, "ck")):
+        rows = pl.DataFrame(
+            {
+                "prompt_id": [p for p in ids for _ in range(8)],
+                "policy": [name] * 24,
+                "sample_idx": list(range(8)) * 3,
+                "reward": [1.0, 0, 1, 0, 1, 0, 1, 1] * 3,
+            },
+            schema_overrides={"sample_idx": pl.Int32},
+        )
+        write_parquet_atomic(rows, out / "rollouts" / folder / "part-000000.parquet", meta)
+    return out
+
+
+HOSTILE_NAME = "[/bold]\x1b[31mred"  # MarkupError; an escape sequence that recolours
+
+
+def test_a_policy_name_with_markup_and_escapes_prints_as_its_characters(
+    monkeypatch, capsys, tmp_path
+):
+    data = _dataset_with_policy(tmp_path / "d", HOSTILE_NAME)
+    small = ["--oracle-n", "2", "--group-size", "2", "--ref-n", "4", "--batch-size", "2"]
+    args = ["evaluate", "--rollouts", str(data), "--out", str(tmp_path / "r"), *small]
+    result = run_main(monkeypatch, capsys, *args, "--repeats", "2", "--estimators", "grpo,basis")
+    assert result.code == 0, result.message
+    assert "\x1b" not in result.out and "[/bold]\\x1b[31mred" in result.out
+    bad = run_main(monkeypatch, capsys, *args, "--checkpoint", "[/bold]x\x1b[2J")
+    assert_one_line_error(bad, "[/bold]x")
+    assert "\x1b" not in bad.message

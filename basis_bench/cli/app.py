@@ -9,6 +9,7 @@ import sys
 import typer
 from rich.console import Console
 
+from basis_bench.cli.terminal import shown
 from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
 
 app = typer.Typer(
@@ -72,12 +73,12 @@ def main() -> None:
     try:
         app()
     except InputError as err:
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        console.print(f"[bold red]error:[/] {shown(err)}", highlight=False)
         sys.exit(2)
     except OSError as err:
         if err.errno not in WRITE_ERRNOS:
             raise
-        where = f" ({err.filename})" if err.filename else ""
+        where = f" ({shown(err.filename)})" if err.filename else ""
         console.print(
             f"[bold red]error:[/] {WRITE_ERRNOS[err.errno]}{where}; {after_failure(sys.argv)}",
             highlight=False,

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
+from basis_bench.cli.terminal import shown
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -83,14 +84,15 @@ def train(
         settings = make_config(read_config_file(config), overrides)
     console = Console(stderr=True)
     console.print(
-        f"training {settings.model} with {settings.estimator} + {settings.loss}, "
-        f"{settings.rollouts_per_step} rollouts/step, {settings.steps} steps -> {settings.run_dir}",
+        f"training {shown(settings.model)} with {settings.estimator} + {settings.loss}, "
+        f"{settings.rollouts_per_step} rollouts/step, {settings.steps} steps -> "
+        f"{shown(settings.run_dir)}",
         highlight=False,
     )
     run_dir = run_training(
         settings, resume, on_record=lambda r: console.print(_describe(r)), force=force
     )
-    console.print(f"done: {run_dir}")
+    console.print(f"done: {shown(run_dir)}")
 
 
 @app.command("train-figures")
