@@ -83,6 +83,7 @@ class RunRecord:
     trajectory: Mapping[str, Any] | None = None
     run_id: str | None = None
     tables: Mapping[str, str] | None = None
+    dataset_sha256: str | None = None  # fingerprint.dataset_sha256; None before it existed
 
     def to_json(self) -> str:
         return _to_json(self)
@@ -102,6 +103,7 @@ class SensitivityRecord:
     dataset_label: str
     config: Mapping[str, Any]
     tables: Mapping[str, str]
+    dataset_sha256: str | None = None
 
     def to_json(self) -> str:
         return _to_json(self)
@@ -180,6 +182,13 @@ def sensitivity_mismatch(results: Path, run: RunRecord) -> str | None:
         return None  # written before sensitivity kept a record
     record = SensitivityRecord.read(path)
     check_tables(results, record, ["sensitivity.csv"], SENSITIVITY_FILE)
+    fingerprints = (record.dataset_sha256, run.dataset_sha256)
+    if all(fingerprints) and fingerprints[0] != fingerprints[1]:
+        return (
+            f"sensitivity.csv and the other tables were computed on different contents of "
+            f"{record.rollouts} (changed between the runs); rerun `basis-bench sensitivity "
+            f"--out {results}`"
+        )
     if record.rollouts != run.rollouts:
         return (
             f"sensitivity.csv was computed on {record.rollouts}, the other tables on "
