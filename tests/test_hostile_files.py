@@ -162,3 +162,24 @@ def test_a_policy_name_with_markup_and_escapes_prints_as_its_characters(
     bad = run_main(monkeypatch, capsys, *args, "--checkpoint", "[/bold]x\x1b[2J")
     assert_one_line_error(bad, "[/bold]x")
     assert "\x1b" not in bad.message
+
+
+# --------------------------------------------------------------------------- values
+
+
+fake_ckpt = test_failures.fake_ckpt
+
+
+@pytest.mark.parametrize("value", ["1e-320", "1e-9"])
+def test_a_temperature_too_small_to_scale_logits_is_refused(
+    monkeypatch, capsys, fake_ckpt, tmp_path, value
+):
+    """--temperature 1e-320 overflowed the scaled logits to inf: an IndexError mid-run."""
+    from basis_bench.train import make_config
+
+    out = tmp_path / "out"
+    args = test_failures.oracle_args(fake_ckpt, out, "--temperature", value, "--n", "1")
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "temperature", "at least")
+    assert not out.exists()
+    with pytest.raises(InputError, match="temperature"):
+        make_config({"temperature": float(value)})

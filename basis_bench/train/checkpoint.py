@@ -192,7 +192,7 @@ def _malformed(state: Mapping[str, Any]) -> str | None:
         "step": count(state["step"], 1),
         "config": isinstance(state["config"], Mapping)
         and all(isinstance(k, str) for k in state["config"]),
-        "optimizer": isinstance(state.get("optimizer"), Mapping),
+        "optimizer": isinstance(state.get("optimizer", {}), Mapping),
         "rng": isinstance(rng, Mapping)
         and isinstance(rng.get("torch"), torch.Tensor)
         and rng["torch"].dtype == torch.uint8
