@@ -183,3 +183,37 @@ def test_a_temperature_too_small_to_scale_logits_is_refused(
     assert not out.exists()
     with pytest.raises(InputError, match="temperature"):
         make_config({"temperature": float(value)})
+
+
+# --------------------------------------------------------------------------- results tables
+
+
+def test_figures_check_trajectory_csv_like_every_other_table(
+    monkeypatch, capsys, sim_dataset, tmp_path
+):
+    """A hand-edited trajectory.csv was drawn although run.json holds its sha256; one
+    without its scope column was a polars ColumnNotFoundError."""
+    import hashlib
+
+    res, figs = tmp_path / "res", tmp_path / "figs"
+    args = [
+        "evaluate",
+        "--rollouts",
+        str(sim_dataset),
+        *test_failures.EVAL_GROUP,
+        "--out",
+        str(res),
+    ]
+    assert run_main(monkeypatch, capsys, *args, "--estimators", "grpo,spo_tracker").code == 0
+    table = res / "trajectory.csv"
+    original = table.read_bytes()
+    table.write_bytes(original.replace(b"epoch", b"epoch ", 1))
+    figures = ["figures", "--results", str(res), "--out", str(figs)]
+    assert_one_line_error(run_main(monkeypatch, capsys, *figures), "trajectory.csv", "changed")
+    without_scope = pl.read_csv(original).drop("scope")
+    without_scope.write_csv(table)
+    record = json.loads((res / "run.json").read_text())
+    record["tables"]["trajectory.csv"] = hashlib.sha256(table.read_bytes()).hexdigest()
+    (res / "run.json").write_text(json.dumps(record))
+    assert_one_line_error(run_main(monkeypatch, capsys, *figures), "trajectory.csv", "scope")
+    assert not figs.exists()

@@ -67,7 +67,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "beta_choice.csv": ("checkpoint", "beta_index", "beta", "count", "share"),
     "fixed_beta.csv": ("checkpoint", "beta", "initial_mse", "refined_mse"),
     "sensitivity.csv": ("checkpoint", "parameter", "value", *SUMMARY_COLUMNS[1:]),
-}
+    "trajectory.csv": ("scope", "step", *SUMMARY_COLUMNS[:3], "mse_noise_corrected", "ci_low",
+                       "ci_high"),
+}  # fmt: skip
 """The columns each figure reads from each table; a table without them is refused."""
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width

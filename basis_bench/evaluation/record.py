@@ -24,10 +24,10 @@ RUN_FILE = "run.json"
 SENSITIVITY_FILE = "sensitivity.json"
 EVALUATE_TABLES = (
     "summary.csv", "g_sweep.csv", "by_heterogeneity.csv", "by_difficulty.csv",
-    "beta_choice.csv", "fixed_beta.csv",
+    "beta_choice.csv", "fixed_beta.csv", "trajectory.csv",
 )  # fmt: skip
-"""The tables of ``evaluate`` whose checksums run.json records (besides trajectory.csv and
-estimates.parquet)."""
+"""The tables of ``evaluate`` that figures read, checked against the checksums run.json
+records (it records estimates.parquet's too)."""
 
 
 def _to_json(record: Any) -> str:
