@@ -471,3 +471,25 @@ def test_the_direct_step_classes_take_lists_and_refuse_an_empty_batch():
         E.SpoTracker(ids, cache)([], np.zeros(0))
     with pytest.raises(InputError, match="no prompts"):  # it gave NaN with two warnings
         E.Basis(ids, cache, refine=False)([], np.zeros(0))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in E.available().items() if e.uses_cache))
+def test_a_reference_cache_outside_the_reward_range_is_refused(name):
+    """A cache of rewards in [0, 2] with the default range [0, 1] gave baselines above 1."""
+    ids, cache, _ = _step_inputs(name)
+    with pytest.raises(InputError, match="ref_rewards fall outside the declared reward range"):
+        E.make_step_estimator(name, prompt_ids=ids, ref_rewards=2 * cache)
+    missing = cache.copy()
+    missing[0, 0] = np.nan  # a missing sample is not out of range
+    E.make_step_estimator(name, prompt_ids=ids, ref_rewards=missing)
+    if name != "spo_tracker":  # its Beta posterior needs [0, 1] whatever the range says
+        E.make_step_estimator(name, prompt_ids=ids, ref_rewards=2 * cache, reward_range=(0, 2))
+
+
+def test_basis_refuses_a_reference_cache_outside_its_reward_range():
+    ids, cache = ["a", "b"], np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    with pytest.raises(InputError, match="outside the declared reward range"):
+        E.Basis(ids, 3 * cache)
+    with pytest.raises(InputError, match="infinite"):
+        E.Basis(ids, np.where(cache > 0, np.inf, 0.0), reward_range=None)
+    assert E.Basis(ids, 3 * cache, reward_range=None).table.values.max() > 1

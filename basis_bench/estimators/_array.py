@@ -86,6 +86,21 @@ def as_step_rewards(rewards: Any, prompt_axis: int = -2) -> Array:
     return rewards
 
 
+def check_reference(ref: np.ndarray, reward_range: RewardRange) -> None:
+    """A reference cache (P, n), NaN = missing sample, must hold rewards inside the declared
+    range: a cache outside it gave tilted values, hence baselines, outside it."""
+    seen = ref[~np.isnan(ref)]
+    if np.isinf(seen).any():
+        raise InputError("ref_rewards contain infinite values; mark a missing sample with NaN")
+    if reward_range is not None and seen.size:
+        lo, hi = reward_range
+        if seen.min() < lo or seen.max() > hi:
+            raise InputError(
+                f"ref_rewards fall outside the declared reward range [{lo}, {hi}] (min "
+                f"{seen.min()}, max {seen.max()}); pass reward_range=None or the right range"
+            )
+
+
 def check_same_shape(a: Array, b: Array, names: str) -> None:
     """Two arrays that pair element by element must have the same shape."""
     if tuple(a.shape) != tuple(b.shape):

@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, as_step_rewards, check_rewards
+from basis_bench.estimators._array import (
+    Array,
+    RewardRange,
+    as_step_rewards,
+    check_reference,
+    check_rewards,
+    to_numpy,
+)
 from basis_bench.estimators.calibrate import estimate_with
 from basis_bench.estimators.options import (
     DEFAULT_PRIOR,
@@ -64,6 +71,7 @@ class Basis:
         self.options = options_from_mapping(BasisOptions, values, "Basis", opts)
         if self.options.calibration == "fixed":
             betas = [self.options.fixed_beta]  # type: ignore[list-item]
+        check_reference(to_numpy(ref_rewards, dtype=np.float64), reward_range)
         self.table = TiltTable.from_cache(ref_rewards, betas, prior, prompt_ids)
         self.reward_range = reward_range
         inf = self.table.inf_index

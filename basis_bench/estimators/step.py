@@ -34,6 +34,7 @@ from basis_bench.estimators._array import (
     RewardRange,
     as_step_rewards,
     asarray_like,
+    check_reference,
     to_numpy,
 )
 from basis_bench.estimators.basis import calibrated_index
@@ -286,6 +287,7 @@ def make_step_estimator(
     if isinstance(opts, BasisOptions) and opts.calibration == "fixed":
         betas = [opts.fixed_beta]  # type: ignore[list-item]
     ref = to_numpy(ref_rewards, dtype=np.float64)
+    check_reference(ref, reward_range)
     table = TiltTable.from_cache(ref, betas, prior, prompt_ids, features)
     kernel = make_kernel(est, opts, table, ref, reward_range)
     return StepEstimator(est, opts, kernel, table, reward_range, lead)
