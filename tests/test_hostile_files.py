@@ -217,3 +217,48 @@ def test_figures_check_trajectory_csv_like_every_other_table(
     (res / "run.json").write_text(json.dumps(record))
     assert_one_line_error(run_main(monkeypatch, capsys, *figures), "trajectory.csv", "scope")
     assert not figs.exists()
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [[{"role": "user", "content": None}], [{"role": "user", "content": 5}], "x\ud800y"],
+    ids=["content-None", "content-int", "lone-surrogate"],
+)
+def test_a_trainer_prompt_that_is_not_text_is_one_input_error(prompt):
+    """content None was a TypeError; a lone surrogate a UnicodeEncodeError."""
+    from basis_bench.integrations.keys import prompt_key
+
+    with pytest.raises(InputError, match=r"content must be text|lone surrogate"):
+        prompt_key(prompt)
+
+
+def test_a_prompt_format_reaching_into_a_field_is_one_input_error(real_dataset):
+    """{problem.foo} raised AttributeError from str.format."""
+    from basis_bench.integrations.keys import keyed_reference_cache
+
+    for fmt in ("{problem.foo}", "{problem[9999]}", "{answer:>{x}}"):
+        with pytest.raises(InputError, match="prompt_format"):
+            keyed_reference_cache(real_dataset, reference="ck", prompt_format=fmt)
+
+
+def test_a_prompt_with_an_empty_problem_is_refused(tmp_path):
+    """It was sampled on the instruction alone, without a word."""
+    from basis_bench.rollouts.prompts import load_prompt_source
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"problem": "2+2", "answer": "4"}\n{"problem": "  ", "answer": "1"}\n')
+    with pytest.raises(InputError, match=r"1 prompt\(s\) with an empty problem"):
+        load_prompt_source(str(path))
+
+
+def test_an_instruction_that_is_not_utf8_is_refused_before_the_model(
+    monkeypatch, capsys, fake_ckpt, tmp_path
+):
+    """A non-UTF-8 byte in argv arrives as a lone surrogate; it failed inside the model."""
+    out = tmp_path / "out"
+    args = test_failures.oracle_args(fake_ckpt, out, "--instruction", "x\udcff")
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), "instruction", "not UTF-8")
+    assert not out.exists()

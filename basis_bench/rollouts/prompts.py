@@ -70,6 +70,12 @@ def _finish(df: pl.DataFrame, what: str) -> pl.DataFrame:
     """Attach prompt ids, drop repeated problems, validate against the prompts schema."""
     if df.height == 0:
         raise InputError(f"{what}: no prompts")
+    blank = df.filter(pl.col("problem").is_null() | (pl.col("problem").str.strip_chars() == ""))
+    if blank.height:  # it was sampled on the instruction alone, without a word
+        raise InputError(
+            f"{what}: {blank.height} prompt(s) with an empty problem (the first with answer "
+            f"{blank['answer'][0]!r}); remove them from the source"
+        )
     df = df.unique(subset="problem", keep="first", maintain_order=True)
     df = df.with_columns(
         pl.col("problem").map_elements(prompt_id, return_dtype=pl.String).alias("prompt_id")
@@ -431,6 +437,16 @@ class PromptTemplate:
 
     instruction: str = DEFAULT_INSTRUCTION
     system: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, text in (("instruction", self.instruction), ("system prompt", self.system)):
+            try:
+                (text or "").encode("utf-8")
+            except UnicodeEncodeError as err:  # a non-UTF-8 byte of argv (surrogateescape)
+                raise InputError(
+                    f"the {name} holds a byte that is not UTF-8 text ({text!r:.60}); "
+                    "write it in UTF-8"
+                ) from err
 
     def user_message(self, problem: str) -> str:
         return f"{problem}\n\n{self.instruction}" if self.instruction else problem
