@@ -262,3 +262,34 @@ def test_an_instruction_that_is_not_utf8_is_refused_before_the_model(
     args = test_failures.oracle_args(fake_ckpt, out, "--instruction", "x\udcff")
     assert_one_line_error(run_main(monkeypatch, capsys, *args), "instruction", "not UTF-8")
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- Parquet parts
+
+SMALL_EVAL = ["--oracle-n", "2", "--group-size", "2", "--ref-n", "4", "--batch-size", "2"]
+
+
+def test_a_corrupt_page_inside_a_part_is_one_line(monkeypatch, capsys, tmp_path):
+    """The footer reads, a page does not: a polars ComputeError (or arrow OSError)."""
+    import pyarrow.parquet as pq
+
+    data = _dataset_with_policy(tmp_path / "d", "late")
+    part = data / "rollouts" / "ck" / "part-000000.parquet"
+    raw = bytearray(part.read_bytes())
+    start = pq.ParquetFile(part).metadata.row_group(0).column(3).data_page_offset
+    raw[start : start + 4] = bytes(b ^ 0x5A for b in raw[start : start + 4])
+    part.write_bytes(bytes(raw))
+    args = ["evaluate", "--rollouts", str(data), "--out", str(tmp_path / "r"), *SMALL_EVAL]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), str(part), "not a readable")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_list_typed_reward_column_is_one_line(monkeypatch, capsys, tmp_path):
+    from basis_bench.outputs import write_parquet_atomic
+
+    data = _dataset_with_policy(tmp_path / "d", "late")
+    part = data / "rollouts" / "ck" / "part-000000.parquet"
+    rows = pl.read_parquet(part).with_columns(pl.concat_list("reward").alias("reward"))
+    write_parquet_atomic(rows, part, {"kind": "oracle", "simulated": False})
+    args = ["evaluate", "--rollouts", str(data), "--out", str(tmp_path / "r"), *SMALL_EVAL]
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), str(part), "'reward' holds List")

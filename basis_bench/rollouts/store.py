@@ -51,6 +51,10 @@ def _conform(
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise InputError(f"{what}: missing column(s) {missing}; required are {list(required)}")
+    nested = [c for c in {**required, **optional} if c in df.columns and df.schema[c].is_nested()]
+    if nested:  # a list-typed reward column was a polars cast error, a traceback
+        name, wanted = nested[0], {**required, **optional}[nested[0]]
+        raise InputError(f"{what}: column {name!r} holds {df.schema[name]}, not one {wanted} a row")
     casts = []
     for name, dtype in {**required, **optional}.items():
         kept = categorical and dtype == pl.String and df.schema.get(name) == pl.Categorical
@@ -253,11 +257,25 @@ def _rollout_file_columns(path: Path) -> list[str]:
     return names
 
 
+def _collect(lf: pl.LazyFrame, path: Path) -> pl.DataFrame:
+    """``lf.collect()`` of one rollouts file; a corrupt page (polars' ComputeError, arrow's
+    OSError without an errno) is an InputError naming the file, a disk error stays one."""
+    try:
+        return lf.collect()
+    except (OSError, pl.exceptions.ComputeError) as err:
+        if isinstance(err, OSError) and err.errno:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"{path} is not a readable Parquet file ({first}); restore or remove it"
+        ) from err
+
+
 def file_policies(path: str | os.PathLike[str]) -> list[str]:
     """The distinct policies of one rollouts file, reading only its policy column."""
     path = Path(path)
     _rollout_file_columns(path)
-    col = pl.scan_parquet(path).select(pl.col("policy").cast(pl.String)).unique().collect()
+    col = _collect(pl.scan_parquet(path).select(pl.col("policy").cast(pl.String)).unique(), path)
     return [p for p in col["policy"].to_list() if p is not None]
 
 
@@ -299,7 +317,7 @@ def _load_rollouts(
         if wanted is not None:  # rows without a policy reach validation, which refuses them
             policy = pl.col("policy").cast(pl.String)
             lf = lf.filter(policy.is_in(wanted) | policy.is_null())
-        frames.append(_conform(lf.collect(), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
+        frames.append(_conform(_collect(lf, f), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
     out = pl.concat(frames, how="diagonal_relaxed")
     return conform_rollouts(out, what=str(root)).sort(["policy", "prompt_id", "sample_idx"])
 
