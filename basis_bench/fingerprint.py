@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from basis_bench import outputs
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 NOT_WEIGHTS = ("trainer_state.pt",)  # a training checkpoint's optimizer and RNG state
 _MEMORY: dict[str, str] = {}
@@ -69,11 +71,7 @@ def files_sha256(paths: Iterable[Path]) -> list[str]:
     new: dict[str, str] = {}
     for path, key in zip(paths, keys, strict=True):
         if key not in _MEMORY:
-            digest = hashlib.sha256()
-            with open(path, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    digest.update(block)
-            new[key] = _MEMORY[key] = digest.hexdigest()
+            new[key] = _MEMORY[key] = outputs.file_sha256(path)
     if new:
         _save_cache(new)
     return [_MEMORY[k] for k in keys]

@@ -293,3 +293,16 @@ def test_a_list_typed_reward_column_is_one_line(monkeypatch, capsys, tmp_path):
     write_parquet_atomic(rows, part, {"kind": "oracle", "simulated": False})
     args = ["evaluate", "--rollouts", str(data), "--out", str(tmp_path / "r"), *SMALL_EVAL]
     assert_one_line_error(run_main(monkeypatch, capsys, *args), str(part), "'reward' holds List")
+
+
+def test_a_gguf_cut_short_in_its_metadata_is_one_line(monkeypatch, capsys, tmp_path):
+    """GGUF magic, version 3, one metadata pair whose key is cut short: struct.error."""
+    import struct
+
+    gguf = tmp_path / "m.gguf"
+    header = b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 20)
+    gguf.write_bytes(header + b"general.arch")
+    out = tmp_path / "out"
+    result = run_main(monkeypatch, capsys, *test_failures.oracle_args(gguf, out))
+    assert_one_line_error(result, "m.gguf", "cannot load", "corrupt")
+    assert not out.exists()
