@@ -306,3 +306,16 @@ def test_a_gguf_cut_short_in_its_metadata_is_one_line(monkeypatch, capsys, tmp_p
     result = run_main(monkeypatch, capsys, *test_failures.oracle_args(gguf, out))
     assert_one_line_error(result, "m.gguf", "cannot load", "corrupt")
     assert not out.exists()
+
+
+def test_a_checkpoint_name_holding_mathtext_is_drawn_as_its_characters(
+    monkeypatch, capsys, tmp_path
+):
+    """A policy named $\\frac{a$ reached matplotlib's mathtext: ValueError on savefig."""
+    data = _dataset_with_policy(tmp_path / "d", "$\\frac{a$")
+    res, figs = tmp_path / "r", tmp_path / "f"
+    args = ["evaluate", "--rollouts", str(data), "--out", str(res), *SMALL_EVAL]
+    assert run_main(monkeypatch, capsys, *args, "--estimators", "grpo,basis").code == 0
+    result = run_main(monkeypatch, capsys, "figures", "--results", str(res), "--out", str(figs))
+    assert result.code == 0, result.message
+    assert (figs / "fig_trajectory.png").is_file()

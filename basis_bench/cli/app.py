@@ -9,8 +9,8 @@ import sys
 import typer
 from rich.console import Console
 
-from basis_bench.cli.terminal import shown
 from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
+from basis_bench.quoting import shown
 
 app = typer.Typer(
     name="basis-bench",

@@ -35,8 +35,8 @@ from basis_bench.cli.options import (
     estimator_options,
     split_names,
 )
-from basis_bench.cli.terminal import shown
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
+from basis_bench.quoting import shown
 from basis_bench.rollouts.simulation import SimulationConfig, parse_stages
 from basis_bench.settings import cli_option
 

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
-from basis_bench.cli.terminal import shown
+from basis_bench.quoting import shown
 from basis_bench.rollouts.importers import ImportOptions
 from basis_bench.settings import cli_option, setting_default
 

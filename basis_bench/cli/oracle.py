@@ -19,7 +19,7 @@ from rich.progress import Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from basis_bench.cli.app import app
-from basis_bench.cli.terminal import shown
+from basis_bench.quoting import shown
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.settings import cli_option, setting_default
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from basis_bench.cli.app import app
-from basis_bench.cli.terminal import shown
+from basis_bench.quoting import shown
 
 
 def _describe(record: dict[str, Any]) -> str:

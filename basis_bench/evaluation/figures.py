@@ -50,6 +50,7 @@ from basis_bench.outputs import (
     holds_output_locks,
     read_output_marker,
 )
+from basis_bench.quoting import plain_math
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -81,7 +82,7 @@ VARIANTS = BASIS_VARIANTS
 def label(estimator: str, rollouts: int | None = None) -> str:
     """Display name (declared at registration), with G for group estimators: ``GRPO (G=8)``."""
     registered = available().get(estimator)
-    name = registered.label if registered is not None else estimator
+    name = registered.label if registered is not None else plain_math(estimator)
     return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
 
 
@@ -230,7 +231,7 @@ def fig2_fixed_beta(results: Path) -> Figure:
                 )
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"checkpoint: {name}")
+        ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("fixed $\\beta$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=4)
@@ -258,11 +259,12 @@ def _grouped_bars(
         x = np.arange(len(keys)) + (i - (len(names) - 1) / 2) * width
         heights = [value(r) if r else np.nan for r in rows]
         if error is None:
-            ax.bar(x, heights, width=width, color=shades[i], label=name)
+            ax.bar(x, heights, width=width, color=shades[i], label=plain_math(name))
             continue
         err = np.array([error(r) if r else (np.nan, np.nan) for r in rows]).T
         ax.bar(
-            x, heights, width=width, yerr=err, capsize=1.5, color=shades[i], label=name,
+            x, heights, width=width, yerr=err, capsize=1.5, color=shades[i],
+            label=plain_math(name),
             error_kw={"lw": 0.8},
         )  # fmt: skip
     ax.set_xticks(np.arange(len(keys)), [label(e, g) for e, g in keys], rotation=25, ha="right")
@@ -316,7 +318,7 @@ def _by_bin(
             ha="right",
         )
         ax.set_yscale("log")
-        ax.set_title(f"checkpoint: {name}")
+        ax.set_title(f"checkpoint: {plain_math(name)}")
     axes[0].set_ylabel("MSE against oracle")
     axes[len(axes) // 2].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=9)
@@ -387,7 +389,7 @@ def fig3_group_sweep(results: Path) -> Figure:
         ax.set_xscale("log", base=2)
         ax.set_xticks(gs, [str(g) for g in gs])
         ax.set_yscale("log")
-        ax.set_title(f"checkpoint: {name}")
+        ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("rollouts per prompt $G$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=3)
@@ -484,7 +486,7 @@ def fig_beta_choice(results: Path) -> Figure:
     for i, name in enumerate(names):
         d = df.filter(pl.col("checkpoint") == name).sort("beta_index")
         x = d["beta_index"].to_numpy() + (i - (len(names) - 1) / 2) * width
-        ax.bar(x, 100 * d["share"].to_numpy(), width=width, color=shades[i], label=name)
+        ax.bar(x, 100 * d["share"].to_numpy(), width=width, color=shades[i], label=plain_math(name))
     idx = np.arange(len(betas))
     show = idx[:: max(1, len(betas) // 8)].tolist()
     if len(betas) - 1 not in show:
@@ -521,7 +523,7 @@ def fig_trajectory(results: Path) -> Figure:
         ax.axvline(step, color="0.5", ls=":", lw=0.8)
     for k, (name, step, moving) in enumerate(ends.rows()):
         text = f"{name} -> {names[k + 1]}" if moving and k + 1 < len(names) else name
-        ax.annotate(text, (step, 1.0), xycoords=("data", "axes fraction"), ha="right",
+        ax.annotate(plain_math(text), (step, 1.0), xycoords=("data", "axes fraction"), ha="right",
                     va="top", fontsize=7, color="0.35")  # fmt: skip
     positive = df.filter(pl.col("mse_noise_corrected") > 0)
     if positive.height == df.height:

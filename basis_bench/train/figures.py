@@ -29,6 +29,7 @@ import polars as pl
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, holds_output_locks
+from basis_bench.quoting import plain_math
 from basis_bench.settings import check_scalar
 from basis_bench.train.loop import read_log
 
@@ -94,7 +95,7 @@ def run_label(config: dict[str, Any], with_loss: bool, label: Labeller = plain_l
     except InputError:
         group = 1
     text = label(config["estimator"], group)
-    return f"{text}, {config['loss'].upper()}" if with_loss else text
+    return f"{text}, {plain_math(config['loss'].upper())}" if with_loss else text
 
 
 @holds_output_locks
@@ -129,7 +130,7 @@ def plot_training(
     estimators = [c["estimator"] for _, c, _ in runs]
     unique = len(set(estimators)) == len(estimators)
     names = [
-        n if names.count(n) == 1 else f"{n} ({p.name})"
+        n if names.count(n) == 1 else f"{n} ({plain_math(p.name)})"
         for n, (p, _, _) in zip(names, runs, strict=True)
     ]
     palette = colours or {}

@@ -1,9 +1,10 @@
-"""Text from files and users, made safe to print through rich.
+"""Text from files and users, quoted for where it is shown.
 
 A policy name, a simulated dataset's label, a path or an error message quoting a file can
-hold rich markup (``[/bold]`` raised MarkupError, a traceback) or control characters (an
-escape sequence recoloured or rewrote the terminal). Every CLI print of such text goes
-through :func:`shown`.
+hold rich markup (``[/bold]`` raised MarkupError, a traceback), control characters (an
+escape sequence recoloured or rewrote the terminal) or matplotlib mathtext (a checkpoint
+named ``$\\frac{a$`` raised ValueError when a figure was saved). Every CLI print of such
+text goes through :func:`shown`, every figure label of it through :func:`plain_math`.
 """
 
 from __future__ import annotations
@@ -23,3 +24,8 @@ def shown(value: object) -> str:
     """``str(value)`` with control characters escaped (``\\x1b``) and rich markup quoted
     (``\\[/bold]``), so it prints as the characters it holds."""
     return escape(str(value).translate(_UNSAFE))
+
+
+def plain_math(value: object) -> str:
+    """``str(value)`` for a matplotlib label: ``$`` quoted, so it is never read as math."""
+    return str(value).replace("$", r"\$")
