@@ -134,3 +134,27 @@ def test_figures_skip_a_sensitivity_table_of_a_dataset_changed_in_place(
     assert run_main(monkeypatch, capsys, *sensitivity, "--out", str(res)).code == 0
     _, skipped = make_figures(res, tmp_path / "figs")
     assert "different contents" in skipped["fig5_sensitivity"]
+
+
+def test_resume_refuses_a_reference_whose_weights_changed_since(tiny_model, tmp_path):
+    """The run's reference (its cache, its KL term) would change in the middle of a run."""
+    import torch
+
+    from basis_bench.errors import InputError
+    from basis_bench.train import make_config
+    from basis_bench.train.checkpoint import TRAINER_STATE, reference_weights, resume_config
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
+    config = vars(make_config({"model": str(model)}))
+    torch.save(
+        {**state, "config": config, "reference_weights": reference_weights(str(model))},
+        ckpt / TRAINER_STATE,
+    )
+    assert resume_config(ckpt).model == str(model)
+    _new_weights(model)
+    with pytest.raises(InputError, match="holds other weights than when the run started"):
+        resume_config(ckpt)

@@ -110,7 +110,11 @@ def _fsync_tree(directory: Path) -> None:
 
 def save_run_checkpoint(run: Run, step: int) -> Path:
     """Step ``step``'s checkpoint of a run: policy, optimizer, RNG, estimator state, config."""
-    extra = {"config": config_dict(run.config), **estimator_state(run.estimator)}
+    extra = {
+        "config": config_dict(run.config),
+        "reference_weights": reference_weights(run.config.model),
+        **estimator_state(run.estimator),
+    }
     models = run.models
     return save_checkpoint(
         checkpoint_dir(run.run_dir, step),
@@ -120,6 +124,15 @@ def save_run_checkpoint(run: Run, step: int) -> Path:
         step,
         extra,
     )
+
+
+def reference_weights(model: str) -> str | None:
+    """The reference model's fingerprint (:mod:`basis_bench.fingerprint`), which a
+    checkpoint records: resume refuses a reference whose weights changed since."""
+    from basis_bench.fingerprint import weights_sha256
+    from basis_bench.rollouts.models import resolve_checkpoint
+
+    return weights_sha256(resolve_checkpoint(model).path)
 
 
 def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
@@ -201,6 +214,8 @@ def _malformed(state: Mapping[str, Any]) -> str | None:
         or count(state["basis_previous_index"], 0),
         "estimator_state": state.get("estimator_state") is None
         or isinstance(state["estimator_state"], Mapping),
+        "reference_weights": state.get("reference_weights") is None
+        or isinstance(state["reference_weights"], str),
     }
     wrong = [key for key, fine in checks.items() if not fine]
     if not wrong:
@@ -219,9 +234,18 @@ def resume_config(checkpoint: str | os.PathLike[str], overrides: Sequence[str] =
                 f"--resume continues the run in its own folder ({run_dir}); --set run_dir "
                 "cannot move it: copy the run folder and resume from the copy's checkpoint"
             )
-    values = dict(load_trainer_state(checkpoint)["config"])
+    state = load_trainer_state(checkpoint)
+    values = dict(state["config"])
     values["run_dir"] = str(run_dir)
-    return make_config(values, overrides)
+    config = make_config(values, overrides)
+    recorded = state.get("reference_weights")  # None in checkpoints written before it
+    if recorded and reference_weights(config.model) not in (recorded, None):
+        raise InputError(
+            f"--resume {checkpoint}: the reference model {config.model} holds other weights "
+            "than when the run started (its reference cache and KL term would change mid-run); "
+            "restore them, or start a new run"
+        )
+    return config
 
 
 def restore(run: Run, checkpoint: str | os.PathLike[str]) -> int:
