@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from basis_bench import outputs
+from basis_bench import bounded_json, outputs
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 NOT_WEIGHTS = ("trainer_state.pt",)  # a training checkpoint's optimizer and RNG state
@@ -38,7 +37,7 @@ def _key(path: Path) -> str:
 
 def _load_cache() -> dict[str, str]:
     try:
-        data = json.loads(_cache_file().read_text(encoding="utf-8"))
+        data = bounded_json.loads(_cache_file().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
@@ -48,11 +47,7 @@ def _save_cache(entries: dict[str, str]) -> None:
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=path.parent, prefix=".sha256.", suffix=".tmp", delete=False
-        ) as fh:
-            json.dump({**_load_cache(), **entries}, fh)
-        os.replace(fh.name, path)
+        outputs.write_text_atomic(path, json.dumps({**_load_cache(), **entries}))
     except OSError:
         pass  # a cache only: a read-only HOME hashes again next time
 
