@@ -34,7 +34,7 @@ from typing import Any, TypeVar, cast
 import polars as pl
 import pyarrow.parquet as pq
 
-from basis_bench import __version__
+from basis_bench import __version__, bounded_json
 from basis_bench.errors import InputError
 from basis_bench.folders import claimed, inside_claim, real_path, walk
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
@@ -131,7 +131,13 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``basis_bench`` key-value metadata of one Parquet file ({} if absent)."""
     kv = pq.read_schema(path).metadata or {}
     raw = kv.get(METADATA_KEY.encode())
-    return json.loads(raw) if raw else {}
+    try:
+        meta = bounded_json.loads(raw) if raw else {}
+    except ValueError as err:
+        raise InputError(f"{path}: its {METADATA_KEY} metadata is not JSON ({err})") from err
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: its {METADATA_KEY} metadata is not a JSON object")
+    return meta
 
 
 # --------------------------------------------------------------------------- output folders
@@ -171,7 +177,7 @@ def read_output_marker(
         return None
     fix = "delete it, or pass --force" if force_flag else "delete it"
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
+        data = bounded_json.loads(marker.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{marker} is not a valid marker ({err}); {fix}") from err
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
@@ -191,7 +197,7 @@ def _parquet_role(path: Path, root: Path) -> bool | None:
         return None
     raw = (schema.metadata or {}).get(METADATA_KEY.encode())
     try:
-        meta = json.loads(raw) if raw else {}
+        meta = bounded_json.loads(raw) if raw else {}
     except ValueError:
         return None
     return meta.get("simulated") is True

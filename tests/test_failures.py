@@ -870,6 +870,94 @@ def test_resume_refuses_truncated_garbage_and_partial_checkpoints(monkeypatch, c
         assert ".partial" not in result[1]
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"step": -3},
+        {"step": "abc"},
+        {"step": True},
+        {"step": 2.0},
+        {"config": "abc"},
+        {"config": {1: 2}},
+        {"optimizer": "abc"},
+        {"rng": {"torch": "abc"}},
+        {"rng": None},
+        {"basis_previous_index": -1},
+        {"estimator_state": [1, 2]},
+    ],
+    ids=lambda e: "-".join(f"{k}={v!r}" for k, v in e.items()),
+)
+def test_resume_checks_the_whole_trainer_state_before_writing(monkeypatch, capsys, tmp_path, edit):
+    """Issue 35: a state with step=-3 emptied log.jsonl, then raised; config="abc" or
+    step="abc" raised tracebacks. Every field is checked before a model loads or a file is
+    written."""
+    import torch
+
+    import basis_bench.train.setup as setup
+    from basis_bench.train import make_config
+    from basis_bench.train.checkpoint import TRAINER_STATE
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    log = tmp_path / "run" / "log.jsonl"
+    log.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n')
+    state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
+    torch.save({**state, "config": vars(make_config({})), **edit}, ckpt / TRAINER_STATE)
+    before = snapshot(tmp_path / "run")
+    result = run_main(monkeypatch, capsys, "train", "--resume", str(ckpt))
+    assert_one_line_error(result, TRAINER_STATE, f"{next(iter(edit))} = ")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_an_estimator_state_off_its_beta_grid_is_refused():
+    """A ``basis_previous_index`` past the grid was stored and indexed at the next step."""
+    from basis_bench.estimators import make_step_estimator
+    from basis_bench.train.checkpoint import load_estimator_state
+
+    ids, cache = ["a", "b"], np.array([[1.0, 0.0], [0.0, 1.0]])
+    step = make_step_estimator(
+        "basis", {"calibration": "previous"}, prompt_ids=ids, ref_rewards=cache
+    )
+    load_estimator_state(step, {"basis_previous_index": 3})
+    assert step.previous_index == 3
+    with pytest.raises(InputError, match="not an index of its beta grid"):
+        load_estimator_state(step, {"basis_previous_index": len(step.table.betas)})
+    grpo = make_step_estimator("grpo")
+    with pytest.raises(InputError, match="not an index of its beta grid"):
+        load_estimator_state(grpo, {"basis_previous_index": 0})
+
+
+@pytest.mark.parametrize("size", ["16k", "64k"])  # full in safetensors / in torch.save
+def test_a_disk_full_checkpoint_is_a_write_error_and_leaves_no_partial(tmp_path, size):
+    """Issue 35: a full disk while a checkpoint was saved raised torch's RuntimeError
+    ('unexpected pos') or a SafetensorError, a traceback, and left the .partial folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from basis_bench.train.checkpoint import save_checkpoint
+
+    class Tokenizer:
+        def save_pretrained(self, folder):
+            (Path(folder) / "tokenizer.json").write_text("{}")
+
+    config = LlamaConfig(
+        vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    disk = tmp_path / "disk"
+    with mounted_tmpfs(disk, f"size={size}") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a small tmpfs here")
+        blob = {"blob": torch.zeros(100_000)}  # too big for the 64k disk once the model fits
+        with pytest.raises(OSError) as err:
+            save_checkpoint(disk / "step-000001", model, Tokenizer(), optimizer, 1, blob)
+        assert err.value.errno == errno.ENOSPC  # the CLI's one line, exit 1
+        assert list(disk.iterdir()) == []
+
+
 def test_resume_cannot_move_the_run_elsewhere(monkeypatch, capsys, tmp_path):
     """Seen on a GPU: `--resume RUN/checkpoints/step-T --set run_dir=OTHER` loaded the model,
     then failed on OTHER's missing log. It is refused before anything loads."""

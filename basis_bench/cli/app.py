@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
+from basis_bench.quoting import shown
 
 app = typer.Typer(
     name="basis-bench",
@@ -131,12 +132,12 @@ def main() -> None:
         refuse_empty_paths(sys.argv[1:])
         app()
     except InputError as err:
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        console.print(f"[bold red]error:[/] {shown(err)}", highlight=False)
         sys.exit(2)
     except OSError as err:
         if err.errno not in WRITE_ERRNOS:
             raise
-        where = f" ({err.filename})" if err.filename else ""
+        where = f" ({shown(err.filename)})" if err.filename else ""
         console.print(
             f"[bold red]error:[/] {WRITE_ERRNOS[err.errno]}{where}; {after_failure(sys.argv)}",
             highlight=False,

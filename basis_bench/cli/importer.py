@@ -15,6 +15,7 @@ from rich.console import Console
 
 from basis_bench.cli.app import app
 from basis_bench.errors import InputError
+from basis_bench.quoting import shown
 from basis_bench.rollouts.importers import ImportOptions
 from basis_bench.rollouts.training_record import record_step
 from basis_bench.settings import cli_option, setting_default
@@ -181,7 +182,7 @@ def _print_summary(result: Imported, report: WriteReport, out: Path, seconds: fl
     )
     console.print(
         f"imported {rows.height:,} rollouts ({rows['prompt_id'].n_unique():,} prompts, mean reward "
-        f"{float(rows['reward'].to_numpy().mean()):.4f}) as {names} -> {out}"
+        f"{float(rows['reward'].to_numpy().mean()):.4f}) as {shown(names)} -> {shown(out)}"
         + (" (replaced)" if report.replaced else "")
         + (", prompts.parquet" if report.prompts_written else "")
         + f" in {seconds:.2f}s",

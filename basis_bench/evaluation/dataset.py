@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
@@ -114,16 +115,25 @@ def _batches(files: Sequence[Path], policies: Sequence[str]) -> Iterator[pl.Data
     """The four required columns of every file, ``BATCH_ROWS`` rows at a time, cast to the
     schema and restricted to ``policies``; rows the validator would refuse raise _Irregular."""
     for f in files:
-        handle = pq.ParquetFile(f)
-        if any(c not in handle.schema_arrow.names for c in ROLLOUT_COLUMNS):
+        try:
+            yield from _file_batches(f, policies)
+        except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as err:
+            if isinstance(err, OSError) and err.errno:  # the disk's, not the file's
+                raise
+            raise _Irregular from err  # a corrupt page, a list-typed column: the full reader names it
+
+
+def _file_batches(f: Path, policies: Sequence[str]) -> Iterator[pl.DataFrame]:
+    handle = pq.ParquetFile(f)
+    if any(c not in handle.schema_arrow.names for c in ROLLOUT_COLUMNS):
+        raise _Irregular
+    for batch in handle.iter_batches(BATCH_ROWS, columns=list(ROLLOUT_COLUMNS)):
+        df = pl.DataFrame(pl.from_arrow(batch)).with_columns(
+            pl.col(c).cast(t, strict=False) for c, t in ROLLOUT_COLUMNS.items()
+        )
+        if sum(df.null_count().row(0)) or not df["reward"].is_finite().all():
             raise _Irregular
-        for batch in handle.iter_batches(BATCH_ROWS, columns=list(ROLLOUT_COLUMNS)):
-            df = pl.DataFrame(pl.from_arrow(batch)).with_columns(
-                pl.col(c).cast(t, strict=False) for c, t in ROLLOUT_COLUMNS.items()
-            )
-            if sum(df.null_count().row(0)) or not df["reward"].is_finite().all():
-                raise _Irregular
-            yield df.filter(pl.col("policy").is_in(list(policies)))
+        yield df.filter(pl.col("policy").is_in(list(policies)))
 
 
 @dataclass

@@ -18,6 +18,7 @@ import importlib.util
 import os
 import pickle
 import shutil
+import struct
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,8 +106,11 @@ def _load_errors() -> tuple[type[BaseException], ...]:
     """What transformers raises for a corrupt checkpoint: OSError (a config.json that is
     not JSON, a missing file), ValueError (a .gguf without the GGUF magic), safetensors'
     error (a truncated or garbage model.safetensors), UnpicklingError (a pytorch_model.bin
-    holding more than weights, refused unrun by torch's weights-only loader)."""
-    errors: list[type[BaseException]] = [OSError, ValueError, pickle.UnpicklingError]
+    holding more than weights, refused unrun by torch's weights-only loader), struct.error
+    and EOFError (a GGUF cut short inside its header or metadata)."""
+    errors: list[type[BaseException]] = [
+        OSError, ValueError, pickle.UnpicklingError, struct.error, EOFError,
+    ]  # fmt: skip
     try:
         from safetensors import SafetensorError
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
-from basis_bench import __version__
+from basis_bench import __version__, fingerprint
 from basis_bench.errors import InputError
 from basis_bench.outputs import (
     claim_output_dir,
@@ -92,7 +92,9 @@ def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    differs = [k for k in (set(old) | set(new)) - {"model"} if old.get(k) != new.get(k)]
+    model = fingerprint.model_difference(old.get("model"), new.get("model"))
+    return sorted(differs + ([model] if model else []))
 
 
 def pending_chunks(
@@ -104,12 +106,10 @@ def pending_chunks(
     never silently mixed in or overwritten.
     """
     todo, done = [], []
-    for chunk in plan_chunks(prompts, job.chunk_size):
-        if not job.shard.owns(chunk.index):
-            continue
+    for chunk in plan_chunks(prompts, job.chunk_size):  # every shard's: one policy, one run
         path = part_path(job.out, job.policy, chunk.index)
         if not path.exists():
-            todo.append(chunk)
+            todo += [chunk] if job.shard.owns(chunk.index) else []
             continue
         try:
             meta = read_metadata(path)
@@ -123,7 +123,7 @@ def pending_chunks(
                 f"{path} was sampled with different settings ({', '.join(differs)}); "
                 "rerun with the original settings, or use another --out or --policy"
             )
-        done.append(chunk)
+        done += [chunk] if job.shard.owns(chunk.index) else []
     return todo, done
 
 
@@ -224,7 +224,11 @@ def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
         warn(str(w.message))
     return OracleSource(
         prompts,
-        {"name": checkpoint.name, "path": str(checkpoint.path)},
+        {
+            "name": checkpoint.name,
+            "path": str(checkpoint.path),
+            "weights": fingerprint.weights_sha256(checkpoint.path),
+        },
         JobSampler(job, checkpoint),
         hidden_states=None
         if sampler_class(job.backend, job.device).capabilities.hidden_states

@@ -55,6 +55,10 @@ def _conform(
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise InputError(f"{what}: missing column(s) {missing}; required are {list(required)}")
+    nested = [c for c in {**required, **optional} if c in df.columns and df.schema[c].is_nested()]
+    if nested:  # a list-typed reward column was a polars cast error, a traceback
+        name, wanted = nested[0], {**required, **optional}[nested[0]]
+        raise InputError(f"{what}: column {name!r} holds {df.schema[name]}, not one {wanted} a row")
     casts = []
     for name, dtype in {**required, **optional}.items():
         kept = categorical and dtype == pl.String and df.schema.get(name) == pl.Categorical
@@ -305,13 +309,35 @@ def _rollout_file_columns(path: Path) -> list[str]:
     return names
 
 
+def _collect(lf: pl.LazyFrame, path: Path) -> pl.DataFrame:
+    """``lf.collect()`` of one rollouts file; a corrupt page (polars' ComputeError, arrow's
+    OSError without an errno) is an InputError naming the file, a disk error stays one."""
+    try:
+        return lf.collect()
+    except (OSError, pl.exceptions.ComputeError) as err:
+        if isinstance(err, OSError) and err.errno:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"{path} is not a readable Parquet file ({first}); restore or remove it"
+        ) from err
+
+
 def file_policies(path: str | os.PathLike[str]) -> list[str]:
     """The distinct policies of one rollouts file, reading only its policy column."""
     path = Path(path)
     _rollout_file_columns(path)
     seen: set[str] = set()  # a batch at a time: the column of 210M rows is never held whole
-    for batch in pq.ParquetFile(path).iter_batches(1 << 16, columns=["policy"]):
-        seen.update(pl.Series(batch.column(0)).cast(pl.String).drop_nulls().unique())
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(1 << 16, columns=["policy"]):
+            seen.update(pl.Series(batch.column(0)).cast(pl.String).drop_nulls().unique())
+    except (OSError, pl.exceptions.ComputeError, pa.ArrowException) as err:
+        if isinstance(err, OSError) and err.errno:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"{path} is not a readable Parquet file ({first}); restore or remove it"
+        ) from err
     return sorted(seen)
 
 
@@ -354,7 +380,7 @@ def _load_rollouts(
         if wanted is not None:  # rows without a policy reach validation, which refuses them
             policy = pl.col("policy").cast(pl.String)
             lf = lf.filter(policy.is_in(wanted) | policy.is_null())
-        frames.append(_conform(lf.collect(), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
+        frames.append(_conform(_collect(lf, f), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
     out = pl.concat(frames, how="diagonal_relaxed")
     return conform_rollouts(out, what=str(root)).sort(["policy", "prompt_id", "sample_idx"])
 

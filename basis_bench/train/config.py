@@ -20,6 +20,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
+from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
 from basis_bench.settings import check_settings, setting
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
@@ -161,9 +162,7 @@ class TrainConfig:
         help="Rollouts per prompt (G) for group estimators; single-rollout ones always sample 1.",
         min_val=1,
     )
-    temperature: float = setting(
-        1.0, help="Sampling temperature.", min_val=0, include_boundaries="neither"
-    )
+    temperature: float = setting(1.0, help="Sampling temperature.", min_val=MIN_TEMPERATURE)
     top_p: float = setting(
         1.0,
         help="Nucleus sampling: the smallest token set of this probability.",

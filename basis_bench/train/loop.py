@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
 from basis_bench.outputs import holds_output_locks
@@ -413,7 +414,7 @@ def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
         if not line:
             continue
         try:
-            record = json.loads(line)
+            record = bounded_json.loads(line)
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{number}: not a JSON record ({err.msg})") from err
         if not isinstance(record, dict):

@@ -245,14 +245,17 @@ def reference_cache(
     ``hidden_states`` when given (the vllm backend), else by the reference's sampler.
 
     The cache is an oracle run (:func:`~basis_bench.rollouts.oracle.run_oracle`, policy
-    ``reference``) into ``cache_dir/ref-<hash>``, the hash covering model, prompts,
-    template, sampling and grading settings, so any run that shares them reuses it and a
+    ``reference``) into ``cache_dir/ref-<hash>``, the hash covering the model by its
+    weights' bytes and the prompts by their text (:mod:`basis_bench.fingerprint`), template,
+    sampling and grading settings, so any run that shares them reuses it and a
     killed build resumes; the features are stored in its prompts.parquet, so a resumed run
     reads the same ones. ``sampler_of_reference`` is only called when something is missing;
     ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the build.
     """
     from basis_bench import estimators as E
+    from basis_bench.fingerprint import weights_sha256
     from basis_bench.rollouts.features import prompt_features
+    from basis_bench.rollouts.models import resolve_checkpoint
     from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
     from basis_bench.rollouts.oracle_job import OracleJob
     from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
@@ -276,10 +279,10 @@ def reference_cache(
         features="hidden" if hidden else "none",
         backend=config.backend,  # resolved by setup: the progress line names it
     )
-    model = {"name": config.model}
-    key = json.dumps(
-        {**run_identity(job, model), "prompts": prompts["prompt_id"].to_list()}, sort_keys=True
-    )
+    # by content: the reference's weights and the prompts' text, not their path or ids
+    model = {"name": config.model, "weights": weights_sha256(resolve_checkpoint(config.model).path)}
+    texts = prompts.select("prompt_id", "problem", "answer").write_csv()
+    key = json.dumps({**run_identity(job, model), "prompts": texts}, sort_keys=True)
     job = dataclasses.replace(
         job, out=job.out / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     )

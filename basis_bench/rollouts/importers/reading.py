@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.outputs import file_sha256
 from basis_bench.rollouts.store import check_read_fits
@@ -164,7 +165,7 @@ def diagnose_jsonl(
     rows: list[Any] = []
     for lineno, line in zip(numbers.tolist(), data.split(b"\n"), strict=True):
         try:
-            row = json.loads(line, object_pairs_hook=_json_object)
+            row = bounded_json.loads(line, object_pairs_hook=_json_object)
         except json.JSONDecodeError as err:
             problems.add(f"{path}:{lineno}", f"malformed JSON ({err.msg})")
             rows.append(None)

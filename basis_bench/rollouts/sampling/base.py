@@ -30,6 +30,9 @@ The ``hf`` backend calls it after every decode step, so tokens/s can be shown be
 the first sequence finishes; a backend may also call it once per batch."""
 
 
+MIN_TEMPERATURE = 1e-5  # vLLM's own floor: below it, sampling is greedy there
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """``n`` samples per prompt at ``temperature`` with nucleus ``top_p``, at most
@@ -47,6 +50,11 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if 0 < self.temperature < MIN_TEMPERATURE:  # 1e-320: logits / T overflowed to inf
+            raise InputError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}; got "
+                f"{self.temperature:g}, which overflows the scaled logits"
+            )
         if self.temperature == 0 and self.n > 1:
             raise InputError(
                 "temperature 0 is greedy decoding: every sample would be the same; use n=1"
