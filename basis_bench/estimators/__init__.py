@@ -69,6 +69,7 @@ from basis_bench.estimators.step import (
     make_step_estimator,
 )
 from basis_bench.estimators.table import PromptIndex, TiltTable
+from basis_bench.estimators.track import TrackOptions
 from basis_bench.estimators.tilt import default_betas, is_binary, tilted_moments, tilted_value
 
 __all__ = [
@@ -96,6 +97,7 @@ __all__ = [
     "StepOutput",
     "TableOptions",
     "TiltTable",
+    "TrackOptions",
     "active_fraction",
     "apo_value",
     "available",
