@@ -55,8 +55,10 @@ from basis_bench.settings import check_settings, setting
 GRID_POINTS = 64
 THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
 JEFFREYS = 0.5
-SHIFTS = (-2.0, -1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0)  # delta candidates (log-odds)
-RATES = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0)  # rho candidates (log-odds variance)
+LEVEL_NOISE = (0.001, 0.01, 0.1, 1.0)  # q: the common level's random-walk variance per step
+LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
+RATES = (0.0, 0.003, 0.01, 0.03, 0.1)  # rho: drift variance per step since the last visit
+JUMP_SCALES = (0.0, 0.25, 0.5, 1.0, 2.0)  # kappa: drift variance per squared level move
 MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)  # h_k candidates
 BIN_EDGES = (0.1, 0.3, 0.7, 0.9)  # value bins of "where the prompt stands"
 MEMORY = 0.95
@@ -182,14 +184,15 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 
 
 class Served(NamedTuple):
-    """What one step serves each prompt of the batch (all (S, B) but ``posterior``)."""
+    """What one step serves each prompt of the batch (flat streams S, batch B)."""
 
-    shift: np.ndarray  # d_i, log-odds
-    var: np.ndarray  # v_i, log-odds^2
-    delta: np.ndarray  # the leave-one-out increments delta_-i, rho_-i
-    rho: np.ndarray
-    bins: np.ndarray  # the prompt's value bin k(i)
-    posterior: np.ndarray  # (S, C) the increments' posterior given the whole batch
+    shift: np.ndarray  # (S, B) d_i, log-odds
+    var: np.ndarray  # (S, B) v_i, log-odds^2
+    unit: np.ndarray  # (S, B) v_i / h_k(i): the variance before the bin's multiplier
+    bins: np.ndarray  # (S, B) the prompt's value bin k(i)
+    levels: np.ndarray  # (S, B, Q) each level filter's leave-one-out level, u_{q,-i}
+    level_pred: np.ndarray  # (S, B, Q) the predictions each level filter is updated with
+    loglik: np.ndarray  # (S, C) the batch's log-likelihood of every candidate
 
 
 class TrackKernel:
@@ -209,18 +212,22 @@ class TrackKernel:
         self.theta = logit_grid()
         self.sig = _sigmoid(self.theta)
         self.prior = prior_weights(to_numpy(ref_rewards, dtype=np.float64), self.theta)
-        shifts, rates = np.meshgrid(SHIFTS, RATES, indexing="ij")
-        self.delta, self.rho = shifts.ravel(), rates.ravel()  # (C,) the joint candidates
+        q, rho, kappa = np.meshgrid(LEVEL_NOISE, RATES, JUMP_SCALES, indexing="ij")
+        self.shape = q.shape  # (Q, rates, jump scales)
+        self.q_index = np.repeat(np.arange(len(LEVEL_NOISE)), q[0].size)  # (C,)
+        self.rho, self.kappa = rho.ravel(), kappa.ravel()
         self.multipliers = np.asarray(MULTIPLIERS)
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
-        p = self.prior.shape[0]
+        p, nq = self.prior.shape[0], len(LEVEL_NOISE)
         return {
             "weights": np.broadcast_to(self.prior, (*lead, *self.prior.shape)).copy(),
-            "last_shift": np.zeros((*lead, p)),
-            "last_drift": np.zeros((*lead, p)),
-            "clocks": np.zeros((*lead, 2)),  # S, C
-            "increment_counts": np.zeros((*lead, len(self.delta))),
+            "step": np.zeros(lead),
+            "last_visit": np.zeros((*lead, p)),
+            "level": np.zeros((*lead, nq)),
+            "level_var": np.full((*lead, nq), LEVEL_PRIOR_VAR),
+            "last_level": np.zeros((*lead, p, nq)),
+            "evidence": np.zeros((*lead, self.rho.size)),
             "bin_loglik": np.zeros((*lead, len(BIN_EDGES) + 1, len(self.multipliers))),
         }
 
@@ -228,55 +235,66 @@ class TrackKernel:
         """h_k (S, K): the posterior mean multiplier of each bin (flat prior on the grid)."""
         return _softmax(state["bin_loglik"]) @ self.multipliers
 
+    def candidates(
+        self, w: np.ndarray, moved: np.ndarray, gap: np.ndarray, h: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every candidate's drift (S, B, C): shift d = moved[q] (the level moved since the
+        visit), variance h (rho gap + kappa d^2); and its predictive P(r = 1) (S, B, C)."""
+        d = moved[..., self.q_index]
+        var = h[..., None] * (self.rho * gap[..., None] + self.kappa * d * d)
+        s, b, c = d.shape
+        x = self.theta + d[..., None]
+        p = _chunked_predictive(w.reshape(s * b, -1), x.reshape(s * b, c, -1), var.reshape(s * b, c))
+        return d, p.reshape(s, b, c)
+
     def serve(
         self, state: dict[str, np.ndarray], w: np.ndarray, cols: np.ndarray, r: np.ndarray
     ) -> Served:
-        """Each prompt's drift from the clocks, with this step's increments fitted on the
-        batch without the prompt. Flat streams S: w (S, B, G), cols and r (S, B)."""
-        s, b = cols.shape
-        clocks = state["clocks"]
-        pend_s = clocks[:, :1] - np.take_along_axis(state["last_shift"], cols, -1)
-        pend_c = np.maximum(clocks[:, 1:] - np.take_along_axis(state["last_drift"], cols, -1), 0)
-        mean = np.einsum("sbg,sbg->sb", w, _sigmoid(self.theta + pend_s[..., None]))
-        bins = np.searchsorted(BIN_EDGES, mean)
+        """Each prompt's drift, every fitted quantity from the history and the batch's OTHER
+        rewards. Flat streams S: w (S, B, G), cols and r (S, B)."""
+        gap = state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, -1)
+        last = np.take_along_axis(state["last_level"], cols[..., None], 1)  # (S, B, Q)
+        bins = np.searchsorted(BIN_EDGES, w @ self.sig)
         h = np.take_along_axis(self.multiplier(state), bins, -1)
-        x = self.theta + (pend_s[..., None] + self.delta)[..., None]  # (S, B, C, G)
-        var = h[..., None] * (pend_c[..., None] + self.rho)
-        p = _chunked_predictive(w.reshape(s * b, -1), x.reshape(s * b, *x.shape[2:]),
-                                var.reshape(s * b, -1)).reshape(s, b, -1)  # fmt: skip
-        ll = _loglik(p, r[..., None])  # (S, B, C)
-        counts = state["increment_counts"] + self.options.pseudo_count / len(self.delta)
-        log_prior = np.log(counts / counts.sum(axis=-1, keepdims=True))[:, None, :]
-        total = ll.sum(axis=1, keepdims=True)
-        loo = _softmax(log_prior + total - ll)  # (S, B, C): prompt i's increments without r_i
-        delta, rho = loo @ self.delta, loo @ self.rho
-        return Served(
-            pend_s + delta, h * (pend_c + rho), delta, rho, bins, _softmax(log_prior + total)[:, 0]
-        )
+        _, p = self.candidates(w, state["level"][:, None, :] - last, gap, h)
+        ll = _loglik(p, r[..., None])  # (S, B, C): history-only predictions
+        total = ll.sum(axis=1)
+        # each level filter's leave-one-out step, on its own predictions averaged over the
+        # other parameters by their evidence so far
+        within = _softmax(state["evidence"].reshape(*state["evidence"].shape[:-1], len(LEVEL_NOISE), -1))
+        pq = np.einsum("sbqk,sqk->sbq", p.reshape(*p.shape[:2], *within.shape[1:]), within)
+        levels = _loo_levels(state, r, pq)  # (S, B, Q)
+        d, p_served = self.candidates(w, levels - last, gap, h)
+        post = _softmax(state["evidence"][:, None, :] + total[:, None, :] - ll)  # (S, B, C)
+        shift = np.einsum("sbc,sbc->sb", post, d)
+        unit = np.einsum("sbc,sbc->sb", post, self.rho * gap[..., None] + self.kappa * d * d)
+        return Served(shift, h * unit, unit, bins, levels, pq, total)
 
     def learn(
-        self, state: dict[str, np.ndarray], w: np.ndarray, r: np.ndarray, served: Served
-    ) -> None:
-        """After the step: the clocks advance by the increments' posterior mean, the prior
-        weights take its responsibilities (online EM), each bin's multiplier evidence the
-        log-likelihood of its rewards under every multiplier (the served shift and increments
-        held)."""
+        self, state: dict[str, np.ndarray], w: np.ndarray, cols: np.ndarray, r: np.ndarray,
+        served: Served,
+    ) -> None:  # fmt: skip
+        """After the step: the evidence of every candidate takes the batch's log-likelihood,
+        each level filter the whole batch, each bin's multiplier evidence its rewards'
+        log-likelihood under every multiplier (the served shift held); the batch's prompts
+        are marked visited at this step and at their served levels."""
         lam = self.options.memory
-        post = served.posterior
-        state["clocks"][:, 0] += post @ self.delta
-        state["clocks"][:, 1] += post @ self.rho
-        state["increment_counts"] *= lam
-        state["increment_counts"] += post
+        state["evidence"] += served.loglik
+        state["evidence"] *= lam
         s, b = r.shape
-        x = self.theta + np.broadcast_to(served.shift[..., None, None], (s, b, 1, 1))
-        x = np.broadcast_to(x, (s, b, len(self.multipliers), len(self.theta)))
-        unit = served.var / np.maximum(np.take_along_axis(self.multiplier(state), served.bins, -1), 1e-300)
-        var = unit[..., None] * self.multipliers
+        x = np.broadcast_to(
+            (self.theta + served.shift[..., None])[:, :, None, :],
+            (s, b, len(self.multipliers), len(self.theta)),
+        )
+        var = served.unit[..., None] * self.multipliers
         p = predictive(w.reshape(s * b, -1), x.reshape(s * b, *x.shape[2:]), var.reshape(s * b, -1))
         ll = _loglik(p.reshape(s, b, -1), r[..., None])  # (S, B, M)
         onehot = served.bins[..., None] == np.arange(len(BIN_EDGES) + 1)  # (S, B, K)
         state["bin_loglik"] *= lam
         state["bin_loglik"] += np.einsum("sbk,sbm->skm", onehot, ll)
+        np.put_along_axis(state["last_level"], cols[..., None], served.levels, axis=1)
+        np.put_along_axis(state["last_visit"], cols, state["step"][:, None], axis=1)
+        state["step"] += 1
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
@@ -297,16 +315,33 @@ class TrackKernel:
         )
         baseline = (w_now @ self.sig).reshape(s, b)
         post = reward_update(w_now, r.ravel(), self.sig).reshape(s, b, -1)
-        # the clock values the prompt's new posterior stands at: before this step's advance,
-        # plus the increments it was served
-        seen = flat["clocks"][:, None, :] + np.stack([served.delta, served.rho], axis=-1)
-        self.learn(flat, w, r, served)
+        self.learn(flat, w, c, r, served)
+        _level_update(flat, r, served)
         np.put_along_axis(flat["weights"], c[..., None], post, axis=1)
-        np.put_along_axis(flat["last_shift"], c, seen[..., 0], axis=1)
-        np.put_along_axis(flat["last_drift"], c, seen[..., 1], axis=1)
         for key, value in flat.items():  # a no-op for the views a contiguous state gives
             state[key][...] = value.reshape(state[key].shape)
         return StepOutput(asarray_like(baseline.reshape(r_all.shape)[..., None], rewards))
+
+
+def _level_precision(state: dict[str, np.ndarray], pq: np.ndarray) -> np.ndarray:
+    """Each level filter's posterior precision after the batch (S, Q): 1 / (V + q) + sum_j
+    p_j (1 - p_j), the Laplace approximation of the batch's Bernoulli likelihood."""
+    return 1.0 / (state["level_var"] + np.asarray(LEVEL_NOISE)) + (pq * (1 - pq)).sum(axis=1)
+
+
+def _loo_levels(state: dict[str, np.ndarray], r: np.ndarray, pq: np.ndarray) -> np.ndarray:
+    """u_{q,-i} (S, B, Q): one Newton step of each level filter on the batch without prompt i,
+    u + (sum_j e_j - e_i) / (Lambda - c_i), e = r - p, c = p (1 - p)."""
+    e, c = r[..., None] - pq, pq * (1 - pq)
+    lam = _level_precision(state, pq)[:, None, :]
+    return state["level"][:, None, :] + (e.sum(axis=1, keepdims=True) - e) / (lam - c)
+
+
+def _level_update(state: dict[str, np.ndarray], r: np.ndarray, served: Served) -> None:
+    """The same step on the whole batch: u <- u + sum_j e_j / Lambda, V <- 1 / Lambda."""
+    lam = _level_precision(state, served.level_pred)
+    state["level"] += (r[..., None] - served.level_pred).sum(axis=1) / lam
+    state["level_var"][...] = 1.0 / lam
 
 
 def _chunked_predictive(w: np.ndarray, x: np.ndarray, var: np.ndarray) -> np.ndarray:
