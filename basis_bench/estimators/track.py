@@ -55,14 +55,11 @@ from basis_bench.settings import check_settings, setting
 GRID_POINTS = 64
 THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
 JEFFREYS = 0.5
-LEVEL_NOISE = (0.001, 0.01, 0.1, 1.0)  # q: the common level's random-walk variance per step
+LEVEL_NOISE = (0.003, 0.3)  # q: the common level's random-walk variance per step
 LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
-RATES = (0.0, 0.003, 0.01, 0.03, 0.1)  # rho: drift variance per step since the last visit
-JUMP_SCALES = (0.0, 0.25, 0.5, 1.0, 2.0)  # kappa: drift variance per squared level move
-MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)  # h_k candidates
-BIN_EDGES = (0.1, 0.3, 0.7, 0.9)  # value bins of "where the prompt stands"
+RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
+JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per squared level move
 MEMORY = 0.95
-PSEUDO_COUNT = 1.0
 _P_CLIP = 1e-12
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
 _CHUNK_ELEMENTS = 1 << 21  # candidate predictions evaluated at a time
@@ -81,14 +78,6 @@ class TrackOptions:
         max_val=1.0,
         include_boundaries="left",
     )
-    pseudo_count: float = setting(
-        PSEUDO_COUNT,
-        help="Pseudo-count > 0 of the learned prior over the drift candidates, spread evenly "
-        "over them: how surprised the tracker may be by a jump it has not seen yet.",
-        min_val=0.0,
-        include_boundaries="right",
-    )
-
     def __post_init__(self) -> None:
         check_settings(self, lambda name: f"{self.estimator}.{name}")
 
@@ -164,13 +153,13 @@ def reward_update(w: np.ndarray, r: np.ndarray, sig: np.ndarray) -> np.ndarray:
     return np.maximum(post, _FLOOR)
 
 
-def predictive(w: np.ndarray, x: np.ndarray, var: np.ndarray) -> np.ndarray:
-    """Approximate P(r = 1) after a move by x and a drift of variance var, per candidate:
-    sum_g w_g sigmoid((theta_g + x) / sqrt(1 + pi var / 8)). w (N, G) holds theta_g's
-    weights with theta_g already added (``w`` paired with ``theta`` by the caller through
-    ``x`` (N, C, G)); var (N, C). The probit approximation, used to score candidates only."""
+def predictive(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Approximate P(r = 1) (N,) after a move by ``shift`` and a drift of variance ``var``:
+    sum_g w_g sigmoid((theta_g + shift) / sqrt(1 + pi var / 8)), the probit approximation of
+    E sigmoid(x + sqrt(var) z). Used only where a prediction must hold no current reward
+    (the evidence, the level's step); the served baseline is exact on the grid."""
     scale = 1.0 / np.sqrt(1.0 + math.pi * var / 8.0)
-    return np.einsum("ng,ncg->nc", w, _sigmoid(x * scale[..., None]))
+    return np.einsum("ng,ng->n", w, _sigmoid((theta + shift[:, None]) * scale[:, None]))
 
 
 def _loglik(p: np.ndarray, r: np.ndarray) -> np.ndarray:
@@ -183,20 +172,24 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-class Served(NamedTuple):
-    """What one step serves each prompt of the batch (flat streams S, batch B)."""
+def _sum_without(x: np.ndarray) -> np.ndarray:
+    """sum_{j != i} x_j along the last axis, as the sum of the terms before i and the terms
+    after i: no x_i enters it, not even as rounding (total - x_i would carry x_i's)."""
+    zero = np.zeros((*x.shape[:-1], 1))
+    before = np.concatenate([zero, np.cumsum(x, axis=-1)[..., :-1]], axis=-1)
+    after = np.concatenate([np.cumsum(x[..., ::-1], axis=-1)[..., -2::-1], zero], axis=-1)
+    return before + after
 
-    shift: np.ndarray  # (S, B) d_i, log-odds
-    var: np.ndarray  # (S, B) v_i, log-odds^2
-    unit: np.ndarray  # (S, B) v_i / h_k(i): the variance before the bin's multiplier
-    bins: np.ndarray  # (S, B) the prompt's value bin k(i)
-    levels: np.ndarray  # (S, B, Q) each level filter's leave-one-out level, u_{q,-i}
-    level_pred: np.ndarray  # (S, B, Q) the predictions each level filter is updated with
-    loglik: np.ndarray  # (S, C) the batch's log-likelihood of every candidate
+
+def candidate_grid() -> np.ndarray:
+    """The drift models (C, 3): every (q, rho, kappa) of the grids, one filter each."""
+    grid = np.meshgrid(LEVEL_NOISE, RATES, JUMP_SCALES, indexing="ij")
+    return np.stack([g.ravel() for g in grid], axis=-1)
 
 
 class TrackKernel:
-    """``basis_track`` on the step interface (:mod:`basis_bench.estimators.step`)."""
+    """``basis_track`` on the step interface (:mod:`basis_bench.estimators.step`): C filters
+    side by side, one per drift model, mixed by their evidence."""
 
     def __init__(
         self,
@@ -212,89 +205,19 @@ class TrackKernel:
         self.theta = logit_grid()
         self.sig = _sigmoid(self.theta)
         self.prior = prior_weights(to_numpy(ref_rewards, dtype=np.float64), self.theta)
-        q, rho, kappa = np.meshgrid(LEVEL_NOISE, RATES, JUMP_SCALES, indexing="ij")
-        self.shape = q.shape  # (Q, rates, jump scales)
-        self.q_index = np.repeat(np.arange(len(LEVEL_NOISE)), q[0].size)  # (C,)
-        self.rho, self.kappa = rho.ravel(), kappa.ravel()
-        self.multipliers = np.asarray(MULTIPLIERS)
+        self.models = candidate_grid()  # (C, 3)
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
-        p, nq = self.prior.shape[0], len(LEVEL_NOISE)
+        p, c = self.prior.shape[0], len(self.models)
         return {
-            "weights": np.broadcast_to(self.prior, (*lead, *self.prior.shape)).copy(),
+            "weights": np.broadcast_to(self.prior, (*lead, c, *self.prior.shape)).copy(),
             "step": np.zeros(lead),
             "last_visit": np.zeros((*lead, p)),
-            "level": np.zeros((*lead, nq)),
-            "level_var": np.full((*lead, nq), LEVEL_PRIOR_VAR),
-            "last_level": np.zeros((*lead, p, nq)),
-            "evidence": np.zeros((*lead, self.rho.size)),
-            "bin_loglik": np.zeros((*lead, len(BIN_EDGES) + 1, len(self.multipliers))),
+            "level": np.zeros((*lead, c)),
+            "level_var": np.full((*lead, c), LEVEL_PRIOR_VAR),
+            "last_level": np.zeros((*lead, c, p)),
+            "evidence": np.zeros((*lead, c)),
         }
-
-    def multiplier(self, state: dict[str, np.ndarray]) -> np.ndarray:
-        """h_k (S, K): the posterior mean multiplier of each bin (flat prior on the grid)."""
-        return _softmax(state["bin_loglik"]) @ self.multipliers
-
-    def candidates(
-        self, w: np.ndarray, moved: np.ndarray, gap: np.ndarray, h: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Every candidate's drift (S, B, C): shift d = moved[q] (the level moved since the
-        visit), variance h (rho gap + kappa d^2); and its predictive P(r = 1) (S, B, C)."""
-        d = moved[..., self.q_index]
-        var = h[..., None] * (self.rho * gap[..., None] + self.kappa * d * d)
-        s, b, c = d.shape
-        x = self.theta + d[..., None]
-        p = _chunked_predictive(w.reshape(s * b, -1), x.reshape(s * b, c, -1), var.reshape(s * b, c))
-        return d, p.reshape(s, b, c)
-
-    def serve(
-        self, state: dict[str, np.ndarray], w: np.ndarray, cols: np.ndarray, r: np.ndarray
-    ) -> Served:
-        """Each prompt's drift, every fitted quantity from the history and the batch's OTHER
-        rewards. Flat streams S: w (S, B, G), cols and r (S, B)."""
-        gap = state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, -1)
-        last = np.take_along_axis(state["last_level"], cols[..., None], 1)  # (S, B, Q)
-        bins = np.searchsorted(BIN_EDGES, w @ self.sig)
-        h = np.take_along_axis(self.multiplier(state), bins, -1)
-        _, p = self.candidates(w, state["level"][:, None, :] - last, gap, h)
-        ll = _loglik(p, r[..., None])  # (S, B, C): history-only predictions
-        total = ll.sum(axis=1)
-        # each level filter's leave-one-out step, on its own predictions averaged over the
-        # other parameters by their evidence so far
-        within = _softmax(state["evidence"].reshape(*state["evidence"].shape[:-1], len(LEVEL_NOISE), -1))
-        pq = np.einsum("sbqk,sqk->sbq", p.reshape(*p.shape[:2], *within.shape[1:]), within)
-        levels = _loo_levels(state, r, pq)  # (S, B, Q)
-        d, p_served = self.candidates(w, levels - last, gap, h)
-        post = _softmax(state["evidence"][:, None, :] + total[:, None, :] - ll)  # (S, B, C)
-        shift = np.einsum("sbc,sbc->sb", post, d)
-        unit = np.einsum("sbc,sbc->sb", post, self.rho * gap[..., None] + self.kappa * d * d)
-        return Served(shift, h * unit, unit, bins, levels, pq, total)
-
-    def learn(
-        self, state: dict[str, np.ndarray], w: np.ndarray, cols: np.ndarray, r: np.ndarray,
-        served: Served,
-    ) -> None:  # fmt: skip
-        """After the step: the evidence of every candidate takes the batch's log-likelihood,
-        each level filter the whole batch, each bin's multiplier evidence its rewards'
-        log-likelihood under every multiplier (the served shift held); the batch's prompts
-        are marked visited at this step and at their served levels."""
-        lam = self.options.memory
-        state["evidence"] += served.loglik
-        state["evidence"] *= lam
-        s, b = r.shape
-        x = np.broadcast_to(
-            (self.theta + served.shift[..., None])[:, :, None, :],
-            (s, b, len(self.multipliers), len(self.theta)),
-        )
-        var = served.unit[..., None] * self.multipliers
-        p = predictive(w.reshape(s * b, -1), x.reshape(s * b, *x.shape[2:]), var.reshape(s * b, -1))
-        ll = _loglik(p.reshape(s, b, -1), r[..., None])  # (S, B, M)
-        onehot = served.bins[..., None] == np.arange(len(BIN_EDGES) + 1)  # (S, B, K)
-        state["bin_loglik"] *= lam
-        state["bin_loglik"] += np.einsum("sbk,sbm->skm", onehot, ll)
-        np.put_along_axis(state["last_level"], cols[..., None], served.levels, axis=1)
-        np.put_along_axis(state["last_visit"], cols, state["step"][:, None], axis=1)
-        state["step"] += 1
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
@@ -306,52 +229,51 @@ class TrackKernel:
             raise InputError("basis_track takes each prompt at most once per batch")
         lead, b = cols.shape[:-1], cols.shape[-1]
         flat = {k: v.reshape(math.prod(lead), *v.shape[len(lead) :]) for k, v in state.items()}
-        c, r = cols.reshape(-1, b), r_all.reshape(-1, b)
-        w = np.take_along_axis(flat["weights"], c[..., None], axis=1)  # (S, B, G)
-        served = self.serve(flat, w, c, r)
-        s = len(c)
-        w_now = propagate(
-            w.reshape(s * b, -1), served.shift.ravel(), served.var.ravel(), self.theta
-        )
-        baseline = (w_now @ self.sig).reshape(s, b)
-        post = reward_update(w_now, r.ravel(), self.sig).reshape(s, b, -1)
-        self.learn(flat, w, c, r, served)
-        _level_update(flat, r, served)
-        np.put_along_axis(flat["weights"], c[..., None], post, axis=1)
+        baseline = self._step(flat, cols.reshape(-1, b), r_all.reshape(-1, b))
         for key, value in flat.items():  # a no-op for the views a contiguous state gives
             state[key][...] = value.reshape(state[key].shape)
         return StepOutput(asarray_like(baseline.reshape(r_all.shape)[..., None], rewards))
 
-
-def _level_precision(state: dict[str, np.ndarray], pq: np.ndarray) -> np.ndarray:
-    """Each level filter's posterior precision after the batch (S, Q): 1 / (V + q) + sum_j
-    p_j (1 - p_j), the Laplace approximation of the batch's Bernoulli likelihood."""
-    return 1.0 / (state["level_var"] + np.asarray(LEVEL_NOISE)) + (pq * (1 - pq)).sum(axis=1)
-
-
-def _loo_levels(state: dict[str, np.ndarray], r: np.ndarray, pq: np.ndarray) -> np.ndarray:
-    """u_{q,-i} (S, B, Q): one Newton step of each level filter on the batch without prompt i,
-    u + (sum_j e_j - e_i) / (Lambda - c_i), e = r - p, c = p (1 - p)."""
-    e, c = r[..., None] - pq, pq * (1 - pq)
-    lam = _level_precision(state, pq)[:, None, :]
-    return state["level"][:, None, :] + (e.sum(axis=1, keepdims=True) - e) / (lam - c)
-
-
-def _level_update(state: dict[str, np.ndarray], r: np.ndarray, served: Served) -> None:
-    """The same step on the whole batch: u <- u + sum_j e_j / Lambda, V <- 1 / Lambda."""
-    lam = _level_precision(state, served.level_pred)
-    state["level"] += (r[..., None] - served.level_pred).sum(axis=1) / lam
-    state["level_var"][...] = 1.0 / lam
-
-
-def _chunked_predictive(w: np.ndarray, x: np.ndarray, var: np.ndarray) -> np.ndarray:
-    """:func:`predictive` a block of rows at a time (its (N, C, G) temporaries stay small)."""
-    out = np.empty(var.shape)
-    step = max(1, _CHUNK_ELEMENTS // (x.shape[1] * x.shape[2]))
-    for a in range(0, len(w), step):
-        z = slice(a, a + step)
-        out[z] = predictive(w[z], x[z], var[z])
-    return out
+    def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
+        s, b = cols.shape
+        c, g = len(self.models), len(self.theta)
+        q, rho, kappa = (self.models[:, j][None, :, None] for j in range(3))  # (1, C, 1)
+        idx = np.broadcast_to(cols[:, None, :], (s, c, b))
+        w = np.take_along_axis(state["weights"], idx[..., None], axis=2)  # (S, C, B, G)
+        gap = (state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, 1))[:, None]
+        last = np.take_along_axis(state["last_level"], idx, 2)  # (S, C, B)
+        # 1. history only: each filter's prediction at its level before this batch
+        moved = state["level"][..., None] - last
+        var0 = rho * gap + kappa * moved**2
+        p0 = predictive(w.reshape(-1, g), moved.ravel(), var0.ravel(), self.theta).reshape(s, c, b)
+        ll = _loglik(p0, r[:, None, :])  # (S, C, B)
+        # 2. each filter's level, one Newton step on the batch without prompt i
+        e, curv = r[:, None, :] - p0, p0 * (1.0 - p0)
+        prec = 1.0 / (state["level_var"] + q[..., 0]) + curv.sum(-1)  # (S, C)
+        prec_loo = 1.0 / (state["level_var"] + q[..., 0])[..., None] + _sum_without(curv)
+        level_loo = state["level"][..., None] + _sum_without(e) / prec_loo
+        shift = level_loo - last
+        var = rho * gap + kappa * shift**2
+        w_now = propagate(w.reshape(-1, g), shift.ravel(), var.ravel(), self.theta)
+        values = (w_now @ self.sig).reshape(s, c, b)
+        # 3. the filters mixed by their evidence: the history's and the batch's other rewards'
+        mix = _softmax(
+            (state["evidence"][..., None] + _sum_without(ll)).swapaxes(1, 2)
+        )  # (S, B, C)
+        baseline = np.einsum("sbc,scb->sb", mix, values)
+        # 4. learn: evidence, levels, posteriors, visits
+        lam = self.options.memory
+        state["evidence"] += ll.sum(-1)
+        state["evidence"] *= lam
+        state["level"] += e.sum(-1) / prec
+        state["level_var"][...] = 1.0 / prec
+        post = reward_update(w_now, np.repeat(r[:, None, :], c, 1).ravel(), self.sig)
+        np.put_along_axis(state["weights"], idx[..., None], post.reshape(s, c, b, g), axis=2)
+        np.put_along_axis(state["last_level"], idx, level_loo, axis=2)
+        np.put_along_axis(state["last_visit"], cols, state["step"][:, None], axis=1)
+        state["step"] += 1
+        return baseline
 
 
 @register_estimator(
