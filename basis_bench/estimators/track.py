@@ -59,6 +59,8 @@ LEVEL_NOISE = (0.003, 0.3)  # q: the common level's random-walk variance per ste
 LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
 RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
 JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per squared level move
+JUMP_RATES = (0.0, 1.0)  # eta: a move d of the level redraws the prompt w.p. 1 - exp(-eta d^2)
+JUMP_VAR = 4.0  # a redrawn prompt's log-odds: its old posterior moved, widened by sd 2
 MEMORY = 0.95
 _P_CLIP = 1e-12
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
@@ -145,6 +147,16 @@ def propagate(
     return blur(shift_mass(w, shift / spacing), var, spacing)
 
 
+def redrawn(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """The posterior of a prompt that jumped (N, G): a Gaussian on the grid with the old
+    posterior's mean moved by ``shift`` and its variance widened by var + JUMP_VAR."""
+    mean = w @ theta
+    spread = w @ theta**2 - mean**2 + var + JUMP_VAR
+    logw = -((theta - (mean + shift)[:, None]) ** 2) / (2.0 * spread[:, None])
+    out = np.exp(logw - logw.max(axis=-1, keepdims=True))
+    return out / out.sum(axis=-1, keepdims=True)
+
+
 def reward_update(w: np.ndarray, r: np.ndarray, sig: np.ndarray) -> np.ndarray:
     """Bayes' rule with the (fractional) Bernoulli likelihood s^r (1 - s)^(1 - r): exact for
     r in {0, 1}, and for r in (0, 1) the likelihood of a reward with mean s."""
@@ -182,8 +194,8 @@ def _sum_without(x: np.ndarray) -> np.ndarray:
 
 
 def candidate_grid() -> np.ndarray:
-    """The drift models (C, 3): every (q, rho, kappa) of the grids, one filter each."""
-    grid = np.meshgrid(LEVEL_NOISE, RATES, JUMP_SCALES, indexing="ij")
+    """The drift models (C, 4): every (q, rho, kappa, eta) of the grids, one filter each."""
+    grid = np.meshgrid(LEVEL_NOISE, RATES, JUMP_SCALES, JUMP_RATES, indexing="ij")
     return np.stack([g.ravel() for g in grid], axis=-1)
 
 
@@ -238,15 +250,20 @@ class TrackKernel:
         """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
         s, b = cols.shape
         c, g = len(self.models), len(self.theta)
-        q, rho, kappa = (self.models[:, j][None, :, None] for j in range(3))  # (1, C, 1)
+        q, rho, kappa, eta = (self.models[:, j][None, :, None] for j in range(4))  # (1, C, 1)
         idx = np.broadcast_to(cols[:, None, :], (s, c, b))
         w = np.take_along_axis(state["weights"], idx[..., None], axis=2)  # (S, C, B, G)
         gap = (state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, 1))[:, None]
         last = np.take_along_axis(state["last_level"], idx, 2)  # (S, C, B)
+        flat_w = w.reshape(-1, g)
         # 1. history only: each filter's prediction at its level before this batch
         moved = state["level"][..., None] - last
-        var0 = rho * gap + kappa * moved**2
-        p0 = predictive(w.reshape(-1, g), moved.ravel(), var0.ravel(), self.theta).reshape(s, c, b)
+        var0 = (rho * gap + kappa * moved**2).ravel()
+        jump0 = (1.0 - np.exp(-eta * moved**2)).ravel()
+        p0 = (1 - jump0) * predictive(flat_w, moved.ravel(), var0, self.theta) + jump0 * (
+            predictive(flat_w, moved.ravel(), var0 + JUMP_VAR, self.theta)
+        )
+        p0 = p0.reshape(s, c, b)
         ll = _loglik(p0, r[:, None, :])  # (S, C, B)
         # 2. each filter's level, one Newton step on the batch without prompt i
         e, curv = r[:, None, :] - p0, p0 * (1.0 - p0)
@@ -254,8 +271,10 @@ class TrackKernel:
         prec_loo = 1.0 / (state["level_var"] + q[..., 0])[..., None] + _sum_without(curv)
         level_loo = state["level"][..., None] + _sum_without(e) / prec_loo
         shift = level_loo - last
-        var = rho * gap + kappa * shift**2
-        w_now = propagate(w.reshape(-1, g), shift.ravel(), var.ravel(), self.theta)
+        var = (rho * gap + kappa * shift**2).ravel()
+        jump = (1.0 - np.exp(-eta * shift**2)).ravel()[:, None]
+        w_now = (1 - jump) * propagate(flat_w, shift.ravel(), var, self.theta)
+        w_now += jump * redrawn(flat_w, shift.ravel(), var, self.theta)
         values = (w_now @ self.sig).reshape(s, c, b)
         # 3. the filters mixed by their evidence: the history's and the batch's other rewards'
         mix = _softmax(
