@@ -55,7 +55,9 @@ from basis_bench.settings import check_settings, setting
 GRID_POINTS = 64
 THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
 JEFFREYS = 0.5
-LEVEL_NOISE = (0.003, 0.3)  # q: the common level's random-walk variance per step
+LEVEL_NOISE = (1e-4, 4.0)  # the common level's step variance: calm, or a jump of the policy
+JUMP_PRIOR = 0.5  # Jeffreys' pseudo-counts of the jump probability's Beta prior
+JUMP_MEMORY = 0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
 LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
 RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
 JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per squared level move
@@ -184,6 +186,29 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def level_step(
+    level: np.ndarray, var: np.ndarray, rate: np.ndarray, resid: np.ndarray, curv: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The common level's update on a batch (arrays broadcast): the batch's residual sum E =
+    sum_j (r_j - p_j) with sensitivity H = sum_j p_j (1 - p_j), the level calm (step variance
+    LEVEL_NOISE[0]) or jumping (LEVEL_NOISE[1]) with prior probability ``rate``. Under each,
+    E ~ N(0, H + H^2 (V + q)) (Laplace), and the level's Newton step u + E / (1 / (V + q) + H);
+    the two collapsed by their posterior weights (an interacting-multiple-model step).
+    Returns the level, its variance and the jump's posterior probability."""
+    out = []
+    for q in LEVEL_NOISE:
+        prior = var + q
+        spread = curv + curv**2 * prior
+        log_ev = -0.5 * (np.log(spread) + resid**2 / spread)
+        post_var = 1.0 / (1.0 / prior + curv)
+        out.append((log_ev, level + resid * post_var, post_var))
+    (ev_c, u_c, v_c), (ev_j, u_j, v_j) = out
+    jumped = 1.0 / (1.0 + (1.0 - rate) / rate * np.exp(ev_c - ev_j))
+    mean = (1 - jumped) * u_c + jumped * u_j
+    spread = (1 - jumped) * (v_c + (u_c - mean) ** 2) + jumped * (v_j + (u_j - mean) ** 2)
+    return mean, spread, jumped
+
+
 def _sum_without(x: np.ndarray) -> np.ndarray:
     """sum_{j != i} x_j along the last axis, as the sum of the terms before i and the terms
     after i: no x_i enters it, not even as rounding (total - x_i would carry x_i's)."""
@@ -194,8 +219,8 @@ def _sum_without(x: np.ndarray) -> np.ndarray:
 
 
 def candidate_grid() -> np.ndarray:
-    """The drift models (C, 4): every (q, rho, kappa, eta) of the grids, one filter each."""
-    grid = np.meshgrid(LEVEL_NOISE, RATES, JUMP_SCALES, JUMP_RATES, indexing="ij")
+    """The drift models (C, 3): every (rho, kappa, eta) of the grids, one filter each."""
+    grid = np.meshgrid(RATES, JUMP_SCALES, JUMP_RATES, indexing="ij")
     return np.stack([g.ravel() for g in grid], axis=-1)
 
 
@@ -227,6 +252,7 @@ class TrackKernel:
             "last_visit": np.zeros((*lead, p)),
             "level": np.zeros((*lead, c)),
             "level_var": np.full((*lead, c), LEVEL_PRIOR_VAR),
+            "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
             "last_level": np.zeros((*lead, c, p)),
             "evidence": np.zeros((*lead, c)),
         }
@@ -246,11 +272,17 @@ class TrackKernel:
             state[key][...] = value.reshape(state[key].shape)
         return StepOutput(asarray_like(baseline.reshape(r_all.shape)[..., None], rewards))
 
+    def jump_rate(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        """epsilon (S, C): the posterior mean jump probability of the level per step, from the
+        discounted count of past steps' jump posteriors (online EM) and a Jeffreys prior."""
+        steps = (1.0 - JUMP_MEMORY ** state["step"]) / (1.0 - JUMP_MEMORY)  # sum of lam^age
+        return (state["jumps"] + JUMP_PRIOR) / (steps[:, None] + 2 * JUMP_PRIOR)
+
     def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
         """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
         s, b = cols.shape
         c, g = len(self.models), len(self.theta)
-        q, rho, kappa, eta = (self.models[:, j][None, :, None] for j in range(4))  # (1, C, 1)
+        rho, kappa, eta = (self.models[:, j][None, :, None] for j in range(3))  # (1, C, 1)
         idx = np.broadcast_to(cols[:, None, :], (s, c, b))
         w = np.take_along_axis(state["weights"], idx[..., None], axis=2)  # (S, C, B, G)
         gap = (state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, 1))[:, None]
@@ -265,11 +297,13 @@ class TrackKernel:
         )
         p0 = p0.reshape(s, c, b)
         ll = _loglik(p0, r[:, None, :])  # (S, C, B)
-        # 2. each filter's level, one Newton step on the batch without prompt i
+        # 2. each filter's level on the batch without prompt i, calm or jumping
         e, curv = r[:, None, :] - p0, p0 * (1.0 - p0)
-        prec = 1.0 / (state["level_var"] + q[..., 0]) + curv.sum(-1)  # (S, C)
-        prec_loo = 1.0 / (state["level_var"] + q[..., 0])[..., None] + _sum_without(curv)
-        level_loo = state["level"][..., None] + _sum_without(e) / prec_loo
+        rate = self.jump_rate(state)[..., None]
+        level_loo, _, _ = level_step(
+            state["level"][..., None], state["level_var"][..., None], rate,
+            _sum_without(e), _sum_without(curv),
+        )  # fmt: skip
         shift = level_loo - last
         var = (rho * gap + kappa * shift**2).ravel()
         jump = (1.0 - np.exp(-eta * shift**2)).ravel()[:, None]
@@ -285,8 +319,12 @@ class TrackKernel:
         lam = self.options.memory
         state["evidence"] += ll.sum(-1)
         state["evidence"] *= lam
-        state["level"] += e.sum(-1) / prec
-        state["level_var"][...] = 1.0 / prec
+        level, level_var, jumped = level_step(
+            state["level"], state["level_var"], rate[..., 0], e.sum(-1), curv.sum(-1)
+        )
+        state["level"][...], state["level_var"][...] = level, level_var
+        state["jumps"] *= JUMP_MEMORY
+        state["jumps"] += jumped
         post = reward_update(w_now, np.repeat(r[:, None, :], c, 1).ravel(), self.sig)
         np.put_along_axis(state["weights"], idx[..., None], post.reshape(s, c, b, g), axis=2)
         np.put_along_axis(state["last_level"], idx, level_loo, axis=2)
