@@ -56,7 +56,7 @@ GRID_POINTS = 64
 THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
 JEFFREYS = 0.5
 LEVEL_NOISE = (1e-4, 4.0)  # the common level's step variance: calm, or a jump of the policy
-JUMP_PRIOR = 0.5  # Jeffreys' pseudo-counts of the jump probability's Beta prior
+JUMP_PRIOR = (0.5, 24.5)  # Beta prior of the jump probability: a jump per 50 steps, worth 25
 JUMP_MEMORY = 0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
 LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
 RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
@@ -274,9 +274,9 @@ class TrackKernel:
 
     def jump_rate(self, state: dict[str, np.ndarray]) -> np.ndarray:
         """epsilon (S, C): the posterior mean jump probability of the level per step, from the
-        discounted count of past steps' jump posteriors (online EM) and a Jeffreys prior."""
+        discounted count of past steps' jump posteriors (online EM) and a Beta prior."""
         steps = (1.0 - JUMP_MEMORY ** state["step"]) / (1.0 - JUMP_MEMORY)  # sum of lam^age
-        return (state["jumps"] + JUMP_PRIOR) / (steps[:, None] + 2 * JUMP_PRIOR)
+        return (state["jumps"] + JUMP_PRIOR[0]) / (steps[:, None] + sum(JUMP_PRIOR))
 
     def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
         """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
