@@ -13,6 +13,9 @@ from conftest import assert_own_reward_unused
 from basis_bench.errors import InputError
 from basis_bench.estimators import make_step_estimator
 from basis_bench.estimators.track import (
+    JUMP_MEMORY,
+    JUMP_PRIOR,
+    JUMP_VAR,
     LEVEL_NOISE,
     candidate_grid,
     logit_grid,
@@ -43,60 +46,92 @@ def _sig(z):
     return 1.0 / (1.0 + math.exp(-z))
 
 
-def _slow_step(state, cols, r, ref_memory):
+def _slow_level(level, var, rate, resid, curv):
+    """The level's calm-or-jump step, one scalar at a time."""
+    ev, mean, post = [], [], []
+    for q in LEVEL_NOISE:
+        spread = curv + curv**2 * (var + q)
+        ev.append(-0.5 * (math.log(spread) + resid**2 / spread))
+        post.append(1 / (1 / (var + q) + curv))
+        mean.append(level + resid * post[-1])
+    jumped = rate * math.exp(ev[1]) / (rate * math.exp(ev[1]) + (1 - rate) * math.exp(ev[0]))
+    u = (1 - jumped) * mean[0] + jumped * mean[1]
+    v = (1 - jumped) * (post[0] + (mean[0] - u) ** 2) + jumped * (post[1] + (mean[1] - u) ** 2)
+    return u, v, jumped
+
+
+def _slow_drift(w, shift, var, jump, theta):
+    """The posterior moved cell by cell, blurred cell by cell, and mixed with the redrawn one."""
+    g, spacing = len(theta), theta[1] - theta[0]
+    u = shift / spacing
+    n, f = math.floor(u), u - math.floor(u)
+    moved = np.zeros(g)
+    for k in range(g):
+        moved[min(max(k + n, 0), g - 1)] += (1 - f) * w[k]
+        moved[min(max(k + n + 1, 0), g - 1)] += f * w[k]
+    blurred = np.zeros(g)
+    for k in range(g):
+        dens = [math.exp(-(((h - k) * spacing) ** 2) / (2 * max(var, 1e-12))) for h in range(g)]
+        blurred += moved[k] * np.array(dens) / sum(dens)
+    mean = sum(w[k] * theta[k] for k in range(g))
+    spread = sum(w[k] * theta[k] ** 2 for k in range(g)) - mean**2 + var + JUMP_VAR
+    redrawn = np.array([math.exp(-((t - mean - shift) ** 2) / (2 * spread)) for t in theta])
+    return (1 - jump) * blurred + jump * redrawn / redrawn.sum()
+
+
+def _slow_step(state, cols, r, memory):
     """Plain-Python reference of one step of one stream: per filter and per prompt, the
-    history's prediction, the leave-one-out level, the drift moved cell by cell and blurred
-    cell by cell, then the evidence-weighted mix without the prompt's own reward."""
+    history's prediction, the leave-one-out level, the drift, then the evidence-weighted mix
+    without the prompt's own reward."""
     theta = logit_grid()
-    spacing, g = theta[1] - theta[0], len(theta)
-    models = candidate_grid()
+    g = len(theta)
     b = len(cols)
-    values = np.zeros((len(models), b))
-    ll = np.zeros((len(models), b))
+    models = candidate_grid()
+    values, ll = np.zeros((len(models), b)), np.zeros((len(models), b))
     new = {k: v.copy() for k, v in state.items()}
-    for c, (q, rho, kappa) in enumerate(models):
-        p0, lasts, gaps = [], [], []
+    t = float(state["step"])
+    for c, (rho, kappa, eta) in enumerate(models):
+        steps = (1 - JUMP_MEMORY**t) / (1 - JUMP_MEMORY)
+        rate = (state["jumps"][c] + JUMP_PRIOR[0]) / (steps + sum(JUMP_PRIOR))
+        p0 = []
         for col in cols:
-            w = state["weights"][c, col]
-            gap = state["step"] - state["last_visit"][col]
-            last = state["last_level"][c, col]
-            moved = state["level"][c] - last
-            scale = 1 / math.sqrt(1 + math.pi * (rho * gap + kappa * moved**2) / 8)
-            p0.append(sum(w[k] * _sig((theta[k] + moved) * scale) for k in range(g)))
-            lasts.append(last)
-            gaps.append(gap)
+            w, gap = state["weights"][c, col], t - state["last_visit"][col]
+            moved = state["level"][c] - state["last_level"][c, col]
+            var0, jump0 = rho * gap + kappa * moved**2, 1 - math.exp(-eta * moved**2)
+            pred = []
+            for extra in (0.0, JUMP_VAR):
+                scale = 1 / math.sqrt(1 + math.pi * (var0 + extra) / 8)
+                pred.append(sum(w[k] * _sig((theta[k] + moved) * scale) for k in range(g)))
+            p0.append((1 - jump0) * pred[0] + jump0 * pred[1])
         e = [r[i] - p0[i] for i in range(b)]
         curv = [p * (1 - p) for p in p0]
-        prec = 1 / (state["level_var"][c] + q) + sum(curv)
         for i, col in enumerate(cols):
-            level_i = state["level"][c] + (sum(e) - e[i]) / (prec - curv[i])
-            shift = level_i - lasts[i]
-            var = max(rho * gaps[i] + kappa * shift**2, 1e-12)
-            w = state["weights"][c, col]
-            u = shift / spacing
-            n, f = math.floor(u), u - math.floor(u)
-            moved_w = np.zeros(g)
-            for k in range(g):
-                moved_w[min(max(k + n, 0), g - 1)] += (1 - f) * w[k]
-                moved_w[min(max(k + n + 1, 0), g - 1)] += f * w[k]
-            blurred = np.zeros(g)
-            for k in range(g):
-                dens = np.array([math.exp(-(((h - k) * spacing) ** 2) / (2 * var)) for h in range(g)])
-                blurred += moved_w[k] * dens / dens.sum()
-            values[c, i] = sum(blurred[h] * _sig(theta[h]) for h in range(g))
+            others = [j for j in range(b) if j != i]
+            level_i, _, _ = _slow_level(
+                state["level"][c], state["level_var"][c], rate,
+                sum(e[j] for j in others), sum(curv[j] for j in others),
+            )  # fmt: skip
+            shift = level_i - state["last_level"][c, col]
+            gap = t - state["last_visit"][col]
+            var, jump = rho * gap + kappa * shift**2, 1 - math.exp(-eta * shift**2)
+            now = _slow_drift(state["weights"][c, col], shift, var, jump, theta)
+            values[c, i] = sum(now[h] * _sig(theta[h]) for h in range(g))
             ll[c, i] = r[i] * math.log(p0[i]) + (1 - r[i]) * math.log(1 - p0[i])
-            post = blurred * np.array([_sig(t) ** r[i] * (1 - _sig(t)) ** (1 - r[i]) for t in theta])
+            post = now * np.array([_sig(x) ** r[i] * (1 - _sig(x)) ** (1 - r[i]) for x in theta])
             new["weights"][c, col] = np.maximum(post / post.sum(), 1e-250)
             new["last_level"][c, col] = level_i
-        new["level"][c] = state["level"][c] + sum(e) / prec
-        new["level_var"][c] = 1 / prec
+        level, level_var, jumped = _slow_level(
+            state["level"][c], state["level_var"][c], rate, sum(e), sum(curv)
+        )
+        new["level"][c], new["level_var"][c] = level, level_var
+        new["jumps"][c] = state["jumps"][c] * JUMP_MEMORY + jumped
     baseline = np.zeros(b)
     for i in range(b):
         score = state["evidence"] + ll.sum(axis=1) - ll[:, i]
         mix = np.exp(score - score.max())
         baseline[i] = (mix / mix.sum()) @ values[:, i]
-    new["evidence"] = (state["evidence"] + ll.sum(axis=1)) * ref_memory
-    new["last_visit"][cols] = state["step"]
+    new["evidence"] = (state["evidence"] + ll.sum(axis=1)) * memory
+    new["last_visit"][cols] = t
     new["step"] = state["step"] + 1
     return baseline, new
 
@@ -176,13 +211,14 @@ def test_learned_drift_rate_converges_to_the_true_one(rate):
         cols = np.argsort(rng.random((streams, n_prompts)), axis=1)[:, :b]
         p = 1 / (1 + np.exp(-np.take_along_axis(logit, cols, 1)))
         est.step_columns(cols, (rng.random(p.shape) < p).astype(float)[..., None])
-    share = _evidence_share(est.state, 1, rate)
+    share = _evidence_share(est.state, 0, rate)
     assert np.all(share > 0.9), share
 
 
 def test_standing_policy_converges_to_its_values(cache):
     """A policy that never moves: after 400 visits of each prompt the baseline is within a
-    few posterior standard deviations of the true value."""
+    few posterior standard deviations of the true value, and the common level has learned
+    that it does not jump (prior rate 1/50)."""
     ids, ref = cache
     p = np.linspace(0.1, 0.9, P)
     est = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref)
@@ -192,7 +228,8 @@ def test_standing_policy_converges_to_its_values(cache):
         out = est.step_columns(cols, (rng.random(P) < p).astype(float)[:, None])
     base = np.asarray(out.baselines)[:, 0]
     assert np.all(np.abs(base - p) < 4 * np.sqrt(p * (1 - p) / 400) + 0.02), base - p
-    assert _evidence_share(est.state, 0, LEVEL_NOISE[0]) > 0.5
+    kernel = est.kernel
+    assert kernel.jump_rate({k: v[None] for k, v in est.state.items()}).max() < 0.01
 
 
 def test_state_round_trips_through_state_dict(cache):
