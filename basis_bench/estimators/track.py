@@ -60,8 +60,8 @@ JUMP_PRIOR = (0.5, 24.5)  # Beta prior of the jump probability: a jump per 50 st
 JUMP_MEMORY = 0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
 LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
 RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
-JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per squared level move
-JUMP_RATES = (0.0, 1.0)  # eta: a move d of the level redraws the prompt w.p. 1 - exp(-eta d^2)
+JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per jump of the level since the last visit
+JUMP_RATES = (0.0, 1.0)  # eta: J jumps of the level redraw the prompt w.p. 1 - exp(-eta J)
 JUMP_VAR = 4.0  # a redrawn prompt's log-odds: its old posterior moved, widened by sd 2
 MEMORY = 0.95
 _P_CLIP = 1e-12
@@ -253,6 +253,10 @@ class TrackKernel:
             "level": np.zeros((*lead, c)),
             "level_var": np.full((*lead, c), LEVEL_PRIOR_VAR),
             "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
+            # the expected number of level jumps so far, and at each prompt's last visit:
+            # the reference counts as one jump before the first step
+            "jump_clock": np.ones((*lead, c)),
+            "last_jump_clock": np.zeros((*lead, c, p)),
             "last_level": np.zeros((*lead, c, p)),
             "evidence": np.zeros((*lead, c)),
         }
@@ -287,11 +291,13 @@ class TrackKernel:
         w = np.take_along_axis(state["weights"], idx[..., None], axis=2)  # (S, C, B, G)
         gap = (state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, 1))[:, None]
         last = np.take_along_axis(state["last_level"], idx, 2)  # (S, C, B)
+        last_jumps = np.take_along_axis(state["last_jump_clock"], idx, 2)
         flat_w = w.reshape(-1, g)
         # 1. history only: each filter's prediction at its level before this batch
         moved = state["level"][..., None] - last
-        var0 = (rho * gap + kappa * moved**2).ravel()
-        jump0 = (1.0 - np.exp(-eta * moved**2)).ravel()
+        jumps0 = state["jump_clock"][..., None] - last_jumps
+        var0 = (rho * gap + kappa * jumps0).ravel()
+        jump0 = (1.0 - np.exp(-eta * jumps0)).ravel()
         p0 = (1 - jump0) * predictive(flat_w, moved.ravel(), var0, self.theta) + jump0 * (
             predictive(flat_w, moved.ravel(), var0 + JUMP_VAR, self.theta)
         )
@@ -300,13 +306,14 @@ class TrackKernel:
         # 2. each filter's level on the batch without prompt i, calm or jumping
         e, curv = r[:, None, :] - p0, p0 * (1.0 - p0)
         rate = self.jump_rate(state)[..., None]
-        level_loo, _, _ = level_step(
+        level_loo, _, jumped_loo = level_step(
             state["level"][..., None], state["level_var"][..., None], rate,
             _sum_without(e), _sum_without(curv),
         )  # fmt: skip
         shift = level_loo - last
-        var = (rho * gap + kappa * shift**2).ravel()
-        jump = (1.0 - np.exp(-eta * shift**2)).ravel()[:, None]
+        jumps = state["jump_clock"][..., None] + jumped_loo - last_jumps
+        var = (rho * gap + kappa * jumps).ravel()
+        jump = (1.0 - np.exp(-eta * jumps)).ravel()[:, None]
         w_now = (1 - jump) * propagate(flat_w, shift.ravel(), var, self.theta)
         w_now += jump * redrawn(flat_w, shift.ravel(), var, self.theta)
         values = (w_now @ self.sig).reshape(s, c, b)
@@ -328,6 +335,10 @@ class TrackKernel:
         post = reward_update(w_now, np.repeat(r[:, None, :], c, 1).ravel(), self.sig)
         np.put_along_axis(state["weights"], idx[..., None], post.reshape(s, c, b, g), axis=2)
         np.put_along_axis(state["last_level"], idx, level_loo, axis=2)
+        np.put_along_axis(
+            state["last_jump_clock"], idx, state["jump_clock"][..., None] + jumped_loo, axis=2
+        )
+        state["jump_clock"] += jumped
         np.put_along_axis(state["last_visit"], cols, state["step"][:, None], axis=1)
         state["step"] += 1
         return baseline
