@@ -177,10 +177,14 @@ def test_unbiased_given_a_fixed_history_by_monte_carlo(cache):
         one.step_columns(cols, r[:, None])
     n, b = 20000, 3
     many = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref, lead=(n,))
-    many.load_state_dict({k: np.broadcast_to(v, (n, *v.shape)) for k, v in one.state_dict().items()})
+    many.load_state_dict(
+        {k: np.broadcast_to(v, (n, *v.shape)) for k, v in one.state_dict().items()}
+    )
     p = np.linspace(0.3, 0.7, b)
     r = (np.random.default_rng(17).random((n, b)) < p).astype(float)
-    base = np.asarray(many.step_columns(np.broadcast_to(np.arange(b), (n, b)), r[..., None]).baselines)[..., 0]
+    base = np.asarray(
+        many.step_columns(np.broadcast_to(np.arange(b), (n, b)), r[..., None]).baselines
+    )[..., 0]
     prod = (base - base.mean(axis=0)) * (r - p)
     bias, se = prod.mean(axis=0), prod.std(axis=0) / np.sqrt(n)
     assert np.all(np.abs(bias) < 4 * se), (bias, se)
@@ -203,7 +207,10 @@ def test_learned_drift_rate_converges_to_the_true_one(rate):
     n_prompts, b, steps, streams = 48, 16, 400, 2
     ref = (rng.random((n_prompts, 64)) < 0.5).astype(float)
     est = make_step_estimator(
-        "basis_track", prompt_ids=[str(i) for i in range(n_prompts)], ref_rewards=ref, lead=(streams,)
+        "basis_track",
+        prompt_ids=[str(i) for i in range(n_prompts)],
+        ref_rewards=ref,
+        lead=(streams,),
     )
     logit = np.zeros((streams, n_prompts))
     for _ in range(steps):
@@ -264,7 +271,9 @@ def test_numpy_equals_torch_and_fractional_rewards(cache):
 @pytest.mark.parametrize("cache_value, reward_value", [(0, 0), (1, 1), (0, 1), (1, 0)])
 def test_never_zero_or_one(cache, cache_value, reward_value):
     ids, ref = cache
-    est = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=np.full_like(ref, cache_value))
+    est = make_step_estimator(
+        "basis_track", prompt_ids=ids, ref_rewards=np.full_like(ref, cache_value)
+    )
     for _ in range(60):
         out = est(ids[:2], np.full((2, 1), float(reward_value))).baselines
         assert np.all((out > 0) & (out < 1)), out

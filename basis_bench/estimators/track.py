@@ -12,36 +12,40 @@ log-odds theta_g (G points on [-THETA_MAX, THETA_MAX]), exact for Bernoulli rewa
     baseline    b_i = sum_g pi_i'(theta_g) sigmoid(theta_g)      (the predictive mean)
     update      pi_i''(theta) ∝ pi_i'(theta) sigmoid(theta)^r (1 - sigmoid(theta))^(1 - r)
 
-The drift comes from two clocks per stream, S (a shift) and C (a variance), that every step
-advances by increments (delta_t, rho_t) shared by the batch; a prompt last seen at clock
-values (S_i, C_i) gets
+Drift between visits, for prompt i at step t (last visited at step t_i):
 
-    d_i = S - S_i + delta,   v_i = h_k(i) (C - C_i + rho),
+    d_i = u_t - u_{t_i}                       the common level's move (the policy's shared drift)
+    v_i = rho (t - t_i) + kappa J_i           a random walk, plus kappa per level jump
+    w.p. 1 - exp(-eta J_i) the prompt was redrawn: its log-odds ~ N(old mean + d_i, old
+    variance + v_i + JUMP_VAR), a heavy tail that one surprising reward can pick out
 
-so the drift grows with the steps since the prompt's last visit as the clock ran meanwhile
-(a jump of the policy is a burst of the clock that every prompt not yet revisited inherits),
-and h_k, k the prompt's value bin, scales it by where the prompt stands. Learned online,
-from rewards already seen only:
+u is one filter of the common level per stream: each step it is calm (random-walk variance
+LEVEL_NOISE[0]) or jumps (LEVEL_NOISE[1]), and the batch's residuals decide which (an
+interacting-multiple-model step); J_i counts the level's expected jumps since the prompt's
+last visit (the reference counts as one jump before the first step). Learned online, from
+rewards already seen only:
 
-* (delta_t, rho_t): a candidate grid with a prior mixture weight each; prompt i is served
-  the posterior mean of the increments given the batch's OTHER rewards (leave-one-out), the
-  clocks then advance by the posterior mean given the whole batch;
-* the mixture weights: online EM (the whole batch's posterior responsibilities, discounted
-  by ``memory`` per step, plus ``pseudo_count`` per candidate);
-* h_k: the posterior mean over a multiplier grid given the discounted log-likelihood of the
-  bin's past rewards under each multiplier (history only).
+* the level, its variance and its jump rate epsilon (online EM: the discounted count of the
+  steps' jump posteriors under a Beta(1/2, 9/2) prior, memory JUMP_MEMORY);
+* theta = (rho, kappa, eta), how far a prompt drifts by its steps since the last visit and
+  by the policy's jumps: C filters run side by side, one per theta of the grid, and are
+  mixed by their evidence, the discounted (``memory``) log-likelihood of every reward they
+  predicted before seeing it: empirical Bayes by marginal likelihood over theta.
 
-The candidates are scored with the probit approximation E sigmoid(x + sqrt(v) z) ≈
-sigmoid(x / sqrt(1 + pi v / 8)); the served posterior is propagated exactly on the grid.
-b_i is a function of the cache, the history and r_{-i}: the advantage is unbiased given the
-history. Every grid value sigmoid(theta_g) is strictly inside (0, 1), so is b_i.
+Leave-one-out: prompt i's level step and its filters' mixing weights use the batch's OTHER
+rewards and the history, never r_i (sums without i are sums of the terms before and after
+i, so not even rounding carries r_i): the advantage r_i - b_i is unbiased given the history.
+The predictions behind the evidence and the level's step use the probit approximation E
+sigmoid(x + sqrt(v) z) ≈ sigmoid(x / sqrt(1 + pi v / 8)); the served posterior is moved,
+blurred and updated exactly on the grid. Every grid value sigmoid(theta_g) is strictly inside
+(0, 1), so is b_i.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -56,8 +60,10 @@ GRID_POINTS = 64
 THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
 JEFFREYS = 0.5
 LEVEL_NOISE = (1e-4, 4.0)  # the common level's step variance: calm, or a jump of the policy
-JUMP_PRIOR = (0.5, 24.5)  # Beta prior of the jump probability: a jump per 50 steps, worth 25
-JUMP_MEMORY = 0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
+JUMP_PRIOR = (0.5, 4.5)  # Beta prior of the jump probability: a jump per 10 steps, worth 5
+JUMP_MEMORY = (
+    0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
+)
 LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
 RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
 JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per jump of the level since the last visit
@@ -66,22 +72,23 @@ JUMP_VAR = 4.0  # a redrawn prompt's log-odds: its old posterior moved, widened 
 MEMORY = 0.95
 _P_CLIP = 1e-12
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
-_CHUNK_ELEMENTS = 1 << 21  # candidate predictions evaluated at a time
+_CHUNK_ELEMENTS = 1 << 21  # (G, G) blur kernels built at a time, in elements
 
 
 @dataclass(frozen=True)
 class TrackOptions:
-    """Options of ``basis_track``: how far back its online fits of the drift remember."""
+    """Options of ``basis_track``: how far back its evidence over the drift models reaches."""
 
     estimator: ClassVar[str] = "basis_track"
     memory: float = setting(
         MEMORY,
-        help="Per-step discount in [0, 1) of the evidence the drift's prior weights and bin "
-        "multipliers are fitted on (0: the latest step alone).",
+        help="Per-step discount in [0, 1) of the log-likelihood by which the drift models are "
+        "weighed (0: the latest step alone).",
         min_val=0.0,
         max_val=1.0,
         include_boundaries="left",
     )
+
     def __post_init__(self) -> None:
         check_settings(self, lambda name: f"{self.estimator}.{name}")
 
@@ -140,9 +147,7 @@ def blur(w: np.ndarray, var: np.ndarray, spacing: float) -> np.ndarray:
     return out
 
 
-def propagate(
-    w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray
-) -> np.ndarray:
+def propagate(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """The posterior before a visit: w (N, G) moved by ``shift`` (N,) in log-odds, then
     blurred by N(0, var)."""
     spacing = float(theta[1] - theta[0])
@@ -162,7 +167,7 @@ def redrawn(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray
 def reward_update(w: np.ndarray, r: np.ndarray, sig: np.ndarray) -> np.ndarray:
     """Bayes' rule with the (fractional) Bernoulli likelihood s^r (1 - s)^(1 - r): exact for
     r in {0, 1}, and for r in (0, 1) the likelihood of a reward with mean s."""
-    post = w * sig**r[:, None] * (1.0 - sig) ** (1.0 - r[:, None])
+    post = w * sig ** r[:, None] * (1.0 - sig) ** (1.0 - r[:, None])
     post /= post.sum(axis=-1, keepdims=True)
     return np.maximum(post, _FLOOR)
 
