@@ -69,8 +69,8 @@ from basis_bench.estimators.step import (
     make_step_estimator,
 )
 from basis_bench.estimators.table import PromptIndex, TiltTable
-from basis_bench.estimators.track import TrackOptions
 from basis_bench.estimators.tilt import default_betas, is_binary, tilted_moments, tilted_value
+from basis_bench.estimators.track import TrackOptions
 
 __all__ = [
     "BASIS_FAMILY",

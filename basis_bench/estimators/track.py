@@ -82,11 +82,10 @@ class TrackOptions:
     estimator: ClassVar[str] = "basis_track"
     memory: float = setting(
         MEMORY,
-        help="Per-step discount in [0, 1) of the log-likelihood by which the drift models are "
-        "weighed (0: the latest step alone).",
+        help="Per-step discount in [0, 1] of the log-likelihood by which the drift models are "
+        "weighed (0: the latest step alone, 1: every step alike).",
         min_val=0.0,
         max_val=1.0,
-        include_boundaries="left",
     )
 
     def __post_init__(self) -> None:
