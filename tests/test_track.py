@@ -310,3 +310,24 @@ def test_refusals(cache):
         est(ids[:2], np.array([[2.0], [0.0]]))
     with pytest.raises(InputError, match="memory"):
         make_step_estimator("basis_track", {"memory": 1.5}, prompt_ids=ids, ref_rewards=ref)
+
+
+def test_training_loop_builds_it_and_its_checkpoint_resumes_exactly(cache, tmp_path):
+    """`basis-bench train`'s estimator and checkpoint: the state through torch.save and a
+    weights-only torch.load gives the same next baselines."""
+    torch = pytest.importorskip("torch")
+    from basis_bench.train import make_config, make_estimator
+    from basis_bench.train.checkpoint import estimator_state, load_estimator_state
+
+    ids, ref = cache
+    est = make_estimator(make_config({}, ["estimator=basis_track"]), ids, ref)
+    for cols, r in _stream(P, steps=3, b=4, seed=12):
+        est([ids[c] for c in cols], r[:, None])
+    torch.save(estimator_state(est), tmp_path / "s.pt")
+    again = make_estimator(make_config({}, ["estimator=basis_track"]), ids, ref)
+    load_estimator_state(again, torch.load(tmp_path / "s.pt", weights_only=True))
+    cols, r = next(_stream(P, steps=1, b=4, seed=13))
+    batch = [ids[c] for c in cols]
+    np.testing.assert_array_equal(
+        est(batch, r[:, None]).baselines, again(batch, r[:, None]).baselines
+    )
