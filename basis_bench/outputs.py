@@ -34,8 +34,9 @@ from typing import Any, TypeVar, cast
 import polars as pl
 import pyarrow.parquet as pq
 
-from basis_bench import __version__
+from basis_bench import __version__, bounded_json
 from basis_bench.errors import InputError
+from basis_bench.folders import claimed, inside_claim, real_path, walk
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 METADATA_KEY = "basis_bench"
@@ -53,7 +54,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     share a file, and a reader sees the old complete file or the new complete file, never a
     torn one. The one writer every output of the package goes through.
     """
-    path = Path(path)
+    path = inside_claim(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
@@ -130,7 +131,13 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``basis_bench`` key-value metadata of one Parquet file ({} if absent)."""
     kv = pq.read_schema(path).metadata or {}
     raw = kv.get(METADATA_KEY.encode())
-    return json.loads(raw) if raw else {}
+    try:
+        meta = bounded_json.loads(raw) if raw else {}
+    except ValueError as err:
+        raise InputError(f"{path}: its {METADATA_KEY} metadata is not JSON ({err})") from err
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: its {METADATA_KEY} metadata is not a JSON object")
+    return meta
 
 
 # --------------------------------------------------------------------------- output folders
@@ -156,8 +163,8 @@ def _is_temporary(path: Path) -> bool:
 
 def _output_files(path: Path) -> list[Path]:
     """Every file under ``path`` but writers' temporary files (empty folders do not count)."""
-    files = (f for f in path.rglob("*") if not f.is_dir() and not _is_temporary(f))
-    return sorted(f for f in files if f.name != LOCK_FILE)
+    files = (Path(d) / f for d, _, names in walk(path) for f in names)
+    return sorted(f for f in files if f.name != LOCK_FILE and not _is_temporary(f))
 
 
 def read_output_marker(
@@ -170,7 +177,7 @@ def read_output_marker(
         return None
     fix = "delete it, or pass --force" if force_flag else "delete it"
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
+        data = bounded_json.loads(marker.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{marker} is not a valid marker ({err}); {fix}") from err
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
@@ -190,7 +197,7 @@ def _parquet_role(path: Path, root: Path) -> bool | None:
         return None
     raw = (schema.metadata or {}).get(METADATA_KEY.encode())
     try:
-        meta = json.loads(raw) if raw else {}
+        meta = bounded_json.loads(raw) if raw else {}
     except ValueError:
         return None
     return meta.get("simulated") is True
@@ -271,14 +278,15 @@ def claim_output_dir(
     the setting in messages (``--out``, ``run_dir``); ``force_flag`` False for a command
     without --force (evaluate, sensitivity, figures), whose messages then do not suggest it.
 
-    Links are followed: the folder returned is the real one, so every command writes
+    Never inside another command's output, at any depth (:func:`_check_not_nested`), unless
+    ``force``. Links are followed: the folder returned is the real one, so every command writes
     through a symbolic link into its target and never replaces the link. The folder is
     locked to this process until it exits (:func:`lock_output`; ``shared`` for the
     oracle's shards, which write disjoint parts of one dataset side by side). The shipped
     dataset (installed package data) is read-only to every command.
     """
     path = _writable_folder(Path(path), option)
-    if kind == "rollouts" and not force:
+    if not force:
         _check_not_nested(path, option)
     existed = path.exists()
     try:
@@ -290,6 +298,7 @@ def claim_output_dir(
     if found is not None and not force:
         _check_claim(path, kind, simulated, found, option, force_flag)
     lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
+    claimed(path)
     if _SCOPE and found is None:  # new or empty, and ours: a failed command leaves it so
         (_SCOPE[-1].emptied if existed else _SCOPE[-1].created).append(path)
     marker: dict[str, Any] = {"kind": kind}
@@ -308,44 +317,28 @@ def claim_output_dir(
 
 
 def _check_not_nested(path: Path, option: str) -> None:
-    """Refuse a dataset inside another one (--out DATASET/rollouts): its rows were read as
-    the outer dataset's, its prompts.parquet was not, and the outer one held two markers."""
+    """Refuse an output folder inside another command's output, at any depth, for every
+    command: inside a rollouts dataset (by its marker, or a folder written before markers by
+    its layout) its files were read as the dataset's (``evaluate --out DATASET/results``
+    broke every later command on it, ``train`` run_dir=DATASET/run added a policy); inside
+    a results folder or a training run, a rerun of that one swaps or mixes it."""
     for above in path.parents:
         try:
             held = read_output_marker(above)
         except InputError:  # not ours to judge here
             held = None
-        marked = held is not None and held.get("kind") == "rollouts"
         layout = (above / PROMPTS_FILE).is_file() and (above / "rollouts").is_dir()
-        if marked or layout:
+        if (held is not None and held.get("kind") == "rollouts") or (held is None and layout):
             raise InputError(
                 f"{option} {path} is inside the rollouts dataset {above}; give that dataset's "
-                f"folder ({option} {above}) or one outside it"
+                f"folder ({option} {above}) or one outside it (its files would be read as the "
+                "dataset's by every later command)"
             )
-
-
-_NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)
-
-
-def refuse_long_names(path: str | os.PathLike[str], option: str) -> None:
-    """A name in ``path`` longer than a file system takes is one line (``stat`` would fail
-    with ENAMETOOLONG, an OSError, wherever the path is first looked at)."""
-    long = next((p for p in Path(path).parts if len(os.fsencode(p)) > _NAME_MAX), None)
-    if long is not None:
-        raise InputError(
-            f"{option}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a file "
-            f"system takes at most {_NAME_MAX}"
-        )
-
-
-def real_path(path: str | os.PathLike[str], option: str) -> Path:
-    """``path`` with every symbolic link resolved; a link loop or a name longer than a file
-    system takes is one line."""
-    refuse_long_names(path, option)
-    real = Path(os.path.realpath(path))
-    if any(p.is_symlink() for p in (real, *real.parents)):  # realpath left a link: a loop
-        raise InputError(f"{option} {path} is a loop of symbolic links; give a directory")
-    return real
+        if held is not None:
+            raise InputError(
+                f"{option} {path} is inside {_describe(held)}, {above}; give a folder outside "
+                "it (a rerun of that command would replace or mix it)"
+            )
 
 
 def _writable_folder(path: Path, option: str) -> Path:
@@ -421,7 +414,7 @@ def _release(claims: _Claims, failed: bool) -> None:
     does not undo a folder another shard is writing)."""
     for folder in (*claims.created, *claims.emptied) if failed else ():
         if _unused_and_ours(folder):
-            _forget_lock(folder)
+            forget_lock(folder)
             if folder in claims.created:
                 shutil.rmtree(folder, ignore_errors=True)
             else:
@@ -442,15 +435,27 @@ def _unused_and_ours(folder: Path) -> bool:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WRITERS)
     except OSError:
         return False
-    return _output_files(folder) == [folder / OUTPUT_MARKER]
+    try:
+        return _output_files(folder) == [folder / OUTPUT_MARKER]
+    except InputError:  # something there cannot be read: not known to be unused
+        return False
 
 
-def _forget_lock(folder: Path) -> None:
+def forget_lock(folder: Path) -> None:
     """Close this process's descriptor of ``folder``'s lock file (its locks go with it),
     before the file is removed: a later claim of the folder opens the new one."""
     fd = _HELD_LOCKS.pop(folder / LOCK_FILE, None)
     if fd is not None:
         os.close(fd)
+
+
+def lock_moved(src: Path, dst: Path) -> None:
+    """After the folder ``src`` was renamed onto ``dst``: this process's lock of ``src`` is
+    ``dst``'s now, and its lock of the folder ``dst`` was (set aside, to be removed) is let go."""
+    forget_lock(dst)
+    fd = _HELD_LOCKS.pop(src / LOCK_FILE, None)
+    if fd is not None:
+        _HELD_LOCKS[dst / LOCK_FILE] = fd
 
 
 def _lock_descriptor(folder: Path) -> int | None:
@@ -469,8 +474,8 @@ def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") ->
     """Lock ``folder`` (created) for writing by this process (an advisory POSIX lock on its
     ``.basis-bench.lock``, which a killed process never leaves held). A folder another
     process writes is an :class:`InputError`; ``shared`` lets several oracle shards write
-    one dataset. A results folder swapped whole at the end of a run gets a new lock file
-    with it: its writer is done by then."""
+    one dataset. A results folder swapped whole at the end of a run gets its staging
+    folder's lock file with it, which the writer holds (:func:`lock_moved`)."""
     folder.mkdir(parents=True, exist_ok=True)
     fd = _lock_descriptor(folder)
     if fd is None:
@@ -485,6 +490,25 @@ def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") ->
         ) from err
     if _SCOPE:
         _SCOPE[-1].locks.append(fd)
+
+
+def held_by_a_writer(folder: Path) -> bool:
+    """Whether a live process holds ``folder``'s writer lock (this one included; a folder
+    without a lock file has no writer): how a cleanup knows a leftover, never by a name."""
+    lock = folder / LOCK_FILE
+    if lock in _HELD_LOCKS:
+        return True
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WRITERS)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 @contextlib.contextmanager

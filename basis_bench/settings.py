@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import sys
 import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -64,6 +65,10 @@ def check_scalar(
         raise InputError(f"{name} must be a number, not NaN")
     if math.isinf(x) and not allow_inf:
         raise InputError(f"{name} must be finite; got {value}")
+    if 0 < abs(x) < sys.float_info.min:  # subnormal: 1 / x overflows, x * y underflows
+        raise InputError(
+            f"{name} must be 0 or at least {sys.float_info.min:g} in size; got {value}"
+        )
     low_closed = include_boundaries in ("both", "left")
     high_closed = include_boundaries in ("both", "right")
     too_low = min_val is not None and (x < min_val or (x == min_val and not low_closed))

@@ -61,7 +61,7 @@ def old_rows(sampler: HFSampler, lengths: np.ndarray, n: int, max_new: int) -> i
 
 def start_vllm(engine: str, template: PromptTemplate, kv_cache_gib: float) -> Sampler | None:
     """A vllm sampler of SmolLM2 on the CPU, or None (with the reason) where vllm is absent."""
-    from basis_bench.rollouts.sampling.vllm import VLLMSampler
+    from basis_bench.rollouts.sampling.vllm import VLLMSampler, VLLMSettings
 
     start = time.perf_counter()
     try:
@@ -69,8 +69,7 @@ def start_vllm(engine: str, template: PromptTemplate, kv_cache_gib: float) -> Sa
             resolve_checkpoint("smollm2-135m"),
             template,
             device="cpu",
-            kv_cache_gib=kv_cache_gib,
-            eager=VLLM_ENGINES[engine],
+            settings=VLLMSettings(kv_cache_gib=kv_cache_gib, eager=VLLM_ENGINES[engine]),
         )
     except InputError as err:
         print(f"{engine} left out: {err}", flush=True)

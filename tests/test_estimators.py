@@ -537,3 +537,81 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(InputError, match="one rollout per prompt"):
         E.get("basis")(E.EstimatorInput(np.ones((4, 2)), np.full((3, 4), 0.5), None, np.ones(3)))
     assert E.refine(v, np.array([0.0, 3, 2, 1]), reward_range=None).shape == (4,)
+
+
+# ---------------------------------------------------------------- the step boundary (issue 35)
+
+
+def _step_inputs(name: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    ids = ["a", "b", "c", "d"]
+    cache = np.random.default_rng(0).integers(0, 2, size=(4, 16)).astype(float)
+    g = 2 if E.get(name).group else 1
+    rewards = np.tile(np.array([[1.0], [0.0], [0.0], [1.0]]), (1, g))
+    rewards[0, -1] = 0.0
+    return ids, cache, rewards
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "torch_bool", "bool", "int8", "list"])
+@pytest.mark.parametrize("name", sorted(E.available()))
+def test_every_step_estimator_takes_any_real_rewards(name, dtype):
+    """bfloat16, boolean, int8 and list rewards give the float64 baselines (they raised
+    TypeError / RuntimeError / AttributeError past make_step_estimator's boundary)."""
+    ids, cache, rewards = _step_inputs(name)
+    expected = np.asarray(
+        E.make_step_estimator(name, prompt_ids=ids, ref_rewards=cache)(ids, rewards).baselines
+    )
+    given = {
+        "bfloat16": lambda r: torch.tensor(r, dtype=torch.bfloat16),
+        "torch_bool": lambda r: torch.tensor(r.astype(bool)),
+        "bool": lambda r: r.astype(bool),
+        "int8": lambda r: r.astype(np.int8),
+        "list": lambda r: r.tolist(),
+    }[dtype](rewards)
+    est = E.make_step_estimator(name, prompt_ids=ids, ref_rewards=cache)
+    got = est(ids, given).baselines
+    values = got.float().numpy() if hasattr(got, "detach") else np.asarray(got)
+    np.testing.assert_allclose(values, expected, atol=1e-2)
+
+
+@pytest.mark.parametrize("name", sorted(E.available()))
+def test_every_step_estimator_takes_a_bfloat16_cache_and_refuses_an_empty_step(name):
+    ids, cache, rewards = _step_inputs(name)
+    expected = E.make_step_estimator(name, prompt_ids=ids, ref_rewards=cache)(ids, rewards)
+    half = torch.tensor(cache, dtype=torch.bfloat16)  # 0/1 rewards are exact in bfloat16
+    got = E.make_step_estimator(name, prompt_ids=ids, ref_rewards=half)(ids, rewards)
+    np.testing.assert_allclose(np.asarray(got.baselines), np.asarray(expected.baselines))
+    est = E.make_step_estimator(name, prompt_ids=ids, ref_rewards=cache)
+    with pytest.raises(InputError, match="no prompts"):
+        est([], np.zeros((0, rewards.shape[1])))
+
+
+def test_the_direct_step_classes_take_lists_and_refuse_an_empty_batch():
+    ids, cache = ["a", "b"], np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    spo = E.SpoTracker(ids, cache)(ids, [1, 0])
+    np.testing.assert_allclose(spo, E.SpoTracker(ids, cache)(ids, np.array([1.0, 0.0])))
+    with pytest.raises(InputError, match="no prompts"):
+        E.SpoTracker(ids, cache)([], np.zeros(0))
+    with pytest.raises(InputError, match="no prompts"):  # it gave NaN with two warnings
+        E.Basis(ids, cache, refine=False)([], np.zeros(0))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in E.available().items() if e.uses_cache))
+def test_a_reference_cache_outside_the_reward_range_is_refused(name):
+    """A cache of rewards in [0, 2] with the default range [0, 1] gave baselines above 1."""
+    ids, cache, _ = _step_inputs(name)
+    with pytest.raises(InputError, match="ref_rewards fall outside the declared reward range"):
+        E.make_step_estimator(name, prompt_ids=ids, ref_rewards=2 * cache)
+    missing = cache.copy()
+    missing[0, 0] = np.nan  # a missing sample is not out of range
+    E.make_step_estimator(name, prompt_ids=ids, ref_rewards=missing)
+    if name != "spo_tracker":  # its Beta posterior needs [0, 1] whatever the range says
+        E.make_step_estimator(name, prompt_ids=ids, ref_rewards=2 * cache, reward_range=(0, 2))
+
+
+def test_basis_refuses_a_reference_cache_outside_its_reward_range():
+    ids, cache = ["a", "b"], np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    with pytest.raises(InputError, match="outside the declared reward range"):
+        E.Basis(ids, 3 * cache)
+    with pytest.raises(InputError, match="infinite"):
+        E.Basis(ids, np.where(cache > 0, np.inf, 0.0), reward_range=None)
+    assert E.Basis(ids, 3 * cache, reward_range=None).table.values.max() > 1

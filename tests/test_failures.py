@@ -34,6 +34,7 @@ from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
 from basis_bench.evaluation.figures import make_figures
 from basis_bench.outputs import (
+    LOCK_FILE,
     OUTPUT_MARKER,
     atomic_write,
     claim_output_dir,
@@ -680,6 +681,11 @@ def test_oracle_names_a_corrupt_checkpoint(monkeypatch, capsys, tmp_path, broken
     assert_one_line_error(result, str(target.resolve()), "cannot load the model", "corrupt")
 
 
+# A Llama small enough to build (the defaults make 6.5B parameters, refused before building).
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
+
+
 def test_an_oracle_whose_model_cannot_load_writes_nothing(
     monkeypatch, capsys, tmp_path, real_dataset
 ):
@@ -687,7 +693,7 @@ def test_an_oracle_whose_model_cannot_load_writes_nothing(
     dataset's bytes as they were."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "config.json").write_text(json.dumps(TINY_LLAMA))
     (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     claim_output_dir(real_dataset, "rollouts", simulated=False)  # as an earlier run left it
     before = snapshot(real_dataset)
@@ -707,7 +713,7 @@ def test_an_oracle_whose_model_cannot_load_leaves_the_out_folder_as_it_was(
     and an empty one stays empty (its own subfolder kept)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    (ckpt / "config.json").write_text(json.dumps(TINY_LLAMA))
     (ckpt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
     out = tmp_path / "out"
     if given == "empty":
@@ -747,7 +753,7 @@ def test_oracle_on_a_read_only_out_is_one_line(monkeypatch, capsys, fake_ckpt, t
 def test_oracle_disk_full_keeps_completed_parts_valid(monkeypatch, capsys, fake_ckpt, tmp_path):
     """Disk full mid-run: one line, exit 1, every part on disk loads, no temporary file is
     left, and a rerun with space resumes and completes the dataset."""
-    import basis_bench.rollouts.oracle as oracle_module
+    import basis_bench.rollouts.oracle_chunks as oracle_module
     import basis_bench.rollouts.sampling as sampling
 
     monkeypatch.setattr(sampling, "make_sampler", lambda *a, **k: FakeSampler())
@@ -862,6 +868,94 @@ def test_resume_refuses_truncated_garbage_and_partial_checkpoints(monkeypatch, c
         result = run_main(monkeypatch, capsys, "train", "--resume", str(wrong))
         assert_one_line_error(result, f"no {TRAINER_STATE} there", f"found: {ckpt}")
         assert ".partial" not in result[1]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"step": -3},
+        {"step": "abc"},
+        {"step": True},
+        {"step": 2.0},
+        {"config": "abc"},
+        {"config": {1: 2}},
+        {"optimizer": "abc"},
+        {"rng": {"torch": "abc"}},
+        {"rng": None},
+        {"basis_previous_index": -1},
+        {"estimator_state": [1, 2]},
+    ],
+    ids=lambda e: "-".join(f"{k}={v!r}" for k, v in e.items()),
+)
+def test_resume_checks_the_whole_trainer_state_before_writing(monkeypatch, capsys, tmp_path, edit):
+    """Issue 35: a state with step=-3 emptied log.jsonl, then raised; config="abc" or
+    step="abc" raised tracebacks. Every field is checked before a model loads or a file is
+    written."""
+    import torch
+
+    import basis_bench.train.setup as setup
+    from basis_bench.train import make_config
+    from basis_bench.train.checkpoint import TRAINER_STATE
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    log = tmp_path / "run" / "log.jsonl"
+    log.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n')
+    state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
+    torch.save({**state, "config": vars(make_config({})), **edit}, ckpt / TRAINER_STATE)
+    before = snapshot(tmp_path / "run")
+    result = run_main(monkeypatch, capsys, "train", "--resume", str(ckpt))
+    assert_one_line_error(result, TRAINER_STATE, f"{next(iter(edit))} = ")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_an_estimator_state_off_its_beta_grid_is_refused():
+    """A ``basis_previous_index`` past the grid was stored and indexed at the next step."""
+    from basis_bench.estimators import make_step_estimator
+    from basis_bench.train.checkpoint import load_estimator_state
+
+    ids, cache = ["a", "b"], np.array([[1.0, 0.0], [0.0, 1.0]])
+    step = make_step_estimator(
+        "basis", {"calibration": "previous"}, prompt_ids=ids, ref_rewards=cache
+    )
+    load_estimator_state(step, {"basis_previous_index": 3})
+    assert step.previous_index == 3
+    with pytest.raises(InputError, match="not an index of its beta grid"):
+        load_estimator_state(step, {"basis_previous_index": len(step.table.betas)})
+    grpo = make_step_estimator("grpo")
+    with pytest.raises(InputError, match="not an index of its beta grid"):
+        load_estimator_state(grpo, {"basis_previous_index": 0})
+
+
+@pytest.mark.parametrize("size", ["16k", "64k"])  # full in safetensors / in torch.save
+def test_a_disk_full_checkpoint_is_a_write_error_and_leaves_no_partial(tmp_path, size):
+    """Issue 35: a full disk while a checkpoint was saved raised torch's RuntimeError
+    ('unexpected pos') or a SafetensorError, a traceback, and left the .partial folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from basis_bench.train.checkpoint import save_checkpoint
+
+    class Tokenizer:
+        def save_pretrained(self, folder):
+            (Path(folder) / "tokenizer.json").write_text("{}")
+
+    config = LlamaConfig(
+        vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    disk = tmp_path / "disk"
+    with mounted_tmpfs(disk, f"size={size}") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a small tmpfs here")
+        blob = {"blob": torch.zeros(100_000)}  # too big for the 64k disk once the model fits
+        with pytest.raises(OSError) as err:
+            save_checkpoint(disk / "step-000001", model, Tokenizer(), optimizer, 1, blob)
+        assert err.value.errno == errno.ENOSPC  # the CLI's one line, exit 1
+        assert list(disk.iterdir()) == []
 
 
 def test_resume_cannot_move_the_run_elsewhere(monkeypatch, capsys, tmp_path):
@@ -1138,7 +1232,7 @@ def test_a_rerun_replaces_the_whole_run(monkeypatch, capsys, sim_dataset, tmp_pa
     assert not (out / "g_sweep.csv").exists()
     assert not (out / "estimates.parquet").exists()
     run = json.loads((out / "run.json").read_text())
-    files = {f.name for f in out.iterdir()} - {OUTPUT_MARKER, "run.json"}
+    files = {f.name for f in out.iterdir()} - {OUTPUT_MARKER, LOCK_FILE, "run.json"}
     assert set(run["tables"]) == files
     assert pl.read_csv(out / "summary.csv")["estimator"].unique().to_list() == ["basis"]
     assert siblings(out) == []

@@ -210,17 +210,13 @@ def test_an_interrupt_a_library_swallowed_is_still_reported(
 
 def test_evaluate_removes_what_a_killed_run_left(monkeypatch, capsys, sim_dataset, tmp_path):
     out = tmp_path / "res"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    pid = int(dead.stdout)
-    stale = [tmp_path / f".res.{pid}.abc.staging", tmp_path / f".res.{pid}.def.old"]
+    stale = [tmp_path / ".res.abc.staging", tmp_path / ".res.def.old"]
     for folder in stale:
         folder.mkdir()
         (folder / "summary.csv").write_text("x")
-    alive = tmp_path / f".res.{os.getpid()}.ghi.staging"  # a run still going: left alone
-    alive.mkdir()
+        (folder / LOCK_FILE).write_text("")  # its writer, killed, holds it no more
     assert run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))[0] == 0
-    assert siblings(out) == [alive.name]
+    assert siblings(out) == []
 
 
 def test_evaluate_writes_through_a_link(monkeypatch, capsys, sim_dataset, tmp_path):

@@ -687,3 +687,44 @@ def test_smollm2_end_to_end_on_cpu(tmp_path):
     assert meta["run"]["seed"] == 0 and meta["dataset"]["source"].startswith("arithmetic:")
     assert meta["backend"]["backend"] == "hf" and meta["package_version"]
     assert json.loads(json.dumps(meta)) == meta
+
+
+def _vllm_imports() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # ImportError, or a torch extension built for another torch
+        return False
+    return True
+
+
+@pytest.mark.skipif(_vllm_imports(), reason="vllm imports here: auto chooses it first")
+def test_auto_backend_samples_with_a_preferred_backend_that_serves_the_device(tiny_model, tmp_path):
+    """--backend auto (the default) takes a registered preferred backend that serves the
+    device, and every part's metadata names it; without one (vllm absent here) it is hf.
+    The test backend is the hf sampler under another name, so the rows are hf's."""
+    from basis_bench.rollouts.oracle import run_oracle
+    from basis_bench.rollouts.sampling import register_sampler, registry
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    class Preferred(HFSampler):
+        backend = "preferred"
+        capabilities = dataclasses.replace(HFSampler.capabilities, cpu_workers=False)
+
+    job = OracleJob(
+        model=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,seed=2", n=2,
+        max_new_tokens=8, chunk_size=2, device="cpu", workers=1, out=tmp_path / "hf",
+    )  # fmt: skip
+    assert job.backend == "auto"
+    run_oracle(job)
+    with registry.temporary():
+        register_sampler(Preferred, preferred=True)
+        run_oracle(dataclasses.replace(job, out=tmp_path / "preferred"))
+
+    def backends(out: Path) -> set[str]:
+        return {
+            read_metadata(p)["backend"]["backend"] for p in (out / "rollouts").rglob("*.parquet")
+        }
+
+    assert backends(tmp_path / "hf") == {"hf"}
+    assert backends(tmp_path / "preferred") == {"preferred"}
+    assert load_rollouts(tmp_path / "preferred").equals(load_rollouts(tmp_path / "hf"))

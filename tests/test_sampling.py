@@ -11,13 +11,22 @@ import pytest
 from basis_bench.errors import InputError
 from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE
-from basis_bench.rollouts.sampling import SamplingConfig, make_sampler
-from basis_bench.rollouts.sampling.base import Sampler
+from basis_bench.rollouts.sampling import (
+    SamplingConfig,
+    make_sampler,
+    register_sampler,
+    registry,
+    sampler_class,
+)
+from basis_bench.rollouts.sampling.base import Capabilities, Sampler
 from basis_bench.rollouts.sampling.hf import (
+    HFSampler,
+    HFSettings,
     last_token_hidden_states,
     length_batches,
     plan_calls,
 )
+from basis_bench.rollouts.sampling.vllm import VLLMSampler
 
 PROBLEMS = [
     "What is 2 + 3?",
@@ -70,8 +79,69 @@ def test_sampling_config_validation():
 
 def test_make_sampler_rejects_bad_backend_settings():
     ckpt = resolve_checkpoint("smollm2-135m")
-    with pytest.raises(InputError, match="--backend must be one of"):
+    with pytest.raises(InputError, match="--backend must be one of auto, hf, vllm, got 'tgi'"):
         make_sampler("tgi", ckpt)
+    with pytest.raises(TypeError, match="the hf backend takes HFSettings"):
+        make_sampler("hf", ckpt, settings=VLLMSampler.Settings())
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def _vllm_imports() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # ImportError, or a torch extension built for another torch
+        return False
+    return True
+
+
+class Claims(HFSampler):
+    """A registered test backend: the hf sampler under another name, on the CPU only."""
+
+    backend = "claims"
+    capabilities = Capabilities(
+        devices=("cpu",),
+        per_prompt_seeds=True,
+        hidden_states=True,
+        weight_sync=False,
+        cpu_workers=False,
+    )
+
+
+class GpuOnly(Claims):
+    backend = "gpu-only"
+    capabilities = Capabilities(
+        devices=("cuda",),
+        per_prompt_seeds=True,
+        hidden_states=True,
+        weight_sync=False,
+        cpu_workers=False,
+    )
+
+
+@pytest.mark.skipif(_vllm_imports(), reason="vllm imports here: auto chooses it")
+def test_auto_is_hf_where_vllm_does_not_import():
+    assert sampler_class("auto", "cpu") is HFSampler
+    assert sampler_class("auto", "cuda") is HFSampler
+    assert sampler_class("vllm", "cpu") is VLLMSampler  # named: no check until it starts
+
+
+@pytest.mark.skipif(_vllm_imports(), reason="vllm imports here: auto chooses it first")
+def test_auto_takes_the_first_preferred_backend_that_serves_the_device():
+    with registry.temporary() as samplers:
+        register_sampler(GpuOnly, preferred=True)
+        assert sampler_class("auto", "cpu") is HFSampler  # it does not serve the CPU
+        register_sampler(Claims, preferred=True)
+        assert sampler_class("auto", "cpu") is Claims
+        assert sampler_class("auto", "cuda:1") is GpuOnly
+        assert registry.backend_names() == ("auto", "hf", "vllm", "gpu-only", "claims")
+        with pytest.raises(ValueError, match="name 'claims' is taken"):
+            register_sampler(Claims)
+        assert "claims" in samplers
+    assert registry.backend_names() == ("auto", "hf", "vllm")
+    with pytest.raises(TypeError, match="does not define capabilities, Settings, start"):
+        register_sampler(type("Bare", (Sampler,), {"backend": "bare"}))
 
 
 # --------------------------------------------------------------------------- shared decode path
@@ -168,7 +238,9 @@ def hf_sampler():
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield make_sampler("hf", resolve_checkpoint("smollm2-135m"), device="cpu", batch_size=4)
+    yield make_sampler(
+        "hf", resolve_checkpoint("smollm2-135m"), device="cpu", settings=HFSettings(batch_size=4)
+    )
     torch.set_num_threads(before)
 
 

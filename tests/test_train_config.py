@@ -340,7 +340,7 @@ def test_counts_and_seeds_are_checked_where_the_config_is_made():
         ("steps=0", "steps must be >= 1; got 0"),
         ("seed=-1", "seed must be >= 0; got -1"),
         ("heldout_every=-1", "heldout_every must be >= 0"),
-        ("backend=tpu", "backend must be one of hf, vllm; got 'tpu'"),
+        ("backend=tpu", "backend must be one of auto, hf, vllm; got 'tpu'"),
     ):
         with pytest.raises(InputError, match=message):
             make_config({}, [override])

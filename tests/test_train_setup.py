@@ -1,15 +1,22 @@
-"""train/setup.py's model loading on a tiny random Llama (fast tier): the device paths the
-paper's config turns on (gradient checkpointing) work on any transformers version here."""
+"""train/setup.py on a tiny random Llama (fast tier): the device paths the paper's config turns
+on (gradient checkpointing) work on any transformers version here, and the sampler a run gets
+from its backend (auto: hf here; a weight-sync backend follows the policy)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import warnings
 
 import pytest
 import torch
 
+from basis_bench.errors import InputError
+from basis_bench.rollouts.sampling import Sampler, register_sampler, registry
+from basis_bench.rollouts.sampling.hf import HFSampler
 from basis_bench.train import make_config
-from basis_bench.train.setup import load_models
+from basis_bench.train.loop import open_run
+from basis_bench.train.setup import load_models, setup, sync_sampler
 
 
 @pytest.fixture
@@ -51,3 +58,88 @@ def test_gradient_checkpointing_is_on_and_silent_and_gradients_match(tiny_model_
     assert len(plain) == len(checkpointed) > 0
     for a, b in zip(plain, checkpointed, strict=True):
         torch.testing.assert_close(a, b)
+
+
+# --------------------------------------------------------------------------- the sampler
+
+
+def _vllm_imports() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # ImportError, or a torch extension built for another torch
+        return False
+    return True
+
+
+class Synced(HFSampler):
+    """A registered test backend with weight sync: a transformers copy of its own, loaded
+    from the reference checkpoint, that takes the policy's weights as vLLM's engine does."""
+
+    backend = "synced"
+    capabilities = dataclasses.replace(HFSampler.capabilities, weight_sync=True)
+
+    def load_weights(self, named_tensors):
+        self.model.load_state_dict(dict(named_tensors))
+
+
+def train_setup(root, **settings):
+    config = make_config(
+        {
+            "model": str(root / "model"),
+            "device": "cpu",
+            "estimator": "grpo",  # no reference cache: nothing is sampled in setup
+            "run_dir": str(root / "run"),
+            **settings,
+        }
+    )
+    return setup(config)
+
+
+@pytest.fixture
+def root(tiny_model_dir, tmp_path):
+    (tmp_path / "model").symlink_to(tiny_model_dir)
+    return tmp_path
+
+
+@pytest.mark.skipif(_vllm_imports(), reason="vllm imports here: auto chooses it")
+def test_auto_backend_samples_the_live_policy_with_hf_and_the_run_records_it(root):
+    run = train_setup(root)
+    assert make_config({}).backend == "auto"
+    assert run.config.backend == "hf"
+    assert type(run.sampler) is HFSampler and run.sampler.model is run.models.policy
+    open_run(run, 1)
+    assert json.loads((root / "run" / "config.json").read_text())["backend"] == "hf"
+
+
+def test_a_weight_sync_backend_starts_from_the_reference_and_follows_the_policy(root):
+    with registry.temporary():
+        register_sampler(Synced)
+        run = train_setup(root, backend="synced")
+    policy, sampler = run.models.policy, run.sampler
+    assert type(sampler) is Synced and sampler.model is not policy
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    before = dict(sampler.model.state_dict())
+    assert all(not torch.equal(before[k], v) for k, v in policy.state_dict().items())
+    sync_sampler(sampler, policy)
+    for name, value in policy.state_dict().items():
+        torch.testing.assert_close(sampler.model.state_dict()[name], value)
+
+
+def test_a_backend_that_cannot_follow_a_policy_is_refused_before_models_load(root, monkeypatch):
+    import basis_bench.train.setup as setup_module
+
+    class OracleOnly(Synced):
+        backend = "oracle-only"
+        capabilities = dataclasses.replace(HFSampler.capabilities, weight_sync=False)
+        of_policy = Sampler.of_policy
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model loaded before the backend was checked")
+
+    monkeypatch.setattr(setup_module, "load_models", loaded)
+    with registry.temporary():
+        register_sampler(OracleOnly)
+        with pytest.raises(InputError, match="oracle-only backend cannot sample a model being"):
+            train_setup(root, backend="oracle-only")

@@ -24,7 +24,8 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.models import hf_format_directory, resolve_checkpoint
 from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
 from basis_bench.rollouts.sampling import SamplingConfig, make_sampler
-from basis_bench.rollouts.sampling.vllm import check_device, engine_args
+from basis_bench.rollouts.sampling.hf import HFSettings
+from basis_bench.rollouts.sampling.vllm import VLLMSettings, check_device, engine_args
 from basis_bench.rollouts.store import (
     OPTIONAL_ROLLOUT_COLUMNS,
     ROLLOUT_COLUMNS,
@@ -132,13 +133,18 @@ def one_thread():
 @pytest.fixture(scope="module")
 def vllm_sampler(one_thread):
     return make_sampler(
-        "vllm", resolve_checkpoint("smollm2-135m"), device="cpu", kv_cache_gib=KV_CACHE_GIB
+        "vllm",
+        resolve_checkpoint("smollm2-135m"),
+        device="cpu",
+        settings=VLLMSettings(kv_cache_gib=KV_CACHE_GIB),
     )
 
 
 @pytest.fixture(scope="module")
 def hf_sampler(one_thread):
-    return make_sampler("hf", resolve_checkpoint("smollm2-135m"), device="cpu", batch_size=64)
+    return make_sampler(
+        "hf", resolve_checkpoint("smollm2-135m"), device="cpu", settings=HFSettings(batch_size=64)
+    )
 
 
 @needs_vllm

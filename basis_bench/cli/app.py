@@ -6,12 +6,14 @@ from __future__ import annotations
 import errno
 import sys
 import warnings
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
+from basis_bench.quoting import shown
 from basis_bench.settings import RenamedSetting
 
 app = typer.Typer(
@@ -86,6 +88,38 @@ def after_failure(argv: list[str]) -> str:
     return AFTER_FAILURE.get(running_command(argv) or "", DEFAULT_AFTER_FAILURE)
 
 
+def refuse_empty_paths(args: list[str]) -> None:
+    """A path option given an empty value (``--rollouts ''``, ``--out "$UNSET"``) is one
+    line: typer read it as the current folder, which a reader then walked whole (with its
+    link loops: out of memory) and a writer claimed."""
+    if not any(a == "" or a.endswith("=") for a in args):
+        return
+    flags = _path_flags(app)
+    for flag, value in zip(args, [*args[1:], None], strict=True):
+        name, eq, inline = flag.partition("=")
+        if name in flags and ((eq and not inline) or (not eq and value == "")):
+            raise InputError(f"{name} is empty; give a path (. for the current folder)")
+
+
+def _path_flags(typer_app: typer.Typer) -> set[str]:
+    """The flags of every option of every command that takes a path (or a list of them)."""
+    import typing
+
+    from typer.models import OptionInfo
+
+    flags: set[str] = set()
+    for callback in filter(None, (c.callback for c in typer_app.registered_commands)):
+        for hint in typing.get_type_hints(callback, include_extras=True).values():
+            if typing.get_origin(hint) is not typing.Annotated:
+                continue
+            kind, *extras = typing.get_args(hint)
+            takes = (kind, *typing.get_args(kind), *map(typing.get_args, typing.get_args(kind)))
+            if any(t is Path or (isinstance(t, tuple) and Path in t) for t in takes):
+                for info in (e for e in extras if isinstance(e, OptionInfo)):
+                    flags |= {str(info.default), *(info.param_decls or ())}  # flag first
+    return {f for f in flags if f.startswith("--")}
+
+
 def main() -> None:
     """Console-script entry point: user mistakes become one clear line (exit code 2), a
     failed write (disk full, read-only, no permission) one line saying what is kept
@@ -98,14 +132,15 @@ def main() -> None:
     swallowed_interrupt(forget=True)
     _renamed_settings_in_one_line(console)
     try:
+        refuse_empty_paths(sys.argv[1:])
         app()
     except InputError as err:
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        console.print(f"[bold red]error:[/] {shown(err)}", highlight=False)
         sys.exit(2)
     except OSError as err:
         if err.errno not in WRITE_ERRNOS:
             raise
-        where = f" ({err.filename})" if err.filename else ""
+        where = f" ({shown(err.filename)})" if err.filename else ""
         console.print(
             f"[bold red]error:[/] {WRITE_ERRNOS[err.errno]}{where}; {after_failure(sys.argv)}",
             highlight=False,

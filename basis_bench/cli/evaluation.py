@@ -21,6 +21,7 @@ from basis_bench.cli.options import (
     split_names,
 )
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
+from basis_bench.quoting import shown
 from basis_bench.rollouts.simulation import DEFAULT_STAGES, SimulationConfig, parse_stages
 from basis_bench.settings import setting_default
 
@@ -44,7 +45,7 @@ def _load_plugins(console: Console) -> None:
     for w in caught:
         if issubclass(w.category, PluginWarning):
             Console(stderr=True, soft_wrap=True).print(
-                f"[yellow]warning:[/] {w.message}", highlight=False
+                f"[yellow]warning:[/] {shown(w.message)}", highlight=False
             )
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
@@ -56,7 +57,7 @@ def _checkpoint_bars(bar: Any) -> Callable[[str, int, int], None]:
 
     def tick(name: str, done: int, total: int) -> None:
         if name not in tasks:
-            tasks[name] = bar.add_task(f"checkpoint {name}", total=total)
+            tasks[name] = bar.add_task(f"checkpoint {shown(name)}", total=total)
         bar.update(tasks[name], completed=done)
 
     return tick
@@ -106,7 +107,7 @@ def simulate(
 
     path = run_simulation(cfg, out, force=force)
     Console().print(
-        f"wrote simulated dataset ({cfg.setting}, {cfg.n_prompts} prompts, policies reference, {', '.join(cfg.stages)}) to {path}"
+        f"wrote simulated dataset ({cfg.setting}, {cfg.n_prompts} prompts, policies reference, {shown(', '.join(cfg.stages))}) to {shown(path)}"
     )
 
 
@@ -143,10 +144,12 @@ def evaluate(
         result = run_evaluate(cfg, out, progress=_checkpoint_bars(bar))
     run = result.run
     if run.simulated:
-        console.print(f"[yellow]dataset is simulated[/]: {run.dataset_label}", highlight=False)
+        console.print(
+            f"[yellow]dataset is simulated[/]: {shown(run.dataset_label)}", highlight=False
+        )
     if run.synthetic_order_policies:
         console.print(
-            f"note: order: synthetic: rewards of {', '.join(run.synthetic_order_policies)} were "
+            f"note: order: synthetic: rewards of {shown(', '.join(run.synthetic_order_policies))} were "
             "expanded from counts in a seeded random order; samples are exchangeable given the "
             "prompt, so the replay is statistically faithful, but sample_idx is not a generation order",
             highlight=False,
@@ -154,12 +157,12 @@ def evaluate(
     for name, info in run.checkpoints.items():
         if info["dropped_no_reference"]:
             console.print(
-                f"[yellow]checkpoint {name}: dropped {info['dropped_no_reference']} prompt(s) missing from the reference cache[/]"
+                f"[yellow]checkpoint {shown(name)}: dropped {info['dropped_no_reference']} prompt(s) missing from the reference cache[/]"
             )
     print_summary(result.summary, console)
     if result.trajectory is not None and run.trajectory is not None:
         print_trajectory(result.trajectory, run.trajectory, console)
-    console.print(f"wrote {result.out}/: {', '.join([*(run.tables or {}), RUN_FILE])}")
+    console.print(f"wrote {shown(result.out)}/: {', '.join([*(run.tables or {}), RUN_FILE])}")
 
 
 def print_summary(summary: pl.DataFrame, console: Console) -> None:
@@ -181,7 +184,8 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         base = df.filter(pl.col("estimator") == REINFORCE_PP_NAME)["mse"]
         ref = float(base[0]) if base.len() else None
         table = Table(
-            title=f"checkpoint {name}: value-estimation MSE against the oracle", box=box.SIMPLE_HEAD
+            title=f"checkpoint {shown(name)}: value-estimation MSE against the oracle",
+            box=box.SIMPLE_HEAD,
         )
         table.add_column("estimator", no_wrap=True)
         for col in ("G", "MSE", "MSE-noise", "±95%", "0/1 base", "vs R++"):
@@ -189,7 +193,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         for row in df.iter_rows(named=True):
             change = f"{100 * (row['mse'] / ref - 1):+.0f}%" if ref else ""
             table.add_row(
-                row["estimator"],
+                shown(row["estimator"]),
                 str(row["rollouts_per_prompt"]),
                 f"{row['mse']:.5f}",
                 f"{row['mse_noise_corrected']:.5f}",
@@ -229,7 +233,7 @@ def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console:
         table.add_column("prompts/step", justify="right")
         table.add_column("rollouts", justify="right")
     for head in heads:
-        table.add_column(head, justify="right", no_wrap=True)
+        table.add_column(shown(head), justify="right", no_wrap=True)
     if steps:
         table.add_column("whole", justify="right", no_wrap=True)
     table.add_column("0/1 base", justify="right", no_wrap=True)
@@ -243,7 +247,7 @@ def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console:
             row = whole.filter(pl.col("estimator") == name).row(0, named=True)
             spent = [str(row["prompts_per_step"]), f"{row['rollouts_spent']:,}"]
             cells = [*spent, *cells, f"{row['mse_noise_corrected']:.5f}"]
-        table.add_row(str(name), str(g), *cells, f"{100 * extreme:.1f}%")
+        table.add_row(shown(name), str(g), *cells, f"{100 * extreme:.1f}%")
     console.print(table)
 
 
@@ -275,7 +279,7 @@ def sensitivity(
     with _progress(console) as bar:
         df = run_sensitivity(cfg, out, progress=_checkpoint_bars(bar), notice=notes.append)
     for note in notes:
-        console.print(f"[yellow]{note}[/]")
+        console.print(f"[yellow]{shown(note)}[/]")
     from rich.table import Table
 
     table = Table(title="sensitivity: MSE as one knob moves")
@@ -283,15 +287,15 @@ def sensitivity(
         table.add_column(col)
     for row in df.iter_rows(named=True):
         table.add_row(
-            row["checkpoint"],
-            row["estimator"],
+            shown(row["checkpoint"]),
+            shown(row["estimator"]),
             row["parameter"],
             f"{row['value']:g}",
             f"{row['mse']:.5f}",
-            f"[{row['ci_low']:.5f}, {row['ci_high']:.5f}]",
+            f"\\[{row['ci_low']:.5f}, {row['ci_high']:.5f}]",
         )
     console.print(table)
-    console.print(f"wrote {Path(out) / 'sensitivity.csv'}")
+    console.print(f"wrote {shown(Path(out) / 'sensitivity.csv')}")
 
 
 @app.command()
@@ -312,6 +316,6 @@ def figures(
     console = Console()
     written, skipped = make_figures(results, out)
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {shown(path)}")
     for name, why in skipped.items():
-        console.print(f"[yellow]skipped {name}[/]: {why}")
+        console.print(f"[yellow]skipped {shown(name)}[/]: {shown(why)}")

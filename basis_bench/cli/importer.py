@@ -14,6 +14,7 @@ from rich.console import Console
 from basis_bench.cli.app import app
 from basis_bench.cli.from_config import options_from
 from basis_bench.errors import InputError
+from basis_bench.quoting import shown
 from basis_bench.rollouts.importers import ImportOptions
 from basis_bench.rollouts.training_record import record_step
 
@@ -122,12 +123,8 @@ def import_(
 def _prompts_table(path: Path) -> pl.DataFrame:
     """The --prompts table, checked like a dataset's prompts.parquet."""
     from basis_bench.rollouts.features import FEATURE_COLUMN, stored_features
-    from basis_bench.rollouts.importers.reading import (
-        Problems,
-        prompt_texts,
-        read_table,
-        report_prompt_values,
-    )
+    from basis_bench.rollouts.importers.checks import prompt_texts, report_prompt_values
+    from basis_bench.rollouts.importers.reading import Problems, read_table
     from basis_bench.rollouts.store import conform_prompts
 
     table, src = read_table(path, text_cols=prompt_texts("problem", "answer"))
@@ -164,7 +161,7 @@ def _print_summary(result: Imported, report: WriteReport, out: Path, seconds: fl
     )
     console.print(
         f"imported {rows.height:,} rollouts ({rows['prompt_id'].n_unique():,} prompts, mean reward "
-        f"{float(rows['reward'].to_numpy().mean()):.4f}) as {names} -> {out}"
+        f"{float(rows['reward'].to_numpy().mean()):.4f}) as {shown(names)} -> {shown(out)}"
         + (" (replaced)" if report.replaced else "")
         + (", prompts.parquet" if report.prompts_written else "")
         + f" in {seconds:.2f}s",

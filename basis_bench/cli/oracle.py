@@ -18,6 +18,7 @@ from rich.text import Text
 
 from basis_bench.cli.app import app
 from basis_bench.cli.from_config import Cli, options_from
+from basis_bench.quoting import shown
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.rollouts.training_record import record_step
 
@@ -141,7 +142,7 @@ class _LogSink:
         rate = self.done / elapsed
         eta = _clock((self.total - self.done) / rate) if rate else "--:--:--"
         self.console.print(
-            f"{self.label}: {self.done:,}/{self.total:,} samples, "
+            f"{shown(self.label)}: {self.done:,}/{self.total:,} samples, "
             f"{self.prompts}/{self.n_prompts} prompts, {rate:,.2f} samples/s, "
             f"{self.tokens / elapsed:,.1f} tokens/s, ETA {eta}, elapsed {_clock(elapsed)}",
             highlight=False,
@@ -160,25 +161,27 @@ class ConsoleProgress:
         self.console = Console(stderr=True)
 
     def warning(self, message: str) -> None:
-        self.console.print(f"[yellow]warning:[/] {message}", highlight=False)
+        self.console.print(f"[yellow]warning:[/] {shown(message)}", highlight=False)
 
     def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int, workers: int) -> None:
         self.console.print(
-            f"{n_prompts} prompts from {job.prompts}; shard {job.shard}: "
+            f"{n_prompts} prompts from {shown(job.prompts)}; shard {job.shard}: "
             f"{todo + done} chunk(s), {done} already complete; "
             f"at most {job.sampling.max_new_tokens} new tokens per response; "
-            f"instruction {job.template.instruction!r}"
+            f"instruction {shown(repr(job.template.instruction))}"
             + (f"; {workers} sampling worker(s)" if todo else ""),
             highlight=False,
         )
         if not todo:
-            self.console.print(f"nothing to do: every chunk of shard {job.shard} is in {job.out}")
+            self.console.print(
+                f"nothing to do: every chunk of shard {job.shard} is in {shown(job.out)}"
+            )
 
     @contextlib.contextmanager
     def sampling(
         self, job: OracleJob, samples: int, n_prompts: int
     ) -> Iterator[_ProgressSink | _LogSink]:
-        label = f"{job.policy} on {job.backend}"
+        label = shown(f"{job.policy} on {job.backend}")
         if not self.console.is_terminal:  # a batch job's log: plain lines, no live bar
             sink = _LogSink(self.console, label, samples, n_prompts, LOG_INTERVAL_S)
             yield sink
@@ -214,7 +217,7 @@ class ConsoleProgress:
     def finished(self, job: OracleJob, report: OracleReport) -> None:
         self.console.print(
             f"wrote {report.parts_written} part(s), {report.rollouts_written} rollouts, "
-            f"mean reward {report.mean_reward:.3f} -> {job.out}",
+            f"mean reward {report.mean_reward:.3f} -> {shown(job.out)}",
             highlight=False,
         )
 

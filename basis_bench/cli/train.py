@@ -10,6 +10,7 @@ from rich.console import Console
 
 from basis_bench.cli.app import app
 from basis_bench.cli.oracle import ConsoleProgress
+from basis_bench.quoting import shown
 
 
 class _CacheProgress(ConsoleProgress):
@@ -100,8 +101,9 @@ def train(
         settings = make_config(read_config_file(config), overrides)
     console = Console(stderr=True)
     console.print(
-        f"training {settings.model} with {settings.estimator} + {settings.loss}, "
-        f"{settings.rollouts_per_step} rollouts/step, {settings.steps} steps -> {settings.run_dir}",
+        f"training {shown(settings.model)} with {settings.estimator} + {settings.loss}, "
+        f"{settings.rollouts_per_step} rollouts/step, {settings.steps} steps -> "
+        f"{shown(settings.run_dir)}",
         highlight=False,
     )
     run_dir = run_training(
@@ -111,7 +113,7 @@ def train(
         force=force,
         progress=_CacheProgress(),
     )
-    console.print(f"done: {run_dir}")
+    console.print(f"done: {shown(run_dir)}")
 
 
 @app.command("train-figures")

@@ -65,6 +65,7 @@ from basis_bench.estimators.related import (
 from basis_bench.estimators.step import StepEstimator, make_step_estimator
 from basis_bench.estimators.table import PromptIndex, TiltTable
 from basis_bench.estimators.tilt import default_betas, is_binary, tilted_moments, tilted_value
+from basis_bench.estimators.track import TrackOptions
 
 __all__ = [
     "BASIS_FAMILY",
@@ -91,6 +92,7 @@ __all__ = [
     "StepOutput",
     "TableOptions",
     "TiltTable",
+    "TrackOptions",
     "active_fraction",
     "apo_value",
     "available",

@@ -76,6 +76,31 @@ def check_rewards(rewards: Array, reward_range: RewardRange, what: str = "reward
             )
 
 
+def as_step_rewards(rewards: Any, prompt_axis: int = -2) -> Array:
+    """One step's rewards ((*lead, B, G), or (B,) with ``prompt_axis=-1``) through
+    :func:`as_rewards`, with at least one prompt (an empty step has nothing to estimate, and
+    the stateful kernels index its first row)."""
+    rewards = as_rewards(rewards)
+    if rewards.ndim >= -prompt_axis and rewards.shape[prompt_axis] == 0:
+        raise InputError("rewards hold no prompts (B = 0); a step needs at least one prompt")
+    return rewards
+
+
+def check_reference(ref: np.ndarray, reward_range: RewardRange) -> None:
+    """A reference cache (P, n), NaN = missing sample, must hold rewards inside the declared
+    range: a cache outside it gave tilted values, hence baselines, outside it."""
+    seen = ref[~np.isnan(ref)]
+    if np.isinf(seen).any():
+        raise InputError("ref_rewards contain infinite values; mark a missing sample with NaN")
+    if reward_range is not None and seen.size:
+        lo, hi = reward_range
+        if seen.min() < lo or seen.max() > hi:
+            raise InputError(
+                f"ref_rewards fall outside the declared reward range [{lo}, {hi}] (min "
+                f"{seen.min()}, max {seen.max()}); pass reward_range=None or the right range"
+            )
+
+
 def check_same_shape(a: Array, b: Array, names: str) -> None:
     """Two arrays that pair element by element must have the same shape."""
     if tuple(a.shape) != tuple(b.shape):
@@ -92,6 +117,8 @@ def to_numpy(x: Any, dtype: Any = None) -> np.ndarray:
     """``x`` (numpy, torch on any device, a sequence, a scalar) as a numpy array."""
     if hasattr(x, "detach"):
         x = x.detach()
+        if x.dtype.is_floating_point and x.element_size() < 4:  # numpy has no bfloat16
+            x = x.float()
     if hasattr(x, "cpu"):
         x = x.cpu()
     return np.asarray(x, dtype=dtype)

@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, as_rewards, to_numpy
+from basis_bench.estimators._array import (
+    Array,
+    RewardRange,
+    as_rewards,
+    as_step_rewards,
+    check_reference,
+    to_numpy,
+)
 from basis_bench.estimators.kernel import StepKernel
 from basis_bench.estimators.options import DEFAULT_PRIOR, BasisOptions
 from basis_bench.estimators.output import StepOutput
@@ -125,6 +132,7 @@ class StepEstimator:
 
     def step_columns(self, cols: np.ndarray, rewards: Array) -> StepOutput:
         """One step of every stream: cols (*lead, B) columns, rewards (*lead, B, G)."""
+        rewards = as_step_rewards(rewards)
         cols = np.asarray(cols, dtype=np.int64)
         if tuple(rewards.shape[:-1]) != cols.shape or cols.shape[:-1] != self.lead:
             raise InputError(
@@ -172,6 +180,7 @@ def make_step_estimator(
     if isinstance(opts, BasisOptions) and opts.calibration == "fixed":
         betas = [opts.fixed_beta]  # type: ignore[list-item]
     ref = to_numpy(ref_rewards, dtype=np.float64)
+    check_reference(ref, reward_range)
     table = TiltTable.from_cache(ref, betas, prior, prompt_ids, features)
     kernel = est.kernel(est, opts, table, ref, reward_range)
     return StepEstimator(est, opts, kernel, table, reward_range, lead)

@@ -25,9 +25,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
+from basis_bench.memory_check import check_rollouts_fit
 from basis_bench.outputs import publishing
 from basis_bench.rollouts.store import (
     ROLLOUT_COLUMNS,
@@ -35,6 +37,7 @@ from basis_bench.rollouts.store import (
     default_dataset,
     file_policies,
     load_rollouts,
+    parquet_schema,
     reward_matrix,
     rollout_files,
 )
@@ -112,16 +115,25 @@ def _batches(files: Sequence[Path], policies: Sequence[str]) -> Iterator[pl.Data
     """The four required columns of every file, ``BATCH_ROWS`` rows at a time, cast to the
     schema and restricted to ``policies``; rows the validator would refuse raise _Irregular."""
     for f in files:
-        handle = pq.ParquetFile(f)
-        if any(c not in handle.schema_arrow.names for c in ROLLOUT_COLUMNS):
+        try:
+            yield from _file_batches(f, policies)
+        except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as err:
+            if isinstance(err, OSError) and err.errno:  # the disk's, not the file's
+                raise
+            raise _Irregular from err  # a corrupt page, a list-typed column: the full reader names it
+
+
+def _file_batches(f: Path, policies: Sequence[str]) -> Iterator[pl.DataFrame]:
+    handle = pq.ParquetFile(f)
+    if any(c not in handle.schema_arrow.names for c in ROLLOUT_COLUMNS):
+        raise _Irregular
+    for batch in handle.iter_batches(BATCH_ROWS, columns=list(ROLLOUT_COLUMNS)):
+        df = pl.DataFrame(pl.from_arrow(batch)).with_columns(
+            pl.col(c).cast(t, strict=False) for c, t in ROLLOUT_COLUMNS.items()
+        )
+        if sum(df.null_count().row(0)) or not df["reward"].is_finite().all():
             raise _Irregular
-        for batch in handle.iter_batches(BATCH_ROWS, columns=list(ROLLOUT_COLUMNS)):
-            df = pl.DataFrame(pl.from_arrow(batch)).with_columns(
-                pl.col(c).cast(t, strict=False) for c, t in ROLLOUT_COLUMNS.items()
-            )
-            if sum(df.null_count().row(0)) or not df["reward"].is_finite().all():
-                raise _Irregular
-            yield df.filter(pl.col("policy").is_in(list(policies)))
+        yield df.filter(pl.col("policy").is_in(list(policies)))
 
 
 @dataclass
@@ -161,6 +173,9 @@ def _stream_rewards(files: Sequence[Path], policies: Sequence[str]) -> Rewards:
         order = np.array(sorted(shape.ids), dtype=object)
         if len(order) * shape.width > SPARSE_FACTOR * shape.count + BATCH_ROWS:
             raise _Irregular
+        check_rollouts_fit(  # float64 cells, before they are allocated
+            len(order) * shape.width, 8, f"reading policy {p!r}", "evaluate fewer samples"
+        )
         m = np.full((len(order), shape.width), np.nan)
         rows = pl.DataFrame({"prompt_id": order.tolist(), "_row": np.arange(len(order))})
         for df in _batches(shape.files, [p]):
@@ -262,8 +277,6 @@ def resolve_reference(
 def _check_parquet(files: Sequence[Path]) -> None:
     """Every ``*.parquet`` path of a dataset is a readable Parquet file, else an InputError
     that names it (a folder named x.parquet, a link to nothing, a file cut short, garbage)."""
-    import pyarrow.parquet as pq
-
     for f in files:
         if f.is_dir():
             raise InputError(f"{f} is a folder, not a Parquet file; move it out of the dataset")
@@ -271,15 +284,8 @@ def _check_parquet(files: Sequence[Path]) -> None:
             raise InputError(
                 f"{f} is a symbolic link to nothing (or a loop); restore its target or remove it"
             )
-        if not f.exists():
-            continue
-        try:
-            pq.read_schema(f)
-        except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
-            raise InputError(
-                f"{f} is not a readable Parquet file ({str(err).splitlines()[0]}); "
-                "restore or remove it"
-            ) from err
+        if f.exists():
+            parquet_schema(f)
 
 
 def _check_not_inner(root: Path) -> None:

@@ -50,6 +50,7 @@ from basis_bench.outputs import (
     holds_output_locks,
     read_output_marker,
 )
+from basis_bench.quoting import plain_math
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -67,7 +68,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "beta_choice.csv": ("checkpoint", "beta_index", "beta", "count", "share"),
     "fixed_beta.csv": ("checkpoint", "beta", "initial_mse", "refined_mse"),
     "sensitivity.csv": ("checkpoint", "parameter", "value", *SUMMARY_COLUMNS[1:]),
-}
+    "trajectory.csv": ("scope", "step", *SUMMARY_COLUMNS[:3], "mse_noise_corrected", "ci_low",
+                       "ci_high"),
+}  # fmt: skip
 """The columns each figure reads from each table; a table without them is refused."""
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
@@ -79,7 +82,7 @@ VARIANTS = BASIS_VARIANTS
 def label(estimator: str, rollouts: int | None = None) -> str:
     """Display name (declared at registration), with G for group estimators: ``GRPO (G=8)``."""
     registered = available().get(estimator)
-    name = registered.label if registered is not None else estimator
+    name = registered.label if registered is not None else plain_math(estimator)
     return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
 
 
@@ -228,7 +231,7 @@ def fig2_fixed_beta(results: Path) -> Figure:
                 )
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"checkpoint: {name}")
+        ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("fixed $\\beta$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=4)
@@ -256,11 +259,12 @@ def _grouped_bars(
         x = np.arange(len(keys)) + (i - (len(names) - 1) / 2) * width
         heights = [value(r) if r else np.nan for r in rows]
         if error is None:
-            ax.bar(x, heights, width=width, color=shades[i], label=name)
+            ax.bar(x, heights, width=width, color=shades[i], label=plain_math(name))
             continue
         err = np.array([error(r) if r else (np.nan, np.nan) for r in rows]).T
         ax.bar(
-            x, heights, width=width, yerr=err, capsize=1.5, color=shades[i], label=name,
+            x, heights, width=width, yerr=err, capsize=1.5, color=shades[i],
+            label=plain_math(name),
             error_kw={"lw": 0.8},
         )  # fmt: skip
     ax.set_xticks(np.arange(len(keys)), [label(e, g) for e, g in keys], rotation=25, ha="right")
@@ -314,7 +318,7 @@ def _by_bin(
             ha="right",
         )
         ax.set_yscale("log")
-        ax.set_title(f"checkpoint: {name}")
+        ax.set_title(f"checkpoint: {plain_math(name)}")
     axes[0].set_ylabel("MSE against oracle")
     axes[len(axes) // 2].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=9)
@@ -385,7 +389,7 @@ def fig3_group_sweep(results: Path) -> Figure:
         ax.set_xscale("log", base=2)
         ax.set_xticks(gs, [str(g) for g in gs])
         ax.set_yscale("log")
-        ax.set_title(f"checkpoint: {name}")
+        ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("rollouts per prompt $G$")
     axes[0].set_ylabel("MSE against oracle")
     _legend_below(fig, axes, ncol=3)
@@ -483,7 +487,7 @@ def fig_beta_choice(results: Path) -> Figure:
     for i, name in enumerate(names):
         d = df.filter(pl.col("checkpoint") == name).sort("beta_index")
         x = d["beta_index"].to_numpy() + (i - (len(names) - 1) / 2) * width
-        ax.bar(x, 100 * d["share"].to_numpy(), width=width, color=shades[i], label=name)
+        ax.bar(x, 100 * d["share"].to_numpy(), width=width, color=shades[i], label=plain_math(name))
     idx = np.arange(len(betas))
     show = idx[:: max(1, len(betas) // 8)].tolist()
     if len(betas) - 1 not in show:
@@ -534,7 +538,7 @@ def _checkpoint_marks(ax: Any, df: pl.DataFrame, moving: bool, at: str = "first"
         if at == "first" or k + 1 < len(names):
             ax.axvline(x, color="0.5", ls=":", lw=0.8)
         text = f"{name} -> {names[k + 1]}" if moving and k + 1 < len(names) else name
-        ax.annotate(text, (x, 0.98), xycoords=("data", "axes fraction"),
+        ax.annotate(plain_math(text), (x, 0.98), xycoords=("data", "axes fraction"),
                     ha="left" if at == "first" else "right", va="top", fontsize=6.5,
                     color="0.35", rotation=90 if at == "first" else 0)  # fmt: skip
     ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))

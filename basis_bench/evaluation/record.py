@@ -17,16 +17,17 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 
 RUN_FILE = "run.json"
 SENSITIVITY_FILE = "sensitivity.json"
 EVALUATE_TABLES = (
     "summary.csv", "g_sweep.csv", "by_heterogeneity.csv", "by_difficulty.csv",
-    "beta_choice.csv", "fixed_beta.csv",
+    "beta_choice.csv", "fixed_beta.csv", "trajectory.csv",
 )  # fmt: skip
-"""The tables of ``evaluate`` whose checksums run.json records (besides trajectory.csv and
-estimates.parquet)."""
+"""The tables of ``evaluate`` that figures read, checked against the checksums run.json
+records (it records estimates.parquet's too)."""
 
 
 def _to_json(record: Any) -> str:
@@ -37,7 +38,7 @@ def _to_json(record: Any) -> str:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise InputError(f"{path} is not a readable run record ({err}); rerun the command") from err
     if not isinstance(data, dict):
@@ -82,6 +83,7 @@ class RunRecord:
     trajectory: Mapping[str, Any] | None = None
     run_id: str | None = None
     tables: Mapping[str, str] | None = None
+    dataset_sha256: str | None = None  # fingerprint.dataset_sha256; None before it existed
 
     def to_json(self) -> str:
         return _to_json(self)
@@ -101,6 +103,7 @@ class SensitivityRecord:
     dataset_label: str
     config: Mapping[str, Any]
     tables: Mapping[str, str]
+    dataset_sha256: str | None = None
 
     def to_json(self) -> str:
         return _to_json(self)
@@ -179,6 +182,13 @@ def sensitivity_mismatch(results: Path, run: RunRecord) -> str | None:
         return None  # written before sensitivity kept a record
     record = SensitivityRecord.read(path)
     check_tables(results, record, ["sensitivity.csv"], SENSITIVITY_FILE)
+    fingerprints = (record.dataset_sha256, run.dataset_sha256)
+    if all(fingerprints) and fingerprints[0] != fingerprints[1]:
+        return (
+            f"sensitivity.csv and the other tables were computed on different contents of "
+            f"{record.rollouts} (changed between the runs); rerun `basis-bench sensitivity "
+            f"--out {results}`"
+        )
     if record.rollouts != run.rollouts:
         return (
             f"sensitivity.csv was computed on {record.rollouts}, the other tables on "

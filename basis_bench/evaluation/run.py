@@ -51,6 +51,7 @@ from basis_bench.evaluation.tables import (
     write_csv,
 )
 from basis_bench.evaluation.trajectory import TrajectorySettings, check_blend, replay_trajectory
+from basis_bench.fingerprint import dataset_sha256
 from basis_bench.outputs import (
     METADATA_KEY,
     atomic_write,
@@ -161,6 +162,7 @@ def _run_record(
         provenance=provenance(),
         rollouts=rollouts,
         dataset_label=ds.label,
+        dataset_sha256=dataset_sha256(ds.root),
         simulated=ds.simulated,
         synthetic_order_policies=ds.synthetic_order,
         reference=ds.reference,

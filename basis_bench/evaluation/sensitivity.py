@@ -37,6 +37,7 @@ from basis_bench.evaluation.tables import (
     summary_table,
     write_csv,
 )
+from basis_bench.fingerprint import dataset_sha256
 from basis_bench.outputs import file_sha256, holds_output_locks, write_text_atomic
 
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and
@@ -174,6 +175,7 @@ def sensitivity(
         run_id=new_run_id(),
         rollouts=rollouts,
         dataset_label=ds.label,
+        dataset_sha256=dataset_sha256(ds.root),
         config={**asdict(cfg), "rollouts": rollouts},
         tables={"sensitivity.csv": file_sha256(out / "sensitivity.csv")},
     )

@@ -14,6 +14,7 @@ import contextlib
 import glob
 import math
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -27,7 +28,16 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.evaluation.replay import KEPT_REPEATS, Moments, Replay, Series
-from basis_bench.outputs import LOCK_FILE, atomic_write, claim_output_dir, real_path
+from basis_bench.outputs import (
+    LOCK_FILE,
+    atomic_write,
+    claim_output_dir,
+    forget_lock,
+    held_by_a_writer,
+    lock_moved,
+    lock_output,
+    real_path,
+)
 
 HETEROGENEITY_BATCHES = KEPT_REPEATS
 HETEROGENEITY_BINS = 5
@@ -73,57 +83,54 @@ def staged_run(out: Path, produced: Iterable[str]) -> Iterator[Path]:
     swap it in for ``out`` (keeping ``out``'s files that the run does not write, such as the
     marker and sensitivity's table), on error remove it and leave ``out`` as it was.
 
-    The staging folder takes ``out``'s mode (a group-shared folder stays shared) and carries
-    this process's id in its name, so a later run removes what a killed one left behind.
+    The staging folder takes ``out``'s mode (a group-shared folder stays shared) and its own
+    writer lock, which becomes ``out``'s lock with the swap: a later run removes what a killed
+    one left behind, knowing it by that lock being free, never by a process id in a name.
     """
     produced = set(produced)
     _remove_stale(out)
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".staging", dir=out.parent)
-    )
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=STAGING, dir=out.parent))
     os.chmod(staging, stat.S_IMODE(out.stat().st_mode))
     try:
+        lock_output(staging)
         yield staging
         for entry in out.iterdir():
             dest = staging / entry.name
-            skip = (
-                entry.name in produced or entry.name == LOCK_FILE
-            )  # the old run's lock stays behind
+            skip = entry.name in produced or entry.name == LOCK_FILE  # staging has its own
             if skip or dest.exists() or entry.name.endswith(".tmp"):
                 continue
             if entry.is_dir():
                 shutil.copytree(entry, dest)
             else:
                 shutil.copy2(entry, dest)
-        old = out.parent / f".{out.name}.{os.getpid()}.{new_run_id()}.old"
+        old = out.parent / f".{out.name}.{new_run_id()}{SET_ASIDE}"
         os.rename(out, old)
         try:
             os.rename(staging, out)
         except BaseException:
             os.rename(old, out)
             raise
+        lock_moved(staging, out)
         shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging.exists():
+            forget_lock(staging)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+STAGING, SET_ASIDE = ".staging", ".old"
 
 
 def _remove_stale(out: Path) -> None:
-    """Remove the staging and set-aside folders of ``out`` whose run's process is gone
-    (killed between its writes): ``.OUT.PID.XXXX.staging`` and ``.OUT.PID.XXXX.old``."""
+    """Remove the staging and set-aside folders a killed run into ``out`` left beside it:
+    named exactly ``.OUT.TOKEN.staging`` or ``.OUT.TOKEN.old`` (TOKEN without dots, so never
+    those of another output, e.g. ``OUT.777777``), real folders, whose writer lock is free."""
+    exact = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]+({re.escape(STAGING)}|{SET_ASIDE})")
     for leftover in out.parent.glob(f".{glob.escape(out.name)}.*"):
-        pid = leftover.name[len(out.name) + 2 :].split(".")[0]
-        if leftover.suffix in (".staging", ".old") and pid.isdigit() and not _alive(int(pid)):
+        if not exact.fullmatch(leftover.name) or leftover.is_symlink() or not leftover.is_dir():
+            continue
+        if not held_by_a_writer(leftover):
             shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _series_row(s: Series, noise: Moments, batch_size: int) -> dict[str, Any]:

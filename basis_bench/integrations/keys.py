@@ -44,16 +44,28 @@ def prompt_text(prompt: Any) -> str:
         )
     users = [m for m in messages if m.get("role") == "user"]
     content = (users or messages)[-1].get("content", "")
-    if not isinstance(content, str):
-        content = "".join(
-            p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+    if not isinstance(content, str | Sequence) or not all(
+        isinstance(p, Mapping) for p in (() if isinstance(content, str) else content)
+    ):  # None: every such prompt would share the key of ""
+        raise InputError(
+            f"a chat message's content must be text or a list of parts; got {content!r:.80}"
         )
+    if not isinstance(content, str):
+        content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
     return content.strip()
 
 
 def prompt_key(prompt: Any) -> str:
     """Stable content key of a prompt: sha256 of :func:`prompt_text` (first 32 hex digits)."""
-    return hashlib.sha256(prompt_text(prompt).encode("utf-8")).hexdigest()[:32]
+    text = prompt_text(prompt)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InputError(
+            f"a prompt holds a lone surrogate ({text[err.start]!r} at {err.start}), not text: "
+            "decode the prompts as UTF-8 before keying them"
+        ) from err
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: str) -> pl.DataFrame:
@@ -66,7 +78,7 @@ def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: str) -> pl.Da
         )
     try:
         texts = [prompt_format.format(**row) for row in prompts.iter_rows(named=True)]
-    except (KeyError, IndexError, ValueError) as exc:
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         raise InputError(
             f"prompt_format {prompt_format!r} does not render the prompts table "
             f"(columns: {', '.join(prompts.columns)}): {exc}"

@@ -18,6 +18,8 @@ import importlib.util
 import os
 import pickle
 import shutil
+import struct
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
+from basis_bench.memory_check import available_memory
 from basis_bench.outputs import file_sha256
 from basis_bench.rollouts.hub import hub_snapshot, is_hub_name
 
@@ -103,8 +106,11 @@ def _load_errors() -> tuple[type[BaseException], ...]:
     """What transformers raises for a corrupt checkpoint: OSError (a config.json that is
     not JSON, a missing file), ValueError (a .gguf without the GGUF magic), safetensors'
     error (a truncated or garbage model.safetensors), UnpicklingError (a pytorch_model.bin
-    holding more than weights, refused unrun by torch's weights-only loader)."""
-    errors: list[type[BaseException]] = [OSError, ValueError, pickle.UnpicklingError]
+    holding more than weights, refused unrun by torch's weights-only loader), struct.error
+    and EOFError (a GGUF cut short inside its header or metadata)."""
+    errors: list[type[BaseException]] = [
+        OSError, ValueError, pickle.UnpicklingError, struct.error, EOFError,
+    ]  # fmt: skip
     try:
         from safetensors import SafetensorError
 
@@ -165,6 +171,7 @@ def load_model(ckpt: Checkpoint, device: str = "auto", dtype: str = "auto") -> A
         chosen = torch.float32 if device == "cpu" else torch.bfloat16
     elif not isinstance(chosen, torch.dtype):
         raise InputError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    check_model_size(ckpt, chosen)
     with _unreadable(ckpt, "model"):
         model: Any = AutoModelForCausalLM.from_pretrained(
             str(ckpt.directory), dtype=chosen, **ckpt.hf_kwargs()
@@ -175,6 +182,45 @@ def load_model(ckpt: Checkpoint, device: str = "auto", dtype: str = "auto") -> A
         # flag, which refuses training and save_pretrained: drop it.
         quantizer.remove_quantization_config(model)
     return model.to(device).eval()
+
+
+def check_model_size(ckpt: Checkpoint, dtype: Any) -> None:
+    """Before a model is built: its parameters as its config declares them (counted on
+    torch's meta device, which allocates nothing) must fit in free memory at ``dtype``, and
+    a .gguf file must hold at least half those weights. A 50-byte .gguf declaring only
+    ``general.architecture=llama`` built a default-size Llama (6.6B parameters, ~27 GB)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with _unreadable(ckpt, "model"):
+        config = AutoConfig.from_pretrained(str(ckpt.directory), **ckpt.hf_kwargs())
+        with torch.device("meta"):
+            shell = AutoModelForCausalLM.from_config(config)
+    declared = sum(p.numel() for p in shell.parameters())
+    if ckpt.gguf_file:
+        held = _gguf_weights(ckpt.path)
+        if held < declared // 2:
+            raise InputError(
+                f"{ckpt.path}: its metadata makes a model of {declared:,} parameters, but the "
+                f"file holds {held:,} weights; the file is incomplete, or not this model's"
+            )
+    need, free = declared * dtype.itemsize, available_memory()
+    if free is not None and need > free:
+        raise InputError(
+            f"{ckpt.path}: a model of {declared:,} parameters needs about {need / 2**30:,.1f} "
+            f"GiB as {str(dtype).removeprefix('torch.')}; only {free / 2**30:,.1f} GiB of "
+            "memory is free (to this process's cgroup)"
+        )
+
+
+def _gguf_weights(path: Path) -> int:
+    """How many weights the tensors of a .gguf file hold, from its header alone."""
+    from gguf import GGUFReader
+
+    try:
+        return sum(int(t.n_elements) for t in GGUFReader(path).tensors)
+    except Exception as err:  # struct.error, ValueError: a file cut short or garbage
+        raise InputError(f"{path}: not a readable GGUF file ({err})") from err
 
 
 def load_policy(
@@ -208,18 +254,19 @@ def hf_format_directory(ckpt: Checkpoint, cache_root: Path | None = None) -> Pat
     target = root / f"{Path(ckpt.gguf_file).stem}-{file_sha256(ckpt.path)[:16]}"
     if (target / "config.json").is_file():
         return target
-    staging = root / f".{target.name}.{os.getpid()}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
     model, tokenizer = load_model(ckpt, "cpu", "float32"), load_tokenizer(ckpt)
-    model.save_pretrained(staging)
-    model.generation_config.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    root.mkdir(parents=True, exist_ok=True)  # a unique name: never another job's (a pid is not)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=root))
     try:
+        model.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
         staging.rename(target)
     except OSError:  # another job finished its copy first; keep that one
-        shutil.rmtree(staging, ignore_errors=True)
         if not (target / "config.json").is_file():
             raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

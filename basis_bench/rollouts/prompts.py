@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.rollouts.rewards import last_boxed
-from basis_bench.rollouts.store import conform_prompts
+from basis_bench.rollouts.store import check_read_fits, conform_prompts
 from basis_bench.settings import check_scalar
 
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -70,6 +71,12 @@ def _finish(df: pl.DataFrame, what: str) -> pl.DataFrame:
     """Attach prompt ids, drop repeated problems, validate against the prompts schema."""
     if df.height == 0:
         raise InputError(f"{what}: no prompts")
+    blank = df.filter(pl.col("problem").is_null() | (pl.col("problem").str.strip_chars() == ""))
+    if blank.height:  # it was sampled on the instruction alone, without a word
+        raise InputError(
+            f"{what}: {blank.height} prompt(s) with an empty problem (the first with answer "
+            f"{blank['answer'][0]!r}); remove them from the source"
+        )
     df = df.unique(subset="problem", keep="first", maintain_order=True)
     df = df.with_columns(
         pl.col("problem").map_elements(prompt_id, return_dtype=pl.String).alias("prompt_id")
@@ -96,7 +103,7 @@ def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = bounded_json.loads(line)
             except json.JSONDecodeError as err:
                 raise InputError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
             if not isinstance(row, dict):
@@ -117,6 +124,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
         raise InputError(f"prompt file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
+        check_read_fits([path], str(path))
         try:
             df = pl.read_parquet(path)
         except Exception as err:
@@ -125,7 +133,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
         df = _frame(_jsonl_rows(path), path)
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = bounded_json.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as err:
             raise InputError(
                 f"{path}: not UTF-8 text (byte offset {err.start}); save the file as UTF-8"
@@ -436,6 +444,16 @@ class PromptTemplate:
 
     instruction: str = DEFAULT_INSTRUCTION
     system: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, text in (("instruction", self.instruction), ("system prompt", self.system)):
+            try:
+                (text or "").encode("utf-8")
+            except UnicodeEncodeError as err:  # a non-UTF-8 byte of argv (surrogateescape)
+                raise InputError(
+                    f"the {name} holds a byte that is not UTF-8 text ({text!r:.60}); "
+                    "write it in UTF-8"
+                ) from err
 
     def user_message(self, problem: str) -> str:
         return f"{problem}\n\n{self.instruction}" if self.instruction else problem

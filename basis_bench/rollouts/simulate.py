@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench import __version__
+from basis_bench.folders import inside_claim
 from basis_bench.memory_check import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.outputs import (
     STAGED_SUFFIX,
@@ -173,22 +174,24 @@ def simulate(cfg: SimulationConfig, out: str | Path, *, force: bool = False) -> 
             **{f"sim_value_{name}": v for name, v in values.items()},
         }
     )
+    finals = [out / ROLLOUTS_SUBDIR / f"{name}.parquet" for name in policies]
+    stale = _stale(out, finals)  # known (and refused, if a link leads out) before writing
     tag = uuid.uuid4().hex[:12]  # every file is staged, then all are swapped in at once
     staged = [
         (write_parquet_atomic(prompts, _staged(out / PROMPTS_FILE, tag), meta), out / PROMPTS_FILE)
     ]
     try:
-        for name in policies:
+        for name, path in zip(policies, finals, strict=True):
             n = cfg.ref_n if name == REFERENCE_POLICY else cfg.checkpoint_n
             df = _rollouts(
                 prompt_ids, name, values[name], n, np.random.default_rng(_stream(cfg.seed, name))
             )
-            path = out / ROLLOUTS_SUBDIR / f"{name}.parquet"
             staged.append((write_parquet_atomic(df, _staged(path, tag), meta), path))
         with publishing(out):  # a reader sees the earlier simulation or this one, not a mix
             for stage, final in staged:
                 os.replace(stage, final)
-            _remove_stale(out, [final for _, final in staged])
+            for f in stale:
+                f.unlink(missing_ok=True)
     finally:
         for stage, _ in staged:
             stage.unlink(missing_ok=True)
@@ -200,8 +203,10 @@ def _staged(path: Path, tag: str) -> Path:
     return path.parent / f".{path.name}.{tag}{STAGED_SUFFIX}"
 
 
-def _remove_stale(out: Path, written: list[Path]) -> None:
-    """Remove the rollouts files of an earlier simulation that this one did not rewrite."""
+def _stale(out: Path, written: list[Path]) -> list[Path]:
+    """The rollouts files of an earlier simulation that this one does not rewrite, to be
+    removed in the swap; one that a link leads out of ``out`` is refused (not ours)."""
+    stale = []
     for f in rollout_files(out):
         if f in written:
             continue
@@ -210,4 +215,5 @@ def _remove_stale(out: Path, written: list[Path]) -> None:
         except Exception:  # not ours to judge (only with --force): left alone
             continue
         if generator == GENERATOR:
-            f.unlink()
+            stale.append(inside_claim(f))
+    return stale

@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources as importlib_resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
+from basis_bench.folders import walk
+from basis_bench.memory_check import READ_BYTES_PER_ROW, check_rollouts_fit
 from basis_bench.outputs import publishing, read_metadata, write_parquet_atomic
 from basis_bench.schema import (
     OPTIONAL_PROMPT_COLUMNS,
@@ -51,6 +55,10 @@ def _conform(
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise InputError(f"{what}: missing column(s) {missing}; required are {list(required)}")
+    nested = [c for c in {**required, **optional} if c in df.columns and df.schema[c].is_nested()]
+    if nested:  # a list-typed reward column was a polars cast error, a traceback
+        name, wanted = nested[0], {**required, **optional}[nested[0]]
+        raise InputError(f"{what}: column {name!r} holds {df.schema[name]}, not one {wanted} a row")
     casts = []
     for name, dtype in {**required, **optional}.items():
         kept = categorical and dtype == pl.String and df.schema.get(name) == pl.Categorical
@@ -224,7 +232,8 @@ def default_dataset() -> Path:
 
 def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     """All rollouts Parquet files under ``root``, sorted (temporary files are skipped; links
-    are followed, as every command does)."""
+    are followed, as every command does, each real folder once; a folder that cannot be read
+    is an :class:`InputError` naming it: :func:`~basis_bench.folders.walk`)."""
     root = Path(root)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"
@@ -235,16 +244,63 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
         )
     found = (  # folders named *.parquet too, so that readers refuse them by name
         Path(folder) / name
-        for folder, dirs, files in os.walk(root, followlinks=True)
+        for folder, dirs, files in walk(root)
         for name in (*dirs, *files)
         if name.endswith(".parquet") and name != PROMPTS_FILE
     )
     return sorted(found)
 
 
+def regular_file(path: Path) -> Path:
+    """``path``, refused in one line unless it is a regular file (or a link to one): opening
+    a FIFO named ``part.parquet`` blocked evaluate for good, deaf to SIGTERM."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # missing or unreadable: the reader that opens it names it
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise InputError(f"{path} is not a regular file (a FIFO, socket or device); remove it")
+    return path
+
+
+def parquet_schema(path: Path) -> pa.Schema:
+    """The schema of one Parquet file of a dataset; a file that cannot be read (garbage, cut
+    short, no permission) is an :class:`InputError` naming it."""
+    regular_file(path)
+    try:
+        return pq.read_schema(path)
+    except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
+        raise InputError(
+            f"{path} is not a readable Parquet file ({str(err).splitlines()[0]}); "
+            "restore or remove it"
+        ) from err
+
+
+def check_read_fits(files: Sequence[Path | BinaryIO], what: str) -> None:
+    """Refuse reading ``files`` whole where the rows their footers declare cannot fit in free
+    memory: their decoded size plus READ_BYTES_PER_ROW a row, asked before a byte of data is
+    read (a 3 MB part declaring 210M identical rows aborted polars with an allocation
+    failure, and no Python error to catch)."""
+    rows = size = 0
+    for f in files:
+        try:
+            footer = pq.read_metadata(f)
+        except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
+            name = f if isinstance(f, Path) else what
+            raise InputError(f"{name}: not a readable Parquet file ({err})") from err
+        finally:
+            if not isinstance(f, Path):
+                f.seek(0)
+        rows += footer.num_rows
+        size += sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+    per_row = READ_BYTES_PER_ROW + -(-size // max(rows, 1))
+    check_rollouts_fit(rows, per_row, f"reading {what} whole", "the rows its Parquet footer "
+                       "declares are too many for this machine: check the file, or read it on a larger one")  # fmt: skip
+
+
 def _rollout_file_columns(path: Path) -> list[str]:
     """Column names of one rollouts file (schema only); missing required columns are an error."""
-    names = pq.read_schema(path).names
+    names = parquet_schema(path).names
     missing = [c for c in ROLLOUT_COLUMNS if c not in names]
     if missing:
         raise InputError(
@@ -253,12 +309,36 @@ def _rollout_file_columns(path: Path) -> list[str]:
     return names
 
 
+def _collect(lf: pl.LazyFrame, path: Path) -> pl.DataFrame:
+    """``lf.collect()`` of one rollouts file; a corrupt page (polars' ComputeError, arrow's
+    OSError without an errno) is an InputError naming the file, a disk error stays one."""
+    try:
+        return lf.collect()
+    except (OSError, pl.exceptions.ComputeError) as err:
+        if isinstance(err, OSError) and err.errno:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"{path} is not a readable Parquet file ({first}); restore or remove it"
+        ) from err
+
+
 def file_policies(path: str | os.PathLike[str]) -> list[str]:
     """The distinct policies of one rollouts file, reading only its policy column."""
     path = Path(path)
     _rollout_file_columns(path)
-    col = pl.scan_parquet(path).select(pl.col("policy").cast(pl.String)).unique().collect()
-    return [p for p in col["policy"].to_list() if p is not None]
+    seen: set[str] = set()  # a batch at a time: the column of 210M rows is never held whole
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(1 << 16, columns=["policy"]):
+            seen.update(pl.Series(batch.column(0)).cast(pl.String).drop_nulls().unique())
+    except (OSError, pl.exceptions.ComputeError, pa.ArrowException) as err:
+        if isinstance(err, OSError) and err.errno:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(
+            f"{path} is not a readable Parquet file ({first}); restore or remove it"
+        ) from err
+    return sorted(seen)
 
 
 def load_rollouts(
@@ -292,6 +372,7 @@ def _load_rollouts(
             f"unknown optional rollouts column(s) {unknown}; known: {list(OPTIONAL_ROLLOUT_COLUMNS)}"
         )
     wanted = list(policies) if policies is not None else None
+    check_read_fits(files, str(root))
     frames = []
     for f in files:
         names = _rollout_file_columns(f)
@@ -299,7 +380,7 @@ def _load_rollouts(
         if wanted is not None:  # rows without a policy reach validation, which refuses them
             policy = pl.col("policy").cast(pl.String)
             lf = lf.filter(policy.is_in(wanted) | policy.is_null())
-        frames.append(_conform(lf.collect(), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
+        frames.append(_conform(_collect(lf, f), ROLLOUT_COLUMNS, OPTIONAL_ROLLOUT_COLUMNS, str(f)))
     out = pl.concat(frames, how="diagonal_relaxed")
     return conform_rollouts(out, what=str(root)).sort(["policy", "prompt_id", "sample_idx"])
 
@@ -312,7 +393,8 @@ def load_prompts(root: str | os.PathLike[str]) -> pl.DataFrame | None:
     # One open file: a concurrent shard may replace prompts.parquet, and a reader that
     # opened the path twice could pair the old footer with the new pages.
     try:
-        with open(path, "rb") as fh:
+        with open(regular_file(path), "rb") as fh:
+            check_read_fits([fh], str(path))
             table = pl.read_parquet(fh)
     except (OSError, pl.exceptions.ComputeError) as err:
         if isinstance(err, OSError) and err.errno:

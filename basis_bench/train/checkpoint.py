@@ -11,6 +11,7 @@ code when it is loaded.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
+from basis_bench.folders import inside_claim
 from basis_bench.train.config import TrainConfig, config_dict, make_config, parse_override
 from basis_bench.train.setup import CHECKPOINTS_DIR, Run
 
@@ -43,8 +45,11 @@ def estimator_state(step: StepEstimator) -> dict[str, Any]:
 
 def load_estimator_state(step: StepEstimator, state: Mapping[str, Any]) -> None:
     """Restore :func:`estimator_state`'s keys of a trainer state into ``step``."""
-    if state.get("basis_previous_index") is not None:
-        step.previous_index = int(state["basis_previous_index"])
+    index = state.get("basis_previous_index")
+    if index is not None:
+        if step.previous_index is None or step.table is None or index >= len(step.table.betas):
+            raise InputError(f"basis_previous_index {index} is not an index of its beta grid")
+        step.previous_index = int(index)
     if state.get("estimator_state") is not None:
         step.load_state_dict({**step.state_dict(), **state["estimator_state"]})
 
@@ -61,19 +66,38 @@ def save_checkpoint(
     states, estimator state, config), written beside and renamed into place when complete."""
     import torch
 
-    tmp = path.with_name(path.name + PARTIAL)
+    tmp = inside_claim(path.with_name(path.name + PARTIAL))  # never through a link out
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
     rng: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rng, **extra}
-    torch.save(state, tmp / TRAINER_STATE)
-    _fsync_tree(tmp)
+    try:
+        policy.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / TRAINER_STATE)
+        _fsync_tree(tmp)
+    except BaseException as err:
+        full = _disk_full(tmp.parent, err)
+        shutil.rmtree(tmp, ignore_errors=True)  # a disk full left a 650 MB .partial behind
+        if full and not isinstance(err, OSError):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from err
+        raise
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     return path
+
+
+def _disk_full(folder: Path, err: BaseException) -> bool:
+    """Whether a failed write was a full disk: torch and safetensors raise their own error
+    types for it (``RuntimeError: unexpected pos``, ``SafetensorError ... os error 28``)."""
+    if f"os error {errno.ENOSPC}" in str(err):
+        return True
+    try:
+        free = os.statvfs(folder)
+    except OSError:
+        return False
+    return free.f_bavail * free.f_frsize < 2**20
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -87,7 +111,11 @@ def _fsync_tree(directory: Path) -> None:
 
 def save_run_checkpoint(run: Run, step: int) -> Path:
     """Step ``step``'s checkpoint of a run: policy, optimizer, RNG, estimator state, config."""
-    extra = {"config": config_dict(run.config), **estimator_state(run.estimator)}
+    extra = {
+        "config": config_dict(run.config),
+        "reference_weights": reference_weights(run.config.model),
+        **estimator_state(run.estimator),
+    }
     models = run.models
     return save_checkpoint(
         checkpoint_dir(run.run_dir, step),
@@ -97,6 +125,15 @@ def save_run_checkpoint(run: Run, step: int) -> Path:
         step,
         extra,
     )
+
+
+def reference_weights(model: str) -> str | None:
+    """The reference model's fingerprint (:mod:`basis_bench.fingerprint`), which a
+    checkpoint records: resume refuses a reference whose weights changed since."""
+    from basis_bench.fingerprint import weights_sha256
+    from basis_bench.rollouts.models import resolve_checkpoint
+
+    return weights_sha256(resolve_checkpoint(model).path)
 
 
 def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
@@ -147,7 +184,44 @@ def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
             f"--resume {checkpoint}: {TRAINER_STATE} lacks {', '.join(missing)}; it was not "
             "written by basis-bench train"
         )
+    bad = _malformed(state)
+    if bad:
+        raise InputError(
+            f"--resume {checkpoint}: {TRAINER_STATE} holds {bad}; it was not written by "
+            "basis-bench train, or was edited: resume from another checkpoint"
+        )
     return dict(state)
+
+
+def _malformed(state: Mapping[str, Any]) -> str | None:
+    """What of a trainer state is not what :func:`save_checkpoint` writes (None: all is),
+    checked before resume writes anything (a step of -3 emptied log.jsonl, then raised)."""
+    import torch
+
+    def count(value: Any, low: int) -> bool:
+        return type(value) is int and low <= value < 2**63
+
+    rng = state.get("rng")
+    checks = {
+        "step": count(state["step"], 1),
+        "config": isinstance(state["config"], Mapping)
+        and all(isinstance(k, str) for k in state["config"]),
+        "optimizer": isinstance(state.get("optimizer", {}), Mapping),
+        "rng": isinstance(rng, Mapping)
+        and isinstance(rng.get("torch"), torch.Tensor)
+        and rng["torch"].dtype == torch.uint8
+        and isinstance(rng.get("cuda", []), list | tuple),
+        "basis_previous_index": state.get("basis_previous_index") is None
+        or count(state["basis_previous_index"], 0),
+        "estimator_state": state.get("estimator_state") is None
+        or isinstance(state["estimator_state"], Mapping),
+        "reference_weights": state.get("reference_weights") is None
+        or isinstance(state["reference_weights"], str),
+    }
+    wrong = [key for key, fine in checks.items() if not fine]
+    if not wrong:
+        return None
+    return ", ".join(f"{key} = {state.get(key)!r:.60}" for key in wrong)
 
 
 def resume_config(checkpoint: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrainConfig:
@@ -161,9 +235,18 @@ def resume_config(checkpoint: str | os.PathLike[str], overrides: Sequence[str] =
                 f"--resume continues the run in its own folder ({run_dir}); --set run_dir "
                 "cannot move it: copy the run folder and resume from the copy's checkpoint"
             )
-    values = dict(load_trainer_state(checkpoint)["config"])
+    state = load_trainer_state(checkpoint)
+    values = dict(state["config"])
     values["run_dir"] = str(run_dir)
-    return make_config(values, overrides)
+    config = make_config(values, overrides)
+    recorded = state.get("reference_weights")  # None in checkpoints written before it
+    if recorded and reference_weights(config.model) not in (recorded, None):
+        raise InputError(
+            f"--resume {checkpoint}: the reference model {config.model} holds other weights "
+            "than when the run started (its reference cache and KL term would change mid-run); "
+            "restore them, or start a new run"
+        )
+    return config
 
 
 def restore(run: Run, checkpoint: str | os.PathLike[str]) -> int:
@@ -179,7 +262,13 @@ def restore(run: Run, checkpoint: str | os.PathLike[str]) -> int:
             f"--resume {checkpoint}: {TRAINER_STATE} does not fit this run's model and "
             f"optimizer ({type(err).__name__}: {err}); resume from another checkpoint"
         ) from err
+    try:
+        load_estimator_state(run.estimator, state)
+    except (TypeError, ValueError, IndexError) as err:
+        raise InputError(
+            f"--resume {checkpoint}: {TRAINER_STATE}'s estimator state does not fit this run's "
+            f"estimator ({err}); resume from another checkpoint"
+        ) from err
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    load_estimator_state(run.estimator, state)
     return int(state["step"]) + 1

@@ -20,10 +20,10 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
+from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
 from basis_bench.settings import check_settings, current_name, renamed_keys, setting
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
-BACKENDS = ("hf", "vllm")
 AUTOCASTS = ("none", "bfloat16", "float16")
 
 
@@ -32,6 +32,13 @@ def _policy_losses() -> tuple[str, ...]:
     from basis_bench.train.losses import POLICY_LOSSES
 
     return tuple(POLICY_LOSSES)
+
+
+def _backends() -> tuple[str, ...]:
+    """The registered sampling backends and ``auto``."""
+    from basis_bench.rollouts.sampling import backend_names
+
+    return backend_names()
 
 
 def _aggregations() -> tuple[str, ...]:
@@ -88,7 +95,12 @@ class TrainConfig:
     gradient_checkpointing: bool = setting(
         False, help="Recompute activations in the backward pass (less memory, more time)."
     )
-    backend: str = setting("hf", help="Sampling backend: hf or vllm.", choices=BACKENDS)
+    backend: str = setting(
+        "auto",
+        help="Sampling backend: hf or vllm; auto: vllm where it imports and serves the "
+        "device, else hf (config.json records the one used).",
+        choices=_backends,
+    )
     sample_batch_size: int = setting(64, help="hf backend: sequences per generate call.", min_val=1)
     vllm_gpu_memory_utilization: float = setting(
         0.3,
@@ -154,9 +166,7 @@ class TrainConfig:
         help="Rollouts per prompt (G) for group estimators; single-rollout ones always sample 1.",
         min_val=1,
     )
-    temperature: float = setting(
-        1.0, help="Sampling temperature.", min_val=0, include_boundaries="neither"
-    )
+    temperature: float = setting(1.0, help="Sampling temperature.", min_val=MIN_TEMPERATURE)
     top_p: float = setting(
         1.0,
         help="Nucleus sampling: the smallest token set of this probability.",
@@ -247,6 +257,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        for name in ("run_dir", "cache_dir"):  # "" was the current folder, claimed as a run
+            if not getattr(self, name).strip():
+                raise InputError(f"{name} is empty; give a folder (. for the current one)")
 
 
 def _coerce(key: str, value: Any) -> Any:

@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, holds_output_locks
+from basis_bench.quoting import plain_math
 from basis_bench.settings import check_scalar
 from basis_bench.train.loop import read_log
 
@@ -48,7 +50,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
     if not path.is_file():
         raise InputError(f"{run_dir}: no config.json; is this a training run directory?")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = bounded_json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{path}: not a JSON configuration ({err})") from err
     if not isinstance(config, dict):
@@ -93,7 +95,7 @@ def run_label(config: dict[str, Any], with_loss: bool, label: Labeller = plain_l
     except InputError:
         group = 1
     text = label(config["estimator"], group)
-    return f"{text}, {config['loss'].upper()}" if with_loss else text
+    return f"{text}, {plain_math(config['loss'].upper())}" if with_loss else text
 
 
 @holds_output_locks
@@ -128,7 +130,7 @@ def plot_training(
     estimators = [c["estimator"] for _, c, _ in runs]
     unique = len(set(estimators)) == len(estimators)
     names = [
-        n if names.count(n) == 1 else f"{n} ({p.name})"
+        n if names.count(n) == 1 else f"{n} ({plain_math(p.name)})"
         for n, (p, _, _) in zip(names, runs, strict=True)
     ]
     palette = colours or {}

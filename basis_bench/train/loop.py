@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
 from basis_bench.outputs import holds_output_locks
@@ -86,7 +87,7 @@ def train(
     run = setup(config, resume, force, progress)
     start = restore(run, resume) if resume is not None else 1
     if resume is not None:
-        sync_sampler(config.backend, run.sampler, run.models.policy)
+        sync_sampler(run.sampler, run.models.policy)
     trackers = open_trackers(config.report_to, run.run_dir, config_dict(config), start)
     log = open_run(run, start, on_record, trackers)
     train_set, policy = run.data.train_set, run.models.policy
@@ -148,7 +149,7 @@ def train(
                 policy.eval()
             # step t + 1 samples from the weights of step t (vllm: copied into the engine)
             with timer("sync"):
-                sync_sampler(config.backend, run.sampler, policy)
+                sync_sampler(run.sampler, policy)
 
             # 6. record: the rollouts, the step's statistics, evaluation and checkpoint
             write_step_rollouts(run, step, batch, rollouts, rewards, statuses)
@@ -413,7 +414,7 @@ def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
         if not line:
             continue
         try:
-            record = json.loads(line)
+            record = bounded_json.loads(line)
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{number}: not a JSON record ({err.msg})") from err
         if not isinstance(record, dict):

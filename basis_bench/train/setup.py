@@ -27,6 +27,7 @@ from basis_bench.train.config import TrainConfig
 
 if TYPE_CHECKING:
     from basis_bench.estimators import StepEstimator
+    from basis_bench.rollouts.sampling import Sampler
 
 LOG_FILE = "log.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
@@ -55,10 +56,21 @@ def autocast_dtype(autocast: str) -> Any:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(autocast)
 
 
-def vllm_dtype(config: TrainConfig) -> str:
-    """vLLM's weights dtype: the autocast precision, else "auto" (float32 on the CPU, where
-    the engine then samples from exactly the policy's float32 weights; bfloat16 on GPUs)."""
+def engine_dtype(config: TrainConfig) -> str:
+    """The weights dtype of a sampler with a copy of its own (vLLM): the autocast precision,
+    else "auto" (float32 on the CPU, where the engine then samples from exactly the policy's
+    float32 weights; bfloat16 on GPUs)."""
     return "auto" if config.autocast == "none" else config.autocast
+
+
+def training_backend(config: TrainConfig, device: str) -> type[Sampler]:
+    """The sampling backend of ``config.backend`` (``auto`` resolved for the policy's
+    ``device``), checked before any model loads."""
+    from basis_bench.rollouts.sampling import sampler_class
+
+    backend = sampler_class(config.backend, device)
+    backend.check_training(device)
+    return backend
 
 
 # --------------------------------------------------------------------------- data
@@ -154,59 +166,44 @@ def load_models(
 # --------------------------------------------------------------------------- samplers
 
 
-def make_training_sampler(config: TrainConfig, models: Models, template: Any) -> Any:
-    """The live policy (hf), or a vLLM engine started from the reference checkpoint, on the
-    policy's device, that gets the policy's weights after every update (:func:`sync_sampler`)."""
-    if config.backend == "vllm":
-        from basis_bench.rollouts.sampling.vllm import VLLMSampler
+def sampler_options(config: TrainConfig) -> dict[str, Any]:
+    """The sampler settings a run sets, by the samplers' own names (0 in TOML: unset)."""
+    return {
+        "batch_size": config.sample_batch_size,
+        "kv_cache_gib": config.kv_cache_gib or None,
+        "max_model_len": config.vllm_max_model_len or None,
+        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
+    }
 
-        return VLLMSampler(
-            models.reference_ckpt,
-            template,
-            dtype=vllm_dtype(config),
-            device=models.device,
-            kv_cache_gib=config.kv_cache_gib or None,
-            max_model_len=config.vllm_max_model_len or None,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+
+def make_training_sampler(
+    backend: type[Sampler], config: TrainConfig, models: Models, template: Any
+) -> Sampler:
+    """The live policy (a backend without weight sync: hf), or an engine of the backend's own
+    (vLLM) started from the reference checkpoint, on the policy's device, that gets the
+    policy's weights after every update (:func:`sync_sampler`)."""
+    settings = backend.settings_from(sampler_options(config))
+    if backend.capabilities.weight_sync:
+        return backend.start(
+            models.reference_ckpt, template, models.device, engine_dtype(config), settings
         )
-    from basis_bench.rollouts.sampling.hf import HFSampler
-
-    return HFSampler(
-        models.policy,
-        models.tokenizer,
-        template,
-        config.sample_batch_size,
-        models.policy_ckpt.name,
+    return backend.of_policy(
+        models.policy, models.tokenizer, template, settings, models.policy_ckpt.name
     )
 
 
-def check_vllm_backend(device: str) -> None:
-    """backend = vllm, checked before any model loads: vLLM imports, its build runs on the
-    policy's device, and its engine core will run in this process (the weight sync hands
-    it the policy's tensors by reference; a worker process would need them pickled)."""
-    from basis_bench.rollouts.sampling.vllm import check_device, vllm_platform
-
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
-        raise InputError(
-            "backend = vllm trains with the engine in this process; unset "
-            f"VLLM_ENABLE_V1_MULTIPROCESSING (it is {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})"
-        )
-    check_device(device, vllm_platform(), in_config=True)
-
-
-def sync_sampler(backend: str, sampler: Any, policy: Any) -> None:
-    """vLLM: the policy's current weights into the engine, so that the next step samples
-    from them (hf samples the live policy itself: nothing to do)."""
-    if backend == "vllm":
+def sync_sampler(sampler: Sampler, policy: Any) -> None:
+    """The policy's current weights into a sampler with a copy of its own (vLLM), so that
+    the next step samples from them (one that samples the live policy: nothing to do)."""
+    if sampler.capabilities.weight_sync:
         sampler.load_weights(policy.state_dict().items())
 
 
 def reference_sampler(
-    config: TrainConfig, models: Models, sampler: Any, template: Any, resumed: bool
-) -> Any:
+    config: TrainConfig, models: Models, sampler: Sampler, template: Any, resumed: bool
+) -> Sampler:
     """A sampler of the reference policy for the cache (only built when it is missing)."""
-    if not resumed or config.backend == "vllm":  # still the reference's weights
+    if not resumed or sampler.capabilities.weight_sync:  # still the reference's weights
         return sampler
     return reference_hf_sampler(config, models, template, resumed)
 
@@ -226,8 +223,8 @@ def reference_hf_sampler(config: TrainConfig, models: Models, template: Any, res
 def reference_hidden_states(
     config: TrainConfig, models: Models, template: Any, resumed: bool, problems: Sequence[str]
 ) -> np.ndarray:
-    """The reference's prompt hidden states by transformers, for the vllm backend (its
-    engine gives none): the numbers the hf backend stores."""
+    """The reference's prompt hidden states by transformers, for a backend that gives none
+    (vLLM's engine): the numbers the hf backend stores."""
     return reference_hf_sampler(config, models, template, resumed).prompt_hidden_states(problems)
 
 
@@ -248,14 +245,17 @@ def reference_cache(
     ``hidden_states`` when given (the vllm backend), else by the reference's sampler.
 
     The cache is an oracle run (:func:`~basis_bench.rollouts.oracle.run_oracle`, policy
-    ``reference``) into ``cache_dir/ref-<hash>``, the hash covering model, prompts,
-    template, sampling and grading settings, so any run that shares them reuses it and a
+    ``reference``) into ``cache_dir/ref-<hash>``, the hash covering the model by its
+    weights' bytes and the prompts by their text (:mod:`basis_bench.fingerprint`), template,
+    sampling and grading settings, so any run that shares them reuses it and a
     killed build resumes; the features are stored in its prompts.parquet, so a resumed run
     reads the same ones. ``sampler_of_reference`` is only called when something is missing;
     ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the build.
     """
     from basis_bench import estimators as E
+    from basis_bench.fingerprint import weights_sha256
     from basis_bench.rollouts.features import prompt_features
+    from basis_bench.rollouts.models import resolve_checkpoint
     from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
     from basis_bench.rollouts.oracle_job import OracleJob
     from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
@@ -277,11 +277,12 @@ def reference_cache(
         answer_format=config.answer_format,
         verify_timeout=config.verify_timeout,
         store_features="hidden" if hidden else "none",
+        backend=config.backend,  # resolved by setup: the progress line names it
     )
-    model = {"name": config.model}
-    key = json.dumps(
-        {**run_identity(job, model), "prompts": prompts["prompt_id"].to_list()}, sort_keys=True
-    )
+    # by content: the reference's weights and the prompts' text, not their path or ids
+    model = {"name": config.model, "weights": weights_sha256(resolve_checkpoint(config.model).path)}
+    texts = prompts.select("prompt_id", "problem", "answer").write_csv()
+    key = json.dumps({**run_identity(job, model), "prompts": texts}, sort_keys=True)
     job = dataclasses.replace(
         job, out=job.out / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     )
@@ -365,7 +366,7 @@ class Run:
     prompts_per_step: int  # B_p
     data: Data
     models: Models
-    sampler: Any
+    sampler: Sampler
     estimator: StepEstimator  # its state goes into checkpoints (checkpoint.estimator_state)
 
 
@@ -380,7 +381,8 @@ def setup(
     cache. ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the
     reference cache's build and notes on the data; None: Python warnings only."""
     from basis_bench import estimators as E
-    from basis_bench.outputs import claim_output_dir, refuse_long_names
+    from basis_bench.folders import refuse_long_names
+    from basis_bench.outputs import claim_output_dir
 
     run_dir = Path(config.run_dir)
     refuse_long_names(run_dir, "run_dir")  # before the log check looks into it
@@ -394,22 +396,22 @@ def setup(
         )
     claim_output_dir(run_dir, "train-run", force=force, option="run_dir")
     device = torch_runtime(config)
-    if config.backend == "vllm":
-        check_vllm_backend(device)
+    backend = training_backend(config, device)
+    config = dataclasses.replace(config, backend=backend.backend)  # recorded: auto resolved
     data = load_data(config, progress.warning if progress is not None else warnings.warn)
     models = load_models(config, device, resume)
-    sampler = make_training_sampler(config, models, data.template)
+    sampler = make_training_sampler(backend, config, models, data.template)
     ref_rewards = features = None
     if E.get(config.estimator).uses_cache:
         of_reference = functools.partial(
             reference_sampler, config, models, sampler, data.template, resume is not None
         )
         hidden_states = (
-            functools.partial(
+            None
+            if backend.capabilities.hidden_states
+            else functools.partial(
                 reference_hidden_states, config, models, data.template, resume is not None
             )
-            if config.backend == "vllm"
-            else None
         )
         ref_rewards, features = reference_cache(
             config, data.train_set, of_reference, data.pool, hidden_states, progress

@@ -12,7 +12,9 @@ from typing import Any
 
 import polars as pl
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.rollouts.importers.checks import add_prompt_ids, report_duplicates
 from basis_bench.rollouts.importers.counts import expand_counts
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
@@ -21,10 +23,8 @@ from basis_bench.rollouts.importers.reading import (
     Imported,
     Problems,
     Source,
-    add_prompt_ids,
     check_exists,
     describe_source,
-    report_duplicates,
     sources_label,
     stack_sources,
     utf8_text,
@@ -65,7 +65,7 @@ def _load_history(path: Path, problems: Problems) -> dict[str, Any]:
 
     text = utf8_text(path)
     try:
-        data = json.loads(text, object_pairs_hook=pairs)
+        data = bounded_json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from err
     if not isinstance(data, dict):

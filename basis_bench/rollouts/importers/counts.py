@@ -13,18 +13,20 @@ import numpy as np
 import polars as pl
 
 from basis_bench.memory_check import IMPORT_BYTES_PER_ROLLOUT, check_rollouts_fit
+from basis_bench.rollouts.importers.checks import (
+    add_prompt_ids,
+    integer_column,
+    prompt_texts,
+    prompts_from,
+    report_duplicates,
+    report_prompt_values,
+)
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     Imported,
     Problems,
-    add_prompt_ids,
     describe_source,
-    integer_column,
-    prompt_texts,
-    prompts_from,
     read_table,
-    report_duplicates,
-    report_prompt_values,
     require_columns,
     require_scalars,
     sources_label,

@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.importers.checks import add_prompt_ids, prompts_from, report_duplicates
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
@@ -20,16 +21,13 @@ from basis_bench.rollouts.importers.reading import (
     Imported,
     Problems,
     Source,
-    add_prompt_ids,
     check_exists,
     describe_source,
     diagnose_jsonl,
     json_id_kinds,
     kind_column,
     nonblank_lines,
-    prompts_from,
     python_id_kind,
-    report_duplicates,
     report_repeated_fields,
     sources_label,
     stack_sources,

@@ -32,6 +32,7 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.importers.checks import add_prompt_ids, prompts_from, report_duplicates
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
@@ -39,15 +40,12 @@ from basis_bench.rollouts.importers.reading import (
     Imported,
     Problems,
     Source,
-    add_prompt_ids,
     check_exists,
     describe_source,
     diagnose_jsonl,
     kind_column,
     nonblank_lines,
-    prompts_from,
     python_id_kind,
-    report_duplicates,
     sources_label,
     stack_sources,
 )

@@ -8,19 +8,21 @@ from pathlib import Path
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.importers.checks import (
+    add_prompt_ids,
+    integer_column,
+    report_duplicates,
+    report_kept_columns,
+    report_not_text,
+)
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     LOC,
     Imported,
     Problems,
     Source,
-    add_prompt_ids,
     describe_source,
-    integer_column,
     read_table,
-    report_duplicates,
-    report_kept_columns,
-    report_not_text,
     require_columns,
     require_scalars,
     sources_label,

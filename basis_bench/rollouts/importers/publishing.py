@@ -18,6 +18,7 @@ import polars as pl
 
 from basis_bench import __version__
 from basis_bench.errors import InputError
+from basis_bench.folders import inside_claim
 from basis_bench.outputs import (
     REPLACED_SUFFIX,
     claim_output_dir,
@@ -83,7 +84,7 @@ def _files_to_replace(
                     f"{f} holds policy {p!r} together with {', '.join(map(repr, others))}; "
                     "--replace only removes files of the replaced policies alone: remove it by hand"
                 )
-            to_remove.append(f)
+            to_remove.append(inside_claim(f))
     return clash, to_remove
 
 

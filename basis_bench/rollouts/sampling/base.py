@@ -1,17 +1,19 @@
 """The sampler interface shared by every backend.
 
-A backend implements only :meth:`Sampler._generate`: token ids in, sampled token ids
-out. Everything else (prompt building, tokenisation, cutting at the stop token,
-decoding, token counts, finish reasons) is here, so the ``hf`` and ``vllm`` backends
-differ in the generate call alone.
+A backend implements :meth:`Sampler._generate` (token ids in, sampled token ids out) and
+says how it starts (:meth:`Sampler.start`, from its own :attr:`Sampler.Settings`) and what
+it can do (:class:`Capabilities`). Everything else (prompt building, tokenisation, cutting
+at the stop token, decoding, token counts, finish reasons) is here, so the ``hf`` and
+``vllm`` backends differ in the generate call alone. Backends are found by name in
+:mod:`basis_bench.rollouts.sampling.registry`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -19,10 +21,16 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import PromptTemplate, build_prompt
 from basis_bench.settings import check_settings, setting
 
+if TYPE_CHECKING:
+    from basis_bench.rollouts.models import Checkpoint
+
 Progress = Callable[[int, int], None]
 """Called as sampling advances with (sequences just finished, tokens just generated).
 The ``hf`` backend calls it after every decode step, so tokens/s can be shown before
 the first sequence finishes; a backend may also call it once per batch."""
+
+
+MIN_TEMPERATURE = 1e-5  # vLLM's own floor: below it, sampling is greedy there
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,11 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if 0 < self.temperature < MIN_TEMPERATURE:  # 1e-320: logits / T overflowed to inf
+            raise InputError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}; got "
+                f"{self.temperature:g}, which overflows the scaled logits"
+            )
         if self.temperature == 0 and self.n > 1:
             raise InputError(
                 "temperature 0 is greedy decoding: every sample would be the same; use n=1"
@@ -73,15 +86,100 @@ class TokenSamples:
     finish_reasons: list[str]
 
 
-class Sampler(ABC):
-    """Samples responses from one policy. Subclasses implement :meth:`_generate`."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do: the oracle and training ask these, never the backend's name."""
 
-    backend: str
+    devices: tuple[str, ...]
+    """Device kinds it runs on (``cpu``, ``cuda``); whether this installation serves one is
+    :meth:`Sampler.check_device`."""
+    per_prompt_seeds: bool
+    """A prompt's samples depend on the seed and the prompt alone, not on the other prompts
+    of the call or on how they are batched (up to float rounding)."""
+    hidden_states: bool
+    """It gives the prompts' hidden states itself (``--store-features hidden``); otherwise
+    transformers computes them before it starts."""
+    weight_sync: bool
+    """Training: it runs a copy of the model of its own, started from the reference
+    checkpoint and given the policy's weights after every update (:meth:`Sampler.load_weights`);
+    otherwise it samples the trained model itself (:meth:`Sampler.of_policy`)."""
+    cpu_workers: bool
+    """On the CPU the oracle runs one single-thread sampling process of it per free core;
+    otherwise one process."""
+
+
+class Sampler(ABC):
+    """Samples responses from one policy. Subclasses implement :meth:`_generate`; a backend
+    found by name (the registry's) also declares its name, :class:`Capabilities` and
+    :attr:`Settings`, and implements :meth:`start`."""
+
+    backend: ClassVar[str]
+    """The name ``--backend`` and ``backend = ...`` give it."""
+    capabilities: ClassVar[Capabilities]
+    Settings: ClassVar[type[Any]]
+    """The frozen dataclass of this backend's own settings (batch size, engine memory, ...)."""
 
     def __init__(self, tokenizer: Any, stop_ids: Sequence[int], template: PromptTemplate) -> None:
         self.tokenizer = tokenizer
         self.stop_ids = np.asarray(list(stop_ids), dtype=np.int64)
         self.template = template
+
+    @classmethod
+    def start(
+        cls, ckpt: Checkpoint, template: PromptTemplate, device: str, dtype: str, settings: Any
+    ) -> Sampler:
+        """The sampler of checkpoint ``ckpt`` on ``device`` (``auto``: a GPU if visible) with
+        weights in ``dtype`` (``auto``: the device's usual one) and ``settings``, an instance
+        of :attr:`Settings`. Every registered backend has it."""
+        raise NotImplementedError(f"{cls.__name__} cannot start from a checkpoint")
+
+    @classmethod
+    def settings_from(cls, options: Mapping[str, Any]) -> Any:
+        """This backend's :attr:`Settings` from a command's or a config's options, matched by
+        name (``batch_size``, ``kv_cache_gib``, ...); a field ``options`` lacks keeps its
+        default."""
+        names = {f.name for f in fields(cls.Settings)}
+        return cls.Settings(**{k: v for k, v in options.items() if k in names})
+
+    @classmethod
+    def check_device(cls, device: str, in_config: bool = False) -> None:
+        """Refuse, before any model loads, a ``device`` this installation of the backend
+        cannot run on (an :class:`InputError`; the message quotes training's settings when
+        ``in_config``, else the oracle's flags). Every device kind in
+        :attr:`Capabilities.devices` passes here; the device itself is checked as it loads."""
+        kind = device.partition(":")[0]
+        if device != "auto" and kind not in cls.capabilities.devices:
+            name = "device" if in_config else "--device"
+            raise InputError(
+                f"{name} {device}: the {cls.backend} backend runs on "
+                f"{' or '.join(cls.capabilities.devices)}"
+            )
+
+    @classmethod
+    def check_training(cls, device: str) -> None:
+        """Refuse, before any model loads, a training run this backend cannot sample for:
+        it neither takes weights (:attr:`Capabilities.weight_sync`) nor samples the trained
+        model (:meth:`of_policy`), or it cannot serve ``device`` (the resolved one)."""
+        live = cls.of_policy.__func__ is not Sampler.of_policy.__func__  # type: ignore[attr-defined]
+        if not (cls.capabilities.weight_sync or live):
+            raise InputError(
+                f'the {cls.backend} backend cannot sample a model being trained; use backend = "hf"'
+            )
+        cls.check_device(device, in_config=True)
+
+    @classmethod
+    def of_policy(
+        cls, model: Any, tokenizer: Any, template: PromptTemplate, settings: Any, name: str
+    ) -> Sampler:
+        """A sampler of the transformers ``model`` being trained (a backend without
+        :attr:`Capabilities.weight_sync`)."""
+        raise InputError(f"the {cls.backend} backend cannot sample a model being trained")
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Replace the weights it samples from by ``(name, tensor)`` pairs in the checkpoint's
+        (Hugging Face) names, e.g. a policy's ``state_dict()`` (a backend with
+        :attr:`Capabilities.weight_sync`)."""
+        raise InputError(f"the {self.backend} backend cannot take a policy's weights")
 
     def prompt_token_ids(self, problems: Sequence[str]) -> list[list[int]]:
         """Token ids of each problem's prompt (chat template + instruction)."""

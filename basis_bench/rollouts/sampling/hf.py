@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,18 @@ from basis_bench.rollouts.models import (
     stop_token_ids,
 )
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.rollouts.sampling.base import Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.sampling.base import Capabilities, Progress, Sampler, SamplingConfig
 from basis_bench.rollouts.sampling.continuous import DecodeStats, decode
 
 ENGINES = ("continuous", "generate")
+
+
+@dataclass(frozen=True)
+class HFSettings:
+    """The ``hf`` backend's settings: sequences decoded together, and the engine."""
+
+    batch_size: int = 64
+    engine: str = "continuous"
 
 
 def plan_calls(n_prompts: int, n: int, batch_size: int) -> list[tuple[range, int]]:
@@ -151,6 +160,14 @@ class HFSampler(Sampler):
     """
 
     backend = "hf"
+    capabilities = Capabilities(
+        devices=("cpu", "cuda"),
+        per_prompt_seeds=True,  # the continuous engine's streams (seed, p, k); not "generate"'s
+        hidden_states=True,
+        weight_sync=False,  # training samples the live policy
+        cpu_workers=True,
+    )
+    Settings = HFSettings
 
     def __init__(
         self,
@@ -190,6 +207,18 @@ class HFSampler(Sampler):
     ) -> HFSampler:
         model = load_model(ckpt, resolve_device(device), dtype)
         return cls(model, load_tokenizer(ckpt), template, batch_size, ckpt.name, engine)
+
+    @classmethod
+    def start(
+        cls, ckpt: Checkpoint, template: PromptTemplate, device: str, dtype: str, settings: Any
+    ) -> HFSampler:
+        return cls.load(ckpt, device, template, settings.batch_size, dtype, settings.engine)
+
+    @classmethod
+    def of_policy(
+        cls, model: Any, tokenizer: Any, template: PromptTemplate, settings: Any, name: str
+    ) -> HFSampler:
+        return cls(model, tokenizer, template, settings.batch_size, name, settings.engine)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ from basis_bench.rollouts.models import (
     stop_token_ids,
 )
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.rollouts.sampling.base import Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.sampling.base import Capabilities, Progress, Sampler, SamplingConfig
 
 GIB = 1 << 30
 CPU_KV_CACHE_MAX_GIB = 4.0
@@ -168,6 +169,20 @@ def start_engine(args: dict[str, Any]) -> Any:
         torch.set_num_threads = set_num_threads
 
 
+@dataclass(frozen=True)
+class VLLMSettings:
+    """The ``vllm`` backend's engine settings (the module docstring explains each)."""
+
+    tensor_parallel_size: int = 1
+    kv_cache_gib: float | None = None
+    """None: on the CPU a quarter of the available memory (at most 4 GiB), on GPUs
+    ``gpu_memory_utilization`` of the GPU's memory."""
+    eager: bool | None = None
+    """None: eager on the CPU, compiled on GPUs."""
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+
+
 class VLLMSampler(Sampler):
     """One ``SamplingParams(n, seed, temperature, top_p, max_tokens)`` per prompt, the
     seeds derived from the call's seed and the prompt's position: prompt p's samples do
@@ -176,23 +191,29 @@ class VLLMSampler(Sampler):
     """
 
     backend = "vllm"
+    capabilities = Capabilities(
+        devices=("cpu", "cuda"),  # the installed build serves one of them
+        per_prompt_seeds=True,
+        hidden_states=False,
+        weight_sync=True,
+        cpu_workers=False,  # one engine; on the CPU it runs on torch's threads
+    )
+    Settings = VLLMSettings
 
     def __init__(
         self,
         ckpt: Checkpoint,
         template: PromptTemplate = DEFAULT_TEMPLATE,
-        tensor_parallel_size: int = 1,
-        dtype: str = "auto",
         device: str = "auto",
-        kv_cache_gib: float | None = None,
-        eager: bool | None = None,
-        max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.9,
+        dtype: str = "auto",
+        settings: VLLMSettings | None = None,
     ) -> None:
-        if tensor_parallel_size < 1:
+        settings = settings or VLLMSettings()
+        if settings.tensor_parallel_size < 1:
             raise InputError(
-                f"--tensor-parallel-size must be at least 1, got {tensor_parallel_size}"
+                f"--tensor-parallel-size must be at least 1, got {settings.tensor_parallel_size}"
             )
+        kv_cache_gib = settings.kv_cache_gib
         if kv_cache_gib is not None and not kv_cache_gib > 0:
             raise InputError(f"--kv-cache-gib must be a number > 0, got {kv_cache_gib}")
         self.platform = vllm_platform()
@@ -210,14 +231,38 @@ class VLLMSampler(Sampler):
         self.args = engine_args(
             str(model_dir),
             self.platform,
-            tensor_parallel_size,
+            settings.tensor_parallel_size,
             dtype,
             kv_cache_gib,
-            eager,
-            max_model_len,
-            gpu_memory_utilization,
+            settings.eager,
+            settings.max_model_len,
+            settings.gpu_memory_utilization,
         )
         self.llm = start_engine(self.args)
+
+    @classmethod
+    def start(
+        cls, ckpt: Checkpoint, template: PromptTemplate, device: str, dtype: str, settings: Any
+    ) -> VLLMSampler:
+        return cls(ckpt, template, device, dtype, settings)
+
+    @classmethod
+    def check_device(cls, device: str, in_config: bool = False) -> None:
+        """vLLM imports, and its build runs on ``device`` (:func:`check_device`)."""
+        check_device(device, vllm_platform(), in_config)
+
+    @classmethod
+    def check_training(cls, device: str) -> None:
+        """Also: the engine core will run in this process (the weight sync hands it the
+        policy's tensors by reference; a worker process would need them pickled)."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise InputError(
+                "backend = vllm trains with the engine in this process; unset "
+                "VLLM_ENABLE_V1_MULTIPROCESSING "
+                f"(it is {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})"
+            )
+        cls.check_device(device, in_config=True)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Replace the engine's weights in place by ``(name, tensor)`` pairs in the

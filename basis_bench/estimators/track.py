@@ -1,0 +1,361 @@
+"""``basis_track``: one rollout per prompt and step, a per-prompt Bayesian filter whose drift
+between visits is learned across prompts online (docs/method.md, "A per-prompt Bayesian
+tracker").
+
+Each prompt's value is sigmoid(theta_i); its posterior over theta_i lives on a fixed grid of
+log-odds theta_g (G points on [-THETA_MAX, THETA_MAX]), exact for Bernoulli rewards:
+
+    prior       pi_i(theta) ∝ sigmoid(theta)^(k_i + a) (1 - sigmoid(theta))^(n_i - k_i + a)
+                (k_i of n_i cached reference rewards, a = Jeffreys' 1/2: the reference's
+                smoothed rate, BASIS's offline estimate at beta = inf)
+    drift       before a visit: theta_i <- theta_i + d_i + sqrt(v_i) z,  z ~ N(0, 1)
+    baseline    b_i = sum_g pi_i'(theta_g) sigmoid(theta_g)      (the predictive mean)
+    update      pi_i''(theta) ∝ pi_i'(theta) sigmoid(theta)^r (1 - sigmoid(theta))^(1 - r)
+
+Drift between visits, for prompt i at step t (last visited at step t_i):
+
+    d_i = u_t - u_{t_i}                       the common level's move (the policy's shared drift)
+    v_i = rho (t - t_i) + kappa J_i           a random walk, plus kappa per level jump
+    w.p. 1 - exp(-eta J_i) the prompt was redrawn: its log-odds ~ N(old mean + d_i, old
+    variance + v_i + JUMP_VAR), a heavy tail that one surprising reward can pick out
+
+u is one filter of the common level per stream: each step it is calm (random-walk variance
+LEVEL_NOISE[0]) or jumps (LEVEL_NOISE[1]), and the batch's residuals decide which (an
+interacting-multiple-model step); J_i counts the level's expected jumps since the prompt's
+last visit (the reference counts as one jump before the first step). Learned online, from
+rewards already seen only:
+
+* the level, its variance and its jump rate epsilon (online EM: the discounted count of the
+  steps' jump posteriors under a Beta(1/2, 9/2) prior, memory JUMP_MEMORY);
+* theta = (rho, kappa, eta), how far a prompt drifts by its steps since the last visit and
+  by the policy's jumps: C filters run side by side, one per theta of the grid, and are
+  mixed by their evidence, the discounted (``memory``) log-likelihood of every reward they
+  predicted before seeing it: empirical Bayes by marginal likelihood over theta.
+
+Leave-one-out: prompt i's level step and its filters' mixing weights use the batch's OTHER
+rewards and the history, never r_i (sums without i are sums of the terms before and after
+i, so not even rounding carries r_i): the advantage r_i - b_i is unbiased given the history.
+The predictions behind the evidence and the level's step use the probit approximation E
+sigmoid(x + sqrt(v) z) ≈ sigmoid(x / sqrt(1 + pi v / 8)); the served posterior is moved,
+blurred and updated exactly on the grid. Every grid value sigmoid(theta_g) is strictly inside
+(0, 1), so is b_i.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from basis_bench.errors import InputError
+from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
+from basis_bench.estimators.output import StepOutput
+from basis_bench.estimators.registry import register_estimator
+from basis_bench.estimators.table import TiltTable
+from basis_bench.settings import check_settings, setting
+
+GRID_POINTS = 64
+THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
+JEFFREYS = 0.5
+LEVEL_NOISE = (1e-4, 4.0)  # the common level's step variance: calm, or a jump of the policy
+JUMP_PRIOR = (0.5, 4.5)  # Beta prior of the jump probability: a jump per 10 steps, worth 5
+JUMP_MEMORY = (
+    0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
+)
+LEVEL_PRIOR_VAR = 4.0  # the common level's variance before any reward: sd 2 in log-odds
+RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
+JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per jump of the level since the last visit
+JUMP_RATES = (0.0, 1.0)  # eta: J jumps of the level redraw the prompt w.p. 1 - exp(-eta J)
+JUMP_VAR = 4.0  # a redrawn prompt's log-odds: its old posterior moved, widened by sd 2
+MEMORY = 0.95
+_P_CLIP = 1e-12
+_FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
+_CHUNK_ELEMENTS = 1 << 21  # (G, G) blur kernels built at a time, in elements
+
+
+@dataclass(frozen=True)
+class TrackOptions:
+    """Options of ``basis_track``: how far back its evidence over the drift models reaches."""
+
+    estimator: ClassVar[str] = "basis_track"
+    memory: float = setting(
+        MEMORY,
+        help="Per-step discount in [0, 1] of the log-likelihood by which the drift models are "
+        "weighed (0: the latest step alone, 1: every step alike).",
+        min_val=0.0,
+        max_val=1.0,
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self, lambda name: f"{self.estimator}.{name}")
+
+
+def logit_grid(points: int = GRID_POINTS) -> np.ndarray:
+    """The fixed log-odds grid theta_g (G,), evenly spaced on [-THETA_MAX, THETA_MAX]."""
+    return np.linspace(-THETA_MAX, THETA_MAX, points)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -z))
+
+
+def prior_weights(ref_rewards: np.ndarray, theta: np.ndarray, a: float = JEFFREYS) -> np.ndarray:
+    """Each prompt's prior on the grid (P, G): the reference's k of n (fractional rewards add
+    their values to k), pi(theta) ∝ s^(k + a) (1 - s)^(n - k + a), s = sigmoid(theta): the
+    Beta(k + a, n - k + a) posterior of the rate, written in log-odds (its Jacobian s(1 - s)
+    adds 1 to each exponent)."""
+    seen = np.isfinite(ref_rewards)
+    k = np.where(seen, ref_rewards, 0.0).sum(axis=1)[:, None]
+    n = seen.sum(axis=1)[:, None]
+    log_s, log_f = -np.logaddexp(0.0, -theta), -np.logaddexp(0.0, theta)
+    logw = (k + a) * log_s + (n - k + a) * log_f
+    w = np.exp(logw - logw.max(axis=1, keepdims=True))
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def shift_mass(w: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """w (N, G) moved by ``units`` (N,) grid steps: each cell's mass spread uniformly over the
+    cell and moved, so the mean moves by exactly units * spacing; mass pushed past an edge
+    stays in the edge cell. An integer move is a plain roll (with the edges piled)."""
+    g = w.shape[-1]
+    cm = np.concatenate([np.zeros((len(w), 1)), np.cumsum(w, axis=-1)], axis=-1)  # (N, G + 1)
+    x = np.clip(np.arange(g + 1)[None, :] - units[:, None], 0.0, g)
+    i0 = np.minimum(np.floor(x).astype(np.int64), g - 1)
+    f = x - i0
+    at = np.take_along_axis(cm, i0, -1) * (1 - f) + np.take_along_axis(cm, i0 + 1, -1) * f
+    at[:, 0], at[:, -1] = 0.0, cm[:, -1]
+    return np.diff(at, axis=-1)
+
+
+def blur(w: np.ndarray, var: np.ndarray, spacing: float) -> np.ndarray:
+    """w (N, G) convolved with N(0, var) (N,) on the grid: each cell's mass spread over the
+    grid in proportion to the Gaussian density at the cells (normalised per source cell, so
+    no mass leaves the grid). var = 0 is the identity."""
+    g = w.shape[-1]
+    k = (np.arange(g)[:, None] - np.arange(g)[None, :]) * spacing  # (G', G) theta_g' - theta_g
+    out = np.empty_like(w)
+    step = max(1, _CHUNK_ELEMENTS // (g * g))
+    for a in range(0, len(w), step):
+        z = slice(a, a + step)
+        v = np.maximum(var[z], 1e-12)[:, None, None]
+        kern = np.exp(-(k * k) / (2.0 * v))  # (n, G', G)
+        kern /= kern.sum(axis=1, keepdims=True)
+        out[z] = np.einsum("nhg,ng->nh", kern, w[z])
+    return out
+
+
+def propagate(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """The posterior before a visit: w (N, G) moved by ``shift`` (N,) in log-odds, then
+    blurred by N(0, var)."""
+    spacing = float(theta[1] - theta[0])
+    return blur(shift_mass(w, shift / spacing), var, spacing)
+
+
+def redrawn(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """The posterior of a prompt that jumped (N, G): a Gaussian on the grid with the old
+    posterior's mean moved by ``shift`` and its variance widened by var + JUMP_VAR."""
+    mean = w @ theta
+    spread = w @ theta**2 - mean**2 + var + JUMP_VAR
+    logw = -((theta - (mean + shift)[:, None]) ** 2) / (2.0 * spread[:, None])
+    out = np.exp(logw - logw.max(axis=-1, keepdims=True))
+    return out / out.sum(axis=-1, keepdims=True)
+
+
+def reward_update(w: np.ndarray, r: np.ndarray, sig: np.ndarray) -> np.ndarray:
+    """Bayes' rule with the (fractional) Bernoulli likelihood s^r (1 - s)^(1 - r): exact for
+    r in {0, 1}, and for r in (0, 1) the likelihood of a reward with mean s."""
+    post = w * sig ** r[:, None] * (1.0 - sig) ** (1.0 - r[:, None])
+    post /= post.sum(axis=-1, keepdims=True)
+    return np.maximum(post, _FLOOR)
+
+
+def predictive(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Approximate P(r = 1) (N,) after a move by ``shift`` and a drift of variance ``var``:
+    sum_g w_g sigmoid((theta_g + shift) / sqrt(1 + pi var / 8)), the probit approximation of
+    E sigmoid(x + sqrt(var) z). Used only where a prediction must hold no current reward
+    (the evidence, the level's step); the served baseline is exact on the grid."""
+    scale = 1.0 / np.sqrt(1.0 + math.pi * var / 8.0)
+    return np.einsum("ng,ng->n", w, _sigmoid((theta + shift[:, None]) * scale[:, None]))
+
+
+def _loglik(p: np.ndarray, r: np.ndarray) -> np.ndarray:
+    p = np.clip(p, _P_CLIP, 1.0 - _P_CLIP)
+    return r * np.log(p) + (1.0 - r) * np.log1p(-p)
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def level_step(
+    level: np.ndarray, var: np.ndarray, rate: np.ndarray, resid: np.ndarray, curv: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The common level's update on a batch (arrays broadcast): the batch's residual sum E =
+    sum_j (r_j - p_j) with sensitivity H = sum_j p_j (1 - p_j), the level calm (step variance
+    LEVEL_NOISE[0]) or jumping (LEVEL_NOISE[1]) with prior probability ``rate``. Under each,
+    E ~ N(0, H + H^2 (V + q)) (Laplace), and the level's Newton step u + E / (1 / (V + q) + H);
+    the two collapsed by their posterior weights (an interacting-multiple-model step).
+    Returns the level, its variance and the jump's posterior probability."""
+    out = []
+    for q in LEVEL_NOISE:
+        prior = var + q
+        spread = curv + curv**2 * prior
+        log_ev = -0.5 * (np.log(spread) + resid**2 / spread)
+        post_var = 1.0 / (1.0 / prior + curv)
+        out.append((log_ev, level + resid * post_var, post_var))
+    (ev_c, u_c, v_c), (ev_j, u_j, v_j) = out
+    jumped = 1.0 / (1.0 + (1.0 - rate) / rate * np.exp(ev_c - ev_j))
+    mean = (1 - jumped) * u_c + jumped * u_j
+    spread = (1 - jumped) * (v_c + (u_c - mean) ** 2) + jumped * (v_j + (u_j - mean) ** 2)
+    return mean, spread, jumped
+
+
+def _sum_without(x: np.ndarray) -> np.ndarray:
+    """sum_{j != i} x_j along the last axis, as the sum of the terms before i and the terms
+    after i: no x_i enters it, not even as rounding (total - x_i would carry x_i's)."""
+    zero = np.zeros((*x.shape[:-1], 1))
+    before = np.concatenate([zero, np.cumsum(x, axis=-1)[..., :-1]], axis=-1)
+    after = np.concatenate([np.cumsum(x[..., ::-1], axis=-1)[..., -2::-1], zero], axis=-1)
+    return before + after
+
+
+def candidate_grid() -> np.ndarray:
+    """The drift models (C, 3): every (rho, kappa, eta) of the grids, one filter each."""
+    grid = np.meshgrid(RATES, JUMP_SCALES, JUMP_RATES, indexing="ij")
+    return np.stack([g.ravel() for g in grid], axis=-1)
+
+
+class TrackKernel:
+    """``basis_track`` on the step interface (:mod:`basis_bench.estimators.step`): C filters
+    side by side, one per drift model, mixed by their evidence."""
+
+    def __init__(
+        self,
+        estimator: Any,
+        options: TrackOptions,
+        table: TiltTable | None,
+        ref_rewards: np.ndarray | None,
+        reward_range: RewardRange,
+    ) -> None:
+        if ref_rewards is None:
+            raise InputError("basis_track needs the reference cache's rewards")
+        self.options, self.reward_range = options, reward_range
+        self.theta = logit_grid()
+        self.sig = _sigmoid(self.theta)
+        self.prior = prior_weights(to_numpy(ref_rewards, dtype=np.float64), self.theta)
+        self.models = candidate_grid()  # (C, 3)
+
+    def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+        p, c = self.prior.shape[0], len(self.models)
+        return {
+            "weights": np.broadcast_to(self.prior, (*lead, c, *self.prior.shape)).copy(),
+            "step": np.zeros(lead),
+            "last_visit": np.zeros((*lead, p)),
+            "level": np.zeros((*lead, c)),
+            "level_var": np.full((*lead, c), LEVEL_PRIOR_VAR),
+            "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
+            # the expected number of level jumps so far, and at each prompt's last visit:
+            # the reference counts as one jump before the first step
+            "jump_clock": np.ones((*lead, c)),
+            "last_jump_clock": np.zeros((*lead, c, p)),
+            "last_level": np.zeros((*lead, c, p)),
+            "evidence": np.zeros((*lead, c)),
+        }
+
+    def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
+        check_rewards(rewards, self.reward_range)
+        r_all = to_numpy(rewards[..., 0], dtype=np.float64)
+        if np.any((r_all < 0) | (r_all > 1)):
+            raise InputError("basis_track's Bernoulli likelihood needs rewards in [0, 1]")
+        srt = np.sort(cols, axis=-1)
+        if np.any(srt[..., 1:] == srt[..., :-1]):
+            raise InputError("basis_track takes each prompt at most once per batch")
+        lead, b = cols.shape[:-1], cols.shape[-1]
+        flat = {k: v.reshape(math.prod(lead), *v.shape[len(lead) :]) for k, v in state.items()}
+        baseline = self._step(flat, cols.reshape(-1, b), r_all.reshape(-1, b))
+        for key, value in flat.items():  # a no-op for the views a contiguous state gives
+            state[key][...] = value.reshape(state[key].shape)
+        return StepOutput(asarray_like(baseline.reshape(r_all.shape)[..., None], rewards))
+
+    def jump_rate(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        """epsilon (S, C): the posterior mean jump probability of the level per step, from the
+        discounted count of past steps' jump posteriors (online EM) and a Beta prior."""
+        steps = (1.0 - JUMP_MEMORY ** state["step"]) / (1.0 - JUMP_MEMORY)  # sum of lam^age
+        return (state["jumps"] + JUMP_PRIOR[0]) / (steps[:, None] + sum(JUMP_PRIOR))
+
+    def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
+        s, b = cols.shape
+        c, g = len(self.models), len(self.theta)
+        rho, kappa, eta = (self.models[:, j][None, :, None] for j in range(3))  # (1, C, 1)
+        idx = np.broadcast_to(cols[:, None, :], (s, c, b))
+        w = np.take_along_axis(state["weights"], idx[..., None], axis=2)  # (S, C, B, G)
+        gap = (state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, 1))[:, None]
+        last = np.take_along_axis(state["last_level"], idx, 2)  # (S, C, B)
+        last_jumps = np.take_along_axis(state["last_jump_clock"], idx, 2)
+        flat_w = w.reshape(-1, g)
+        # 1. history only: each filter's prediction at its level before this batch
+        moved = state["level"][..., None] - last
+        jumps0 = state["jump_clock"][..., None] - last_jumps
+        var0 = (rho * gap + kappa * jumps0).ravel()
+        jump0 = (1.0 - np.exp(-eta * jumps0)).ravel()
+        p0 = (1 - jump0) * predictive(flat_w, moved.ravel(), var0, self.theta) + jump0 * (
+            predictive(flat_w, moved.ravel(), var0 + JUMP_VAR, self.theta)
+        )
+        p0 = p0.reshape(s, c, b)
+        ll = _loglik(p0, r[:, None, :])  # (S, C, B)
+        # 2. each filter's level on the batch without prompt i, calm or jumping
+        e, curv = r[:, None, :] - p0, p0 * (1.0 - p0)
+        rate = self.jump_rate(state)[..., None]
+        level_loo, _, jumped_loo = level_step(
+            state["level"][..., None], state["level_var"][..., None], rate,
+            _sum_without(e), _sum_without(curv),
+        )  # fmt: skip
+        shift = level_loo - last
+        jumps = state["jump_clock"][..., None] + jumped_loo - last_jumps
+        var = (rho * gap + kappa * jumps).ravel()
+        jump = (1.0 - np.exp(-eta * jumps)).ravel()[:, None]
+        w_now = (1 - jump) * propagate(flat_w, shift.ravel(), var, self.theta)
+        w_now += jump * redrawn(flat_w, shift.ravel(), var, self.theta)
+        values = (w_now @ self.sig).reshape(s, c, b)
+        # 3. the filters mixed by their evidence: the history's and the batch's other rewards'
+        mix = _softmax(
+            (state["evidence"][..., None] + _sum_without(ll)).swapaxes(1, 2)
+        )  # (S, B, C)
+        baseline = np.einsum("sbc,scb->sb", mix, values)
+        # 4. learn: evidence, levels, posteriors, visits
+        lam = self.options.memory
+        state["evidence"] += ll.sum(-1)
+        state["evidence"] *= lam
+        level, level_var, jumped = level_step(
+            state["level"], state["level_var"], rate[..., 0], e.sum(-1), curv.sum(-1)
+        )
+        state["level"][...], state["level_var"][...] = level, level_var
+        state["jumps"] *= JUMP_MEMORY
+        state["jumps"] += jumped
+        post = reward_update(w_now, np.repeat(r[:, None, :], c, 1).ravel(), self.sig)
+        np.put_along_axis(state["weights"], idx[..., None], post.reshape(s, c, b, g), axis=2)
+        np.put_along_axis(state["last_level"], idx, level_loo, axis=2)
+        np.put_along_axis(
+            state["last_jump_clock"], idx, state["jump_clock"][..., None] + jumped_loo, axis=2
+        )
+        state["jump_clock"] += jumped
+        np.put_along_axis(state["last_visit"], cols, state["step"][:, None], axis=1)
+        state["step"] += 1
+        return baseline
+
+
+register_estimator(
+    "basis_track",
+    uses_cache=True,
+    options=TrackOptions,
+    kernel=TrackKernel,
+    label="BASIS track",
+    colour="darkorange",
+    description="BASIS track: a per-prompt Bayesian filter on the log-odds, its drift learned "
+    "across prompts online.",
+    reward_bounds=(0.0, 1.0),
+)

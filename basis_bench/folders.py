@@ -1,0 +1,91 @@
+"""Where the package may read and write: a walk that sees each real folder once and stops at
+one it cannot read, paths refused before use (link loops, names too long), and the folders
+this process claimed, out of which no write, replace or removal goes through a link.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+from basis_bench.errors import InputError
+
+
+def walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """``os.walk`` of ``root`` as every reader and claim sees a folder: links followed, each
+    real folder once (a second link to it, or a link back up, adds nothing, so two links to
+    ``.`` no longer make the walk exponential), a folder that cannot be read an
+    :class:`InputError` naming it (it was skipped in silence, and its files with it)."""
+    seen: set[tuple[int, int]] = set()
+    for folder, dirs, files in os.walk(root, onerror=_unreadable_folder, followlinks=True):
+        try:
+            info = os.stat(folder)
+        except OSError as err:
+            _unreadable_folder(err)
+        if (info.st_dev, info.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        yield Path(folder), dirs, files
+
+
+def _unreadable_folder(err: OSError) -> NoReturn:
+    reason = err.strerror or type(err).__name__
+    raise InputError(
+        f"{err.filename}: cannot read this folder ({reason}); everything under a dataset or "
+        "an output folder must be readable: fix its permissions, or move it out"
+    ) from err
+
+
+_CLAIMED: set[Path] = set()  # the real folders this process claimed
+
+
+def claimed(folder: Path) -> None:
+    """Record ``folder`` (real) as claimed by this process (claim_output_dir)."""
+    _CLAIMED.add(folder)
+
+
+def inside_claim(path: Path) -> Path:
+    """``path``, refused in one line where a symbolic link leads it out of the output folder
+    it lies in: every write (:func:`atomic_write`), replace and removal under a claimed folder
+    asks here, so a command changes only files physically inside the folder it claimed
+    (``import --replace`` through ``DATASET/rollouts/POLICY``, a link into another dataset,
+    deleted and rewrote that dataset's parts). Links are still followed for reading."""
+    real = Path(os.path.realpath(path.parent))
+    for above in (path.parent, *path.parent.parents):
+        root = Path(os.path.realpath(above))
+        if root in _CLAIMED:
+            if real != root and root not in real.parents:
+                raise InputError(
+                    f"{path.parent} leads out of {root} through a symbolic link (to {real}); "
+                    "a command writes, replaces and removes files only inside the folder it "
+                    "claimed: replace the link by a folder, or write to its target directly"
+                )
+            break
+    return path
+
+
+_NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)
+
+
+def refuse_long_names(path: str | os.PathLike[str], option: str) -> None:
+    """A name in ``path`` longer than a file system takes is one line (``stat`` would fail
+    with ENAMETOOLONG, an OSError, wherever the path is first looked at)."""
+    long = next((p for p in Path(path).parts if len(os.fsencode(p)) > _NAME_MAX), None)
+    if long is not None:
+        raise InputError(
+            f"{option}: the name {long[:40]}... is {len(os.fsencode(long))} bytes long; a file "
+            f"system takes at most {_NAME_MAX}"
+        )
+
+
+def real_path(path: str | os.PathLike[str], option: str) -> Path:
+    """``path`` with every symbolic link resolved; a link loop or a name longer than a file
+    system takes is one line."""
+    refuse_long_names(path, option)
+    real = Path(os.path.realpath(path))
+    if any(p.is_symlink() for p in (real, *real.parents)):  # realpath left a link: a loop
+        raise InputError(f"{option} {path} is a loop of symbolic links; give a directory")
+    return real
