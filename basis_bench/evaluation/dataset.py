@@ -403,7 +403,7 @@ def checkpoint_data(
         worst = int(counts.min())
         raise InputError(
             f"checkpoint {checkpoint!r}: the pool is smaller than the group size for {int(short.sum())} "
-            f"prompt(s): {worst} samples - oracle-n {oracle_n} = {worst - oracle_n} left, {min_pool} needed; "
+            f"prompt(s): {worst} samples - {named('oracle_n')} {oracle_n} = {worst - oracle_n} left, {min_pool} needed; "
             f"lower {named('oracle_n')} or {named('group_size')}"
         )
     oracle_samples = rewards[:, :oracle_n]
