@@ -18,7 +18,8 @@ The zero baseline (``vanilla``) has an MSE an order of magnitude above the rest;
 (a)-(c) leave it out and say so, (d) keeps it. The line plots (b), (c) leave out the
 BASIS-VOP and BASIS-RVG variants so the lines stay readable; (a) and (d) show them. Sizes fit a two-column paper page (6.75 in).
 Estimators are drawn in registration order, with the display name and colour each declared
-at registration. Each figure function returns its matplotlib Figure; :func:`make_figures`
+at registration, the line style of their family and a marker of their own
+(:mod:`~basis_bench.evaluation.figure_style`); lines that coincide are drawn apart. Each figure function returns its matplotlib Figure; :func:`make_figures`
 saves them.
 """
 
@@ -38,6 +39,16 @@ from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.evaluation.config import SensitivityConfig
+from basis_bench.evaluation.figure_style import (
+    colours,
+    label,
+    legend_below,
+    looks,
+    panels,
+    paper_style,
+    same_as,
+    stage_colours,
+)
 from basis_bench.evaluation.record import (
     SENSITIVITY_FILE,
     SensitivityRecord,
@@ -70,44 +81,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 }
 """The columns each figure reads from each table; a table without them is refused."""
 
-PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
 OMITTED = (ZERO_BASELINE_NAME,)
 # Line plots (b), (c) keep to the paper's comparison; the variants appear in (a) and (d).
 VARIANTS = BASIS_VARIANTS
-
-
-def label(estimator: str, rollouts: int | None = None) -> str:
-    """Display name (declared at registration), with G for group estimators: ``GRPO (G=8)``."""
-    registered = available().get(estimator)
-    name = registered.label if registered is not None else estimator
-    return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
-
-
-def colours() -> dict[str, str]:
-    """The colour each registered estimator declared, the same in every figure."""
-    return {n: e.colour for n, e in available().items() if e.colour is not None}
-
-
-def _palette(names: Sequence[str]) -> dict[str, Any]:
-    """One fixed colour per estimator, the same in every figure; others get spare ones."""
-    import seaborn as sns
-
-    declared = colours()
-    extra = sorted(set(names) - set(declared))
-    spare = sns.color_palette("dark", n_colors=max(1, len(extra)))
-    return {**declared, **{n: spare[i] for i, n in enumerate(extra)}}
-
-
-def _stage_colours(n: int) -> list[Any]:
-    """Distinguishable colours for ordered checkpoints (early to late)."""
-    import matplotlib as mpl
-    import numpy as np
-
-    return (
-        [mpl.colormaps["viridis"](x) for x in np.linspace(0.05, 0.72, max(n, 1))][:n]
-        if n > 1
-        else [mpl.colormaps["viridis"](0.3)]
-    )
 
 
 def _ordered(df: pl.DataFrame) -> pl.DataFrame:
@@ -125,16 +101,6 @@ def _ordered(df: pl.DataFrame) -> pl.DataFrame:
         )
         .drop("_rank")
     )
-
-
-def paper_style() -> None:
-    """The figures' look (Agg backend, seaborn paper theme); make_figures sets it first."""
-    import matplotlib as mpl
-    import seaborn as sns
-
-    mpl.use("Agg")
-    sns.set_theme(context="paper", style="whitegrid", font_scale=1.0)
-    mpl.rcParams.update({"figure.dpi": 100, "legend.frameon": False, "pdf.fonttype": 42})
 
 
 def _read(path: Path) -> pl.DataFrame:
@@ -173,34 +139,15 @@ def _save(fig: Any, out: Path, stem: str) -> list[Path]:
     return paths
 
 
-def _panels(n: int, height: float = 2.4, sharey: bool = False) -> tuple[Any, list[Any]]:
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, n, figsize=(PAGE_WIDTH, height), sharey=sharey, squeeze=False, layout="constrained"
-    )
-    return fig, list(axes[0])
-
-
 def _checkpoints(df: pl.DataFrame) -> list[str]:
     return list(dict.fromkeys(df["checkpoint"].to_list()))
-
-
-def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
-    handles, labels = [], []
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(ncol, len(labels)))
 
 
 def fig2_fixed_beta(results: Path) -> Figure:
     """Initial vs refined MSE against a fixed beta (beta = inf drawn as dotted levels)."""
     df = _read(results / "fixed_beta.csv")
     names = _checkpoints(df)
-    fig, axes = _panels(len(names))
+    fig, axes = panels(len(names))
     for ax, name in zip(axes, names, strict=True):
         d = df.filter(pl.col("checkpoint") == name)
         fin = d.filter(pl.col("beta").is_finite()).sort("beta")
@@ -231,7 +178,7 @@ def fig2_fixed_beta(results: Path) -> Figure:
         ax.set_title(f"checkpoint: {name}")
         ax.set_xlabel("fixed $\\beta$")
     axes[0].set_ylabel("MSE against oracle")
-    _legend_below(fig, axes, ncol=4)
+    legend_below(fig, axes, ncol=4)
     return fig
 
 
@@ -248,7 +195,7 @@ def _grouped_bars(
     names = _checkpoints(df)
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     width = 0.8 / len(names)
-    shades = _stage_colours(len(names))
+    shades = stage_colours(len(names))
     for i, name in enumerate(names):
         d = df.filter(pl.col("checkpoint") == name)
         lookup = {(r["estimator"], r["rollouts_per_prompt"]): r for r in d.iter_rows(named=True)}
@@ -271,7 +218,7 @@ def fig3a_mse(results: Path) -> Figure:
     """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
     df = _ordered(_read(results / "summary.csv"))
     omitted = df.filter(pl.col("estimator").is_in(OMITTED))
-    fig, axes = _panels(1, height=2.8)
+    fig, axes = panels(1, height=2.8)
     ax = axes[0]
     _grouped_bars(
         ax,
@@ -286,39 +233,68 @@ def fig3a_mse(results: Path) -> Figure:
     return fig
 
 
-def _by_bin(
-    results: Path,
-    file: str,
-    xlabel: str,
-    title: str,
-    tick: Callable[[dict[str, Any]], str],
-) -> Figure:
-    df = _ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
-    names = _checkpoints(df)
-    colours = _palette(df["estimator"].unique().to_list())
-    fig, axes = _panels(len(names), height=2.6)
-    for ax, name in zip(axes, names, strict=True):
-        d = df.filter(pl.col("checkpoint") == name)
-        bins = d.select("bin", "bin_low", "bin_high").unique().sort("bin")
-        for (est, g), part in d.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
-            part = part.sort("bin")
-            main = est == BASIS_NAME
-            ax.plot(
-                part["bin"], part["mse"], marker="o", markersize=3.5 if main else 2.5, lw=2 if main else 1.1,
-                zorder=3 if main else 2, color=colours[str(est)], label=label(str(est), int(g)),
-            )  # fmt: skip
-        ax.set_xticks(
-            bins["bin"].to_list(),
-            [tick(r) for r in bins.iter_rows(named=True)],
-            rotation=35,
-            ha="right",
+def _draw_lines(
+    ax: Any, d: pl.DataFrame, x: str, y: str, twins: dict[Any, Any], every: int = 1
+) -> None:
+    """One line per (estimator, G) of ``d``, each in its estimator's look (figure_style); a
+    line equal to an earlier one (``twins``) is drawn over it dashed with hollow markers,
+    its legend saying which it equals."""
+    keys = d.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
+    style = looks([str(e) for e, _ in keys])
+    for est, g in keys:
+        part = d.filter((pl.col("estimator") == est) & (pl.col("rollouts_per_prompt") == g))
+        look, twin, main = style[str(est)], twins.get((est, g)), est == BASIS_NAME
+        text = label(str(est), int(g)) + (
+            f" (= {label(str(twin[0]), int(twin[1]))})" if twin else ""
         )
+        ax.plot(
+            part[x], part[y], color=look.colour, ls=(0, (3, 2)) if twin else look.linestyle,
+            marker=look.marker, markevery=every, ms=5 if twin else 3.5 if main else 3,
+            mfc="none" if twin else look.colour, mew=1.1, lw=1.1 if twin else 1.8 if main else 1.1,
+            zorder=4 if twin else 3 if main else 2, label=text,
+        )  # fmt: skip
+
+
+def _twins(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any, Any]:
+    """The (estimator, G) lines of ``df`` whose ``column`` equals an earlier line's at every
+    point (all checkpoints together, so a legend entry means the same in every panel)."""
+    keyed = df.sort([*order, "estimator", "rollouts_per_prompt"], maintain_order=True)
+    lines = {
+        (e, g): part[column].to_numpy()
+        for (e, g), part in keyed.group_by("estimator", "rollouts_per_prompt", maintain_order=True)
+    }
+    ranked = _ordered(df).select("estimator", "rollouts_per_prompt").unique(maintain_order=True)
+    return same_as({k: lines[k] for k in ranked.rows()})
+
+
+def _bin_axis(ax: Any, bins: pl.DataFrame, digits: int) -> None:
+    """A numeric x axis with the bins' edges as ticks (at most six labelled), horizontal."""
+    import numpy as np
+
+    edges = np.unique(np.concatenate([bins["bin_low"].to_numpy(), bins["bin_high"].to_numpy()]))
+    shown = edges[:: max(1, -(-len(edges) // 6))]
+    ax.set_xticks(shown, [f"{v:.{digits}f}" for v in shown])
+    ax.set_xlim(edges[0], edges[-1])
+
+
+def _by_bin(results: Path, file: str, xlabel: str, title: str, digits: int) -> Figure:
+    """MSE per bin (drawn at the bin's middle), one panel per checkpoint."""
+    df = _ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
+    df = df.with_columns(((pl.col("bin_low") + pl.col("bin_high")) / 2).alias("middle"))
+    names = _checkpoints(df)
+    twins = _twins(df, ["checkpoint", "bin"], "mse")
+    fig, axes = panels(len(names), height=2.7)
+    for ax, name in zip(axes, names, strict=True):
+        d = df.filter(pl.col("checkpoint") == name).sort("bin", maintain_order=True)
+        _draw_lines(ax, d, "middle", "mse", twins)
+        _bin_axis(ax, d.select("bin_low", "bin_high").unique(), digits)
+        ax.tick_params(axis="x", labelsize=7)
         ax.set_yscale("log")
         ax.set_title(f"checkpoint: {name}")
     axes[0].set_ylabel("MSE against oracle")
     axes[len(axes) // 2].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=9)
-    _legend_below(fig, axes, ncol=4)
+    legend_below(fig, axes, ncol=3)
     return fig
 
 
@@ -326,25 +302,22 @@ def fig3b_heterogeneity(results: Path) -> Figure:
     """MSE by batch heterogeneity: 500 batches in five equal-width s_b bins."""
     return _by_bin(
         results, "by_heterogeneity.csv",
-        "batch heterogeneity $s_b$ (std of oracle values)",
-        "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)",
-        lambda r: f"{r['bin_low']:.2f}–{r['bin_high']:.2f}",
+        "batch heterogeneity $s_b$ (std of oracle values; ticks at bin edges)",
+        "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)", 2,
     )  # fmt: skip
 
 
 def fig3c_difficulty(results: Path) -> Figure:
     """MSE by prompt difficulty: oracle value bins [0,.2) ... [.8,1]."""
     return _by_bin(
-        results, "by_difficulty.csv",
-        "oracle value of the prompt",
-        "(c) MSE by prompt difficulty",
-        lambda r: f"[{r['bin_low']:.1f}, {r['bin_high']:.1f}" + ("]" if r["bin_high"] >= 1 else ")"),
+        results, "by_difficulty.csv", "oracle value of the prompt (ticks at bin edges)",
+        "(c) MSE by prompt difficulty", 1,
     )  # fmt: skip
 
 
 def fig3d_extreme(results: Path) -> Figure:
     """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
-    fig, axes = _panels(1, height=2.6)
+    fig, axes = panels(1, height=2.6)
     ax = axes[0]
     _grouped_bars(ax, _ordered(_read(results / "summary.csv")), lambda r: 100 * r["extreme_rate"])
     ax.set_ylabel("baselines exactly 0 or 1 (%)")
@@ -362,23 +335,25 @@ def fig3_group_sweep(results: Path) -> Figure:
         & pl.col("estimator").is_in([BASIS_NAME, REINFORCE_PP_NAME, REFERENCE_MEAN_NAME])
     )
     names = _checkpoints(sweep)
-    colours = _palette(summary["estimator"].unique().to_list())
-    fig, axes = _panels(len(names), height=2.5)
+    style = looks(summary["estimator"].unique().to_list())
+    fig, axes = panels(len(names), height=2.5)
     for ax, name in zip(axes, names, strict=True):
         d = sweep.filter(pl.col("checkpoint") == name)
         for (est,), part in d.group_by("estimator", maintain_order=True):
             part = part.sort("group_size")
             ax.errorbar(
                 part["group_size"], part["mse"], yerr=[part["mse"] - part["ci_low"], part["ci_high"] - part["mse"]],
-                marker="o", markersize=3, lw=1.2, capsize=2, color=colours[str(est)], label=label(str(est)),
+                marker=style[str(est)].marker, markersize=3, lw=1.2, capsize=2,
+                ls=style[str(est)].linestyle, color=style[str(est)].colour, label=label(str(est)),
             )  # fmt: skip
         for row in single.filter(pl.col("checkpoint") == name).iter_rows(named=True):
             what = "cache only" if row["estimator"] == REFERENCE_MEAN_NAME else "1 rollout"
             ax.axhline(
                 row["mse"],
-                color=colours[row["estimator"]],
-                ls="--",
+                color=style[row["estimator"]].colour,
+                ls="-",
                 lw=1,
+                alpha=0.8,
                 label=f"{label(row['estimator'])} ({what})",
             )
         gs = sorted(d["group_size"].unique().to_list())
@@ -388,7 +363,7 @@ def fig3_group_sweep(results: Path) -> Figure:
         ax.set_title(f"checkpoint: {name}")
         ax.set_xlabel("rollouts per prompt $G$")
     axes[0].set_ylabel("MSE against oracle")
-    _legend_below(fig, axes, ncol=3)
+    legend_below(fig, axes, ncol=3)
     return fig
 
 
@@ -406,10 +381,10 @@ def fig5_sensitivity(results: Path) -> Figure:
     df = _read(results / "sensitivity.csv")
     params = [p for p in SENSITIVITY_AXES if p in df["parameter"].unique().to_list()]
     names = _checkpoints(df)
-    shades = _stage_colours(len(names))
+    shades = stage_colours(len(names))
     styles = ["-", "--", ":", "-."]
     estimators = list(dict.fromkeys(df["estimator"].to_list()))
-    fig, axes = _panels(len(params), height=2.3, sharey=True)
+    fig, axes = panels(len(params), height=2.3, sharey=True)
     for ax, param in zip(axes, params, strict=True):
         for i, name in enumerate(names):
             for j, est in enumerate(estimators):
@@ -440,7 +415,7 @@ def fig5_sensitivity(results: Path) -> Figure:
     axes[0].set_ylabel("MSE against oracle")
     swept = " and ".join(label(e) for e in estimators)  # was always "BASIS": basis_vop alone too
     fig.suptitle(f"{swept} sensitivity (others at {_held_fixed(results)})", fontsize=9)
-    _legend_below(fig, axes)
+    legend_below(fig, axes)
     return fig
 
 
@@ -474,8 +449,8 @@ def fig_beta_choice(results: Path) -> Figure:
 
     df = _read(results / "beta_choice.csv")
     names = _checkpoints(df)
-    shades = _stage_colours(len(names))
-    fig, axes = _panels(1, height=2.4)
+    shades = stage_colours(len(names))
+    fig, axes = panels(1, height=2.4)
     ax = axes[0]
     betas = df.filter(pl.col("checkpoint") == names[0]).sort("beta_index")["beta"].to_list()
     width = 0.8 / len(names)
@@ -495,24 +470,21 @@ def fig_beta_choice(results: Path) -> Figure:
     return fig
 
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
-
-
 def _trajectory_lines(ax: Any, df: pl.DataFrame, x_column: str) -> None:
-    """One line per (estimator, G) against ``x_column``, with its 95% CI band: group
-    estimators dashed, each estimator its own marker, so lines of one colour family stay
-    apart."""
-    palette = _palette(df["estimator"].unique().to_list())
+    """One line per (estimator, G) against ``x_column`` in its estimator's look, with its 95%
+    CI band; lines that coincide drawn apart (:func:`_draw_lines`)."""
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
+    style = looks([str(e) for e, _ in keys])
     every = max(1, df.height // max(len(keys), 1) // 12)  # about 12 markers a line
-    for i, (name, g) in enumerate(keys):
+    _draw_lines(
+        ax, df, x_column, "mse_noise_corrected", _twins(df, ["step"], "mse_noise_corrected"), every
+    )
+    for name, g in keys:
         d = df.filter((pl.col("estimator") == name) & (pl.col("rollouts_per_prompt") == g))
-        x = d[x_column].to_numpy()
         y = d["mse_noise_corrected"].to_numpy()
         half = (d["ci_high"] - d["ci_low"]).to_numpy() / 2
-        ax.plot(x, y, "--" if g > 1 else "-", marker=MARKERS[i % len(MARKERS)], ms=3,
-                markevery=every, lw=1.1, color=palette[name], label=label(name, g))  # fmt: skip
-        ax.fill_between(x, y - half, y + half, color=palette[name], alpha=0.12, lw=0)
+        ax.fill_between(d[x_column].to_numpy(), y - half, y + half, color=style[str(name)].colour,
+                        alpha=0.12, lw=0)  # fmt: skip
     if (df["mse_noise_corrected"] > 0).all():
         ax.set_yscale("log")
     ax.set_ylabel("MSE (noise-corrected)")
@@ -549,7 +521,7 @@ def fig_trajectory(results: Path) -> Figure:
     table = _ordered(pl.read_csv(results / "trajectory.csv"))
     if (table["scope"] == "step").any():
         df = table.filter(pl.col("scope") == "step")
-        fig, axes = _panels(2, height=3.0)
+        fig, axes = panels(2, height=3.0)
         _trajectory_lines(axes[0], df, "step")
         _checkpoint_marks(axes[0], df, moving=False)
         axes[0].set_xlabel("training step")
@@ -558,10 +530,10 @@ def fig_trajectory(results: Path) -> Figure:
         axes[1].set_ylabel("")
         fig.suptitle(f"trajectory replay ({df['schedule'][0]}): value error over training",
                      fontsize=9)  # fmt: skip
-        _legend_below(fig, axes, ncol=4)
+        legend_below(fig, axes, ncol=4)
         return fig
     df = table.filter(pl.col("scope") == "epoch")
-    fig, axes = _panels(1, height=3.0)
+    fig, axes = panels(1, height=3.0)
     _trajectory_lines(axes[0], df, "step")
     moving = "next_share" in df.columns and bool((df["next_share"] > 0).any())
     _checkpoint_marks(axes[0], df, moving=moving, at="last")
@@ -631,3 +603,7 @@ def _claim_figures_dir(out: Path) -> None:
         files = [f.name for f in out.iterdir() if not f.name.startswith(".")]
         force = bool(files) and all(f in names for f in files)
     claim_output_dir(out, "figures", force=force, force_flag=False)
+
+
+__all__ = ["FIGURES", "colours", "label", "make_figures", "paper_style"]  # colours, label: the
+# training figures' too (figure_style)
