@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from basis_bench.estimators import available
+from basis_bench.estimators.basis import BASIS_NAME
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
 FAMILIES = ("cache", "group", "stateful", "batch")
@@ -140,3 +142,80 @@ def legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
                 handles.append(h)
                 labels.append(lab)
     fig.legend(handles, labels, loc="outside lower center", ncol=min(ncol, len(labels)))
+
+
+def log_y(ax: Any) -> None:
+    """A log y axis labelled in plain numbers (0.02, 0.05, 0.1) at 1, 2 and 5 times the powers
+    of ten, or at the powers alone over more than two and a half decades: matplotlib's
+    default labels every minor tick (2x10^-2, 3x10^-2, ...) and crowds a short axis. Call it
+    after drawing (it reads the data's range)."""
+    import matplotlib.ticker as mticker
+
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    subs = (1.0,) if np.log10(hi / lo) > 2.5 else (1.0, 2.0, 5.0)
+    ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
+
+
+def edge_labels(edges: np.ndarray) -> list[str]:
+    """Bin edges as short labels with just enough decimals (1 to 4) to tell them apart."""
+    for digits in range(1, 5):
+        labels = [f"{v:.{digits}f}" for v in edges]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{v:.4g}" for v in edges]
+
+
+def ordered(df: pl.DataFrame) -> pl.DataFrame:
+    """``df``'s rows in registration order of their estimators (then by G), stably."""
+    rank = {n: i for i, n in enumerate(available())}  # registration order
+    return (
+        df.with_columns(
+            pl.col("estimator")
+            .replace_strict(rank, default=len(rank), return_dtype=pl.Int64)
+            .alias("_rank")
+        )
+        .sort(
+            "_rank",
+            "rollouts_per_prompt" if "rollouts_per_prompt" in df.columns else "_rank",
+            maintain_order=True,
+        )
+        .drop("_rank")
+    )
+
+
+def draw_lines(
+    ax: Any, d: pl.DataFrame, x: str, y: str, twins: dict[Any, Any], every: int = 1
+) -> None:
+    """One line per (estimator, G) of ``d``, each in its estimator's look (figure_style); a
+    line equal to an earlier one (``twins``) is drawn over it dashed with hollow markers,
+    its legend saying which it equals."""
+    keys = d.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
+    style = looks([str(e) for e, _ in keys])
+    for est, g in keys:
+        part = d.filter((pl.col("estimator") == est) & (pl.col("rollouts_per_prompt") == g))
+        look, twin, main = style[str(est)], twins.get((est, g)), est == BASIS_NAME
+        text = label(str(est), int(g)) + (
+            f" (= {label(str(twin[0]), int(twin[1]))})" if twin else ""
+        )
+        ax.plot(
+            part[x], part[y], color=look.colour, ls=(0, (3, 2)) if twin else look.linestyle,
+            marker=look.marker, markevery=every, ms=5 if twin else 3.5 if main else 3,
+            mfc="none" if twin else look.colour, mew=1.1, lw=1.1 if twin else 1.8 if main else 1.1,
+            zorder=4 if twin else 3 if main else 2, label=text,
+        )  # fmt: skip
+
+
+def coinciding(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any, Any]:
+    """The (estimator, G) lines of ``df`` whose ``column`` equals an earlier line's at every
+    point (all checkpoints together, so a legend entry means the same in every panel)."""
+    keyed = df.sort([*order, "estimator", "rollouts_per_prompt"], maintain_order=True)
+    lines = {
+        (e, g): part[column].to_numpy()
+        for (e, g), part in keyed.group_by("estimator", "rollouts_per_prompt", maintain_order=True)
+    }
+    ranked = ordered(df).select("estimator", "rollouts_per_prompt").unique(maintain_order=True)
+    keys = sorted(ranked.rows(), key=lambda k: k[0] != BASIS_NAME)  # BASIS the one drawn plain
+    return same_as({k: lines[k] for k in keys})

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,18 +35,21 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.evaluation.config import SensitivityConfig
 from basis_bench.evaluation.figure_style import (
+    coinciding,
     colours,
+    draw_lines,
+    edge_labels,
     label,
     legend_below,
+    log_y,
     looks,
+    ordered,
     panels,
     paper_style,
-    same_as,
     stage_colours,
 )
 from basis_bench.evaluation.record import (
@@ -84,23 +87,6 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 OMITTED = (ZERO_BASELINE_NAME,)
 # Line plots (b), (c) keep to the paper's comparison; the variants appear in (a) and (d).
 VARIANTS = BASIS_VARIANTS
-
-
-def _ordered(df: pl.DataFrame) -> pl.DataFrame:
-    rank = {n: i for i, n in enumerate(available())}  # registration order
-    return (
-        df.with_columns(
-            pl.col("estimator")
-            .replace_strict(rank, default=len(rank), return_dtype=pl.Int64)
-            .alias("_rank")
-        )
-        .sort(
-            "_rank",
-            "rollouts_per_prompt" if "rollouts_per_prompt" in df.columns else "_rank",
-            maintain_order=True,
-        )
-        .drop("_rank")
-    )
 
 
 def _read(path: Path) -> pl.DataFrame:
@@ -174,7 +160,7 @@ def fig2_fixed_beta(results: Path) -> Figure:
                     label=f"{text.split()[0]} at $\\beta=\\infty$",
                 )
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_title(f"checkpoint: {name}")
         ax.set_xlabel("fixed $\\beta$")
     axes[0].set_ylabel("MSE against oracle")
@@ -216,7 +202,7 @@ def _grouped_bars(
 
 def fig3a_mse(results: Path) -> Figure:
     """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
-    df = _ordered(_read(results / "summary.csv"))
+    df = ordered(_read(results / "summary.csv"))
     omitted = df.filter(pl.col("estimator").is_in(OMITTED))
     fig, axes = panels(1, height=2.8)
     ax = axes[0]
@@ -233,63 +219,29 @@ def fig3a_mse(results: Path) -> Figure:
     return fig
 
 
-def _draw_lines(
-    ax: Any, d: pl.DataFrame, x: str, y: str, twins: dict[Any, Any], every: int = 1
-) -> None:
-    """One line per (estimator, G) of ``d``, each in its estimator's look (figure_style); a
-    line equal to an earlier one (``twins``) is drawn over it dashed with hollow markers,
-    its legend saying which it equals."""
-    keys = d.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
-    style = looks([str(e) for e, _ in keys])
-    for est, g in keys:
-        part = d.filter((pl.col("estimator") == est) & (pl.col("rollouts_per_prompt") == g))
-        look, twin, main = style[str(est)], twins.get((est, g)), est == BASIS_NAME
-        text = label(str(est), int(g)) + (
-            f" (= {label(str(twin[0]), int(twin[1]))})" if twin else ""
-        )
-        ax.plot(
-            part[x], part[y], color=look.colour, ls=(0, (3, 2)) if twin else look.linestyle,
-            marker=look.marker, markevery=every, ms=5 if twin else 3.5 if main else 3,
-            mfc="none" if twin else look.colour, mew=1.1, lw=1.1 if twin else 1.8 if main else 1.1,
-            zorder=4 if twin else 3 if main else 2, label=text,
-        )  # fmt: skip
-
-
-def _twins(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any, Any]:
-    """The (estimator, G) lines of ``df`` whose ``column`` equals an earlier line's at every
-    point (all checkpoints together, so a legend entry means the same in every panel)."""
-    keyed = df.sort([*order, "estimator", "rollouts_per_prompt"], maintain_order=True)
-    lines = {
-        (e, g): part[column].to_numpy()
-        for (e, g), part in keyed.group_by("estimator", "rollouts_per_prompt", maintain_order=True)
-    }
-    ranked = _ordered(df).select("estimator", "rollouts_per_prompt").unique(maintain_order=True)
-    return same_as({k: lines[k] for k in ranked.rows()})
-
-
-def _bin_axis(ax: Any, bins: pl.DataFrame, digits: int) -> None:
+def _bin_axis(ax: Any, bins: pl.DataFrame) -> None:
     """A numeric x axis with the bins' edges as ticks (at most six labelled), horizontal."""
     import numpy as np
 
     edges = np.unique(np.concatenate([bins["bin_low"].to_numpy(), bins["bin_high"].to_numpy()]))
     shown = edges[:: max(1, -(-len(edges) // 6))]
-    ax.set_xticks(shown, [f"{v:.{digits}f}" for v in shown])
+    ax.set_xticks(shown, edge_labels(shown))
     ax.set_xlim(edges[0], edges[-1])
 
 
-def _by_bin(results: Path, file: str, xlabel: str, title: str, digits: int) -> Figure:
+def _by_bin(results: Path, file: str, xlabel: str, title: str) -> Figure:
     """MSE per bin (drawn at the bin's middle), one panel per checkpoint."""
-    df = _ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
+    df = ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
     df = df.with_columns(((pl.col("bin_low") + pl.col("bin_high")) / 2).alias("middle"))
     names = _checkpoints(df)
-    twins = _twins(df, ["checkpoint", "bin"], "mse")
+    twins = coinciding(df, ["checkpoint", "bin"], "mse")
     fig, axes = panels(len(names), height=2.7)
     for ax, name in zip(axes, names, strict=True):
         d = df.filter(pl.col("checkpoint") == name).sort("bin", maintain_order=True)
-        _draw_lines(ax, d, "middle", "mse", twins)
-        _bin_axis(ax, d.select("bin_low", "bin_high").unique(), digits)
+        draw_lines(ax, d, "middle", "mse", twins)
+        _bin_axis(ax, d.select("bin_low", "bin_high").unique())
         ax.tick_params(axis="x", labelsize=7)
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_title(f"checkpoint: {name}")
     axes[0].set_ylabel("MSE against oracle")
     axes[len(axes) // 2].set_xlabel(xlabel)
@@ -303,7 +255,7 @@ def fig3b_heterogeneity(results: Path) -> Figure:
     return _by_bin(
         results, "by_heterogeneity.csv",
         "batch heterogeneity $s_b$ (std of oracle values; ticks at bin edges)",
-        "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)", 2,
+        "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)",
     )  # fmt: skip
 
 
@@ -311,7 +263,7 @@ def fig3c_difficulty(results: Path) -> Figure:
     """MSE by prompt difficulty: oracle value bins [0,.2) ... [.8,1]."""
     return _by_bin(
         results, "by_difficulty.csv", "oracle value of the prompt (ticks at bin edges)",
-        "(c) MSE by prompt difficulty", 1,
+        "(c) MSE by prompt difficulty",
     )  # fmt: skip
 
 
@@ -319,7 +271,7 @@ def fig3d_extreme(results: Path) -> Figure:
     """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
     fig, axes = panels(1, height=2.6)
     ax = axes[0]
-    _grouped_bars(ax, _ordered(_read(results / "summary.csv")), lambda r: 100 * r["extreme_rate"])
+    _grouped_bars(ax, ordered(_read(results / "summary.csv")), lambda r: 100 * r["extreme_rate"])
     ax.set_ylabel("baselines exactly 0 or 1 (%)")
     ax.set_ylim(0, 105)
     ax.set_title("(d) uninformative baselines", fontsize=9)
@@ -359,7 +311,7 @@ def fig3_group_sweep(results: Path) -> Figure:
         gs = sorted(d["group_size"].unique().to_list())
         ax.set_xscale("log", base=2)
         ax.set_xticks(gs, [str(g) for g in gs])
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_title(f"checkpoint: {name}")
         ax.set_xlabel("rollouts per prompt $G$")
     axes[0].set_ylabel("MSE against oracle")
@@ -410,7 +362,7 @@ def fig5_sensitivity(results: Path) -> Figure:
         if param != "eps":
             values = sorted(df.filter(pl.col("parameter") == param)["value"].unique().to_list())
             ax.set_xticks(values, [f"{v:g}" for v in values], rotation=45 if len(values) > 4 else 0)
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_xlabel(xlabel)
     axes[0].set_ylabel("MSE against oracle")
     swept = " and ".join(label(e) for e in estimators)  # was always "BASIS": basis_vop alone too
@@ -476,8 +428,13 @@ def _trajectory_lines(ax: Any, df: pl.DataFrame, x_column: str) -> None:
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     style = looks([str(e) for e, _ in keys])
     every = max(1, df.height // max(len(keys), 1) // 12)  # about 12 markers a line
-    _draw_lines(
-        ax, df, x_column, "mse_noise_corrected", _twins(df, ["step"], "mse_noise_corrected"), every
+    draw_lines(
+        ax,
+        df,
+        x_column,
+        "mse_noise_corrected",
+        coinciding(df, ["step"], "mse_noise_corrected"),
+        every,
     )
     for name, g in keys:
         d = df.filter((pl.col("estimator") == name) & (pl.col("rollouts_per_prompt") == g))
@@ -486,7 +443,7 @@ def _trajectory_lines(ax: Any, df: pl.DataFrame, x_column: str) -> None:
         ax.fill_between(d[x_column].to_numpy(), y - half, y + half, color=style[str(name)].colour,
                         alpha=0.12, lw=0)  # fmt: skip
     if (df["mse_noise_corrected"] > 0).all():
-        ax.set_yscale("log")
+        log_y(ax)
     ax.set_ylabel("MSE (noise-corrected)")
 
 
@@ -518,7 +475,7 @@ def fig_trajectory(results: Path) -> Figure:
     """Trajectory replay: noise-corrected MSE against the training step (95% CI bands); on the
     step schedule a second panel against the rollouts each estimator has spent (the budget
     curve). Dotted lines where the checkpoint changes; log scale."""
-    table = _ordered(pl.read_csv(results / "trajectory.csv"))
+    table = ordered(pl.read_csv(results / "trajectory.csv"))
     if (table["scope"] == "step").any():
         df = table.filter(pl.col("scope") == "step")
         fig, axes = panels(2, height=3.0)
@@ -526,6 +483,8 @@ def fig_trajectory(results: Path) -> Figure:
         _checkpoint_marks(axes[0], df, moving=False)
         axes[0].set_xlabel("training step")
         _trajectory_lines(axes[1], df, "rollouts_spent")
+        if (df["rollouts_spent"] > 0).all():  # budgets differ by G: 2,000 against 18,000
+            axes[1].set_xscale("log")
         axes[1].set_xlabel("rollouts spent")
         axes[1].set_ylabel("")
         fig.suptitle(f"trajectory replay ({df['schedule'][0]}): value error over training",
