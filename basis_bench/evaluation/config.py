@@ -211,16 +211,21 @@ class EvaluateConfig:
             _refuse_unused(self, EPOCH_ONLY, "the epoch schedule", ("trajectory_schedule", "steps"))
 
 
+def _owner(name: str) -> type:
+    """The config that declares setting ``name`` (evaluate's, else sensitivity's)."""
+    return EvaluateConfig if name in {f.name for f in fields(EvaluateConfig)} else SensitivityConfig
+
+
 def named(name: str) -> str:
     """How an error names the benchmark's setting ``name``: ``--batch-size`` on the command
     line, ``batch_size`` in the Python API (:func:`~basis_bench.settings.setting_label`)."""
-    return setting_label(EvaluateConfig, name)
+    return setting_label(_owner(name), name)
 
 
 def given(name: str, value: Any) -> str:
     """How the user gives ``value`` to setting ``name`` (``--no-trajectory`` or
     ``trajectory=False``), for an error's advice."""
-    return setting_given(EvaluateConfig, name, value)
+    return setting_given(_owner(name), name, value)
 
 
 EPOCH_ONLY = ("trajectory_epochs", "trajectory_blend")

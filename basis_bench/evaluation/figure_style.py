@@ -5,8 +5,9 @@ Estimators fall into families by what they use (:func:`family`): the reference c
 steps (the SPO tracker, BASIS memory), or the batch alone (REINFORCE++). A family has
 one line style, its members colours of one group (declared at registration: blues for the
 cache family, greens for groups, ...) and each member its own marker, so two estimators
-whose lines coincide stay told apart; :func:`same_as` finds lines that coincide exactly,
-which the figures draw hollow and name in the legend ("Offline V^ (= BASIS)").
+whose lines coincide stay told apart; :func:`same_as` finds lines that coincide, exactly
+or nearly (within 2%, as one at printed size), which the figures draw hollow and name in
+the legend ("Offline V^ (= BASIS)").
 """
 
 from __future__ import annotations
@@ -82,10 +83,15 @@ def looks(names: Sequence[str]) -> dict[str, Look]:
     }
 
 
-def same_as(lines: dict[Any, np.ndarray]) -> dict[Any, Any]:
-    """For each line whose values equal an earlier line's (same length, equal up to float
-    rounding), that earlier line: the figures draw it hollow and say so in its legend."""
-    twins: dict[Any, Any] = {}
+SAME_RTOL = 0.02
+"""Lines within 2% of each other at every point look as one at a figure's printed size."""
+
+
+def same_as(lines: dict[Any, np.ndarray]) -> dict[Any, tuple[Any, bool]]:
+    """For each line that coincides with an earlier one (same length, within ``SAME_RTOL`` at
+    every point), that earlier line and whether the two are equal (up to float rounding):
+    the figures draw it hollow over the other and say so in its legend, "=" or "≈"."""
+    twins: dict[Any, tuple[Any, bool]] = {}
     firsts: list[Any] = []
     for key, values in lines.items():
         match = next(
@@ -93,14 +99,15 @@ def same_as(lines: dict[Any, np.ndarray]) -> dict[Any, Any]:
                 k
                 for k in firsts
                 if lines[k].shape == values.shape
-                and np.allclose(lines[k], values, rtol=1e-9, atol=0, equal_nan=True)
+                and np.allclose(lines[k], values, rtol=SAME_RTOL, atol=0, equal_nan=True)
             ),
             None,
         )
         if match is None:
             firsts.append(key)
         else:
-            twins[key] = match
+            exact = np.allclose(lines[match], values, rtol=1e-9, atol=0, equal_nan=True)
+            twins[key] = (match, bool(exact))
     return twins
 
 
@@ -146,14 +153,16 @@ def legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
 
 def log_y(ax: Any) -> None:
     """A log y axis labelled in plain numbers (0.02, 0.05, 0.1) at 1, 2 and 5 times the powers
-    of ten, or at the powers alone over more than two and a half decades: matplotlib's
+    of ten (and 3 within one decade), or at the powers alone over more than two and a half
+    decades: matplotlib's
     default labels every minor tick (2x10^-2, 3x10^-2, ...) and crowds a short axis. Call it
     after drawing (it reads the data's range)."""
     import matplotlib.ticker as mticker
 
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
-    subs = (1.0,) if np.log10(hi / lo) > 2.5 else (1.0, 2.0, 5.0)
+    decades = np.log10(hi / lo)
+    subs = (1.0,) if decades > 2.5 else (1.0, 2.0, 5.0) if decades > 1 else (1.0, 2.0, 3.0, 5.0)
     ax.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=subs))
     ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(mticker.NullFormatter())
@@ -190,16 +199,18 @@ def draw_lines(
     ax: Any, d: pl.DataFrame, x: str, y: str, twins: dict[Any, Any], every: int = 1
 ) -> None:
     """One line per (estimator, G) of ``d``, each in its estimator's look (figure_style); a
-    line equal to an earlier one (``twins``) is drawn over it dashed with hollow markers,
-    its legend saying which it equals."""
+    line that coincides with an earlier one (``twins``, :func:`same_as`) is drawn over it
+    dashed with hollow markers, its legend saying which it equals ("=") or nearly ("≈")."""
     keys = d.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     style = looks([str(e) for e, _ in keys])
     for est, g in keys:
         part = d.filter((pl.col("estimator") == est) & (pl.col("rollouts_per_prompt") == g))
-        look, twin, main = style[str(est)], twins.get((est, g)), est == BASIS_NAME
-        text = label(str(est), int(g)) + (
-            f" (= {label(str(twin[0]), int(twin[1]))})" if twin else ""
-        )
+        look, main = style[str(est)], est == BASIS_NAME
+        twin = twins.get((est, g))
+        text = label(str(est), int(g))
+        if twin:
+            (other, other_g), exact = twin
+            text += f" ({'=' if exact else '≈'} {label(str(other), int(other_g))})"
         ax.plot(
             part[x], part[y], color=look.colour, ls=(0, (3, 2)) if twin else look.linestyle,
             marker=look.marker, markevery=every, ms=5 if twin else 3.5 if main else 3,
@@ -208,7 +219,7 @@ def draw_lines(
         )  # fmt: skip
 
 
-def coinciding(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any, Any]:
+def coinciding(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any, tuple[Any, bool]]:
     """The (estimator, G) lines of ``df`` whose ``column`` equals an earlier line's at every
     point (all checkpoints together, so a legend entry means the same in every panel)."""
     keyed = df.sort([*order, "estimator", "rollouts_per_prompt"], maintain_order=True)

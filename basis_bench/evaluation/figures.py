@@ -19,7 +19,8 @@ The zero baseline (``vanilla``) has an MSE an order of magnitude above the rest;
 BASIS-VOP and BASIS-RVG variants so the lines stay readable; (a) and (d) show them. Sizes fit a two-column paper page (6.75 in).
 Estimators are drawn in registration order, with the display name and colour each declared
 at registration, the line style of their family and a marker of their own
-(:mod:`~basis_bench.evaluation.figure_style`); lines that coincide are drawn apart. Each figure function returns its matplotlib Figure; :func:`make_figures`
+(:mod:`~basis_bench.evaluation.figure_style`); lines that coincide are drawn apart
+(hollow, dashed, "(= BASIS)" in the legend). Each figure function returns its matplotlib Figure; :func:`make_figures`
 saves them.
 """
 
@@ -489,7 +490,7 @@ def fig_trajectory(results: Path) -> Figure:
         axes[1].set_ylabel("")
         fig.suptitle(f"trajectory replay ({df['schedule'][0]}): value error over training",
                      fontsize=9)  # fmt: skip
-        legend_below(fig, axes, ncol=4)
+        legend_below(fig, axes, ncol=3)
         return fig
     df = table.filter(pl.col("scope") == "epoch")
     fig, axes = panels(1, height=3.0)
