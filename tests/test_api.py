@@ -32,12 +32,16 @@ def _files(root) -> set[str]:
 def test_evaluate_writes_nothing_without_out(data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = _files(data.parent)
-    result = basis_bench.evaluate(data, ["basis", "grpo", "spo_tracker"], write_estimates=True, **SETTINGS)
+    result = basis_bench.evaluate(
+        data, ["basis", "grpo", "spo_tracker"], write_estimates=True, **SETTINGS
+    )
     assert _files(data.parent) == before and not any(tmp_path.iterdir())
     assert result.out is None and result.run.run_id is None
     assert set(result.summary["estimator"]) >= {"basis", "grpo"}
     assert result.summary["checkpoint"].unique().sort().to_list() == ["early", "late"]
-    assert "spo_tracker" in result.trajectory["estimator"].to_list()  # stateful: the trajectory only
+    assert (
+        "spo_tracker" in result.trajectory["estimator"].to_list()
+    )  # stateful: the trajectory only
     # the estimates kept in memory: one row per (repeat, prompt, estimator) of the one-step replay
     basis = result.estimates.filter(pl.col("estimator") == "basis", pl.col("checkpoint") == "late")
     assert basis.height == SETTINGS["repeats"] * SETTINGS["batch_size"]
@@ -84,8 +88,7 @@ def test_errors_name_the_argument_not_the_flag(data, monkeypatch, capsys):
     cases = [
         ({"batch_size": 1}, "batch_size must be >= 2"),  # the config's range check
         ({"batch_size": 41}, "batch_size 41 exceeds the 40 prompts"),  # the replay's check
-        ({"trajectory": False, "folds": 3}, "folds applies only to the trajectory replay, "
-         "which trajectory=False turns off"),  # fmt: skip
+        ({"trajectory": False, "folds": 3}, "which trajectory=False turns off"),
     ]
     for settings, needle in cases:
         with pytest.raises(InputError) as err:
@@ -93,6 +96,8 @@ def test_errors_name_the_argument_not_the_flag(data, monkeypatch, capsys):
         assert needle in str(err.value) and "--" not in str(err.value)
     with pytest.raises(InputError, match="batch_size 41 exceeds"):
         basis_bench.sensitivity(data, batch_size=41, oracle_n=16)
+    with pytest.raises(InputError, match=r"^parameters names none"):
+        basis_bench.sensitivity(data, parameters=[])
     with pytest.raises(InputError, match="n_prompts must be >= 2"):
         basis_bench.simulate(data.parent / "other", n_prompts=1)
     with pytest.raises(InputError, match="evaluate\\(\\) has no setting 'batchsize'"):
