@@ -8,6 +8,8 @@ metadata holds the help text and the checks, so
   dataclass (never typed twice);
 - :func:`check_settings` refuses a value outside its declared range or choices, with one
   line that names the setting, in every place a config is made;
+- an error names a setting as the user gave it: its flag on the command line, its field
+  in the Python API (:func:`setting_label`, :func:`setting_given`, under :func:`naming`);
 - :func:`check_scalar` is the one range checker (scikit-learn's ``check_scalar``,
   raising :class:`~basis_bench.errors.InputError`): NaN, bools posing as numbers and
   infinities (unless allowed) are refused, whatever the bounds.
