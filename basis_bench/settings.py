@@ -8,6 +8,8 @@ metadata holds the help text and the checks, so
   flag and default are never typed twice;
 - :func:`check_settings` refuses a value outside its declared range or choices, with one
   line that names the setting, in every place a config is made;
+- an error names a setting as the user gave it: its flag on the command line, its field
+  in the Python API (:func:`setting_label`, :func:`setting_given`, under :func:`naming`);
 - :func:`check_scalar` is the one range checker (scikit-learn's ``check_scalar``,
   raising :class:`~basis_bench.errors.InputError`): NaN, bools posing as numbers and
   infinities (unless allowed) are refused, whatever the bounds;
@@ -23,7 +25,9 @@ import numbers
 import sys
 import typing
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal, TypeVar
 
 from basis_bench.errors import InputError
@@ -156,6 +160,41 @@ def setting_flag(cls: type, name: str) -> str:
 def setting_old_names(cls: type, name: str) -> tuple[str, ...]:
     """The old names of one setting (``setting(was=...)``), newest first."""
     return tuple(_field(cls, name).metadata.get("was", ()))
+
+
+_NAMING: ContextVar[Literal["flag", "field"]] = ContextVar("setting_naming", default="flag")
+
+
+@contextmanager
+def naming(style: Literal["flag", "field"]) -> Iterator[None]:
+    """Within the block, errors name a setting by ``style``: its CLI flag (the default,
+    ``--batch-size``) or its field, the Python API's argument (``batch_size``)."""
+    token = _NAMING.set(style)
+    try:
+        yield
+    finally:
+        _NAMING.reset(token)
+
+
+def setting_label(cls: type, name: str) -> str:
+    """How an error names setting ``name`` of ``cls`` to whoever set it: the field name
+    inside ``naming("field")`` (the Python API), else its CLI flag's first spelling."""
+    if _NAMING.get() == "field":
+        return name
+    return setting_flag(cls, name).split("/")[0]
+
+
+def setting_given(cls: type, name: str, value: Any) -> str:
+    """How the user gives ``value`` to setting ``name``, as an error's advice: ``name=value``
+    inside ``naming("field")``, else the flag (``--no-trajectory``, ``--folds 3``)."""
+    if _NAMING.get() == "field":
+        return f"{name}={value!r}"
+    spellings = setting_flag(cls, name).split("/")
+    if isinstance(value, bool):
+        return spellings[0] if value or len(spellings) == 1 else spellings[1]
+    if isinstance(value, (tuple, list)):  # the CLI's comma-separated lists
+        value = ",".join(map(str, value))
+    return f"{spellings[0]} {value}"
 
 
 class RenamedSetting(FutureWarning):

@@ -153,3 +153,13 @@ def test_oracle_takes_its_old_flags_the_required_one_included(monkeypatch, capsy
         "warning: --features is renamed --store-features",
     ]
     assert lines[-1].startswith(f"error: --model '{tmp_path / 'none'}': no such model")
+
+
+def test_the_python_api_takes_an_old_argument_name_with_a_notice(tmp_path) -> None:
+    import basis_bench
+
+    with pytest.warns(RenamedSetting, match="reference_n is renamed ref_n"):
+        old = basis_bench.simulate(tmp_path / "old", n_prompts=6, reference_n=3, checkpoint_n=4)
+    new = basis_bench.simulate(tmp_path / "new", n_prompts=6, ref_n=3, checkpoint_n=4)
+    for name in ("rollouts/reference.parquet", "prompts.parquet"):
+        assert (old / name).read_bytes() == (new / name).read_bytes()

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_oracle
 from conftest import assert_one_line_error, run_main
 from test_oracle import parts, tiny_args
 
 from basis_bench.rollouts.store import load_rollouts
 
-tiny_model = test_oracle.tiny_model  # the fixture: a 2-layer Llama, loads in a blink
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

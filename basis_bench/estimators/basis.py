@@ -161,9 +161,7 @@ def calibrated_index(batch: EstimatorInput, options: BasisOptions) -> Array:
     return basis_values(batch, _offline(options))[1]
 
 
-@register_estimator(
-    REFERENCE_MEAN_NAME, uses_cache=True, label="Reference mean", colour="tab:purple"
-)
+@register_estimator(REFERENCE_MEAN_NAME, uses_cache=True, label="Reference mean", colour="#807dba")
 def _reference_mean(batch: EstimatorInput, options: NoOptions) -> Array:
     """Smoothed reference success rate (beta = inf, no refinement)."""
     v_grid, _, betas = _grids(batch)
@@ -181,14 +179,14 @@ for _name, _label, _colour, _text, _defaults in (
     (
         OFFLINE_NAME,
         "Offline $\\hat V$",
-        "tab:brown",
+        "#6baed6",
         "Offline tilted value V^ at the calibrated beta, no refinement.",
         {"refine": False},
     ),
     (
         BASIS_NAME,
         "BASIS",
-        "tab:blue",
+        "#08519c",
         "BASIS, robust default: the UNB refinement with its calibration ratio shrunk towards 1 "
         "by its (robust) variance.",
         {"variant": "unb"},
@@ -196,21 +194,21 @@ for _name, _label, _colour, _text, _defaults in (
     (
         BASIS_PAPER_NAME,
         "BASIS (paper)",
-        "tab:olive",
+        "#2171b5",
         "BASIS (UNB) as in the paper: unbiased BLUE refinement, no shrinkage.",
         {"variant": "unb", "shrink": False, "ratio_var": "model"},
     ),
     (
         "basis_vop",
         "BASIS-VOP",
-        "tab:cyan",
+        "#17becf",
         "BASIS-VOP: variance-optimised shrinkage refinement.",
         {"variant": "vop"},
     ),
     (
         "basis_rvg",
         "BASIS-RVG",
-        "darkkhaki",
+        "#9ecae1",
         "BASIS-RVG as in the paper: ratio-average refinement, no shrinkage (unsound where "
         "V^_j is small; see docs/method.md).",
         {"variant": "rvg", "shrink": False, "ratio_var": "model"},

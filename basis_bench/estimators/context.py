@@ -206,7 +206,7 @@ register_estimator(
     options=ContextOptions,
     kernel=ContextKernel,
     label="BASIS context",
-    colour="darkcyan",
+    colour="#7f3b08",
     uses_features=True,
     description="BASIS context: basis_memory plus its candidates moved by an online fit of the "
     "lag and w . phi(x).",

@@ -342,7 +342,7 @@ register_estimator(
     options=MemoryOptions,
     kernel=MemoryKernel,
     label="BASIS memory",
-    colour="navy",
+    colour="#e08214",
     description="BASIS memory: Beta posterior with the tilted value as prior and the prompt's "
     "own past rollouts.",
     reward_bounds=(0.0, 1.0),

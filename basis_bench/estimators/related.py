@@ -106,7 +106,7 @@ def _james_stein_kernel(rewards: Array, eps: float) -> Array:
 
 
 @register_estimator(
-    "james_stein", group=True, options=JamesSteinOptions, label="James-Stein", colour="tab:pink"
+    "james_stein", group=True, options=JamesSteinOptions, label="James-Stein", colour="#a1d99b"
 )
 def _james_stein(batch: EstimatorInput, options: JamesSteinOptions) -> Array:
     """James-Stein (G): RLOO shrunk towards the other prompts' mean (Zeng et al. 2025)."""
@@ -207,7 +207,7 @@ def hermite_weights(
     return a, c
 
 
-@register_estimator("apo", uses_cache=True, options=ApoOptions, label="A*-PO", colour="black")
+@register_estimator("apo", uses_cache=True, options=ApoOptions, label="A*-PO", colour="#54278f")
 def _apo(batch: EstimatorInput, options: ApoOptions) -> Array:
     """A*-PO: offline soft value beta log E_ref[e^{r/beta}], beta = 0.5 (Brantley et al. 2025)."""
     beta = options.beta
@@ -380,6 +380,6 @@ register_estimator(
     description="SPO tracker: a Beta posterior per prompt, decayed per sighting (Xu & Ding 2025); "
     "stateful.",
     label="SPO tracker",
-    colour="darkgoldenrod",
+    colour="#b35806",
     reward_bounds=(0.0, 1.0),
 )

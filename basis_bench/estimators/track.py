@@ -190,6 +190,9 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+_SPREAD_FLOOR = 1e-12  # the level's evidence variance, floored: see level_step
+
+
 def level_step(
     level: np.ndarray, var: np.ndarray, rate: np.ndarray, resid: np.ndarray, curv: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -202,7 +205,9 @@ def level_step(
     out = []
     for q in LEVEL_NOISE:
         prior = var + q
-        spread = curv + curv**2 * prior
+        # a batch whose predictions are all 0 or 1 carries no information on the level; its
+        # sensitivity may round below 0 (p (1 - p) of a p a rounding above 1): floored
+        spread = np.maximum(curv + curv**2 * prior, _SPREAD_FLOOR)
         log_ev = -0.5 * (np.log(spread) + resid**2 / spread)
         post_var = 1.0 / (1.0 / prior + curv)
         out.append((log_ev, level + resid * post_var, post_var))
@@ -308,6 +313,7 @@ class TrackKernel:
         p0 = p0.reshape(s, c, b)
         ll = _loglik(p0, r[:, None, :])  # (S, C, B)
         # 2. each filter's level on the batch without prompt i, calm or jumping
+        p0 = np.clip(p0, 0.0, 1.0)  # a mixture of sigmoids may round a hair past 1
         e, curv = r[:, None, :] - p0, p0 * (1.0 - p0)
         rate = self.jump_rate(state)[..., None]
         level_loo, _, jumped_loo = level_step(

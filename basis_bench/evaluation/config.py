@@ -3,7 +3,8 @@
 Each field carries its help, CLI flag and range (:func:`~basis_bench.settings.setting`):
 ``basis-bench evaluate``/``sensitivity`` read help and flag from the field and the default
 from the dataclass, and a config refuses a value out of range where it is made, naming
-the command-line flag.
+the setting as the user gave it: the command-line flag, or the argument of the Python API
+(:mod:`basis_bench.api`, under :func:`~basis_bench.settings.naming`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from basis_bench.settings import (
     check_settings,
     renamed,
     setting,
-    setting_flag,
+    setting_given,
     setting_help,
+    setting_label,
 )
 
 
@@ -101,8 +103,10 @@ OPTION_HELP = (
 
 
 def _check_flags(config: Any) -> None:
-    """Refuse a value out of range, naming the setting by its command-line flag."""
-    check_settings(config, lambda name: setting_flag(type(config), name))
+    """Refuse a value out of range, naming the setting as the user gave it (its command-line
+    flag, or its argument name in the Python API: :func:`~basis_bench.settings.naming`)."""
+    cls = type(config)
+    check_settings(config, lambda name: setting_label(cls, name))
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ class EvaluateConfig:
         _check_flags(self)
         if not self.trajectory:  # their values went unused, silently
             names = (*EPOCH_ONLY, *STEP_ONLY, "features", "trajectory_schedule")
-            _refuse_unused(self, names, "the trajectory replay", "--no-trajectory")
+            _refuse_unused(self, names, "the trajectory replay", ("trajectory", False))
         elif self.trajectory_schedule != "auto":
             self.check_schedule(self.trajectory_schedule)
 
@@ -206,9 +210,26 @@ class EvaluateConfig:
     def check_schedule(self, schedule: str) -> None:
         """Refuse options that ``schedule`` (what ``auto`` resolved to) would not use."""
         if schedule == "epochs":
-            _refuse_unused(self, STEP_ONLY, "the step schedule", "--trajectory-schedule epochs")
+            _refuse_unused(self, STEP_ONLY, "the step schedule", ("trajectory_schedule", "epochs"))
         else:
-            _refuse_unused(self, EPOCH_ONLY, "the epoch schedule", "--trajectory-schedule steps")
+            _refuse_unused(self, EPOCH_ONLY, "the epoch schedule", ("trajectory_schedule", "steps"))
+
+
+def _owner(name: str) -> type:
+    """The config that declares setting ``name`` (evaluate's, else sensitivity's)."""
+    return EvaluateConfig if name in {f.name for f in fields(EvaluateConfig)} else SensitivityConfig
+
+
+def named(name: str) -> str:
+    """How an error names the benchmark's setting ``name``: ``--batch-size`` on the command
+    line, ``batch_size`` in the Python API (:func:`~basis_bench.settings.setting_label`)."""
+    return setting_label(_owner(name), name)
+
+
+def given(name: str, value: Any) -> str:
+    """How the user gives ``value`` to setting ``name`` (``--no-trajectory`` or
+    ``trajectory=False``), for an error's advice."""
+    return setting_given(_owner(name), name, value)
 
 
 EPOCH_ONLY = ("trajectory_epochs", "trajectory_blend")
@@ -216,18 +237,22 @@ STEP_ONLY = ("rollouts_per_step", "folds", "standing_steps")
 
 
 def _changed(config: EvaluateConfig, names: tuple[str, ...]) -> list[str]:
-    """The flags of ``names`` whose values differ from their defaults."""
+    """The settings of ``names`` whose values differ from their defaults (as errors name them)."""
     defaults = {f.name: f.default for f in fields(config)}
     return [
-        setting_flag(EvaluateConfig, name).split("/")[0]
+        setting_label(EvaluateConfig, name)
         for name in names
         if getattr(config, name) != defaults[name]
     ]
 
 
-def _refuse_unused(config: EvaluateConfig, names: tuple[str, ...], where: str, off: str) -> None:
-    """Options set for a part of the run that is off went unused, silently: refuse them."""
+def _refuse_unused(
+    config: EvaluateConfig, names: tuple[str, ...], where: str, turned_off: tuple[str, Any]
+) -> None:
+    """Options set for a part of the run that is off (by ``turned_off``: a setting and its
+    value) went unused, silently: refuse them."""
     unused = _changed(config, names)
+    off = setting_given(EvaluateConfig, *turned_off)
     if unused:
         verb, them = ("apply", "them") if len(unused) > 1 else ("applies", "it")
         raise InputError(

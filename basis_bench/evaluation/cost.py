@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from basis_bench.errors import InputError
+from basis_bench.evaluation.config import given
 from basis_bench.evaluation.dataset import CheckpointData, Rewards
 from basis_bench.evaluation.trajectory import SHUFFLE_BYTES, stream_group
 from basis_bench.memory_check import available_memory
@@ -61,9 +62,10 @@ def check_memory(prompts: int, held: int, streams: int) -> int:
     gib = 2**30
     lighter = evaluate_memory(prompts, held, 0)
     if streams and lighter <= free + held:
-        fix = f"pass --no-trajectory (about {lighter / gib:.1f} GiB)"
+        fix = f"pass {given('trajectory', False)} (about {lighter / gib:.1f} GiB)"
     else:
-        fix = "evaluate fewer checkpoints at a time (--checkpoint NAME) or free memory"
+        fewer = given("checkpoints", "NAME")
+        fix = f"evaluate fewer checkpoints at a time ({fewer}) or free memory"
     raise InputError(
         f"this evaluate needs about {need / gib:.1f} GiB ({prompts} prompts) but "
         f"{free / gib:.1f} GiB is free; {fix}"

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
+from basis_bench.evaluation.config import named
 from basis_bench.memory_check import check_rollouts_fit
 from basis_bench.outputs import publishing
 from basis_bench.rollouts.store import (
@@ -388,9 +389,9 @@ def checkpoint_data(
     pool is too small and an InputError says by how much. ``ref_n=None`` keeps every
     reference sample.
     """
-    check_scalar(oracle_n, "--oracle-n", int, min_val=2)  # its noise estimate needs a variance
+    check_scalar(oracle_n, named("oracle_n"), int, min_val=2)  # its noise estimate needs a variance
     if ref_n is not None:
-        check_scalar(ref_n, "--ref-n", int, min_val=1)
+        check_scalar(ref_n, named("ref_n"), int, min_val=1)
     ids = ds.rewards[checkpoint].prompt_ids
     ref_ids = ds.rewards[ds.reference].prompt_ids
     known = set(ref_ids.tolist())
@@ -408,8 +409,8 @@ def checkpoint_data(
         worst = int(counts.min())
         raise InputError(
             f"checkpoint {checkpoint!r}: the pool is smaller than the group size for {int(short.sum())} "
-            f"prompt(s): {worst} samples - oracle-n {oracle_n} = {worst - oracle_n} left, {min_pool} needed; "
-            "lower --oracle-n or --group-size"
+            f"prompt(s): {worst} samples - {named('oracle_n')} {oracle_n} = {worst - oracle_n} left, {min_pool} needed; "
+            f"lower {named('oracle_n')} or {named('group_size')}"
         )
     oracle_samples = rewards[:, :oracle_n]
     pool = rewards[:, oracle_n:]
@@ -418,7 +419,7 @@ def checkpoint_data(
     ref = ds.rewards[ds.reference].rows(ids)
     if ref_n is not None and ref.shape[1] < ref_n:
         raise InputError(
-            f"--ref-n {ref_n} asks for more reference samples than the dataset has (at most {ref.shape[1]} per prompt)"
+            f"{named('ref_n')} {ref_n} asks for more reference samples than the dataset has (at most {ref.shape[1]} per prompt)"
         )
     return CheckpointData(
         name=checkpoint,

@@ -18,7 +18,9 @@ The zero baseline (``vanilla``) has an MSE an order of magnitude above the rest;
 (a)-(c) leave it out and say so, (d) keeps it. The line plots (b), (c) leave out the
 BASIS-VOP and BASIS-RVG variants so the lines stay readable; (a) and (d) show them. Sizes fit a two-column paper page (6.75 in).
 Estimators are drawn in registration order, with the display name and colour each declared
-at registration. Each figure function returns its matplotlib Figure; :func:`make_figures`
+at registration, the line style of their family and a marker of their own
+(:mod:`~basis_bench.evaluation.figure_style`); lines that coincide are drawn apart
+(hollow, dashed, "(= BASIS)" in the legend). Each figure function returns its matplotlib Figure; :func:`make_figures`
 saves them.
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,10 +36,23 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import available
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.evaluation.config import SensitivityConfig
+from basis_bench.evaluation.figure_style import (
+    coinciding,
+    colours,
+    draw_lines,
+    edge_labels,
+    label,
+    legend_below,
+    log_y,
+    looks,
+    ordered,
+    panels,
+    paper_style,
+    stage_colours,
+)
 from basis_bench.evaluation.record import (
     SENSITIVITY_FILE,
     SensitivityRecord,
@@ -73,71 +88,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 """The columns each figure reads from each table; a table without them is refused."""
 
-PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
 OMITTED = (ZERO_BASELINE_NAME,)
 # Line plots (b), (c) keep to the paper's comparison; the variants appear in (a) and (d).
 VARIANTS = BASIS_VARIANTS
-
-
-def label(estimator: str, rollouts: int | None = None) -> str:
-    """Display name (declared at registration), with G for group estimators: ``GRPO (G=8)``."""
-    registered = available().get(estimator)
-    name = registered.label if registered is not None else plain_math(estimator)
-    return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
-
-
-def colours() -> dict[str, str]:
-    """The colour each registered estimator declared, the same in every figure."""
-    return {n: e.colour for n, e in available().items() if e.colour is not None}
-
-
-def _palette(names: Sequence[str]) -> dict[str, Any]:
-    """One fixed colour per estimator, the same in every figure; others get spare ones."""
-    import seaborn as sns
-
-    declared = colours()
-    extra = sorted(set(names) - set(declared))
-    spare = sns.color_palette("dark", n_colors=max(1, len(extra)))
-    return {**declared, **{n: spare[i] for i, n in enumerate(extra)}}
-
-
-def _stage_colours(n: int) -> list[Any]:
-    """Distinguishable colours for ordered checkpoints (early to late)."""
-    import matplotlib as mpl
-    import numpy as np
-
-    return (
-        [mpl.colormaps["viridis"](x) for x in np.linspace(0.05, 0.72, max(n, 1))][:n]
-        if n > 1
-        else [mpl.colormaps["viridis"](0.3)]
-    )
-
-
-def _ordered(df: pl.DataFrame) -> pl.DataFrame:
-    rank = {n: i for i, n in enumerate(available())}  # registration order
-    return (
-        df.with_columns(
-            pl.col("estimator")
-            .replace_strict(rank, default=len(rank), return_dtype=pl.Int64)
-            .alias("_rank")
-        )
-        .sort(
-            "_rank",
-            "rollouts_per_prompt" if "rollouts_per_prompt" in df.columns else "_rank",
-            maintain_order=True,
-        )
-        .drop("_rank")
-    )
-
-
-def paper_style() -> None:
-    """The figures' look (Agg backend, seaborn paper theme); make_figures sets it first."""
-    import matplotlib as mpl
-    import seaborn as sns
-
-    mpl.use("Agg")
-    sns.set_theme(context="paper", style="whitegrid", font_scale=1.0)
-    mpl.rcParams.update({"figure.dpi": 100, "legend.frameon": False, "pdf.fonttype": 42})
 
 
 def _read(path: Path) -> pl.DataFrame:
@@ -176,34 +129,15 @@ def _save(fig: Any, out: Path, stem: str) -> list[Path]:
     return paths
 
 
-def _panels(n: int, height: float = 2.4, sharey: bool = False) -> tuple[Any, list[Any]]:
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, n, figsize=(PAGE_WIDTH, height), sharey=sharey, squeeze=False, layout="constrained"
-    )
-    return fig, list(axes[0])
-
-
 def _checkpoints(df: pl.DataFrame) -> list[str]:
     return list(dict.fromkeys(df["checkpoint"].to_list()))
-
-
-def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 5) -> None:
-    handles, labels = [], []
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(ncol, len(labels)))
 
 
 def fig2_fixed_beta(results: Path) -> Figure:
     """Initial vs refined MSE against a fixed beta (beta = inf drawn as dotted levels)."""
     df = _read(results / "fixed_beta.csv")
     names = _checkpoints(df)
-    fig, axes = _panels(len(names))
+    fig, axes = panels(len(names))
     for ax, name in zip(axes, names, strict=True):
         d = df.filter(pl.col("checkpoint") == name)
         fin = d.filter(pl.col("beta").is_finite()).sort("beta")
@@ -230,11 +164,11 @@ def fig2_fixed_beta(results: Path) -> Figure:
                     label=f"{text.split()[0]} at $\\beta=\\infty$",
                 )
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("fixed $\\beta$")
     axes[0].set_ylabel("MSE against oracle")
-    _legend_below(fig, axes, ncol=4)
+    legend_below(fig, axes, ncol=4)
     return fig
 
 
@@ -251,7 +185,7 @@ def _grouped_bars(
     names = _checkpoints(df)
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     width = 0.8 / len(names)
-    shades = _stage_colours(len(names))
+    shades = stage_colours(len(names))
     for i, name in enumerate(names):
         d = df.filter(pl.col("checkpoint") == name)
         lookup = {(r["estimator"], r["rollouts_per_prompt"]): r for r in d.iter_rows(named=True)}
@@ -273,9 +207,9 @@ def _grouped_bars(
 
 def fig3a_mse(results: Path) -> Figure:
     """MSE per estimator over all prompts, 95% CI over repeats, one colour per checkpoint."""
-    df = _ordered(_read(results / "summary.csv"))
+    df = ordered(_read(results / "summary.csv"))
     omitted = df.filter(pl.col("estimator").is_in(OMITTED))
-    fig, axes = _panels(1, height=2.8)
+    fig, axes = panels(1, height=2.8)
     ax = axes[0]
     _grouped_bars(
         ax,
@@ -290,39 +224,34 @@ def fig3a_mse(results: Path) -> Figure:
     return fig
 
 
-def _by_bin(
-    results: Path,
-    file: str,
-    xlabel: str,
-    title: str,
-    tick: Callable[[dict[str, Any]], str],
-) -> Figure:
-    df = _ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
+def _bin_axis(ax: Any, bins: pl.DataFrame) -> None:
+    """A numeric x axis with the bins' edges as ticks (at most six labelled), horizontal."""
+    import numpy as np
+
+    edges = np.unique(np.concatenate([bins["bin_low"].to_numpy(), bins["bin_high"].to_numpy()]))
+    shown = edges[:: max(1, -(-len(edges) // 6))]
+    ax.set_xticks(shown, edge_labels(shown))
+    ax.set_xlim(edges[0], edges[-1])
+
+
+def _by_bin(results: Path, file: str, xlabel: str, title: str) -> Figure:
+    """MSE per bin (drawn at the bin's middle), one panel per checkpoint."""
+    df = ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
+    df = df.with_columns(((pl.col("bin_low") + pl.col("bin_high")) / 2).alias("middle"))
     names = _checkpoints(df)
-    colours = _palette(df["estimator"].unique().to_list())
-    fig, axes = _panels(len(names), height=2.6)
+    twins = coinciding(df, ["checkpoint", "bin"], "mse")
+    fig, axes = panels(len(names), height=2.7)
     for ax, name in zip(axes, names, strict=True):
-        d = df.filter(pl.col("checkpoint") == name)
-        bins = d.select("bin", "bin_low", "bin_high").unique().sort("bin")
-        for (est, g), part in d.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
-            part = part.sort("bin")
-            main = est == BASIS_NAME
-            ax.plot(
-                part["bin"], part["mse"], marker="o", markersize=3.5 if main else 2.5, lw=2 if main else 1.1,
-                zorder=3 if main else 2, color=colours[str(est)], label=label(str(est), int(g)),
-            )  # fmt: skip
-        ax.set_xticks(
-            bins["bin"].to_list(),
-            [tick(r) for r in bins.iter_rows(named=True)],
-            rotation=35,
-            ha="right",
-        )
-        ax.set_yscale("log")
+        d = df.filter(pl.col("checkpoint") == name).sort("bin", maintain_order=True)
+        draw_lines(ax, d, "middle", "mse", twins)
+        _bin_axis(ax, d.select("bin_low", "bin_high").unique())
+        ax.tick_params(axis="x", labelsize=7)
+        log_y(ax)
         ax.set_title(f"checkpoint: {plain_math(name)}")
     axes[0].set_ylabel("MSE against oracle")
     axes[len(axes) // 2].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=9)
-    _legend_below(fig, axes, ncol=4)
+    legend_below(fig, axes, ncol=3)
     return fig
 
 
@@ -330,27 +259,24 @@ def fig3b_heterogeneity(results: Path) -> Figure:
     """MSE by batch heterogeneity: 500 batches in five equal-width s_b bins."""
     return _by_bin(
         results, "by_heterogeneity.csv",
-        "batch heterogeneity $s_b$ (std of oracle values)",
+        "batch heterogeneity $s_b$ (std of oracle values; ticks at bin edges)",
         "(b) MSE by batch heterogeneity (per-batch MSE averaged within each bin)",
-        lambda r: f"{r['bin_low']:.2f}–{r['bin_high']:.2f}",
     )  # fmt: skip
 
 
 def fig3c_difficulty(results: Path) -> Figure:
     """MSE by prompt difficulty: oracle value bins [0,.2) ... [.8,1]."""
     return _by_bin(
-        results, "by_difficulty.csv",
-        "oracle value of the prompt",
+        results, "by_difficulty.csv", "oracle value of the prompt (ticks at bin edges)",
         "(c) MSE by prompt difficulty",
-        lambda r: f"[{r['bin_low']:.1f}, {r['bin_high']:.1f}" + ("]" if r["bin_high"] >= 1 else ")"),
     )  # fmt: skip
 
 
 def fig3d_extreme(results: Path) -> Figure:
     """Share of baselines exactly 0 or 1 (a zero advantage for a binary reward)."""
-    fig, axes = _panels(1, height=2.6)
+    fig, axes = panels(1, height=2.6)
     ax = axes[0]
-    _grouped_bars(ax, _ordered(_read(results / "summary.csv")), lambda r: 100 * r["extreme_rate"])
+    _grouped_bars(ax, ordered(_read(results / "summary.csv")), lambda r: 100 * r["extreme_rate"])
     ax.set_ylabel("baselines exactly 0 or 1 (%)")
     ax.set_ylim(0, 105)
     ax.set_title("(d) uninformative baselines", fontsize=9)
@@ -366,33 +292,35 @@ def fig3_group_sweep(results: Path) -> Figure:
         & pl.col("estimator").is_in([BASIS_NAME, REINFORCE_PP_NAME, REFERENCE_MEAN_NAME])
     )
     names = _checkpoints(sweep)
-    colours = _palette(summary["estimator"].unique().to_list())
-    fig, axes = _panels(len(names), height=2.5)
+    style = looks(summary["estimator"].unique().to_list())
+    fig, axes = panels(len(names), height=2.5)
     for ax, name in zip(axes, names, strict=True):
         d = sweep.filter(pl.col("checkpoint") == name)
         for (est,), part in d.group_by("estimator", maintain_order=True):
             part = part.sort("group_size")
             ax.errorbar(
                 part["group_size"], part["mse"], yerr=[part["mse"] - part["ci_low"], part["ci_high"] - part["mse"]],
-                marker="o", markersize=3, lw=1.2, capsize=2, color=colours[str(est)], label=label(str(est)),
+                marker=style[str(est)].marker, markersize=3, lw=1.2, capsize=2,
+                ls=style[str(est)].linestyle, color=style[str(est)].colour, label=label(str(est)),
             )  # fmt: skip
         for row in single.filter(pl.col("checkpoint") == name).iter_rows(named=True):
             what = "cache only" if row["estimator"] == REFERENCE_MEAN_NAME else "1 rollout"
             ax.axhline(
                 row["mse"],
-                color=colours[row["estimator"]],
-                ls="--",
+                color=style[row["estimator"]].colour,
+                ls="-",
                 lw=1,
+                alpha=0.8,
                 label=f"{label(row['estimator'])} ({what})",
             )
         gs = sorted(d["group_size"].unique().to_list())
         ax.set_xscale("log", base=2)
         ax.set_xticks(gs, [str(g) for g in gs])
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("rollouts per prompt $G$")
     axes[0].set_ylabel("MSE against oracle")
-    _legend_below(fig, axes, ncol=3)
+    legend_below(fig, axes, ncol=3)
     return fig
 
 
@@ -411,10 +339,10 @@ def fig5_sensitivity(results: Path) -> Figure:
     df = df.with_columns(pl.col("parameter").replace("n", "ref_n"))
     params = [p for p in SENSITIVITY_AXES if p in df["parameter"].unique().to_list()]
     names = _checkpoints(df)
-    shades = _stage_colours(len(names))
+    shades = stage_colours(len(names))
     styles = ["-", "--", ":", "-."]
     estimators = list(dict.fromkeys(df["estimator"].to_list()))
-    fig, axes = _panels(len(params), height=2.3, sharey=True)
+    fig, axes = panels(len(params), height=2.3, sharey=True)
     for ax, param in zip(axes, params, strict=True):
         for i, name in enumerate(names):
             for j, est in enumerate(estimators):
@@ -440,12 +368,12 @@ def fig5_sensitivity(results: Path) -> Figure:
         if param != "eps":
             values = sorted(df.filter(pl.col("parameter") == param)["value"].unique().to_list())
             ax.set_xticks(values, [f"{v:g}" for v in values], rotation=45 if len(values) > 4 else 0)
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_xlabel(xlabel)
     axes[0].set_ylabel("MSE against oracle")
     swept = " and ".join(label(e) for e in estimators)  # was always "BASIS": basis_vop alone too
     fig.suptitle(f"{swept} sensitivity (others at {_held_fixed(results)})", fontsize=9)
-    _legend_below(fig, axes)
+    legend_below(fig, axes)
     return fig
 
 
@@ -479,8 +407,8 @@ def fig_beta_choice(results: Path) -> Figure:
 
     df = _read(results / "beta_choice.csv")
     names = _checkpoints(df)
-    shades = _stage_colours(len(names))
-    fig, axes = _panels(1, height=2.4)
+    shades = stage_colours(len(names))
+    fig, axes = panels(1, height=2.4)
     ax = axes[0]
     betas = df.filter(pl.col("checkpoint") == names[0]).sort("beta_index")["beta"].to_list()
     width = 0.8 / len(names)
@@ -500,26 +428,28 @@ def fig_beta_choice(results: Path) -> Figure:
     return fig
 
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
-
-
 def _trajectory_lines(ax: Any, df: pl.DataFrame, x_column: str) -> None:
-    """One line per (estimator, G) against ``x_column``, with its 95% CI band: group
-    estimators dashed, each estimator its own marker, so lines of one colour family stay
-    apart."""
-    palette = _palette(df["estimator"].unique().to_list())
+    """One line per (estimator, G) against ``x_column`` in its estimator's look, with its 95%
+    CI band; lines that coincide drawn apart (:func:`_draw_lines`)."""
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
+    style = looks([str(e) for e, _ in keys])
     every = max(1, df.height // max(len(keys), 1) // 12)  # about 12 markers a line
-    for i, (name, g) in enumerate(keys):
+    draw_lines(
+        ax,
+        df,
+        x_column,
+        "mse_noise_corrected",
+        coinciding(df, ["step"], "mse_noise_corrected"),
+        every,
+    )
+    for name, g in keys:
         d = df.filter((pl.col("estimator") == name) & (pl.col("rollouts_per_prompt") == g))
-        x = d[x_column].to_numpy()
         y = d["mse_noise_corrected"].to_numpy()
         half = (d["ci_high"] - d["ci_low"]).to_numpy() / 2
-        ax.plot(x, y, "--" if g > 1 else "-", marker=MARKERS[i % len(MARKERS)], ms=3,
-                markevery=every, lw=1.1, color=palette[name], label=label(name, g))  # fmt: skip
-        ax.fill_between(x, y - half, y + half, color=palette[name], alpha=0.12, lw=0)
+        ax.fill_between(d[x_column].to_numpy(), y - half, y + half, color=style[str(name)].colour,
+                        alpha=0.12, lw=0)  # fmt: skip
     if (df["mse_noise_corrected"] > 0).all():
-        ax.set_yscale("log")
+        log_y(ax)
     ax.set_ylabel("MSE (noise-corrected)")
 
 
@@ -551,22 +481,24 @@ def fig_trajectory(results: Path) -> Figure:
     """Trajectory replay: noise-corrected MSE against the training step (95% CI bands); on the
     step schedule a second panel against the rollouts each estimator has spent (the budget
     curve). Dotted lines where the checkpoint changes; log scale."""
-    table = _ordered(pl.read_csv(results / "trajectory.csv"))
+    table = ordered(pl.read_csv(results / "trajectory.csv"))
     if (table["scope"] == "step").any():
         df = table.filter(pl.col("scope") == "step")
-        fig, axes = _panels(2, height=3.0)
+        fig, axes = panels(2, height=3.0)
         _trajectory_lines(axes[0], df, "step")
         _checkpoint_marks(axes[0], df, moving=False)
         axes[0].set_xlabel("training step")
         _trajectory_lines(axes[1], df, "rollouts_spent")
+        if (df["rollouts_spent"] > 0).all():  # budgets differ by G: 2,000 against 18,000
+            axes[1].set_xscale("log")
         axes[1].set_xlabel("rollouts spent")
         axes[1].set_ylabel("")
         fig.suptitle(f"trajectory replay ({df['schedule'][0]}): value error over training",
                      fontsize=9)  # fmt: skip
-        _legend_below(fig, axes, ncol=4)
+        legend_below(fig, axes, ncol=3)
         return fig
     df = table.filter(pl.col("scope") == "epoch")
-    fig, axes = _panels(1, height=3.0)
+    fig, axes = panels(1, height=3.0)
     _trajectory_lines(axes[0], df, "step")
     moving = "next_share" in df.columns and bool((df["next_share"] > 0).any())
     _checkpoint_marks(axes[0], df, moving=moving, at="last")
@@ -636,3 +568,7 @@ def _claim_figures_dir(out: Path) -> None:
         files = [f.name for f in out.iterdir() if not f.name.startswith(".")]
         force = bool(files) and all(f in names for f in files)
     claim_output_dir(out, "figures", force=force, force_flag=False)
+
+
+__all__ = ["FIGURES", "colours", "label", "make_figures", "paper_style"]  # colours, label: the
+# training figures' too (figure_style)

@@ -32,6 +32,7 @@ from basis_bench.estimators import (
     refine,
 )
 from basis_bench.estimators.basis import calibrated_index
+from basis_bench.evaluation.config import named
 from basis_bench.evaluation.dataset import CheckpointData
 
 CHUNK_REPEATS = 256
@@ -237,24 +238,24 @@ def _plan(data: CheckpointData, estimators: Sequence[Estimator], settings: Repla
     b, g = settings.batch_size, settings.group_size
     if b < 2:
         raise InputError(
-            f"--batch-size must be at least 2 (leave-one-out needs another prompt); got {b}"
+            f"{named('batch_size')} must be at least 2 (leave-one-out needs another prompt); got {b}"
         )
     if b > data.n_prompts:
         raise InputError(
-            f"--batch-size {b} exceeds the {data.n_prompts} prompts of checkpoint {data.name!r}"
+            f"{named('batch_size')} {b} exceeds the {data.n_prompts} prompts of checkpoint {data.name!r}"
         )
     if settings.repeats < 1:
-        raise InputError(f"--repeats must be at least 1; got {settings.repeats}")
+        raise InputError(f"{named('repeats')} must be at least 1; got {settings.repeats}")
     min_pool = int(data.pool_count.min())
     has_group = any(e.group for e in estimators)
     if has_group and g < 2:
         raise InputError(
-            f"--group-size must be at least 2 for group estimators (RLOO leaves one out); got {g}"
+            f"{named('group_size')} must be at least 2 for group estimators (RLOO leaves one out); got {g}"
         )
     if has_group and min_pool < g:
         raise InputError(
             f"checkpoint {data.name!r}: the pool has {min_pool} rollouts for some prompt, smaller than the "
-            f"group size {g}; lower --group-size or --oracle-n"
+            f"group size {g}; lower {named('group_size')} or {named('oracle_n')}"
         )
     sweep_gs = (
         sorted({gg for gg in settings.g_sweep if 2 <= gg <= min_pool} | {g})

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
 from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.table import grid_beta_index
-from basis_bench.evaluation.config import EvaluateConfig
+from basis_bench.evaluation.config import EvaluateConfig, given, named
 from basis_bench.evaluation.cost import check_memory, held_bytes
 from basis_bench.evaluation.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
@@ -110,8 +110,9 @@ def resolve_options(
         get(name).parse_options(values)  # an unknown name or key first: the likelier slip
         if name not in run:
             raise InputError(
-                f"--option {name}.KEY: {name} is not among the estimators of this run, so the "
-                f"option would be unused; add {name} to --estimators or drop the option"
+                f"{named('estimator_options')} {name}.KEY: {name} is not among the estimators "
+                f"of this run, so the option would be unused; add {name} to "
+                f"{named('estimators')} or drop the option"
             )
     options: dict[str, Any] = {}
     for est in estimators:
@@ -123,10 +124,20 @@ def resolve_options(
 
 @dataclass(frozen=True)
 class EvaluateResult:
-    out: Path
+    """One evaluate run: its tables as polars frames (what the CSV files of ``out`` hold) and
+    its record (run.json). ``out`` is None for a run that wrote no files; ``trajectory`` is
+    None with the trajectory replay off, ``estimates`` None unless ``write_estimates``."""
+
+    out: Path | None
     summary: pl.DataFrame
     run: RunRecord
-    trajectory: pl.DataFrame | None = None  # None with cfg.trajectory off
+    trajectory: pl.DataFrame | None = None
+    g_sweep: pl.DataFrame = field(default_factory=pl.DataFrame)
+    by_heterogeneity: pl.DataFrame = field(default_factory=pl.DataFrame)
+    by_difficulty: pl.DataFrame = field(default_factory=pl.DataFrame)
+    beta_choice: pl.DataFrame = field(default_factory=pl.DataFrame)
+    fixed_beta: pl.DataFrame = field(default_factory=pl.DataFrame)
+    estimates: pl.DataFrame | None = None
 
 
 class _EstimatesWriter:
@@ -189,7 +200,7 @@ def _replay_all(
     datas: list[CheckpointData],
     estimators: list[Estimator],
     settings: ReplaySettings,
-    writer: _EstimatesWriter | None,
+    writer: Callable[[pa.Table], None] | None,
     progress: Callable[[str, int, int], None] | None,
 ) -> dict[str, list[pl.DataFrame]]:
     """Every checkpoint's replay, summarised into the tables (one frame per checkpoint)."""
@@ -265,7 +276,7 @@ def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> tuple[str, list[int
         schedule = "steps" if moves and not cfg.epoch_options_set() else "epochs"
     if schedule == "steps" and steps is None:
         raise InputError(
-            f"--trajectory-schedule steps needs every checkpoint's training step; {ds.root} has "
+            f"{given('trajectory_schedule', 'steps')} needs every checkpoint's training step; {ds.root} has "
             f"no {TRAINING_FILE} giving one to each of {', '.join(ds.checkpoints)} (write it: "
             '{"steps": {"<checkpoint>": <step>, ...}}, or record it with oracle/import --step)'
         )
@@ -289,48 +300,57 @@ def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
         return
     names = [n for group in unfit.values() for n in group]
     others = [e.name for e in estimators if e.name not in names]
-    keep = f"--estimators {','.join(others)}" if others else "another estimator"
+    keep = given("estimators", tuple(others)) if others else "another estimator"
     needs = "; ".join(f"[{a:g}, {b:g}], which {', '.join(g)} need" for (a, b), g in unfit.items())
     raise InputError(
         f"rewards lie in [{lo:g}, {hi:g}], outside {needs}; drop {', '.join(names)}: {keep}"
     )
 
 
-@holds_output_locks
-def evaluate(
-    cfg: EvaluateConfig,
-    out: str | os.PathLike[str],
-    progress: Callable[[str, int, int], None] | None = None,
-) -> EvaluateResult:
-    """Run the benchmark and write its files to ``out``.
-
-    Files: estimates.parquet, summary.csv, g_sweep.csv, by_heterogeneity.csv,
-    by_difficulty.csv, beta_choice.csv, fixed_beta.csv, trajectory.csv (unless
-    ``cfg.trajectory`` is false) and run.json (settings, each
-    estimator's options, dataset label, prompts per checkpoint, prompts dropped for lack of
-    a reference sample, provenance). ``progress(checkpoint, done, total)`` is called after
-    each chunk of repeats.
-    """
-    estimators = resolve_estimators(cfg.estimators)
-    options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
+def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> Dataset:
+    """Every check that needs no replay, before any folder is made; the dataset opened."""
     basis = BasisOptions(**cfg.basis_options)
-    if basis.calibration == "fixed":  # refused before any folder is made
+    if basis.calibration == "fixed":
         grid_beta_index(default_betas(cfg.grid_size), basis.fixed_beta)  # type: ignore[arg-type]
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     if cfg.trajectory and cfg.trajectory_blend:
         check_blend(cfg.trajectory_epochs, len(ds.checkpoints))
     if cfg.trajectory:
         check_feature_kind(load_prompts(ds.root), cfg.features)
-        trajectory_schedule(cfg, ds)  # refused before any folder is made
+        trajectory_schedule(cfg, ds)
     check_reward_bounds(ds, [e for e in estimators if cfg.trajectory or not e.stateful])
-    named = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
+    chosen = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
     stateful = [e.name for e in estimators if e.stateful]
-    if named and stateful and not cfg.trajectory:  # were dropped silently; alone, an empty run
+    if chosen and stateful and not cfg.trajectory:  # were dropped silently; alone, an empty run
+        off = given("trajectory", False)
         raise InputError(
             f"{', '.join(stateful)}: stateful, run only in the trajectory replay, which "
-            "--no-trajectory turns off; drop --no-trajectory, or drop them from --estimators"
+            f"{off} turns off; drop {off}, or drop them from {named('estimators')}"
         )
-    out = claim_results_dir(out, ds.root)
+    return ds
+
+
+@holds_output_locks
+def evaluate(
+    cfg: EvaluateConfig,
+    out: str | os.PathLike[str] | None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> EvaluateResult:
+    """Run the benchmark; write its files to ``out`` unless it is None.
+
+    Files: estimates.parquet (with ``cfg.write_estimates``), summary.csv, g_sweep.csv,
+    by_heterogeneity.csv, by_difficulty.csv, beta_choice.csv, fixed_beta.csv,
+    trajectory.csv (unless ``cfg.trajectory`` is false) and run.json (settings, each
+    estimator's options, dataset label, prompts per checkpoint, prompts dropped for lack of
+    a reference sample, provenance). Without ``out`` the same frames are returned and
+    nothing is written (the estimates kept in memory with ``cfg.write_estimates``).
+    ``progress(checkpoint, done, total)`` is called after each chunk of repeats.
+    """
+    estimators = resolve_estimators(cfg.estimators)
+    options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
+    ds = _check_run(cfg, estimators)
+    if out is not None:
+        out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
     has_group = any(e.group for e in one_step)
     settings = ReplaySettings(
@@ -341,57 +361,98 @@ def evaluate(
     streams = min(cfg.repeats, TRAJECTORY_REPEATS) if cfg.trajectory else 0
     check_memory(max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams)
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
+    replayed = _Replayed(cfg, ds, datas, estimators, options, settings)
+    if out is None:
+        kept: list[pa.Table] = []
+        frames, run = replayed.run(run, kept.append if cfg.write_estimates else None, progress)
+        estimates = pl.from_arrow(pa.concat_tables(kept, promote_options="none")) if kept else None
+        return _result(None, frames, run, estimates if cfg.write_estimates else None)
     # One run, all or nothing: written into a hidden sibling folder and swapped in whole.
     with staged_run(out, RUN_FILES) as stage:
-        frames = _write_run(cfg, ds, datas, estimators, options, settings, run, stage, progress)
+        frames = _write_run(replayed, run, stage, progress)
         run = RunRecord.read(stage / RUN_FILE)
-    return EvaluateResult(out, frames["summary"], run, frames.get("trajectory"))
+    return _result(out, frames, run, None)
 
 
-def _write_run(
-    cfg: EvaluateConfig, ds: Dataset, datas: list[CheckpointData], estimators: list[Estimator],
-    options: Mapping[str, Any], settings: ReplaySettings, run: RunRecord, stage: Path,
-    progress: Callable[[str, int, int], None] | None,
-) -> dict[str, pl.DataFrame]:  # fmt: skip
-    """Replay, and write every file of the run into ``stage``; run.json last, with the run id
-    and the sha256 of every table (what `figures` checks). Stateful estimators have no
-    one-step call: they appear in the trajectory replay only. ``datas`` is emptied once the
-    one-step replay is done, so its arrays are not held through the trajectory replay."""
-    # Provenance (date, argv) lives in run.json only, so the same seed writes the same Parquet.
-    reproducible = {k: v for k, v in asdict(run).items() if k != "provenance" and v is not None}
-    writer = (
-        _EstimatesWriter(stage / "estimates.parquet", reproducible) if cfg.write_estimates else None
+def _result(
+    out: Path | None, frames: dict[str, pl.DataFrame], run: RunRecord, estimates: Any
+) -> EvaluateResult:
+    tables = {k: frames[k] for k in TABLES if k != "summary"}
+    return EvaluateResult(
+        out, frames["summary"], run, frames.get("trajectory"), estimates=estimates, **tables
     )
-    try:
-        one_step = [e for e in estimators if not e.stateful]
+
+
+@dataclass
+class _Replayed:
+    """What one run replays: the settings, the dataset and its checkpoints' data."""
+
+    cfg: EvaluateConfig
+    ds: Dataset
+    datas: list[CheckpointData]
+    estimators: list[Estimator]
+    options: Mapping[str, Any]
+    settings: ReplaySettings
+
+    def run(
+        self,
+        run: RunRecord,
+        sink: Callable[[pa.Table], None] | None,
+        progress: Callable[[str, int, int], None] | None,
+    ) -> tuple[dict[str, pl.DataFrame], RunRecord]:
+        """Every table of the run, the estimates' chunks fed to ``sink``, and the record with
+        the trajectory's part. Stateful estimators have no one-step call: they appear in the
+        trajectory replay only. ``datas`` is emptied once the one-step replay is done, so its
+        arrays are not held through the trajectory replay."""
+        cfg = self.cfg
+        one_step = [e for e in self.estimators if not e.stateful]
         tables = (
-            _replay_all(cfg, datas, one_step, settings, writer, progress)
+            _replay_all(cfg, self.datas, one_step, self.settings, sink, progress)
             if one_step
             else {k: [] for k in TABLES}
         )
+        self.datas.clear()  # the checkpoints' arrays, freed: the trajectory replay builds its own
+        frames = {k: _concat(v) for k, v in tables.items()}
+        if cfg.trajectory:
+            frames["trajectory"] = _trajectory(
+                cfg, self.ds, self.estimators, self.options, progress
+            )
+            run = replace(run, trajectory={
+                "checkpoint_order": self.ds.checkpoints,
+                "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
+                **_schedule_record(cfg, self.ds),
+                "features": cfg.features,
+                "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
+            })  # fmt: skip
+        return frames, run
+
+
+def _write_run(
+    replayed: _Replayed,
+    run: RunRecord,
+    stage: Path,
+    progress: Callable[[str, int, int], None] | None,
+) -> dict[str, pl.DataFrame]:
+    """Replay, and write every file of the run into ``stage``; run.json last, with the run id
+    and the sha256 of every table (what `figures` checks)."""
+    # Provenance (date, argv) lives in run.json only, so the same seed writes the same Parquet.
+    reproducible = {k: v for k, v in asdict(run).items() if k != "provenance" and v is not None}
+    write = replayed.cfg.write_estimates
+    writer = _EstimatesWriter(stage / "estimates.parquet", reproducible) if write else None
+    try:
+        frames, run = replayed.run(run, writer, progress)
     except BaseException as exc:
         if writer is not None:
             writer.close(exc)
         raise
     if writer is not None:
         writer.close()
-    datas.clear()  # the checkpoints' arrays, freed: the trajectory replay builds its own
-    frames = {k: _concat(v) for k, v in tables.items()}
-    if cfg.trajectory:
-        frames["trajectory"] = _trajectory(cfg, ds, estimators, options, progress)
-        run = replace(run, trajectory={
-            "checkpoint_order": ds.checkpoints,
-            "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
-            **_schedule_record(cfg, ds),
-            "features": cfg.features,
-            "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
-        })  # fmt: skip
     files = []
     for name, df in frames.items():
         if df.height:
             write_csv(df, stage / f"{name}.csv")
             files.append(f"{name}.csv")
-    if cfg.write_estimates:
+    if write:
         files.append("estimates.parquet")
     run = replace(run, run_id=new_run_id(), tables={f: file_sha256(stage / f) for f in files})
     write_text_atomic(stage / RUN_FILE, run.to_json())

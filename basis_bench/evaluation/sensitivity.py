@@ -26,7 +26,7 @@ import polars as pl
 from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, TiltTable, default_betas
 from basis_bench.estimators.table import grid_beta_index
-from basis_bench.evaluation.config import DEFAULT_VALUES, SensitivityConfig
+from basis_bench.evaluation.config import DEFAULT_VALUES, SensitivityConfig, given, named
 from basis_bench.evaluation.dataset import CheckpointData, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import SENSITIVITY_FILE, SensitivityRecord
 from basis_bench.evaluation.replay import ReplaySettings, replay
@@ -53,7 +53,9 @@ def _settings(cfg: SensitivityConfig) -> list[tuple[str, float]]:
             f"unknown sensitivity parameter(s) {unknown}; choose from {', '.join(DEFAULT_VALUES)}"
         )
     if not cfg.parameters:  # an empty sweep: polars' "cannot concat empty list" traceback
-        raise InputError(f"--parameters names none; choose from {', '.join(DEFAULT_VALUES)}")
+        raise InputError(
+            f"{named('parameters')} names none; choose from {', '.join(DEFAULT_VALUES)}"
+        )
     return [(p, v) for p in dict.fromkeys(cfg.parameters) for v in DEFAULT_VALUES[p]]
 
 
@@ -106,36 +108,45 @@ def _point(
     )
 
 
-@holds_output_locks
-def sensitivity(
-    cfg: SensitivityConfig,
-    out: str | os.PathLike[str],
-    progress: Callable[[str, int, int], None] | None = None,
-    notice: Callable[[str], None] | None = None,
-) -> pl.DataFrame:
-    """Run the sweep and write ``out/sensitivity.csv``; returns its rows.
-
-    Values the data cannot support (n above the cached reference samples, B above the
-    number of prompts) are skipped, so they have no row. ``notice`` hears of prompts
-    dropped for want of reference samples (as evaluate says; they were dropped silently).
-    """
+def _swept_estimators(cfg: SensitivityConfig) -> list[Estimator]:
+    """The estimators named, each one-step and single-rollout (what the sweep can vary)."""
     names = list(cfg.estimators)
     if not names or "all" in names:  # was basis alone, silently
         raise InputError(
-            "sensitivity sweeps the estimators --estimators names, not 'all' (group and "
-            "stateful ones cannot be swept): e.g. --estimators basis,basis_vop"
+            f"sensitivity sweeps the estimators {named('estimators')} names, not 'all' (group "
+            "and stateful ones cannot be swept): e.g. "
+            f"{given('estimators', ('basis', 'basis_vop'))}"
         )
     estimators = resolve_estimators(names)
     unfit = [e.name for e in estimators if e.group or e.stateful]
     if unfit:
         raise InputError(
             "sensitivity studies one-step single-rollout estimators; drop "
-            f"{', '.join(unfit)} from --estimators"
+            f"{', '.join(unfit)} from {named('estimators')}"
         )
+    return estimators
+
+
+@holds_output_locks
+def sensitivity(
+    cfg: SensitivityConfig,
+    out: str | os.PathLike[str] | None,
+    progress: Callable[[str, int, int], None] | None = None,
+    notice: Callable[[str], None] | None = None,
+) -> pl.DataFrame:
+    """Run the sweep and write ``out/sensitivity.csv`` (nothing when ``out`` is None);
+    returns its rows.
+
+    Values the data cannot support (n above the cached reference samples, B above the
+    number of prompts) are skipped, so they have no row. ``notice`` hears of prompts
+    dropped for want of reference samples (as evaluate says; they were dropped silently).
+    """
+    estimators = _swept_estimators(cfg)
     points = _settings(cfg)
     _check_fixed_betas(cfg, estimators, points)
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
-    out = claim_results_dir(out, ds.root)
+    if out is not None:
+        out = claim_results_dir(out, ds.root)
     rows: list[pl.DataFrame] = []
     for name in ds.checkpoints:
         full = checkpoint_data(ds, name, cfg.oracle_n, None, 1)
@@ -146,11 +157,11 @@ def sensitivity(
             )
         if cfg.ref_n > full.cache.shape[1]:
             raise InputError(
-                f"--ref-n {cfg.ref_n} exceeds the {full.cache.shape[1]} cached reference samples"
+                f"{named('ref_n')} {cfg.ref_n} exceeds the {full.cache.shape[1]} cached reference samples"
             )
         if cfg.batch_size > full.n_prompts:  # every point of the sweep would be skipped
             raise InputError(
-                f"--batch-size {cfg.batch_size} exceeds the {full.n_prompts} prompts of "
+                f"{named('batch_size')} {cfg.batch_size} exceeds the {full.n_prompts} prompts of "
                 f"checkpoint {name!r}"
             )
         for done, (param, value) in enumerate(points, start=1):
@@ -161,23 +172,29 @@ def sensitivity(
                 progress(name, done, len(points))
     if not rows:  # every point skipped: polars' "cannot concat empty list" traceback
         raise InputError(
-            f"no value of --parameters {','.join(dict.fromkeys(cfg.parameters))} fits this "
+            f"no value of {named('parameters')} {','.join(dict.fromkeys(cfg.parameters))} fits this "
             f"dataset (ref_n at most its {full.cache.shape[1]} cached reference samples, "
             f"batch_size at most its {full.n_prompts} prompts): add eps or grid_size to "
-            "--parameters, or use a larger dataset"
+            f"{named('parameters')}, or use a larger dataset"
         )
     df = pl.concat(rows).select(
         "checkpoint", "parameter", "value", pl.exclude("checkpoint", "parameter", "value")
     )
+    if out is not None:
+        _write(cfg, ds.root, ds.label, df, out)
+    return df
+
+
+def _write(cfg: SensitivityConfig, root: Path, label: str, df: pl.DataFrame, out: Path) -> None:
+    """sensitivity.csv and its record (run id, the table's sha256, the dataset)."""
     write_csv(df, out / "sensitivity.csv")
-    rollouts = str(ds.root.resolve())  # one spelling: figures compares the two records
+    rollouts = str(root.resolve())  # one spelling: figures compares the two records
     record = SensitivityRecord(
         run_id=new_run_id(),
         rollouts=rollouts,
-        dataset_label=ds.label,
-        dataset_sha256=dataset_sha256(ds.root),
+        dataset_label=label,
+        dataset_sha256=dataset_sha256(root),
         config={**asdict(cfg), "rollouts": rollouts},
         tables={"sensitivity.csv": file_sha256(out / "sensitivity.csv")},
     )
-    write_text_atomic(Path(out) / SENSITIVITY_FILE, record.to_json())
-    return df
+    write_text_atomic(out / SENSITIVITY_FILE, record.to_json())

@@ -45,6 +45,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
+from basis_bench.evaluation.config import named
 from basis_bench.evaluation.counter_random import permute, tag, uniforms
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.evaluation.trajectory import (
@@ -88,7 +89,7 @@ def cross_fit(rewards: np.ndarray, folds: int, seed: int, index: int, name: str)
         if n_rest.min() < 2 or count.min() < 1:
             raise InputError(
                 f"checkpoint {name!r}: a prompt has {int(finite.sum(axis=1).min())} samples, too "
-                f"few for {folds} folds (each fold's oracle needs 2, its pool 1); lower --folds"
+                f"few for {folds} folds (each fold's oracle needs 2, its pool 1); lower {named('folds')}"
             )
         oracle.append(np.nanmean(rest, axis=1))
         noise.append(np.nanvar(rest, axis=1, ddof=1) / n_rest)
@@ -141,7 +142,7 @@ class Timeline:
         if t.size < 2:
             raise InputError(
                 "the step schedule replays a single step: give at least two checkpoints at "
-                "different steps, or --standing-steps to hold the last one"
+                f"different steps, or {named('standing_steps')} to hold the last one"
             )
         return cls(t, k, w)
 
@@ -171,7 +172,7 @@ def _runs(
             raise InputError(
                 f"{e.name} visits {b} prompt(s) a step ({s.rollouts_per_step} rollouts / G={g}); "
                 f"it must be between 1 and the {p} prompts every checkpoint shares"
-                + ("; raise --rollouts-per-step" if b < 1 else "; lower --rollouts-per-step")
+                + f"; {'raise' if b < 1 else 'lower'} {named('rollouts_per_step')}"
             )
         run = runs.setdefault(b, _Run(b, g, []))
         run.draws = max(run.draws, g)
@@ -236,7 +237,7 @@ def _check_pools(runs: Sequence[_Run], folds: Sequence[Folds], names: Sequence[s
         if f.pool_size.min() < need:
             raise InputError(
                 f"checkpoint {name!r}: a prompt's pool holds {int(f.pool_size.min())} samples, fewer "
-                f"than the {need} rollouts of one visit; lower --folds or --group-size"
+                f"than the {need} rollouts of one visit; lower {named('folds')} or {named('group_size')}"
             )
 
 

@@ -103,7 +103,7 @@ class SimulationConfig:
 
     def __post_init__(self) -> None:
         """An InputError for any impossible size, name or mixture."""
-        settings.check_settings(self, lambda name: settings.setting_flag(SimulationConfig, name))
+        settings.check_settings(self, lambda name: settings.setting_label(SimulationConfig, name))
         if not self.stages:
             raise InputError("give at least one checkpoint stage")
         if REFERENCE_POLICY in self.stages:

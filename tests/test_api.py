@@ -1,0 +1,107 @@
+"""The notebook API (basis_bench.evaluate, sensitivity, load_rollouts, simulate): the
+commands' frames without their files, the same numbers as the files, errors in its terms."""
+
+from __future__ import annotations
+
+import os
+
+import polars as pl
+import pytest
+from conftest import assert_one_line_error, run_main
+from polars.testing import assert_frame_equal
+
+import basis_bench
+from basis_bench.errors import InputError
+
+SETTINGS = {"repeats": 40, "oracle_n": 16, "batch_size": 16, "seed": 5}
+FLAGS = ["--repeats", "40", "--oracle-n", "16", "--batch-size", "16", "--seed", "5"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api") / "sim"
+    return basis_bench.simulate(
+        root, n_prompts=40, ref_n=64, checkpoint_n=32, stages={"early": 0.3, "late": 0.8}
+    )
+
+
+def _files(root) -> set[str]:
+    return {os.path.join(d, f) for d, _, names in os.walk(root) for f in names}
+
+
+def test_evaluate_writes_nothing_without_out(data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = _files(data.parent)
+    result = basis_bench.evaluate(
+        data, ["basis", "grpo", "spo_tracker"], write_estimates=True, **SETTINGS
+    )
+    assert _files(data.parent) == before and not any(tmp_path.iterdir())
+    assert result.out is None and result.run.run_id is None
+    assert set(result.summary["estimator"]) >= {"basis", "grpo"}
+    assert result.summary["checkpoint"].unique().sort().to_list() == ["early", "late"]
+    assert (
+        "spo_tracker" in result.trajectory["estimator"].to_list()
+    )  # stateful: the trajectory only
+    # the estimates kept in memory: one row per (repeat, prompt, estimator) of the one-step replay
+    basis = result.estimates.filter(pl.col("estimator") == "basis", pl.col("checkpoint") == "late")
+    assert basis.height == SETTINGS["repeats"] * SETTINGS["batch_size"]
+    mse = result.summary.filter(pl.col("estimator") == "basis", pl.col("checkpoint") == "late")
+    assert basis["sq_err"].mean() == pytest.approx(mse["mse"][0])
+
+
+def test_evaluate_frames_are_the_commands_files(data, tmp_path, monkeypatch, capsys):
+    run = run_main(
+        monkeypatch, capsys, "evaluate", "--rollouts", str(data), "--estimators",
+        "basis,rloo,reinforce_pp", *FLAGS, "--out", str(tmp_path / "cli"),
+    )  # fmt: skip
+    assert run.code == 0, run.message
+    result = basis_bench.evaluate(data, "basis,rloo,reinforce_pp", **SETTINGS)
+    tables = ["summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice"]
+    for name in [*tables, "fixed_beta", "trajectory"]:
+        frame = getattr(result, name)
+        written = pl.read_csv(tmp_path / "cli" / f"{name}.csv", schema=frame.schema)
+        assert_frame_equal(frame, written, check_exact=False, rel_tol=1e-12)
+    # out= writes the command's files
+    again = basis_bench.evaluate(data, "basis,rloo,reinforce_pp", out=tmp_path / "api", **SETTINGS)
+    assert again.out == tmp_path / "api" and again.run.run_id is not None
+    assert (tmp_path / "api" / "summary.csv").read_bytes() == (
+        tmp_path / "cli" / "summary.csv"
+    ).read_bytes()
+
+
+def test_sensitivity_and_load_rollouts(data, tmp_path, monkeypatch, capsys):
+    settings = {"repeats": 10, "oracle_n": 16, "batch_size": 16, "parameters": "eps,ref_n"}
+    swept = basis_bench.sensitivity(data, **settings)
+    run = run_main(
+        monkeypatch, capsys, "sensitivity", "--rollouts", str(data), "--repeats", "10",
+        "--oracle-n", "16", "--batch-size", "16", "--parameters", "eps,ref_n",
+        "--out", str(tmp_path / "cli"),
+    )  # fmt: skip
+    assert run.code == 0, run.message
+    written = pl.read_csv(tmp_path / "cli" / "sensitivity.csv", schema=swept.schema)
+    assert_frame_equal(swept, written, check_exact=False, rel_tol=1e-12)
+    rollouts = basis_bench.load_rollouts(data, policies=["late"])
+    assert rollouts["policy"].unique().to_list() == ["late"] and rollouts.height == 40 * 32
+
+
+def test_errors_name_the_argument_not_the_flag(data, monkeypatch, capsys):
+    cases = [
+        ({"batch_size": 1}, "batch_size must be >= 2"),  # the config's range check
+        ({"batch_size": 41}, "batch_size 41 exceeds the 40 prompts"),  # the replay's check
+        ({"trajectory": False, "folds": 3}, "which trajectory=False turns off"),
+    ]
+    for settings, needle in cases:
+        with pytest.raises(InputError) as err:
+            basis_bench.evaluate(data, "basis", **{**SETTINGS, **settings})
+        assert needle in str(err.value) and "--" not in str(err.value)
+    with pytest.raises(InputError, match="batch_size 41 exceeds"):
+        basis_bench.sensitivity(data, batch_size=41, oracle_n=16)
+    with pytest.raises(InputError, match=r"^parameters names none"):
+        basis_bench.sensitivity(data, parameters=[])
+    with pytest.raises(InputError, match="n_prompts must be >= 2"):
+        basis_bench.simulate(data.parent / "other", n_prompts=1)
+    with pytest.raises(InputError, match="evaluate\\(\\) has no setting 'batchsize'"):
+        basis_bench.evaluate(data, batchsize=8)
+    # the command line still names its flags
+    run = run_main(monkeypatch, capsys, "evaluate", "--rollouts", str(data), "--batch-size", "1")
+    assert_one_line_error(run, "--batch-size must be >= 2")
