@@ -232,6 +232,7 @@ def test_sensitivity_and_trajectory_draw_one_line_per_series(results, drawn):
         "BASIS context",
         *ONE_STEP_LABELS[9:],
         "SPO tracker",
+        "BASIS track",
     ]
     named = [re.sub(r" \([=≈] .*\)$", "", t) for t in _texts(ax.get_legend())]  # coinciding
     assert named == ["REINFORCE (b=0)", *labels]
