@@ -6,7 +6,9 @@ returning polars frames (``basis_bench.evaluate``, ``sensitivity``, ``load_rollo
 ``simulate``) in :mod:`basis_bench.api`.
 """
 
-__version__ = "0.1.0"
+from basis_bench.version import __version__
+
+__all__ = ["__version__"]
 
 _API = ("evaluate", "sensitivity", "load_rollouts", "simulate", "EvaluateResult")
 

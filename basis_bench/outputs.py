@@ -34,10 +34,11 @@ from typing import Any, TypeVar, cast
 import polars as pl
 import pyarrow.parquet as pq
 
-from basis_bench import __version__, bounded_json
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.folders import claimed, inside_claim, real_path, walk
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
+from basis_bench.version import __version__
 
 METADATA_KEY = "basis_bench"
 TEMP_SUFFIX = ".tmp"

@@ -27,7 +27,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from basis_bench import __version__
 from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
 from basis_bench.estimators.basis import BASIS_NAME
@@ -67,6 +66,7 @@ from basis_bench.rollouts.training_record import (
     checkpoint_steps,
     read_training_record,
 )
+from basis_bench.version import __version__
 
 TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")

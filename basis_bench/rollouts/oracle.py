@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
-from basis_bench import __version__, fingerprint
+from basis_bench import fingerprint
 from basis_bench.errors import InputError
 from basis_bench.outputs import (
     claim_output_dir,
@@ -76,6 +76,7 @@ from basis_bench.rollouts.store import (
     write_prompts_table,
 )
 from basis_bench.schema import PROMPTS_FILE
+from basis_bench.version import __version__
 
 
 def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:

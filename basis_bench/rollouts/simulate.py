@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from basis_bench import __version__
 from basis_bench.folders import inside_claim
 from basis_bench.memory_check import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.outputs import (
@@ -54,6 +53,7 @@ from basis_bench.rollouts.simulation import (
 )
 from basis_bench.rollouts.store import rollout_files
 from basis_bench.schema import PROMPTS_FILE
+from basis_bench.version import __version__
 
 GENERATOR = "basis_bench.rollouts.simulate"
 ROLLOUTS_SUBDIR = "rollouts"

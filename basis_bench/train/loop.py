@@ -65,6 +65,17 @@ Record = dict[str, Any]
 
 
 @holds_output_locks
+def sample_step(run: Any, train_set: Any, sampling: Any, step: int) -> tuple[Any, Any]:
+    """Step ``step``'s prompts (the seeded schedule) and G' responses each from the policy."""
+    seed = run.config.seed
+    batch = train_set[step_prompt_indices(train_set.height, run.prompts_per_step, step, seed)]
+    run.models.policy.eval()
+    rollouts = sample_rollouts(
+        run.sampler, batch["problem"].to_list(), sampling, derive_seed(seed, step)
+    )
+    return batch, rollouts
+
+
 def train(
     config: TrainConfig,
     resume: str | os.PathLike[str] | None = None,
@@ -105,17 +116,7 @@ def train(
             timer = Timer()
             # 1-2. this step's prompts, and G' responses each from the current policy
             with timer("sample"):
-                rows = step_prompt_indices(
-                    train_set.height, run.prompts_per_step, step, config.seed
-                )
-                batch = train_set[rows]
-                policy.eval()
-                rollouts = sample_rollouts(
-                    run.sampler,
-                    batch["problem"].to_list(),
-                    sampling,
-                    derive_seed(config.seed, step),
-                )
+                batch, rollouts = sample_step(run, train_set, sampling, step)
 
             # 3. rewards r (B_p, G')
             with timer("reward"):

@@ -16,7 +16,6 @@ from typing import Any
 
 import polars as pl
 
-from basis_bench import __version__
 from basis_bench.errors import InputError
 from basis_bench.folders import inside_claim
 from basis_bench.outputs import (
@@ -31,6 +30,7 @@ from basis_bench.outputs import (
 from basis_bench.rollouts.importers.reading import Imported
 from basis_bench.rollouts.store import file_policies, part_path, rollout_files, write_prompts_table
 from basis_bench.schema import PROMPTS_FILE
+from basis_bench.version import __version__
 
 
 def existing_policies(out: Path) -> dict[str, list[Path]]:
