@@ -42,8 +42,12 @@ def record(run: Path) -> None:
     for step in STEPS:
         ckpt = run / "checkpoints" / f"step-{step:06d}"
         policies.append(
-            {"policy": policy_name(step), "step": step, "samples": SAMPLES,
-             "sha256": weights_sha256(ckpt)}
+            {
+                "policy": policy_name(step),
+                "step": step,
+                "samples": SAMPLES,
+                "sha256": weights_sha256(ckpt),
+            }
         )
     manifest = {
         "description": "SmolLM2-135M-Instruct trained by experiments/dense/train.toml; "
@@ -72,7 +76,9 @@ def verify(run: Path) -> None:
         if got != p["sha256"]:
             bad.append(p["policy"])
     if bad:
-        sys.exit(f"checkpoints differ from the manifest (or are missing): {bad}; do not sample them")
+        sys.exit(
+            f"checkpoints differ from the manifest (or are missing): {bad}; do not sample them"
+        )
 
 
 if __name__ == "__main__":
