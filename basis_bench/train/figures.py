@@ -133,15 +133,9 @@ def _learning_curves(
         ):
             band = step_bands(arm, column, window)
             ax.plot(band["step"], band["mean"], marker=marker, ms=3, color=colour, label=legend)
-            half = band["ci95"].fill_null(0.0)
-            ax.fill_between(
-                band["step"],
-                band["mean"] - half,
-                band["mean"] + half,
-                color=colour,
-                alpha=0.2,
-                lw=0,
-            )
+            half = band["ci95"].fill_null(0.0)  # accuracy and reward lie in [0, 1]
+            low, high = (band["mean"] - half).clip(0, 1), (band["mean"] + half).clip(0, 1)
+            ax.fill_between(band["step"], low, high, color=colour, alpha=0.2, lw=0)
     acc_ax.set(xlabel="step", ylabel="held-out greedy accuracy")
     rew_ax.set(xlabel="step", ylabel=f"training reward\n(rolling mean of {smooth})")
     acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
