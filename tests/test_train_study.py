@@ -80,6 +80,9 @@ def test_summary_tables_on_synthetic_runs(tmp_path):
     assert first["drop"] == pytest.approx(0.2) and first["collapsed"] == (0.2 >= COLLAPSE_DROP)
     assert first["rollouts"] == 8 and first["wall_hours"] == pytest.approx((7 + 4 * 11) / 3600)
     assert runs.row(3, named=True)["half"] == 0.1  # the last evaluation at or before step 2
+    short = _run(tmp_path / "short", 0, {0: 0.1}, steps=1) / "config.json"
+    short.write_text(short.read_text().replace('"steps": 1', '"steps": 4'))  # 1 of 4 steps done
+    assert math.isnan(runs_table([load_arm(short.parent)], ["cut"]).row(0, named=True)["half"])
 
     table = arms_table(runs).row(0, named=True)
     t2 = 4.302653

@@ -13,7 +13,7 @@ peak            the highest accuracy over all evaluations, step 0 included
 drop            peak - final (the collapse metric: a run collapsed when drop >= 0.15)
 half            accuracy at the last evaluation at or before step ``steps // 2`` (the
                 paper's BASIS arm trains half the steps: its half-budget point is read off
-                the same run)
+                the same run); none while the run has not reached that step
 rollouts        rollouts sampled in the run's steps (the reference cache not counted)
 wall_hours      the logged phases' seconds (sample, reward, estimate, update, sync, eval,
                 checkpoint), in hours; model loading and the reference cache not counted
@@ -203,7 +203,9 @@ def run_metrics(config: dict[str, Any], log: pl.DataFrame) -> dict[str, float]:
     evals = log.filter(pl.col("eval_accuracy").is_not_null()).sort("step")
     accuracy = evals["eval_accuracy"].to_numpy()
     steps = evals["step"].to_numpy()
-    at_half = accuracy[steps <= int(config.get("steps", 0)) // 2]
+    half = int(config.get("steps", 0)) // 2
+    reached = int(log["step"].to_numpy().max()) >= half
+    at_half = accuracy[steps <= half] if reached else accuracy[:0]
     final = float(accuracy[-1]) if accuracy.size else math.nan
     peak = float(accuracy.max()) if accuracy.size else math.nan
     return {
