@@ -296,7 +296,13 @@ def test_train_figures_from_logs(tmp_path):
     assert '"beta": "inf"' in (tmp_path / "b" / "log.jsonl").read_text()
     runs = [tmp_path / "b", tmp_path / "g"]
     written = plot_training(runs, tmp_path / "figs", smooth=2, label=label, colours=colours())
-    assert {p.name for p in written} == {"learning_curves.png", "beta.png", "training_summary.csv"}
+    assert {p.name for p in written} == {
+        *(f"{stem}.{ext}" for stem in ("learning_curves", "beta") for ext in ("png", "pdf")),
+        "training_summary.csv",
+        "training_runs.csv",
+        "training_table.csv",
+        "training_table.md",
+    }
     hidden = {p.name for p in (tmp_path / "figs").glob(".*")}
     assert hidden == {OUTPUT_MARKER, LOCK_FILE}, "no temporary file left behind"
     table = pl.read_csv(tmp_path / "figs" / "training_summary.csv")
@@ -307,11 +313,13 @@ def test_train_figures_from_logs(tmp_path):
         2.0,
         0.5,
     ]
-    plain = pl.read_csv(plot_training(runs, tmp_path / "plain")[-1])
+    plot_training(runs, tmp_path / "plain")
+    plain = pl.read_csv(tmp_path / "plain" / "training_summary.csv")
     assert set(plain["label"]) == {"basis", "grpo (G=8)"}
     # Runs without beta into the same folder: the earlier runs' beta.png was kept beside them.
     written = plot_training([tmp_path / "g"], tmp_path / "figs")
     assert not (tmp_path / "figs" / "beta.png").exists()
+    assert not (tmp_path / "figs" / "beta.pdf").exists()
     assert {p.name for p in (tmp_path / "figs").iterdir() if not p.name.startswith(".")} == {
         p.name for p in written
     }
@@ -328,11 +336,20 @@ def test_shipped_experiment_configs_are_valid_and_share_the_budget():
         assert config.rollouts_per_step % estimator.rollouts_per_prompt(config.group_size) == 0, (
             path
         )
-    for setting in ("cpu_compare", "qwen3_4b_dapo"):
+    for setting in ("cpu_compare", "qwen3_4b_dapo", "study"):
         budgets = {c.rollouts_per_step for p, c in configs.items() if p.parent.name == setting}
         assert len(budgets) == 1, f"{setting}: every run samples the same rollouts per step"
     compare = [c for p, c in configs.items() if p.parent.name == "cpu_compare"]
     assert len({c.steps for c in compare}) == 1
+    study = {p.stem: c for p, c in configs.items() if p.parent.name == "study"}
+    assert len({(c.steps, c.lr, c.loss, c.seed) for c in study.values()}) == 1
+    norms = {name: (c.estimator, c.advantage_norm) for name, c in study.items() if name != "base"}
+    assert norms == {
+        "grpo_g8": ("grpo", "group_std"),
+        "vanilla": ("vanilla", "none"),
+        "reinforce_pp": ("reinforce_pp", "batch_whiten"),
+        "basis": ("basis", "none"),
+    }
 
 
 def test_counts_and_seeds_are_checked_where_the_config_is_made():

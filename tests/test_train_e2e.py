@@ -221,3 +221,30 @@ def test_basis_context_trains_on_the_reference_models_prompt_hidden_states(smol_
     state = load_trainer_state(run / "checkpoints" / "step-000002")["estimator_state"]
     curvature = np.asarray(state["fit_curvature"])
     assert curvature.shape == (1 + COMPONENTS, 1 + COMPONENTS)  # intercept + leading PCs
+
+
+def test_seeds_runner_skips_a_finished_seed_and_resumes_an_interrupted_one(smol_dir, tmp_path):
+    from basis_bench.train.seeds import train_seeds
+
+    config = tiny(smol_dir, tmp_path, "estimator=reinforce_pp", "eval_every=0")
+    states: list[tuple[str, str]] = []
+
+    def on_run(run, state):
+        states.append((Path(run.run_dir).name, state))
+
+    zero, one = train_seeds(config, [0, 1], on_run=on_run)
+    assert states == [("seed-0", "new"), ("seed-1", "new")]
+    assert rollouts(zero, 1)["response"].to_list() != rollouts(one, 1)["response"].to_list()
+    finished_log, first = (zero / "log.jsonl").read_bytes(), read_log(one)
+    # seed 1 killed during step 2: its step-2 checkpoint and log record never written
+    shutil.rmtree(one / "checkpoints" / "step-000002")
+    (one / "log.jsonl").write_text((one / "log.jsonl").read_text().splitlines()[0] + "\n")
+    states.clear()
+    train_seeds(config, [0, 1], on_run=on_run, keep_checkpoints=1)
+    assert states == [("seed-0", "finished"), ("seed-1", "resume")]
+    assert (zero / "log.jsonl").read_bytes() == finished_log
+    again = read_log(one)
+    assert [r["step"] for r in again] == [1, 2]
+    assert again[1]["loss"] == pytest.approx(first[1]["loss"], rel=1e-4, abs=1e-7)
+    assert again[1]["mean_reward"] == first[1]["mean_reward"]
+    assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["step-000002"]

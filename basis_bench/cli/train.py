@@ -74,6 +74,23 @@ def train(
             "goes on from T and log records after T are replaced.",
         ),
     ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            "--seeds",
+            help="Train once per seed (comma-separated, e.g. 0,1,2), each in run_dir/seed-S; "
+            "rerun the same command to go on: finished runs are skipped, interrupted ones "
+            "resume from their latest checkpoint.",
+        ),
+    ] = None,
+    keep_checkpoints: Annotated[
+        int,
+        typer.Option(
+            "--keep-checkpoints",
+            help="With --seeds: keep only each run's newest N checkpoints (0: all).",
+            min=0,
+        ),
+    ] = 0,
     force: Annotated[
         bool,
         typer.Option(
@@ -91,6 +108,10 @@ def train(
     from basis_bench.train import train as run_training
 
     overrides = list(set_ or [])
+    if seeds is not None and resume is not None:
+        raise InputError("--seeds resumes each seed's run itself; drop --resume")
+    if keep_checkpoints and seeds is None:
+        raise InputError("--keep-checkpoints applies to --seeds runs; add --seeds")
     if resume is not None:
         if config is not None:
             raise InputError("--resume continues a run with its own settings; drop --config")
@@ -100,27 +121,49 @@ def train(
     else:
         settings = make_config(read_config_file(config), overrides)
     console = Console(stderr=True)
-    console.print(
-        f"training {shown(settings.model)} with {settings.estimator} + {settings.loss}, "
-        f"{settings.rollouts_per_step} rollouts/step, {settings.steps} steps -> "
-        f"{shown(settings.run_dir)}",
-        highlight=False,
-    )
+
+    def announce(run: Any, state: str = "new") -> None:
+        what = {"new": "training", "resume": "resuming", "finished": "finished, skipping"}
+        console.print(
+            f"{what[state]} {shown(run.model)} with {run.estimator} + {run.loss}, "
+            f"{run.rollouts_per_step} rollouts/step, {run.steps} steps -> {shown(run.run_dir)}",
+            highlight=False,
+        )
+
+    def progress(record: dict[str, Any]) -> None:
+        console.print(_describe(record))
+
+    if seeds is not None:
+        from basis_bench.cli.options import comma_list
+        from basis_bench.train.seeds import train_seeds
+
+        numbers = [_seed(s) for s in comma_list(seeds)]
+        runs = train_seeds(settings, numbers, progress, announce, keep_checkpoints, force)
+        console.print(f"done: {', '.join(shown(str(r)) for r in runs)}")
+        return
+    announce(settings)
     run_dir = run_training(
-        settings,
-        resume,
-        on_record=lambda r: console.print(_describe(r)),
-        force=force,
-        progress=_CacheProgress(),
+        settings, resume, on_record=progress, force=force, progress=_CacheProgress()
     )
     console.print(f"done: {shown(run_dir)}")
+
+
+def _seed(text: str) -> int:
+    from basis_bench.errors import InputError
+
+    if not text.isdigit():
+        raise InputError(f"--seeds: {text!r} is not a seed (a whole number >= 0)")
+    return int(text)
 
 
 @app.command("train-figures")
 def train_figures(
     runs: Annotated[
         list[Path],
-        typer.Argument(help="Training run directories (each with log.jsonl), one per line."),
+        typer.Argument(
+            help="Arms: each a training run directory (with log.jsonl) or a folder of its "
+            "seed-S runs (train --seeds), drawn as the mean over seeds with a 95% band."
+        ),
     ],
     out: Annotated[
         Path, typer.Option("--out", help="Directory for the PNG figures and summary CSV.")
@@ -137,10 +180,13 @@ def train_figures(
         ),
     ] = False,
 ) -> None:
-    """Learning curves per run (held-out greedy accuracy and training reward against step) and
-    the calibrated beta against step (the paper's Fig. 8)."""
-    from basis_bench.evaluation.figures import colours, label
+    """Learning curves per arm (held-out greedy accuracy and training reward against step, mean
+    over seeds with a 95% t-interval band), the calibrated beta against step (the paper's
+    Fig. 8), PNG + PDF, and the summary table per arm with intervals (CSV and markdown)."""
+    from basis_bench.evaluation.figures import colours, label, paper_style
     from basis_bench.train.figures import plot_training
+
+    paper_style()
 
     for path in plot_training(runs, out, smooth, label=label, colours=colours(), force=force):
         typer.echo(str(path))

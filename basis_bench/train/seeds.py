@@ -1,0 +1,127 @@
+"""Several seeds of one configuration, each in its own run ``RUN/seed-S``, resumable per run.
+
+``basis-bench train --config FILE --seeds 0,1,2`` calls :func:`train_seeds`. Rerun the
+same command after an interruption: each seed's run is
+
+- **finished** (its log reached ``steps``): skipped;
+- **interrupted** (it has a complete checkpoint): resumed from the latest one, with its
+  optimizer, RNG and estimator state, so it continues as if never stopped;
+- **new** (no checkpoint; a partial log before the first checkpoint is redone): started.
+
+A run written with other settings than the configuration's (a different ``lr``, say) is
+refused rather than skipped or continued: only ``steps`` may differ, which extends a
+finished run. ``keep_checkpoints`` > 0 deletes all but the newest that many checkpoints
+while a run goes (a SmolLM2-135M checkpoint is 1.6 GB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from basis_bench.errors import InputError
+from basis_bench.train.checkpoint import PARTIAL, TRAINER_STATE, load_trainer_state
+from basis_bench.train.config import TrainConfig, config_dict
+from basis_bench.train.setup import CHECKPOINTS_DIR, LOG_FILE
+from basis_bench.train.summary import PER_SEED_KEYS, SEED_PREFIX
+
+Record = dict[str, Any]
+
+
+def seed_config(config: TrainConfig, seed: int) -> TrainConfig:
+    """``config`` for one seed: its run in ``run_dir/seed-S``."""
+    return dataclasses.replace(
+        config, seed=seed, run_dir=str(Path(config.run_dir) / f"{SEED_PREFIX}{seed}")
+    )
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first."""
+    found = (run_dir / CHECKPOINTS_DIR).glob("step-*")
+    done = [p for p in found if not p.name.endswith(PARTIAL) and (p / TRAINER_STATE).is_file()]
+    return sorted(done, key=lambda p: p.name)
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The last step of the run's log (-1 without one)."""
+    from basis_bench.train.loop import read_log
+
+    if not (run_dir / LOG_FILE).is_file():
+        return -1
+    return max((int(r.get("step", -1)) for r in read_log(run_dir)), default=-1)
+
+
+def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Path) -> None:
+    """Refuse a run written with settings other than ``config``'s (``steps`` may differ)."""
+    wanted = config_dict(config)
+    keys = (set(wanted) | set(written)) - PER_SEED_KEYS - {"steps"}
+    differ = sorted(k for k in keys if wanted.get(k) != written.get(k))
+    if differ:
+        key = differ[0]
+        raise InputError(
+            f"{where} was written with {key} = {written.get(key)!r}, the configuration says "
+            f"{wanted.get(key)!r}; move that run away or train it with its own settings"
+        )
+
+
+def run_state(config: TrainConfig) -> tuple[str, Path | None]:
+    """("finished", None), ("resume", latest checkpoint) or ("new", None) for one seed's run."""
+    run_dir = Path(config.run_dir)
+    found = checkpoints(run_dir)
+    if found:
+        _check_same_settings(config, load_trainer_state(found[-1])["config"], found[-1])
+    if last_logged_step(run_dir) >= config.steps:
+        recorded = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        _check_same_settings(config, recorded, run_dir / "config.json")
+        return "finished", None
+    return ("resume", found[-1]) if found else ("new", None)
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints (0: keep all)."""
+    if keep > 0:
+        for old in checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old)
+
+
+def train_seeds(
+    config: TrainConfig,
+    seeds: Sequence[int],
+    on_record: Callable[[Record], None] | None = None,
+    on_run: Callable[[TrainConfig, str], None] | None = None,
+    keep_checkpoints: int = 0,
+    force: bool = False,
+) -> list[Path]:
+    """Train ``config`` once per seed, in ``run_dir/seed-S``, skipping finished runs and
+    resuming interrupted ones; returns the runs' directories.
+
+    ``on_run(config, state)`` is told each seed's run and what happens to it (finished,
+    resume, new) before it starts.
+    """
+    from basis_bench.train.loop import train
+
+    if not seeds:
+        raise InputError("--seeds: give at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds: a seed is given twice ({', '.join(map(str, seeds))})")
+    configs = [seed_config(config, s) for s in seeds]  # every seed checked before any runs
+    done = []
+    for one in configs:
+        state, checkpoint = run_state(one)
+        if on_run is not None:
+            on_run(one, state)
+        if state != "finished":
+            run_dir = Path(one.run_dir)
+
+            def record(r: Record, run_dir: Path = run_dir) -> None:
+                prune_checkpoints(run_dir, keep_checkpoints)
+                if on_record is not None:
+                    on_record(r)
+
+            train(one, resume=checkpoint, on_record=record, force=force)
+        done.append(Path(one.run_dir))
+    return done

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The study (issue 33): every arm with the same seeds, seed-major so that the arms stay
+# comparable however far it got. Rerun to go on: finished runs are skipped, interrupted ones
+# resume from their latest checkpoint (only the newest is kept: 1.6 GB each).
+#
+#   experiments/study/run.sh                  # seeds 0,1,2, all four arms, then the figures
+#   SEEDS=0 ARMS="vanilla basis" experiments/study/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SEEDS=${SEEDS:-0,1,2}
+ARMS=${ARMS:-vanilla reinforce_pp grpo_g8 basis}
+export OMP_NUM_THREADS=1
+for seed in ${SEEDS//,/ }; do
+    for arm in $ARMS; do
+        nice -n 19 basis-bench train --config "experiments/study/$arm.toml" --seeds "$seed" \
+            --keep-checkpoints 1
+    done
+done
+arms=()
+for arm in $ARMS; do arms+=("runs/study/$arm"); done
+basis-bench train-figures "${arms[@]}" --out figures/study

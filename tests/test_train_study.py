@@ -1,0 +1,171 @@
+"""The training study's arithmetic and bookkeeping without a model: the Student-t interval
+against tables and a hand computation, seed bands, the per-run and per-arm summary tables
+on synthetic logs, and which seeds the runner skips, resumes or starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from conftest import assert_one_line_error, run_main
+
+from basis_bench.errors import InputError
+from basis_bench.train import make_config
+from basis_bench.train.checkpoint import TRAINER_STATE
+from basis_bench.train.loop import append_jsonl
+from basis_bench.train.seeds import prune_checkpoints, run_state, seed_config
+from basis_bench.train.summary import (
+    COLLAPSE_DROP,
+    arms_table,
+    load_arm,
+    markdown_table,
+    mean_interval,
+    runs_table,
+    step_bands,
+    t_quantile,
+)
+
+
+@pytest.mark.parametrize(
+    ("df", "table"),
+    [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764), (10, 2.2281), (30, 2.0423)],
+)
+def test_t_quantile_matches_the_tables(df, table):
+    assert t_quantile(0.975, df) == pytest.approx(table, abs=1e-4)
+    assert t_quantile(0.95, 1) == pytest.approx(6.3138, abs=1e-4)
+
+
+def test_mean_interval_by_hand():
+    # mean 0.6, sample sd 0.1, n = 3: half-width t_{0.975,2} * 0.1 / sqrt(3) = 0.248418
+    mean, half = mean_interval([0.5, 0.6, 0.7])
+    assert mean == pytest.approx(0.6) and half == pytest.approx(4.302653 * 0.1 / math.sqrt(3))
+    assert mean_interval([0.4, math.nan]) == (0.4, pytest.approx(math.nan, nan_ok=True))
+    assert all(math.isnan(v) for v in mean_interval([]))
+
+
+def _run(path: Path, seed: int, evals: dict[int, float], steps: int = 4, **config) -> Path:
+    """A synthetic finished run: 2 rollouts and 10 + 1 seconds a step, reward 0.1 * seed."""
+    path.mkdir(parents=True)
+    settings = {"estimator": "vanilla", "group_size": 8, "loss": "gpg", "lr": 1e-5}
+    settings |= {"seed": seed, "steps": steps, "run_dir": str(path)} | config
+    (path / "config.json").write_text(json.dumps(settings))
+    append_jsonl(path / "log.jsonl", {"step": 0, "eval_accuracy": evals[0], "seconds": {"eval": 7}})
+    for t in range(1, steps + 1):
+        record = {"step": t, "rollouts": 2, "mean_reward": 0.1 * seed + 0.01 * t}
+        record |= {"seconds": {"sample": 10.0, "update": 1}}
+        append_jsonl(
+            path / "log.jsonl", record | ({"eval_accuracy": evals[t]} if t in evals else {})
+        )
+    return path
+
+
+def test_summary_tables_on_synthetic_runs(tmp_path):
+    arm = tmp_path / "vanilla"
+    # final, peak, drop, half (the evaluation at step 2 = steps // 2) by seed:
+    _run(arm / "seed-0", 0, {0: 0.1, 2: 0.5, 4: 0.3})  # 0.3, 0.5, 0.2 (collapsed), 0.5
+    _run(arm / "seed-1", 1, {0: 0.1, 2: 0.4, 4: 0.4})  # 0.4, 0.4, 0.0, 0.4
+    _run(arm / "seed-2", 2, {0: 0.1, 2: 0.3, 4: 0.5})  # 0.5, 0.5, 0.0, 0.3
+    single = _run(tmp_path / "grpo", 0, {0: 0.1, 4: 0.2}, estimator="grpo")  # no step-2 eval
+    arms = [load_arm(arm), load_arm(single)]
+    assert [p.name for p, _, _ in arms[0].runs] == ["seed-0", "seed-1", "seed-2"]
+    runs = runs_table(arms, ["vanilla", "GRPO"])
+    first = runs.row(0, named=True)
+    assert (first["final"], first["peak"], first["half"]) == (0.3, 0.5, 0.5)
+    assert first["drop"] == pytest.approx(0.2) and first["collapsed"] == (0.2 >= COLLAPSE_DROP)
+    assert first["rollouts"] == 8 and first["wall_hours"] == pytest.approx((7 + 4 * 11) / 3600)
+    assert runs.row(3, named=True)["half"] == 0.1  # the last evaluation at or before step 2
+    short = _run(tmp_path / "short", 0, {0: 0.1}, steps=1) / "config.json"
+    short.write_text(short.read_text().replace('"steps": 1', '"steps": 4'))  # 1 of 4 steps done
+    assert math.isnan(runs_table([load_arm(short.parent)], ["cut"]).row(0, named=True)["half"])
+
+    table = arms_table(runs).row(0, named=True)
+    t2 = 4.302653
+    assert table["seeds"] == 3 and table["collapsed"] == 1 and table["last_step"] == 4
+    assert table["final"] == pytest.approx(0.4)
+    assert table["final_ci95"] == pytest.approx(t2 * 0.1 / math.sqrt(3), rel=1e-5)
+    drops = np.array([0.2, 0.0, 0.0])
+    assert table["drop_ci95"] == pytest.approx(t2 * drops.std(ddof=1) / math.sqrt(3), rel=1e-5)
+    assert table["half"] == pytest.approx(0.4) and table["rollouts_ci95"] == 0.0
+    lone = arms_table(runs).row(1, named=True)
+    assert lone["seeds"] == 1 and lone["final"] == 0.2 and lone["final_ci95"] is None
+    text = markdown_table(arms_table(runs))
+    assert "| vanilla | 3 | 4 | 0.400 ± 0.248 |" in text
+    assert "| GRPO | 1 | 4 | 0.200 |" in text and "| 1/3 |" in text
+
+
+def test_seed_bands_average_over_the_seeds_that_logged_the_step(tmp_path):
+    arm = tmp_path / "arm"
+    _run(arm / "seed-0", 0, {0: 0.1, 2: 0.5, 4: 0.3})
+    _run(arm / "seed-1", 1, {0: 0.1, 2: 0.4, 4: 0.4})
+    _run(arm / "seed-3", 3, {0: 0.1, 2: 0.6})  # cut short: no step-4 evaluation
+    band = step_bands(load_arm(arm), "eval_accuracy")
+    assert band["step"].to_list() == [0, 2, 4] and band["n"].to_list() == [3, 3, 2]
+    at2 = band.row(1, named=True)
+    assert at2["mean"] == pytest.approx(0.5)
+    assert at2["ci95"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
+    assert band.row(2, named=True)["ci95"] == pytest.approx(
+        12.706205 * (0.1 / math.sqrt(2)) / math.sqrt(2)
+    )
+    # the reward band smooths each run first: rolling mean of 2 at step 2 is 0.1 s + 0.015
+    reward = step_bands(load_arm(arm), "mean_reward", smooth=2).filter(pl.col("step") == 2)
+    assert reward["mean"].item() == pytest.approx(0.1 * (0 + 1 + 3) / 3 + 0.015)
+
+
+def test_an_arms_seeds_must_share_their_settings(tmp_path):
+    arm = tmp_path / "arm"
+    _run(arm / "seed-0", 0, {0: 0.1, 4: 0.3})
+    _run(arm / "seed-1", 1, {0: 0.1, 4: 0.3}, lr=2e-5)
+    with pytest.raises(InputError, match=r"seed-0 and seed-1 differ in lr \(1e-05 vs 2e-05\)"):
+        load_arm(arm)
+
+
+def _checkpoint(run_dir: Path, step: int, config) -> Path:
+    path = run_dir / "checkpoints" / f"step-{step:06d}"
+    path.mkdir(parents=True)
+    torch.save({"step": step, "config": dataclasses.asdict(config)}, path / TRAINER_STATE)
+    return path
+
+
+def test_the_runner_skips_finished_seeds_resumes_interrupted_ones_and_starts_new_ones(tmp_path):
+    config = make_config({"run_dir": str(tmp_path / "arm"), "steps": 4, "lr": 1e-5})
+    finished, interrupted, new = (seed_config(config, s) for s in (0, 1, 2))
+    assert finished.run_dir == str(tmp_path / "arm" / "seed-0") and finished.seed == 0
+    _run(Path(finished.run_dir), 0, {0: 0.1, 4: 0.3}, lr=1e-5)
+    (Path(finished.run_dir) / "config.json").write_text(
+        json.dumps(dataclasses.asdict(finished) | {"provenance": {}})
+    )
+    _checkpoint(Path(finished.run_dir), 4, finished)
+    assert run_state(finished) == ("finished", None)
+    assert run_state(dataclasses.replace(finished, steps=6))[0] == "resume"  # extended
+
+    run = Path(interrupted.run_dir)
+    _run(run, 1, {0: 0.1}, steps=3)  # logged 3 of 4 steps; checkpoints at 2, a partial at 3
+    older, latest = _checkpoint(run, 1, interrupted), _checkpoint(run, 2, interrupted)
+    (run / "checkpoints" / "step-000003.partial").mkdir()
+    assert run_state(interrupted) == ("resume", latest)
+    prune_checkpoints(run, keep=1)
+    assert not older.exists() and latest.exists()
+
+    assert run_state(new) == ("new", None)
+    changed = dataclasses.replace(interrupted, lr=3e-5)
+    with pytest.raises(InputError, match=r"written with lr = 1e-05, the configuration says 3e-05"):
+        run_state(changed)
+
+
+def test_seeds_options_are_checked_in_one_line(monkeypatch, capsys, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text(f'run_dir = "{tmp_path / "arm"}"\n')
+    train = ["train", "--config", str(config)]
+    for args, needle in (
+        (["--seeds", "0,x"], "--seeds: 'x' is not a seed"),
+        (["--seeds", "1,1"], "--seeds: a seed is given twice"),
+        (["--keep-checkpoints", "1"], "--keep-checkpoints applies to --seeds runs"),
+    ):
+        assert_one_line_error(run_main(monkeypatch, capsys, *train, *args), needle)
+    assert not (tmp_path / "arm").exists()
