@@ -128,7 +128,11 @@ def test_an_arms_seeds_must_share_their_settings(tmp_path):
 def _checkpoint(run_dir: Path, step: int, config) -> Path:
     path = run_dir / "checkpoints" / f"step-{step:06d}"
     path.mkdir(parents=True)
-    torch.save({"step": step, "config": dataclasses.asdict(config)}, path / TRAINER_STATE)
+    state = {  # what save_checkpoint writes, as resume checks it
+        "step": step, "config": dataclasses.asdict(config), "optimizer": {},
+        "rng": {"torch": torch.get_rng_state(), "cuda": []},
+    }  # fmt: skip
+    torch.save(state, path / TRAINER_STATE)
     return path
 
 

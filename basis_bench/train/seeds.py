@@ -57,7 +57,9 @@ def last_logged_step(run_dir: Path) -> int:
 
 def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Path) -> None:
     """Refuse a run written with settings other than ``config``'s (``steps`` may differ)."""
-    wanted = config_dict(config)
+    # compared as config.json holds them: a tuple setting (report_to) reads back as a list
+    wanted = json.loads(json.dumps(config_dict(config), default=str))
+    written = json.loads(json.dumps(written, default=str))
     keys = (set(wanted) | set(written)) - PER_SEED_KEYS - {"steps"}
     differ = sorted(k for k in keys if wanted.get(k) != written.get(k))
     if differ:
