@@ -61,6 +61,8 @@ def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Pa
     wanted = json.loads(json.dumps(config_dict(config), default=str))
     written = json.loads(json.dumps(written, default=str))
     keys = (set(wanted) | set(written)) - PER_SEED_KEYS - {"steps"}
+    if wanted.get("backend") == "auto":  # runs record the backend auto resolved to
+        keys.discard("backend")
     differ = sorted(k for k in keys if wanted.get(k) != written.get(k))
     if differ:
         key = differ[0]
