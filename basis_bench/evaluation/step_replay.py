@@ -50,6 +50,7 @@ from basis_bench.evaluation.counter_random import permute, tag, uniforms
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
+    reward_range,
     shared_prompts,
     stream_bytes,
     stream_group,
@@ -209,7 +210,7 @@ def replay_steps(
     folds = [
         cross_fit(rewards[c].rows(ids), s.folds, s.seed, k, c) for k, c in enumerate(checkpoints)
     ]
-    rr = _reward_range(cache, folds)
+    rr = reward_range(cache, *(f.pool for f in folds))
     kernels = {}
     for e in ests:
         opts = e.parse_options(s.options.get(e.name))
@@ -239,13 +240,6 @@ def _check_pools(runs: Sequence[_Run], folds: Sequence[Folds], names: Sequence[s
                 f"checkpoint {name!r}: a prompt's pool holds {int(f.pool_size.min())} samples, fewer "
                 f"than the {need} rollouts of one visit; lower {named('folds')} or {named('group_size')}"
             )
-
-
-def _reward_range(cache: np.ndarray, folds: Sequence[Folds]) -> tuple[float, float] | None:
-    vals = np.concatenate(
-        [cache[np.isfinite(cache)], *(f.pool[np.isfinite(f.pool)] for f in folds)]
-    )
-    return (0.0, 1.0) if vals.size == 0 or (vals.min() >= 0 and vals.max() <= 1) else None
 
 
 def _replay_run(

@@ -184,7 +184,8 @@ def summarise(
     }
 
 
-def _reward_range(*arrays: np.ndarray) -> tuple[float, float] | None:
+def reward_range(*arrays: np.ndarray) -> tuple[float, float] | None:
+    """(0, 1) when every finite reward lies in it (the bounds the estimators assume), else None."""
     vals = np.concatenate([a[np.isfinite(a)] for a in arrays])
     return (0.0, 1.0) if vals.size == 0 or (vals.min() >= 0 and vals.max() <= 1) else None
 
@@ -255,7 +256,7 @@ def replay_trajectory(
     features = prompt_features(prompts, list(ids), s.features)  # None: no prompts table
     table = TiltTable.from_cache(cache, betas, s.prior, list(ids), features)
     splits = [_split(rewards[c].rows(ids), s.oracle_n, c, g_max) for c in checkpoints]
-    rr = _reward_range(cache, *(sp.pool for sp in splits))
+    rr = reward_range(cache, *(sp.pool for sp in splits))
     steppers = []
     for e in ests:
         opts = e.parse_options(s.options.get(e.name))
