@@ -92,7 +92,7 @@ def test_probe_set_is_fixed_and_settings_are_checked_in_one_line():
     assert np.array_equal(rows, probe_rows(100, 8)) and len(set(rows.tolist())) == 8
     assert np.all((rows >= 0) & (rows < 100))
     check_probe(make_config({"probe_prompts": 500}), 8, 100)  # probe off: nothing to check
-    with pytest.raises(InputError, match="leaves 1 Monte Carlo samples .* probe_samples >= 10"):
+    with pytest.raises(InputError, match=r"leaves 1 Monte Carlo samples .* probe_samples >= 10"):
         check_probe(make_config({"probe_every": 10, "probe_samples": 9}), 8, 100)
     with pytest.raises(InputError, match="probe_prompts = 101 exceeds the 100 training"):
         check_probe(make_config({"probe_every": 10, "probe_prompts": 101}), 1, 100)
