@@ -349,7 +349,10 @@ def test_shipped_experiment_configs_are_valid_and_share_the_budget():
         "vanilla": ("vanilla", "none"),
         "reinforce_pp": ("reinforce_pp", "batch_whiten"),
         "basis": ("basis", "none"),
+        "basis_track": ("basis_track", "none"),
     }
+    probes = {(c.probe_every, c.probe_prompts, c.probe_samples) for c in study.values()}
+    assert probes == {(10, 16, 16)}, "every arm probes its value error alike"
 
 
 def test_counts_and_seeds_are_checked_where_the_config_is_made():

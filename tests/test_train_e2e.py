@@ -248,3 +248,58 @@ def test_seeds_runner_skips_a_finished_seed_and_resumes_an_interrupted_one(smol_
     assert again[1]["loss"] == pytest.approx(first[1]["loss"], rel=1e-4, abs=1e-7)
     assert again[1]["mean_reward"] == first[1]["mean_reward"]
     assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["step-000002"]
+
+
+# ---------------------------------------------------------------- the value probe
+
+PROBE = ("probe_prompts=3", "probe_samples=4")
+PROBE_KEYS = ("probe_value_error", "probe_value_mse", "probe_value")
+
+
+def _training_numbers(log: list[dict]) -> list[dict]:
+    """A log's records without the probe's numbers and the phases' seconds."""
+    return [{k: v for k, v in r.items() if k not in (*PROBE_KEYS, "seconds")} for r in log]
+
+
+def test_value_probe_changes_nothing_of_training(basis_run, smol_dir, tmp_path):
+    """The tracker (a stateful estimator) with and without the probe at every step: the
+    same rollouts, log numbers, weights, optimizer and RNG state; only the probe's records
+    (steps 0, 1, 2) are added."""
+    from safetensors.torch import load_file
+
+    from basis_bench.train.checkpoint import load_trainer_state
+
+    runs = {}
+    for name, probe in (("off", ()), ("on", ("probe_every=1", *PROBE))):
+        settings = ("estimator=basis_track", f"cache_dir={basis_run.parent / 'cache'}", *probe)
+        runs[name] = train(tiny(smol_dir, tmp_path / name, *settings))
+    off, on = runs["off"], runs["on"]
+    for step in (1, 2):
+        assert rollouts(on, step).equals(rollouts(off, step))
+    assert _training_numbers(read_log(on)) == _training_numbers(read_log(off))
+    for record in read_log(on):
+        assert all(isinstance(record[k], float) for k in PROBE_KEYS)
+        assert 0 <= record["probe_value"] <= 1 and "probe" in record["seconds"]
+        assert record["probe_value_mse"] >= record["probe_value_error"]
+    assert not any(k in r for r in read_log(off) for k in PROBE_KEYS)
+    for step in (1, 2):
+        ckpt = {n: run / "checkpoints" / f"step-{step:06d}" for n, run in runs.items()}
+        weights = {n: load_file(c / "model.safetensors") for n, c in ckpt.items()}
+        assert all(torch.equal(weights["on"][k], weights["off"][k]) for k in weights["off"])
+        state = {n: load_trainer_state(c) for n, c in ckpt.items()}
+        assert torch.equal(state["on"]["rng"]["torch"], state["off"]["rng"]["torch"])
+        assert state["on"]["estimator_state"] == state["off"]["estimator_state"]
+        moments = [s["optimizer"]["state"][0]["exp_avg"] for s in state.values()]
+        assert torch.equal(*moments)
+
+
+def test_resume_with_the_probe_turned_on_adds_its_records_from_then_on(basis_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(basis_run, copy)
+    resume = copy / "checkpoints" / "step-000001"
+    train(resume_config(resume, ["probe_every=1", *PROBE]), resume=resume)
+    log = read_log(copy)
+    assert [all(k in r for k in PROBE_KEYS) for r in log] == [False, False, True]
+    assert rollouts(copy, 2)["response"].to_list() == rollouts(basis_run, 2)["response"].to_list()
+    assert log[2]["loss"] == pytest.approx(read_log(basis_run)[2]["loss"], rel=1e-4, abs=1e-7)
+    assert json.loads((copy / "config.json").read_text())["probe_every"] == 1

@@ -173,3 +173,74 @@ def test_seeds_options_are_checked_in_one_line(monkeypatch, capsys, tmp_path):
     ):
         assert_one_line_error(run_main(monkeypatch, capsys, *train, *args), needle)
     assert not (tmp_path / "arm").exists()
+
+
+def test_probe_settings_never_make_a_run_another_configuration(tmp_path):
+    """A finished run and an interrupted one written without the value probe (a config.json
+    and checkpoint that predate its settings) are skipped and resumed under a configuration
+    that turns it on; an arm's seeds may differ in it; any other setting is still refused."""
+    probed = ["probe_every=10", "probe_prompts=16", "probe_samples=12"]
+    config = make_config({"run_dir": str(tmp_path / "arm"), "steps": 4}, probed)
+    finished, interrupted = seed_config(config, 0), seed_config(config, 1)
+    for one in (finished, interrupted):
+        old = {k: v for k, v in dataclasses.asdict(one).items() if not k.startswith("probe_")}
+        old_config = dataclasses.replace(one, probe_every=0)
+        _run(Path(one.run_dir), one.seed, {0: 0.1, 4: 0.3}, steps=4 if one is finished else 2)
+        (Path(one.run_dir) / "config.json").write_text(json.dumps(old | {"provenance": {}}))
+        _checkpoint(Path(one.run_dir), 4 if one is finished else 2, old_config)
+    assert run_state(finished) == ("finished", None)
+    assert run_state(interrupted)[0] == "resume"
+    assert run_state(dataclasses.replace(finished, probe_every=5))[0] == "finished"
+    with pytest.raises(InputError, match="written with lr"):
+        run_state(dataclasses.replace(interrupted, lr=3e-5))
+
+    arm = tmp_path / "study"
+    _run(arm / "seed-0", 0, {0: 0.1, 4: 0.3})
+    _run(arm / "seed-1", 1, {0: 0.1, 4: 0.3}, probe_every=10, probe_prompts=16)
+    assert len(load_arm(arm).runs) == 2
+
+
+def _with_probe(run: Path, errors: dict[int, float]) -> Path:
+    """Add value-probe records (and their seconds) to a synthetic run's log."""
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    (run / "log.jsonl").unlink()
+    for record in records:
+        if record["step"] in errors:
+            record |= {"probe_value_error": errors[record["step"]], "probe_value_mse": 0.5}
+            record["seconds"] = record["seconds"] | {"probe": 100.0}
+        append_jsonl(run / "log.jsonl", record)
+    return run
+
+
+def test_value_error_band_table_and_figure_with_and_without_probe_records(tmp_path):
+    from basis_bench.train.figures import plot_training
+
+    arm = tmp_path / "track"
+    _with_probe(_run(arm / "seed-0", 0, {0: 0.1, 4: 0.3}), {0: 0.02, 2: 0.04, 4: 0.06})
+    _with_probe(_run(arm / "seed-1", 1, {0: 0.1, 4: 0.3}), {0: 0.04, 2: 0.02, 4: -0.01})
+    _run(arm / "seed-2", 2, {0: 0.1, 4: 0.3})  # run before the probe existed: no records
+    plain = _run(tmp_path / "vanilla", 0, {0: 0.1, 4: 0.2})
+    band = step_bands(load_arm(arm), "probe_value_error")
+    assert band["step"].to_list() == [0, 2, 4] and band["n"].to_list() == [2, 2, 2]
+    assert band["mean"].to_list() == pytest.approx([0.03, 0.03, 0.025])
+    runs = runs_table([load_arm(arm), load_arm(plain)], ["track", "vanilla"])
+    assert runs["value_error"].to_list()[:2] == pytest.approx([0.04, 0.05 / 3])
+    assert math.isnan(runs["value_error"][2]) and math.isnan(runs["value_error"][3])
+    assert runs["wall_hours"][0] == pytest.approx((7 + 4 * 11) / 3600), "probe seconds left out"
+    table = arms_table(runs)
+    row = table.row(0, named=True)
+    assert row["value_error"] == pytest.approx((0.04 + 0.05 / 3) / 2)
+    assert row["value_error_ci95"] == pytest.approx(
+        12.706205 * np.std([0.04, 0.05 / 3], ddof=1) / math.sqrt(2), rel=1e-5
+    )
+    assert table.row(1, named=True)["value_error"] is None
+    text = markdown_table(table)
+    assert "value error" in text.splitlines()[0] and "| 0.0283 ± 0.1482 |" in text
+
+    written = {p.name for p in plot_training([arm, plain], tmp_path / "figs")}
+    assert {"value_error.png", "value_error.pdf"} <= written
+    summary = pl.read_csv(tmp_path / "figs" / "training_summary.csv")
+    assert summary["probe_value_error"].drop_nulls().len() == 6
+    written = {p.name for p in plot_training([plain], tmp_path / "figs")}
+    assert not any(n.startswith("value_error") for n in written)
+    assert not (tmp_path / "figs" / "value_error.png").exists(), "no stale figure kept"

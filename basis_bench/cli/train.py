@@ -182,7 +182,8 @@ def train_figures(
 ) -> None:
     """Learning curves per arm (held-out greedy accuracy and training reward against step, mean
     over seeds with a 95% t-interval band), the calibrated beta against step (the paper's
-    Fig. 8), PNG + PDF, and the summary table per arm with intervals (CSV and markdown)."""
+    Fig. 8), the value probe's error of the baseline against step (runs that logged it),
+    PNG + PDF, and the summary table per arm with intervals (CSV and markdown)."""
     from basis_bench.evaluation.figures import colours, label, paper_style
     from basis_bench.train.figures import plot_training
 

@@ -6,6 +6,7 @@ loop        ``train``: sample -> score -> baselines -> update -> record, top to 
 update      token log-probs and the AdamW steps of one training step
 losses      the policy-loss registry (gpg, grpo, gspo) and the k3 KL
 checkpoint  save, load (weights-only) and resume
+probe       the value probe: the baseline's error against Monte Carlo values, observational
 figures     learning curves and the calibrated beta of finished runs
 
 Importing this package does not import torch; the functions that need it do.

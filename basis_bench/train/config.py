@@ -25,6 +25,9 @@ from basis_bench.settings import check_settings, current_name, renamed_keys, set
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 AUTOCASTS = ("none", "bfloat16", "float16")
+# Settings that only observe a run (the value probe): a run may be resumed, extended or
+# compared with its arm's other seeds under other values of these.
+OBSERVATIONAL_KEYS = frozenset({"probe_every", "probe_prompts", "probe_samples"})
 
 
 def _policy_losses() -> tuple[str, ...]:
@@ -247,6 +250,23 @@ class TrainConfig:
     )
     checkpoint_every: int = setting(
         10, help="Checkpoint every N steps, and after the last (0: never).", min_val=0
+    )
+    # value probe (observational: OBSERVATIONAL_KEYS)
+    probe_every: int = setting(
+        0,
+        help="Value probe every N steps, at step 0 and after the last (0: never): the "
+        "estimator's baselines against Monte Carlo values on a fixed set of training prompts "
+        "(basis_bench.train.probe); it changes nothing of training.",
+        min_val=0,
+    )
+    probe_prompts: int = setting(
+        8, help="Training prompts in the probe set (drawn once by a fixed seed).", min_val=1
+    )
+    probe_samples: int = setting(
+        16,
+        help="Responses per probe prompt, K: the estimator's own G' give its baselines, the "
+        "other K - G' (at least 2) the Monte Carlo value.",
+        min_val=3,
     )
     report_to: tuple[str, ...] = setting(
         ("none",),

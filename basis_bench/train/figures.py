@@ -11,10 +11,14 @@ learning_curves     held-out greedy accuracy (left) and training mean reward, ro
                     band (a line alone for one seed); PNG and PDF
 beta                beta_t chosen by BASIS's calibration against step, one line per run (log
                     scale; beta = inf, the reference policy, drawn on the top line); PNG, PDF
-training_summary    CSV: arm, run, label, step, eval_accuracy, mean_reward, beta (one row per
-                    logged step)
+value_error         the value probe's noise-corrected squared error of the baseline against
+                    step (:mod:`basis_bench.train.probe`), per arm the mean over the seeds
+                    that logged it and its 95% t-interval band, as the accuracy; only when
+                    some run has probe records; PNG, PDF
+training_summary    CSV: arm, run, label, step, eval_accuracy, mean_reward, beta,
+                    probe_value_error (one row per logged step)
 training_runs       CSV: one row per run, its final, peak, peak-to-final drop, half-budget
-                    accuracy, rollouts, wall hours, collapsed
+                    accuracy, rollouts, wall hours, mean value error, collapsed
 training_table      CSV and markdown: one row per arm, each number's mean and 95% interval
 ==================  ==========================================================================
 
@@ -38,7 +42,14 @@ from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, holds_output_locks
 from basis_bench.quoting import plain_math
 from basis_bench.settings import check_scalar
-from basis_bench.train.summary import Arm, RunLog, load_arm, step_bands, write_tables
+from basis_bench.train.summary import (
+    VALUE_ERROR,
+    Arm,
+    RunLog,
+    load_arm,
+    step_bands,
+    write_tables,
+)
 
 BETA_TICKS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
 
@@ -107,11 +118,9 @@ def plot_training(
         for a, name, colour in zip(arms, names, styles, strict=True)
         for run in a.runs
     ]
-    beta = _beta_figure(runs, out)
-    stale = [out / f"beta.{ext}" for ext in ("png", "pdf")] if not beta else []
-    for path in stale:  # an earlier call's, of other runs: was kept as if of these
-        path.unlink(missing_ok=True)
-    written += beta
+    written += _only_if_drawn(_beta_figure(runs, out), out, "beta")
+    errors = _value_error_figure(arms, names, styles, out)
+    written += _only_if_drawn(errors, out, "value_error")
     written.append(_summary(arms, names, out / "training_summary.csv"))
     return written + write_tables(arms, names, out)
 
@@ -143,6 +152,48 @@ def _learning_curves(
     acc_ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
     return _save(fig, out, "learning_curves")
+
+
+def _only_if_drawn(written: list[Path], out: Path, stem: str) -> list[Path]:
+    """``written``; when nothing was (no run logs it), an earlier call's ``stem`` figure,
+    of other runs, is deleted rather than kept as if of these."""
+    if not written:
+        for ext in ("png", "pdf"):
+            (out / f"{stem}.{ext}").unlink(missing_ok=True)
+    return written
+
+
+def _value_error_figure(
+    arms: Sequence[Arm], names: Sequence[str], colours: Sequence[str], out: Path
+) -> list[Path]:
+    """The value probe's corrected squared error against step: per arm that logged it, the
+    mean over its seeds with the 95% t-interval as a band (nothing when no arm did)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    probed = [
+        (arm, name, colour)
+        for arm, name, colour in zip(arms, names, colours, strict=True)
+        if any(log[VALUE_ERROR].is_not_null().any() for _, _, log in arm.runs)
+    ]
+    if not probed:
+        return []
+    fig, ax = plt.subplots(figsize=(3.4, 2.6))
+    for arm, name, colour in probed:
+        band = step_bands(arm, VALUE_ERROR)
+        seeds = int(band["n"].to_numpy().max())
+        legend = name if seeds == 1 else f"{name}, {seeds} seeds"
+        ax.plot(band["step"], band["mean"], marker="o", ms=3, color=colour, label=legend)
+        half = band["ci95"].fill_null(0.0)  # unbounded: the corrected error may be < 0
+        ax.fill_between(
+            band["step"], band["mean"] - half, band["mean"] + half, color=colour, alpha=0.2, lw=0
+        )
+    ax.axhline(0.0, color="0.8", lw=0.8, zorder=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="step", ylabel="value error $(b - v)^2$\n(noise-corrected)")
+    ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    return _save(fig, out, "value_error")
 
 
 def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Path]:
@@ -188,7 +239,8 @@ def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Pat
 
 
 def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
-    """training_summary.csv: arm, run, label, step, eval_accuracy, mean_reward, beta."""
+    """training_summary.csv: arm, run, label, step, eval_accuracy, mean_reward, beta,
+    probe_value_error."""
     from basis_bench.outputs import atomic_write
 
     table = pl.concat(
@@ -202,7 +254,7 @@ def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
             for p, _, log in arm.runs
         ],
         how="diagonal_relaxed",
-    ).select("arm", "run", "label", "step", "eval_accuracy", "mean_reward", "beta")
+    ).select("arm", "run", "label", "step", "eval_accuracy", "mean_reward", "beta", VALUE_ERROR)
     text = table.with_columns(pl.col("beta").map_elements(_beta_text, return_dtype=pl.String))
     with atomic_write(path) as tmp:
         text.write_csv(tmp)

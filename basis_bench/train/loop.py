@@ -15,12 +15,13 @@ In the spirit of cleanrl, the algorithm is :func:`train`, read top to bottom. On
    one AdamW step each on the registered policy loss named ``loss``
    (:mod:`basis_bench.train.losses`) plus ``kl_coef`` times the k3 KL to the frozen
    reference, after clipping the gradient norm (:mod:`basis_bench.train.update`).
-6. **record**: the step's rollouts and one log record; held-out accuracy and a checkpoint
-   when due.
+6. **record**: the step's rollouts and one log record; held-out accuracy, the value probe
+   (:mod:`basis_bench.train.probe`, observational) and a checkpoint when due.
 
 Everything before step 1 is :func:`~basis_bench.train.setup.setup` (data, models, sampler,
 the reference cache for estimators that use it); checkpoints and ``--resume`` are
-:mod:`basis_bench.train.checkpoint`. Step 0 of the log is the initial held-out accuracy.
+:mod:`basis_bench.train.checkpoint`. Step 0 of the log is the initial held-out accuracy
+(and value probe).
 
 Run directory::
 
@@ -90,7 +91,7 @@ def train(
     ``force`` lets ``run_dir`` be a folder that holds something other than a training run.
     """
     from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.train.checkpoint import restore, save_run_checkpoint
+    from basis_bench.train.checkpoint import restore
     from basis_bench.train.setup import setup, sync_sampler
     from basis_bench.train.update import update_policy
 
@@ -109,8 +110,8 @@ def train(
         max_new_tokens=config.max_new_tokens,
     )
     try:
-        if start == 1 and config.heldout_every:
-            log(initial_accuracy(run))
+        if start == 1 and (config.heldout_every or config.probe_every):
+            log(initial_record(run))
 
         for step in range(start, config.steps + 1):
             timer = Timer()
@@ -155,12 +156,7 @@ def train(
             # 6. record: the rollouts, the step's statistics, evaluation and checkpoint
             write_step_rollouts(run, step, batch, rollouts, rewards, statuses)
             record = step_record(step, run, rollouts, rewards, estimate, advantages, stats)
-            if due(step, config.heldout_every, config.steps):
-                with timer("eval"):
-                    record["eval_accuracy"] = heldout_accuracy(run, step)
-            if due(step, config.checkpoint_every, config.steps):
-                with timer("checkpoint"):
-                    save_run_checkpoint(run, step)
+            when_due(run, step, record, timer)
             record["seconds"] = timer.seconds
             log(record)
     finally:
@@ -168,6 +164,24 @@ def train(
         if run.data.pool is not None:
             run.data.pool.shutdown()
     return run.run_dir
+
+
+def when_due(run: Run, step: int, record: Record, timer: Timer) -> None:
+    """After step ``step``, what is due of: held-out accuracy, the value probe (into
+    ``record``) and a checkpoint, each timed by ``timer``."""
+    from basis_bench.train.checkpoint import save_run_checkpoint
+    from basis_bench.train.probe import value_probe
+
+    config = run.config
+    if due(step, config.heldout_every, config.steps):
+        with timer("eval"):
+            record["eval_accuracy"] = heldout_accuracy(run, step)
+    if due(step, config.probe_every, config.steps):
+        with timer("probe"):
+            record.update(value_probe(run, step))
+    if due(step, config.checkpoint_every, config.steps):
+        with timer("checkpoint"):
+            save_run_checkpoint(run, step)
 
 
 # --------------------------------------------------------------------------- prompts and seeds
@@ -278,12 +292,20 @@ def heldout_accuracy(run: Run, step: int) -> float:
     return float(rewards.mean())
 
 
-def initial_accuracy(run: Run) -> Record:
-    """Step 0's record: held-out accuracy of the policy before any update."""
+def initial_record(run: Run) -> Record:
+    """Step 0's record, of the policy before any update: held-out accuracy (when
+    ``heldout_every``) and the value probe (when ``probe_every``)."""
+    from basis_bench.train.probe import value_probe
+
     timer = Timer()
-    with timer("eval"):
-        accuracy = heldout_accuracy(run, 0)
-    return {"step": 0, "eval_accuracy": accuracy, "seconds": timer.seconds}
+    record: Record = {"step": 0}
+    if run.config.heldout_every:
+        with timer("eval"):
+            record["eval_accuracy"] = heldout_accuracy(run, 0)
+    if run.config.probe_every:
+        with timer("probe"):
+            record.update(value_probe(run, 0))
+    return {**record, "seconds": timer.seconds}
 
 
 # --------------------------------------------------------------------------- record

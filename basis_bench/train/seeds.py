@@ -10,7 +10,8 @@ same command after an interruption: each seed's run is
 
 A run written with other settings than the configuration's (a different ``lr``, say) is
 refused rather than skipped or continued: only ``steps`` may differ, which extends a
-finished run. ``keep_checkpoints`` > 0 deletes all but the newest that many checkpoints
+finished run, and the observational settings (the value probe's), which change nothing of
+training: a run continues, or is skipped, under other ones. ``keep_checkpoints`` > 0 deletes all but the newest that many checkpoints
 while a run goes (a SmolLM2-135M checkpoint is 1.6 GB).
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.train.checkpoint import PARTIAL, TRAINER_STATE, load_trainer_state
-from basis_bench.train.config import TrainConfig, config_dict
+from basis_bench.train.config import OBSERVATIONAL_KEYS, TrainConfig, config_dict
 from basis_bench.train.setup import CHECKPOINTS_DIR, LOG_FILE
 from basis_bench.train.summary import PER_SEED_KEYS, SEED_PREFIX
 
@@ -56,11 +57,12 @@ def last_logged_step(run_dir: Path) -> int:
 
 
 def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Path) -> None:
-    """Refuse a run written with settings other than ``config``'s (``steps`` may differ)."""
+    """Refuse a run written with settings other than ``config``'s (``steps`` and the
+    observational settings may differ)."""
     # compared as config.json holds them: a tuple setting (report_to) reads back as a list
     wanted = json.loads(json.dumps(config_dict(config), default=str))
     written = json.loads(json.dumps(written, default=str))
-    keys = (set(wanted) | set(written)) - PER_SEED_KEYS - {"steps"}
+    keys = (set(wanted) | set(written)) - PER_SEED_KEYS - OBSERVATIONAL_KEYS - {"steps"}
     if wanted.get("backend") == "auto":  # runs record the backend auto resolved to
         keys.discard("backend")
     differ = sorted(k for k in keys if wanted.get(k) != written.get(k))

@@ -383,6 +383,7 @@ def setup(
     from basis_bench import estimators as E
     from basis_bench.folders import refuse_long_names
     from basis_bench.outputs import claim_output_dir
+    from basis_bench.train.probe import check_probe
 
     run_dir = Path(config.run_dir)
     refuse_long_names(run_dir, "run_dir")  # before the log check looks into it
@@ -399,6 +400,7 @@ def setup(
     backend = training_backend(config, device)
     config = dataclasses.replace(config, backend=backend.backend)  # recorded: auto resolved
     data = load_data(config, progress.warning if progress is not None else warnings.warn)
+    check_probe(config, group, data.train_set.height)
     models = load_models(config, device, resume)
     sampler = make_training_sampler(backend, config, models, data.template)
     ref_rewards = features = None

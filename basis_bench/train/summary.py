@@ -16,11 +16,15 @@ half            accuracy at the last evaluation at or before step ``steps // 2``
                 the same run); none while the run has not reached that step
 rollouts        rollouts sampled in the run's steps (the reference cache not counted)
 wall_hours      the logged phases' seconds (sample, reward, estimate, update, sync, eval,
-                checkpoint), in hours; model loading and the reference cache not counted
+                checkpoint), in hours; model loading, the reference cache and the value
+                probe (which only observes the run) not counted
+value_error     the mean of the run's value-probe records' noise-corrected squared error
+                of the baseline (:mod:`basis_bench.train.probe`, step 0 included); none
+                for a run without probe records
 ==============  ===========================================================================
 
 Over the n seeds of an arm: mean +- t_{0.975, n-1} s / sqrt(n), s the sample standard
-deviation (no interval for one seed).
+deviation (no interval for one seed), over the seeds that have the number.
 """
 
 from __future__ import annotations
@@ -38,10 +42,13 @@ import polars as pl
 
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.train.config import OBSERVATIONAL_KEYS
 from basis_bench.train.loop import read_log
 
 COLLAPSE_DROP = 0.15  # a run collapsed: its held-out accuracy fell this far below its peak
-METRICS = ("final", "peak", "drop", "half", "rollouts", "wall_hours")
+METRICS = ("final", "peak", "drop", "half", "rollouts", "wall_hours", "value_error")
+VALUE_ERROR = "probe_value_error"  # the log's column that value_error averages
+UNTIMED_PHASES = frozenset({"probe"})  # logged seconds that wall_hours leaves out
 SEED_PREFIX = "seed-"
 # Settings that differ between the seeds of one arm by design.
 PER_SEED_KEYS = frozenset({"seed", "run_dir", "provenance"})
@@ -63,7 +70,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
     for key, kind in (("estimator", str), ("group_size", int), ("loss", str)):
         if not isinstance(config.get(key), kind) or isinstance(config.get(key), bool):
             raise InputError(f"{path}: {key!r} is missing or not a {kind.__name__}")
-    columns = ("step", "mean_reward", "eval_accuracy", "beta", "rollouts")
+    columns = ("step", "mean_reward", "eval_accuracy", "beta", "rollouts", VALUE_ERROR)
     rows = [{c: r.get(c) for c in columns} | {"seconds": _seconds(r)} for r in read_log(run_dir)]
     if not rows:
         raise InputError(f"{run_dir}: log.jsonl is empty")
@@ -88,20 +95,22 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
         "eval_accuracy": pl.Float64,
         "beta": pl.Float64,
         "rollouts": pl.Int64,
+        VALUE_ERROR: pl.Float64,
         "seconds": pl.Float64,
     }
     return config, pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def _seconds(record: dict[str, Any]) -> Any:
-    """A record's logged phases' seconds, summed (None when the record has none; a
-    malformed entry is returned as it is, for load_run's check to refuse)."""
+    """A record's logged phases' seconds, summed, but for :data:`UNTIMED_PHASES` (None when
+    the record has none; a malformed entry is returned as it is, for load_run's check to
+    refuse)."""
     phases = record.get("seconds")
     if phases is None:
         return None
     if not isinstance(phases, dict):
         return phases
-    values = list(phases.values())
+    values = [v for phase, v in phases.items() if phase not in UNTIMED_PHASES]
     if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
         return phases
     return float(sum(values))
@@ -159,11 +168,12 @@ def seed_runs(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def load_arm(path: str | os.PathLike[str]) -> Arm:
-    """An arm's runs; :class:`InputError` when they differ in a setting other than the seed."""
+    """An arm's runs; :class:`InputError` when they differ in a setting other than the seed
+    (or an observational one: the value probe's)."""
     runs = tuple((p, *load_run(p)) for p in seed_runs(path))
     first_dir, first, _ = runs[0]
     for run_dir, config, _ in runs[1:]:
-        keys = (set(first) | set(config)) - PER_SEED_KEYS
+        keys = (set(first) | set(config)) - PER_SEED_KEYS - OBSERVATIONAL_KEYS
         differ = sorted(k for k in keys if first.get(k) != config.get(k))
         if differ:
             key = differ[0]
@@ -209,6 +219,7 @@ def run_metrics(config: dict[str, Any], log: pl.DataFrame) -> dict[str, float]:
     at_half = accuracy[steps <= half] if reached else accuracy[:0]
     final = float(accuracy[-1]) if accuracy.size else math.nan
     peak = float(accuracy.max()) if accuracy.size else math.nan
+    errors = log[VALUE_ERROR].drop_nulls().to_numpy()
     return {
         "final": final,
         "peak": peak,
@@ -216,6 +227,7 @@ def run_metrics(config: dict[str, Any], log: pl.DataFrame) -> dict[str, float]:
         "half": float(at_half[-1]) if at_half.size else math.nan,
         "rollouts": float(log["rollouts"].fill_null(0).sum()),
         "wall_hours": float(log["seconds"].fill_null(0.0).sum()) / 3600,
+        "value_error": float(errors.mean()) if errors.size else math.nan,
     }
 
 
@@ -259,6 +271,9 @@ def arms_table(runs: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
+DIGITS = {"rollouts": 0, "value_error": 4}  # decimals in the markdown table (else 3)
+
+
 def markdown_table(arms: pl.DataFrame) -> str:
     """The arms table as markdown, each metric as ``mean ± half-width``."""
     heads = {
@@ -268,13 +283,14 @@ def markdown_table(arms: pl.DataFrame) -> str:
         "half": "acc. at half budget",
         "rollouts": "rollouts",
         "wall_hours": "wall hours",
+        "value_error": "value error",
     }
     lines = [
         "| arm | seeds | steps | " + " | ".join(heads.values()) + " | collapsed |",
         "| --- " * (len(heads) + 4) + "|",
     ]
     for row in arms.iter_rows(named=True):
-        cells = [_cell(row[m], row[f"{m}_ci95"], 0 if m == "rollouts" else 3) for m in heads]
+        cells = [_cell(row[m], row[f"{m}_ci95"], DIGITS.get(m, 3)) for m in heads]
         lines.append(
             f"| {row['label']} | {row['seeds']} | {row['last_step']} | "
             + " | ".join(cells)

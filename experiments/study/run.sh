@@ -3,12 +3,12 @@
 # comparable however far it got. Rerun to go on: finished runs are skipped, interrupted ones
 # resume from their latest checkpoint (only the newest is kept: 1.6 GB each).
 #
-#   experiments/study/run.sh                  # seeds 0,1,2, all four arms, then the figures
+#   experiments/study/run.sh                  # seeds 0,1,2, all five arms, then the figures
 #   SEEDS=0 ARMS="vanilla basis" experiments/study/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-0,1,2}
-ARMS=${ARMS:-vanilla reinforce_pp grpo_g8 basis}
+ARMS=${ARMS:-vanilla reinforce_pp grpo_g8 basis basis_track}
 export OMP_NUM_THREADS=1
 for seed in ${SEEDS//,/ }; do
     for arm in $ARMS; do
