@@ -27,7 +27,9 @@ ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 AUTOCASTS = ("none", "bfloat16", "float16")
 # Settings that only observe a run (the value probe): a run may be resumed, extended or
 # compared with its arm's other seeds under other values of these.
-OBSERVATIONAL_KEYS = frozenset({"probe_every", "probe_prompts", "probe_samples"})
+# Settings that only watch a run (never change its rollouts or weights): a finished or resumed
+# run may differ from its config in these.
+OBSERVATIONAL_KEYS = frozenset({"probe_every", "probe_prompts", "probe_samples", "report_to"})
 
 
 def _policy_losses() -> tuple[str, ...]:
