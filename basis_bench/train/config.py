@@ -25,10 +25,9 @@ from basis_bench.settings import check_settings, current_name, renamed_keys, set
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 AUTOCASTS = ("none", "bfloat16", "float16")
-# Settings that only observe a run (the value probe): a run may be resumed, extended or
-# compared with its arm's other seeds under other values of these.
-# Settings that only watch a run (never change its rollouts or weights): a finished or resumed
-# run may differ from its config in these.
+# Settings that only observe a run (the value probe, the trackers), never change its rollouts
+# or weights: a run may be resumed, extended or compared with its arm's other seeds under
+# other values of these.
 OBSERVATIONAL_KEYS = frozenset({"probe_every", "probe_prompts", "probe_samples", "report_to"})
 
 
