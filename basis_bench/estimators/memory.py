@@ -44,11 +44,11 @@ import numpy as np
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
-from basis_bench.estimators.options import LOSSES, checked_options
+from basis_bench.estimators.options import LOSSES, checked_options, number_list
 from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
-from basis_bench.settings import Boundaries, check_scalar, setting
+from basis_bench.settings import setting
 
 MEMORY_GAMMAS = (0.5, 0.75, 0.9, 1.0)
 MEMORY_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 128.0)
@@ -57,23 +57,6 @@ SELECTIONS = ("loo", "batch")
 LOSS_MEMORY = 0.9
 _LOG_CLIP = 1e-6
 _CHUNK_ELEMENTS = 1 << 18
-
-
-def _grid(
-    cls: str, name: str, values: Any, low: float | None, high: float | None, low_open: bool
-) -> tuple[float, ...]:
-    """A non-empty list of numbers, each in [low, high] (or (low, high]), as floats."""
-    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
-        raise InputError(f"{cls}.{name} must be a list of numbers; got {values!r}")
-    bounds: Boundaries = "right" if low_open else "both"
-    label = f"{cls}.{name}"
-    out = tuple(
-        float(check_scalar(v, label, float, min_val=low, max_val=high, include_boundaries=bounds))
-        for v in values
-    )
-    if not out:
-        raise InputError(f"{label} must not be empty")
-    return out
 
 
 @dataclass(frozen=True)
@@ -115,12 +98,12 @@ class MemoryOptions:
         element by element."""
         c = self.estimator
         checked_options(self, c)
-        for name, low, high, low_open in (
-            ("gammas", 0, 1, True),
-            ("weights", 0, None, True),
-            ("shifts", None, None, False),
+        for name, bounds in (
+            ("gammas", {"min_val": 0, "max_val": 1, "include_boundaries": "right"}),
+            ("weights", {"min_val": 0, "include_boundaries": "right"}),
+            ("shifts", {}),
         ):
-            grid = _grid(c, name, getattr(self, name), low, high, low_open)
+            grid = number_list(getattr(self, name), f"{c}.{name}", "a list of numbers", **bounds)
             object.__setattr__(self, name, grid)  # a frozen dataclass
 
 

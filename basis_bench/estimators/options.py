@@ -52,6 +52,22 @@ def checked_options(options: Any, family: str) -> None:
             object.__setattr__(options, f.name, float(value))  # a frozen dataclass
 
 
+def number_list(
+    value: Any, label: str, wanted: str, length: int | None = None, **bounds: Any
+) -> tuple[float, ...]:
+    """``value``, a list of numbers (``length`` of them, else at least one), as floats, each
+    within ``bounds`` (:func:`~basis_bench.settings.check_scalar`'s); else an InputError
+    saying that ``label`` must be ``wanted``."""
+    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        raise InputError(f"{label} must be {wanted}; got {value!r}")
+    items = list(value)
+    if length is not None and len(items) != length:
+        raise InputError(f"{label} must be {wanted}; got {value!r}")
+    if not items:
+        raise InputError(f"{label} must not be empty")
+    return tuple(float(check_scalar(v, label, float, **bounds)) for v in items)
+
+
 @dataclass(frozen=True)
 class NoOptions:
     """Estimators with no options of their own (vanilla, REINFORCE++, GRPO, RLOO, ...)."""
@@ -130,9 +146,7 @@ class BasisOptions:
         if self.calibration != "fixed" and self.fixed_beta is not None:
             raise InputError("fixed_beta only applies with calibration fixed")
         if self.clip is not None:
-            if isinstance(self.clip, str | bytes) or len(self.clip) != 2:
-                raise InputError(f"basis.clip must be a pair [low, high]; got {self.clip!r}")
-            lo, hi = (float(check_scalar(x, "basis.clip", float)) for x in self.clip)
+            lo, hi = number_list(self.clip, "basis.clip", "a pair [low, high]", length=2)
             if lo > hi:
                 raise InputError(f"basis.clip needs low <= high; got [{lo}, {hi}]")
             object.__setattr__(self, "clip", (lo, hi))
