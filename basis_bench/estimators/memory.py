@@ -98,12 +98,22 @@ class MemoryOptions:
         element by element."""
         c = self.estimator
         checked_options(self, c)
-        for name, bounds in (
-            ("gammas", {"min_val": 0, "max_val": 1, "include_boundaries": "right"}),
-            ("weights", {"min_val": 0, "include_boundaries": "right"}),
-            ("shifts", {}),
-        ):
-            grid = number_list(getattr(self, name), f"{c}.{name}", "a list of numbers", **bounds)
+        numbers = "a list of numbers"
+        grids = {
+            "gammas": number_list(
+                self.gammas,
+                f"{c}.gammas",
+                numbers,
+                min_val=0,
+                max_val=1,
+                include_boundaries="right",
+            ),
+            "weights": number_list(
+                self.weights, f"{c}.weights", numbers, min_val=0, include_boundaries="right"
+            ),
+            "shifts": number_list(self.shifts, f"{c}.shifts", numbers),
+        }
+        for name, grid in grids.items():
             object.__setattr__(self, name, grid)  # a frozen dataclass
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from basis_bench.errors import InputError
-from basis_bench.settings import check_scalar, check_settings, setting
+from basis_bench.settings import Boundaries, check_scalar, check_settings, setting
 
 CALIBRATIONS = ("current", "previous", "fixed")
 CRITERIA = ("initial", "refined")
@@ -53,10 +53,17 @@ def checked_options(options: Any, family: str) -> None:
 
 
 def number_list(
-    value: Any, label: str, wanted: str, length: int | None = None, **bounds: Any
+    value: Any,
+    label: str,
+    wanted: str,
+    *,
+    length: int | None = None,
+    min_val: float | None = None,
+    max_val: float | None = None,
+    include_boundaries: Boundaries = "both",
 ) -> tuple[float, ...]:
     """``value``, a list of numbers (``length`` of them, else at least one), as floats, each
-    within ``bounds`` (:func:`~basis_bench.settings.check_scalar`'s); else an InputError
+    within the bounds (:func:`~basis_bench.settings.check_scalar`'s); else an InputError
     saying that ``label`` must be ``wanted``."""
     if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
         raise InputError(f"{label} must be {wanted}; got {value!r}")
@@ -65,6 +72,8 @@ def number_list(
         raise InputError(f"{label} must be {wanted}; got {value!r}")
     if not items:
         raise InputError(f"{label} must not be empty")
+    bounds: dict[str, Any] = {"min_val": min_val, "max_val": max_val}
+    bounds["include_boundaries"] = include_boundaries
     return tuple(float(check_scalar(v, label, float, **bounds)) for v in items)
 
 
