@@ -15,6 +15,13 @@ class InputError(ValueError):
     """Bad input that the user can fix; the message says what and where."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, or its type's name where it has none: what a
+    one-line error quotes of a library's (often many-line) exception."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program is (like Ctrl-C's KeyboardInterrupt) so that every
     cleanup that runs on Ctrl-C runs on a polite kill too; the CLI exits with 143."""

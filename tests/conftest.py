@@ -9,6 +9,8 @@ faster and steadier. The environment variables are set before any test imports t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -156,3 +158,62 @@ def tiny_model(tmp_path_factory) -> Path:
     LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``: "no byte of earlier data changed" is equality."""
+    return {
+        str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(root.rglob("*"))
+        if f.is_file()
+    }
+
+
+@pytest.fixture
+def real_dataset(tmp_path) -> Path:
+    """A dataset of real rollouts as oracle wrote them before markers existed."""
+    from basis_bench.outputs import write_parquet_atomic
+
+    out = tmp_path / "real"
+    meta = {"kind": "oracle", "simulated": False}
+    prompts = pl.DataFrame(
+        {"prompt_id": ["a", "b"], "problem": ["1+1", "2+2"], "answer": ["2", "4"]}
+    )
+    write_parquet_atomic(prompts, out / "prompts.parquet", meta)
+    rows = pl.DataFrame(
+        {"prompt_id": ["a", "a", "b", "b"], "policy": ["ck"] * 4, "sample_idx": [0, 1, 0, 1],
+         "reward": [1.0, 0.0, 1.0, 1.0]},
+        schema_overrides={"sample_idx": pl.Int32},
+    )  # fmt: skip
+    write_parquet_atomic(rows, out / "rollouts" / "ck" / "part-000000.parquet", meta)
+    return out
+
+
+@pytest.fixture
+def sim_dataset(tmp_path) -> Path:
+    """A small simulated dataset."""
+    from basis_bench.rollouts.simulate import SimulationConfig, simulate
+
+    out = tmp_path / "sim"
+    simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), out)
+    return out
+
+
+@pytest.fixture
+def fake_ckpt(tmp_path) -> Path:
+    """A model directory whose config.json is valid JSON (enough to resolve it)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return ckpt
+
+
+def refused_import(monkeypatch, capsys, dataset: Path, fmt: str, source: Path) -> CliRun:
+    """Import ``source`` as a new policy into ``dataset`` (acc-history at 4 rollouts a
+    visit), a refusal: no byte of ``dataset`` changed. The CLI's result."""
+    before = snapshot(dataset)
+    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
+    args = ["import", fmt, str(source), "--policy", "new", "--out", str(dataset), *extra]
+    result = run_main(monkeypatch, capsys, *args)
+    assert snapshot(dataset) == before
+    return result

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_main
-from test_failures import evaluate_args, siblings, snapshot
+from conftest import assert_one_line_error, run_main, snapshot
+from test_failures import evaluate_args, siblings
 
 import basis_bench
 import basis_bench.evaluation.run as run_module
@@ -31,13 +31,6 @@ from basis_bench.rollouts.store import default_dataset
 ROOT = Path(basis_bench.__file__).resolve().parents[1]  # subprocesses run the code under test
 CLI = [sys.executable, "-m", "basis_bench"]
 TRAIN_TOML = Path(__file__).resolve().parents[1] / "experiments" / "cpu_smollm2_arithmetic.toml"
-
-
-@pytest.fixture
-def sim_dataset(tmp_path) -> Path:
-    out = tmp_path / "sim"
-    simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), out)
-    return out
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

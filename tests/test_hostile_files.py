@@ -10,13 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 import test_failures
-from conftest import assert_one_line_error, run_main
-from test_failures import snapshot
+from conftest import assert_one_line_error, refused_import, run_main
 
 from basis_bench.errors import InputError
 
-real_dataset = test_failures.real_dataset  # the fixtures, shared
-sim_dataset = test_failures.sim_dataset
 DEEP = "[" * 100_000 + "]" * 100_000  # json.loads: RecursionError
 
 
@@ -74,14 +71,8 @@ def test_a_deeply_nested_import_source_is_one_line(
 ):
     source = tmp_path / name
     source.write_text(text)
-    before = snapshot(real_dataset)
-    extra = ["--rollouts-per-visit", "4"] if fmt == "acc-history" else []
-    result = run_main(
-        monkeypatch, capsys, "import", fmt, str(source), "--policy", "new",
-        "--out", str(real_dataset), *extra,
-    )  # fmt: skip
+    result = refused_import(monkeypatch, capsys, real_dataset, fmt, source)
     assert result.code == 2 and name in result.message and "nested" in result.message
-    assert snapshot(real_dataset) == before
 
 
 @pytest.mark.parametrize("name", ["p.jsonl", "p.json"])
@@ -165,9 +156,6 @@ def test_a_policy_name_with_markup_and_escapes_prints_as_its_characters(
 
 
 # --------------------------------------------------------------------------- values
-
-
-fake_ckpt = test_failures.fake_ckpt
 
 
 @pytest.mark.parametrize("value", ["1e-320", "1e-9"])

@@ -18,24 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_main
-from test_failures import evaluate_args, siblings, snapshot
+from conftest import assert_one_line_error, run_main, snapshot
+from test_failures import evaluate_args, siblings
 
 import basis_bench.rollouts.importers.publishing as publishing_module
 from basis_bench.outputs import LOCK_FILE
-from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import default_dataset, load_rollouts
 from basis_bench.train.loop import append_jsonl
 
 CLI = [sys.executable, "-m", "basis_bench"]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def sim_dataset(tmp_path) -> Path:
-    out = tmp_path / "sim"
-    simulate(SimulationConfig(n_prompts=12, ref_n=4, checkpoint_n=6), out)
-    return out
 
 
 def counts_file(tmp_path: Path, name: str, n_correct: int) -> Path:

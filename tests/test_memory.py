@@ -114,6 +114,98 @@ def test_selection_matches_a_slow_reference(cache, loss_memory, selection, loss,
     np.testing.assert_allclose(est.state_dict()["losses"], list(acc.values()), rtol=1e-12)
 
 
+def _exact_memory_values(v, s, n, rewards, options, past=None, prompt_shift=None):
+    """memory_values one stream and one prompt at a time, every candidate's leave-one-out
+    score computed (no pruning), the batch's losses summed prompt after prompt: the same
+    floating point operations in the same order, so its outputs must agree to the bit."""
+    w, shifts = np.asarray(options.weights), np.asarray(options.shifts)
+    lead, b = rewards.shape[:-1], rewards.shape[-1]
+    values, choice = np.empty(rewards.shape), np.empty(rewards.shape, dtype=np.intp)
+    totals = []
+
+    def moved(p, shift):
+        with np.errstate(divide="ignore"):
+            return p if shift == 0.0 else 1.0 / (1.0 + np.exp(-shift) * (1.0 - p) / p)
+
+    for j in np.ndindex(*lead):
+        preds = []
+        for i in range(b):
+            vi, si, ni = v[(slice(None), *j, i)], s[(*j, slice(None), i)], n[(*j, slice(None), i)]
+            post = (w * vi[:, None, None] + si[:, None]) / (w + ni[:, None])  # (K, Gm, M)
+            if shifts.shape == (1,) and shifts[0] == 0.0:
+                pred = post[..., None].ravel()
+            else:
+                odds = ((1.0 - post) / post)[..., None]
+                pred = (1.0 / (odds * np.exp(-shifts) + 1.0)).ravel()
+            if prompt_shift is not None:
+                pred = np.concatenate([pred, moved(pred, prompt_shift[0][j][i])])
+            preds.append(pred)
+        r = rewards[j]
+        if options.loss == "squared":
+            loss = [np.square(r[i] - preds[i]) for i in range(b)]
+        else:
+            clipped = [np.clip(p, 1e-6, 1 - 1e-6) for p in preds]
+            loss = [-(r[i] * np.log(c) + (1 - r[i]) * np.log1p(-c)) for i, c in enumerate(clipped)]
+        total = loss[0] + 0.0
+        for row in loss[1:]:
+            total += row
+        totals.append(total)
+        score = total if past is None else total + past[j]
+        for i in range(b):
+            k = int(np.argmin(score - loss[i] if options.selection == "loo" else score))
+            choice[(*j, i)], values[(*j, i)] = k, preds[i][k]
+            half = len(score) // 2
+            if prompt_shift is not None and k >= half:
+                values[(*j, i)] = moved(preds[i][k - half], prompt_shift[1][j][i])
+    return values, choice, np.reshape(totals, (*lead, -1))
+
+
+@pytest.mark.parametrize(
+    "loss, selection", [("squared", "loo"), ("log", "loo"), ("squared", "batch")]
+)
+@pytest.mark.parametrize("chunk_streams", [None, 2])
+@pytest.mark.parametrize("context", [False, True])
+def test_memory_values_agree_with_an_exact_reference_to_the_bit(
+    monkeypatch, loss, selection, chunk_streams, context
+):
+    """Baselines, choices and the batch's losses equal the reference's bit for bit: on a
+    first step (no history, no past: every discount ties) and on later steps whose
+    accumulated losses leave a few candidates in the running (the leave-one-out choice
+    computes only theirs); in chunks of 2 streams and 1, or all at once; with the copy of
+    the grid moved by a per-prompt shift (basis_context), some of the shifts 0."""
+    from basis_bench.estimators import memory, memory_values
+
+    rng = np.random.default_rng(7)
+    lead, b, k = (3,), 6, 5
+    options = MemoryOptions(selection=selection, loss=loss)
+    n_cand = k * len(options.gammas) * len(options.weights) * len(options.shifts)
+    n_cand *= 2 if context else 1
+    if chunk_streams is not None:
+        monkeypatch.setattr(memory, "_CHUNK_ELEMENTS", chunk_streams * b * n_cand)
+    v = rng.uniform(0.02, 0.98, (k, *lead, b))
+    past = None
+    for visits in (0, 1, 3, 8):
+        n = np.broadcast_to(
+            np.asarray([(1 - g**visits) / (1 - g) if g < 1 else visits for g in options.gammas])[
+                :, None
+            ],
+            (*lead, len(options.gammas), b),
+        ).copy()
+        s = n * rng.uniform(0, 1, n.shape)
+        rewards = (rng.random((*lead, b)) < 0.5).astype(float)
+        shift = None
+        if context:
+            judged, served = rng.normal(0, 1, (2, *lead, b))
+            judged[..., 0] = 0.0
+            served[..., 1] = 0.0
+            shift = (judged, served)
+        got = memory_values(v, s, n, rewards, options, past, shift)
+        want = _exact_memory_values(v, s, n, rewards, options, past, shift)
+        for x, y in zip(got, want, strict=True):
+            assert x.shape == y.shape and x.tobytes() == y.tobytes()
+        past = got[2] * 10.0 if past is None else 0.9 * (past + got[2])
+
+
 def test_accumulated_losses_change_the_choice(cache):
     """The past enters the choice: on the same stream, lambda = 0.9 and lambda = 0 differ."""
     ids, ref = cache

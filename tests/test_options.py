@@ -47,6 +47,10 @@ REPO = Path(__file__).resolve().parents[1]
             "basis.fixed_beta must be > 0; got 0.0",
         ),
         (O.BasisOptions, {"clip": (1.0, 0.0)}, "low <= high"),
+        (O.BasisOptions, {"clip": 5}, "basis.clip must be a pair [low, high]; got 5"),  # TypeError
+        (O.BasisOptions, {"clip": (0, 1, 2)}, "basis.clip must be a pair [low, high]"),
+        (E.MemoryOptions, {"gammas": (0.5, 2)}, "basis_memory.gammas must be in (0, 1]; got 2"),
+        (E.MemoryOptions, {"weights": []}, "basis_memory.weights must not be empty"),
         (O.BasisOptions, {"shrink": 1}, "basis.shrink must be true or false"),
         (O.JamesSteinOptions, {"eps": math.inf}, "james_stein.eps must be finite"),
         (O.ApoOptions, {"beta": math.nan}, "apo.beta must be a number, not NaN"),

@@ -138,53 +138,26 @@ def test_prompts_table_is_idempotent_merges_and_refuses_conflicts(tmp_path):
 # --------------------------------------------------------------------------- bad input
 
 
+def bad_oracle_run(
+    model: str | Path, prompts: str | Path, out: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``basis-bench oracle`` of policy p, in a fresh interpreter (it fails before a model
+    loads)."""
+    args = ["oracle", "--model", str(model), "--policy", "p", "--prompts", str(prompts)]
+    return run_cli([*args, "--out", str(out), *extra])
+
+
 def test_unknown_model_path(tmp_path):
-    result = run_cli(
-        [
-            "oracle",
-            "--model",
-            str(tmp_path / "nope"),
-            "--policy",
-            "p",
-            "--prompts",
-            str(SAMPLE),
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
+    result = bad_oracle_run(tmp_path / "nope", SAMPLE, tmp_path / "o")
     assert_one_line_error(result, "no such model", "smollm2-135m")
     (tmp_path / "not-a-model").mkdir()
-    result = run_cli(
-        [
-            "oracle",
-            "--model",
-            str(tmp_path / "not-a-model"),
-            "--policy",
-            "p",
-            "--prompts",
-            str(SAMPLE),
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
+    result = bad_oracle_run(tmp_path / "not-a-model", SAMPLE, tmp_path / "o")
     assert_one_line_error(result, "without config.json")
 
 
 def test_empty_prompt_file(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
-    result = run_cli(
-        [
-            "oracle",
-            "--model",
-            "smollm2-135m",
-            "--policy",
-            "p",
-            "--prompts",
-            str(tmp_path / "empty.jsonl"),
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
+    result = bad_oracle_run("smollm2-135m", tmp_path / "empty.jsonl", tmp_path / "o")
     assert_one_line_error(result, "empty")
 
 
@@ -192,48 +165,19 @@ def test_malformed_jsonl_line_is_reported_with_its_number(tmp_path):
     lines = SAMPLE.read_text().splitlines()[:4]
     lines[2] = lines[2][:40]  # line 3 cut short
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
-    result = run_cli(
-        [
-            "oracle",
-            "--model",
-            "smollm2-135m",
-            "--policy",
-            "p",
-            "--prompts",
-            str(tmp_path / "bad.jsonl"),
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
+    result = bad_oracle_run("smollm2-135m", tmp_path / "bad.jsonl", tmp_path / "o")
     assert_one_line_error(result, "bad.jsonl:3:", "malformed JSON line")
 
 
 def test_shard_out_of_range(tmp_path):
-    result = run_cli(
-        [
-            "oracle",
-            "--model",
-            "smollm2-135m",
-            "--policy",
-            "p",
-            "--prompts",
-            str(SAMPLE),
-            "--out",
-            str(tmp_path / "o"),
-            "--shard",
-            "3/2",
-        ]
-    )
+    result = bad_oracle_run("smollm2-135m", SAMPLE, tmp_path / "o", "--shard", "3/2")
     assert_one_line_error(result, "--shard 3/2")
     assert not (tmp_path / "o").exists()
 
 
 def test_out_must_be_a_directory(tmp_path):
     (tmp_path / "file").write_text("x")
-    result = run_cli(
-        ["oracle", "--model", "smollm2-135m", "--policy", "p", "--prompts", "arithmetic:n=2",
-         "--out", str(tmp_path / "file")]
-    )  # fmt: skip
+    result = bad_oracle_run("smollm2-135m", "arithmetic:n=2", tmp_path / "file")
     assert_one_line_error(result, "is a file")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from basis_bench.errors import InputError
-from basis_bench.settings import check_scalar, check_settings, setting
+from basis_bench.settings import Boundaries, check_scalar, check_settings, setting
 
 CALIBRATIONS = ("current", "previous", "fixed")
 CRITERIA = ("initial", "refined")
@@ -50,6 +50,31 @@ def checked_options(options: Any, family: str) -> None:
         value = getattr(options, f.name)
         if "float" in str(f.type) and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(options, f.name, float(value))  # a frozen dataclass
+
+
+def number_list(
+    value: Any,
+    label: str,
+    wanted: str,
+    *,
+    length: int | None = None,
+    min_val: float | None = None,
+    max_val: float | None = None,
+    include_boundaries: Boundaries = "both",
+) -> tuple[float, ...]:
+    """``value``, a list of numbers (``length`` of them, else at least one), as floats, each
+    within the bounds (:func:`~basis_bench.settings.check_scalar`'s); else an InputError
+    saying that ``label`` must be ``wanted``."""
+    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        raise InputError(f"{label} must be {wanted}; got {value!r}")
+    items = list(value)
+    if length is not None and len(items) != length:
+        raise InputError(f"{label} must be {wanted}; got {value!r}")
+    if not items:
+        raise InputError(f"{label} must not be empty")
+    bounds: dict[str, Any] = {"min_val": min_val, "max_val": max_val}
+    bounds["include_boundaries"] = include_boundaries
+    return tuple(float(check_scalar(v, label, float, **bounds)) for v in items)
 
 
 @dataclass(frozen=True)
@@ -130,9 +155,7 @@ class BasisOptions:
         if self.calibration != "fixed" and self.fixed_beta is not None:
             raise InputError("fixed_beta only applies with calibration fixed")
         if self.clip is not None:
-            if isinstance(self.clip, str | bytes) or len(self.clip) != 2:
-                raise InputError(f"basis.clip must be a pair [low, high]; got {self.clip!r}")
-            lo, hi = (float(check_scalar(x, "basis.clip", float)) for x in self.clip)
+            lo, hi = number_list(self.clip, "basis.clip", "a pair [low, high]", length=2)
             if lo > hi:
                 raise InputError(f"basis.clip needs low <= high; got [{lo}, {hi}]")
             object.__setattr__(self, "clip", (lo, hi))

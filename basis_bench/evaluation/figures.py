@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, first_line
 from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NAME
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.evaluation.config import SensitivityConfig
@@ -98,9 +98,8 @@ def _read(path: Path) -> pl.DataFrame:
     try:
         df = pl.read_csv(path)
     except Exception as err:  # empty, garbage, ragged rows, not UTF-8, a folder
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(
-            f"{path} is not a readable table ({first}); rerun the command that wrote it"
+            f"{path} is not a readable table ({first_line(err)}); rerun the command that wrote it"
         ) from err
     missing = [c for c in COLUMNS.get(path.name, ()) if c not in df.columns]
     if missing:

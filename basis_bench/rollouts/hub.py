@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, first_line
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+")
 """``org/name`` (one slash; Hub names use letters, digits, ``-``, ``_`` and ``.``)."""
@@ -61,6 +61,5 @@ def hub_snapshot(name: str, repo_type: str, what: str) -> Path:
             "HF_HOME), or pass a local path"
         ) from err
     except HfHubHTTPError as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"{what}: the Hugging Face Hub refused it ({reason})") from err
+        raise InputError(f"{what}: the Hugging Face Hub refused it ({first_line(err)})") from err
     return Path(str(folder))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, first_line
 from basis_bench.memory_check import available_memory
 from basis_bench.outputs import file_sha256
 from basis_bench.rollouts.hub import hub_snapshot, is_hub_name
@@ -129,7 +129,7 @@ def _unreadable(ckpt: Checkpoint, what: str) -> Iterator[None]:
     except _load_errors() as err:
         if isinstance(err, InputError) or (isinstance(err, OSError) and err.errno):
             raise
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         if isinstance(err, pickle.UnpicklingError):
             raise InputError(
                 f"{ckpt.path}: the {what}'s weights file holds pickled objects beyond plain "

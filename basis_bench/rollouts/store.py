@@ -30,7 +30,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, first_line
 from basis_bench.folders import walk
 from basis_bench.memory_check import READ_BYTES_PER_ROW, check_rollouts_fit
 from basis_bench.outputs import publishing, read_metadata, write_parquet_atomic
@@ -270,10 +270,14 @@ def parquet_schema(path: Path) -> pa.Schema:
     try:
         return pq.read_schema(path)
     except Exception as err:  # ArrowInvalid, OSError: garbage, truncated, unreadable
-        raise InputError(
-            f"{path} is not a readable Parquet file ({str(err).splitlines()[0]}); "
-            "restore or remove it"
-        ) from err
+        raise _unreadable(path, err) from err
+
+
+def _unreadable(path: Path, err: BaseException) -> InputError:
+    """The one line for a Parquet file of a dataset that cannot be read."""
+    return InputError(
+        f"{path} is not a readable Parquet file ({first_line(err)}); restore or remove it"
+    )
 
 
 def check_read_fits(files: Sequence[Path | BinaryIO], what: str) -> None:
@@ -317,10 +321,7 @@ def _collect(lf: pl.LazyFrame, path: Path) -> pl.DataFrame:
     except (OSError, pl.exceptions.ComputeError) as err:
         if isinstance(err, OSError) and err.errno:
             raise
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(
-            f"{path} is not a readable Parquet file ({first}); restore or remove it"
-        ) from err
+        raise _unreadable(path, err) from err
 
 
 def file_policies(path: str | os.PathLike[str]) -> list[str]:
@@ -334,10 +335,7 @@ def file_policies(path: str | os.PathLike[str]) -> list[str]:
     except (OSError, pl.exceptions.ComputeError, pa.ArrowException) as err:
         if isinstance(err, OSError) and err.errno:
             raise
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(
-            f"{path} is not a readable Parquet file ({first}); restore or remove it"
-        ) from err
+        raise _unreadable(path, err) from err
     return sorted(seen)
 
 

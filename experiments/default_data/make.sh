@@ -39,6 +39,7 @@ for stage in ${STAGES:-train reference late early middle features package}; do
         middle) sample middle "$RUN/checkpoints/step-000015" 272 ;;
         late) sample late "$RUN/checkpoints/step-000040" 272 ;;
         features) python experiments/default_data/features.py "$OUT" ;;
-        package) python experiments/default_data/package.py "$OUT" basis_bench/data/default ;;
+        package) python experiments/package.py "$OUT" basis_bench/data/default \
+                     --policies reference:64,early:272,middle:272,late:272 ;;
     esac
 done

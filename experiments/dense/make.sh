@@ -41,6 +41,6 @@ for stage in ${STAGES:-train verify reference $ORDER package}; do
         verify) python experiments/dense/manifest.py verify "$RUN" ;;
         reference) sample reference smollm2-135m 64 ;;
         step-*) sample "$stage" "$RUN/checkpoints/step-000${stage#step-}" 128 ;;
-        package) python experiments/dense/package.py "$OUT" basis_bench/data/dense ;;
+        package) python experiments/package.py "$OUT" basis_bench/data/dense --partial --drop response ;;
     esac
 done
