@@ -16,6 +16,7 @@ from basis_bench.evaluation import trajectory
 from basis_bench.evaluation.counter_random import permute, uniforms
 from basis_bench.evaluation.step_replay import (
     Timeline,
+    VisitSchedule,
     cross_fit,
     mixture_weight,
     replay_steps,
@@ -146,6 +147,49 @@ def test_a_budget_makes_every_estimator_spend_the_same_rollouts() -> None:
     with pytest.raises(InputError, match="visits 0 prompt"):
         replay_steps(df, "reference", ["a", "b"], [0, 10], ["grpo"],
                      TrajectorySettings(repeats=2, ref_n=16, rollouts_per_step=4))  # fmt: skip
+
+
+def test_a_budget_beyond_the_prompts_is_several_batches_a_step() -> None:
+    """B = 64 visits of P = 48 prompts: a pass over every prompt, then 16 of an epoch, each
+    batch of distinct prompts; over 3 steps every prompt is visited exactly 4 = 3 x 64 / 48
+    times. B = 96: two whole passes. B <= P stays one batch a step."""
+    r_ids = np.arange(5)
+    for batch, sizes in ((64, [48, 16]), (96, [48, 48]), (16, [16])):
+        schedule = VisitSchedule(batch, 48, r_ids, seed=7)
+        counts = np.zeros((5, 48), dtype=int)
+        for u in range(3):
+            batches = schedule.batches(u)
+            assert [cols.shape for _, cols in batches] == [(5, n) for n in sizes]
+            assert len({key for key, _ in batches}) == len(batches)  # each its own draws
+            for _, cols in batches:
+                assert all(len(set(row)) == len(row) for row in cols.tolist())
+                np.add.at(counts, (r_ids[:, None], cols), 1)
+        assert (counts == 3 * batch // 48).all()
+
+
+def test_a_one_rollout_budget_beyond_the_prompts_spends_what_grpo_spends() -> None:
+    """R = 64 on 24 prompts: GRPO(8) visits 8 prompts a step, a one-rollout estimator 64
+    (every prompt 64 / 24 times a step, in 3 batches); both spend 64 rollouts a step, and
+    basis_track (which refuses a prompt twice in one batch) runs."""
+    rng = np.random.default_rng(5)
+    v0 = rng.uniform(0.1, 0.9, 24)
+    df = _frame({"reference": v0, "a": v0, "b": np.clip(v0 + 0.2, 0, 1)},
+                {"reference": 16, "a": 64, "b": 64})  # fmt: skip
+    s = TrajectorySettings(repeats=3, ref_n=16, group_size=8, rollouts_per_step=64)
+    names = ["grpo", "basis_memory", "basis_track"]
+    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 4], names, s)
+    whole = {
+        r["estimator"]: r
+        for r in table.filter(pl.col("scope") == "trajectory").iter_rows(named=True)
+    }
+    assert {n: whole[n]["rollouts_spent"] for n in names} == dict.fromkeys(names, 5 * 64)
+    assert (
+        whole["grpo"]["prompts_per_step"] == 8 and whole["basis_memory"]["prompts_per_step"] == 64
+    )
+    step = table.filter((pl.col("scope") == "step") & (pl.col("estimator") == "basis_track"))
+    assert step["visits_per_prompt"].to_list() == pytest.approx([64 / 24] * 5)
+    assert step["rollouts_spent"].to_list() == [64 * (u + 1) for u in range(5)]
+    assert step["mse"].is_finite().all() and (table["pool_reuse"] == 0).all()
 
 
 def test_draws_follow_the_mixture_policy() -> None:
