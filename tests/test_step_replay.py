@@ -24,9 +24,12 @@ from basis_bench.evaluation.step_replay import (
 from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
 from basis_bench.rollouts.training_record import (
     TRAINING_FILE,
+    TrainingRecord,
     checkpoint_steps,
+    part_steps,
     read_training_record,
     record_step,
+    training_record,
 )
 
 
@@ -229,6 +232,13 @@ def test_memory_passes_change_no_number(monkeypatch: pytest.MonkeyPatch) -> None
     assert_frame_equal(whole, split)
 
 
+def test_data_without_steps_in_its_parts_reads_training_json_alone() -> None:
+    from basis_bench.evaluation.dataset import DEFAULT_DATASET
+
+    assert part_steps(DEFAULT_DATASET) == {}
+    assert training_record(DEFAULT_DATASET) == read_training_record(DEFAULT_DATASET)
+
+
 def test_training_record_reads_writes_and_refuses(tmp_path) -> None:
     assert read_training_record(tmp_path) is None
     record_step(tmp_path, "late", 40)
@@ -249,6 +259,15 @@ def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
 ) -> None:
     from conftest import run_main
 
+    from basis_bench.evaluation import run as run_module
+
+    reads = []  # the schedule is resolved once a run: the pre-check, the replay and run.json share it
+
+    def counted(root):
+        reads.append(root)
+        return training_record(root)
+
+    monkeypatch.setattr(run_module, "training_record", counted)
     out = tmp_path / "res"
     run = run_main(monkeypatch, capsys, "evaluate", "--estimators", "grpo,basis_memory",
                    "--repeats", "3", "--rollouts-per-step", "64", "--no-estimates",
@@ -263,6 +282,7 @@ def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
     assert set(traj["schedule"]) == {"steps, budget 64 rollouts a step"}
     record = json.loads((out / "run.json").read_text())["trajectory"]
     assert record["steps"] == {"early": 5, "middle": 15, "late": 40}
+    assert len(reads) == 1
     assert "rollouts" in run.out and "whole" in run.out
 
 
@@ -304,7 +324,10 @@ def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
     assert_one_line_error(run, "--folds", "step schedule")
 
 
-def test_import_step_records_the_policy_in_the_training_record(tmp_path) -> None:
+def test_import_step_records_the_policy_in_the_training_record(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from conftest import assert_one_line_error, run_main
     from typer.testing import CliRunner
 
     from basis_bench.cli import app
@@ -318,6 +341,21 @@ def test_import_step_records_the_policy_in_the_training_record(tmp_path) -> None
         assert result.exit_code == 0, result.output
     record = read_training_record(tmp_path / "ds")
     assert record is not None and record.steps == {"ref": 0, "ckpt": 30}
+    # the step travels with the rollouts too, and the two agree
+    assert part_steps(tmp_path / "ds") == {"ref": 0, "ckpt": 30}
+    assert training_record(tmp_path / "ds") == record
+    # training.json lost: the parts still give every step
+    (tmp_path / "ds" / TRAINING_FILE).unlink()
+    assert training_record(tmp_path / "ds") == TrainingRecord({"ref": 0, "ckpt": 30})
+    # training.json edited to disagree: a one-line refusal, before any replay
+    (tmp_path / "ds" / TRAINING_FILE).write_text(json.dumps({"steps": {"ckpt": 20}}))
+    with pytest.raises(
+        InputError, match="'ckpt' at training step 20, its rollouts' metadata at step 30"
+    ):
+        training_record(tmp_path / "ds")
+    run = run_main(monkeypatch, capsys, "evaluate", "--rollouts", str(tmp_path / "ds"), "--reference", "ref",
+                   "--out", str(tmp_path / "res"))  # fmt: skip
+    assert_one_line_error(run, "training.json", "step 20", "step 30")
     bad = runner.invoke(app, ["import", "counts", str(src), "--policy", "x", "--out",
                               str(tmp_path / "ds"), "--step", "-1"])  # fmt: skip
     assert bad.exit_code == 2

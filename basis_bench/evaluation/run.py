@@ -61,11 +61,7 @@ from basis_bench.outputs import (
 )
 from basis_bench.rollouts.features import check_feature_kind
 from basis_bench.rollouts.store import load_prompts
-from basis_bench.rollouts.training_record import (
-    TRAINING_FILE,
-    checkpoint_steps,
-    read_training_record,
-)
+from basis_bench.rollouts.training_record import TRAINING_FILE, checkpoint_steps, training_record
 from basis_bench.version import __version__
 
 TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
@@ -225,9 +221,19 @@ def _replay_all(
     return tables
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """The trajectory replay's schedule (``auto`` resolved) and each checkpoint's training
+    step, in the dataset's checkpoint order (empty for the epoch schedule)."""
+
+    kind: str
+    steps: list[int]
+
+
 def _trajectory(
     cfg: EvaluateConfig,
     ds: Dataset,
+    schedule: Schedule,
     estimators: list[Estimator],
     options: Mapping[str, Any],
     progress: Callable[[str, int, int], None] | None,
@@ -242,8 +248,8 @@ def _trajectory(
         standing_steps=cfg.standing_steps,
     )  # fmt: skip
     prompts = load_prompts(ds.root)
-    schedule, steps = trajectory_schedule(cfg, ds)
-    if schedule == "steps":
+    steps = schedule.steps
+    if schedule.kind == "steps":
         order = sorted(range(len(steps)), key=steps.__getitem__)
 
         def tick_run(run: str, steps_done: int) -> None:
@@ -266,10 +272,10 @@ def _trajectory(
     return table.with_columns(pl.lit("epochs").alias("schedule"))
 
 
-def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> tuple[str, list[int]]:
-    """The trajectory replay's schedule (``auto`` resolved) and each checkpoint's training
-    step (empty for the epoch schedule); options the schedule would not use are refused."""
-    steps = checkpoint_steps(read_training_record(ds.root), ds.checkpoints)
+def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> Schedule:
+    """The trajectory replay's :class:`Schedule`, read once per run (before any replay);
+    options the schedule would not use are refused."""
+    steps = checkpoint_steps(training_record(ds.root), ds.checkpoints)
     schedule = cfg.trajectory_schedule
     if schedule == "auto":  # epochs when asked for by its options (the commands of before)
         moves = steps is not None and (len(set(steps)) > 1 or cfg.standing_steps > 0)
@@ -281,7 +287,7 @@ def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> tuple[str, list[int
             '{"steps": {"<checkpoint>": <step>, ...}}, or record it with oracle/import --step)'
         )
     cfg.check_schedule(schedule)
-    return schedule, steps or []
+    return Schedule(schedule, steps if schedule == "steps" and steps is not None else [])
 
 
 def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
@@ -307,17 +313,19 @@ def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
     )
 
 
-def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> Dataset:
-    """Every check that needs no replay, before any folder is made; the dataset opened."""
+def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> tuple[Dataset, Schedule]:
+    """Every check that needs no replay, before any folder is made; the dataset opened and
+    the trajectory's schedule (the epoch schedule, unused, without the trajectory replay)."""
     basis = BasisOptions(**cfg.basis_options)
     if basis.calibration == "fixed":
         grid_beta_index(default_betas(cfg.grid_size), basis.fixed_beta)  # type: ignore[arg-type]
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     if cfg.trajectory and cfg.trajectory_blend:
         check_blend(cfg.trajectory_epochs, len(ds.checkpoints))
+    schedule = Schedule("epochs", [])
     if cfg.trajectory:
         check_feature_kind(load_prompts(ds.root), cfg.features)
-        trajectory_schedule(cfg, ds)
+        schedule = trajectory_schedule(cfg, ds)
     check_reward_bounds(ds, [e for e in estimators if cfg.trajectory or not e.stateful])
     chosen = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
     stateful = [e.name for e in estimators if e.stateful]
@@ -327,7 +335,7 @@ def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> Dataset:
             f"{', '.join(stateful)}: stateful, run only in the trajectory replay, which "
             f"{off} turns off; drop {off}, or drop them from {named('estimators')}"
         )
-    return ds
+    return ds, schedule
 
 
 @holds_output_locks
@@ -348,7 +356,7 @@ def evaluate(
     """
     estimators = resolve_estimators(cfg.estimators)
     options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
-    ds = _check_run(cfg, estimators)
+    ds, schedule = _check_run(cfg, estimators)
     if out is not None:
         out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
@@ -361,7 +369,7 @@ def evaluate(
     streams = min(cfg.repeats, TRAJECTORY_REPEATS) if cfg.trajectory else 0
     check_memory(max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams)
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
-    replayed = _Replayed(cfg, ds, datas, estimators, options, settings)
+    replayed = _Replayed(cfg, ds, schedule, datas, estimators, options, settings)
     if out is None:
         kept: list[pa.Table] = []
         frames, run = replayed.run(run, kept.append if cfg.write_estimates else None, progress)
@@ -389,6 +397,7 @@ class _Replayed:
 
     cfg: EvaluateConfig
     ds: Dataset
+    schedule: Schedule
     datas: list[CheckpointData]
     estimators: list[Estimator]
     options: Mapping[str, Any]
@@ -415,12 +424,12 @@ class _Replayed:
         frames = {k: _concat(v) for k, v in tables.items()}
         if cfg.trajectory:
             frames["trajectory"] = _trajectory(
-                cfg, self.ds, self.estimators, self.options, progress
+                cfg, self.ds, self.schedule, self.estimators, self.options, progress
             )
             run = replace(run, trajectory={
                 "checkpoint_order": self.ds.checkpoints,
                 "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
-                **_schedule_record(cfg, self.ds),
+                **_schedule_record(cfg, self.ds, self.schedule),
                 "features": cfg.features,
                 "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
             })  # fmt: skip
@@ -459,18 +468,17 @@ def _write_run(
     return frames
 
 
-def _schedule_record(cfg: EvaluateConfig, ds: Dataset) -> dict[str, Any]:
+def _schedule_record(cfg: EvaluateConfig, ds: Dataset, schedule: Schedule) -> dict[str, Any]:
     """What run.json says of the trajectory's schedule."""
-    schedule, steps = trajectory_schedule(cfg, ds)
-    if schedule == "epochs":
+    if schedule.kind == "epochs":
         return {
-            "schedule": schedule,
+            "schedule": schedule.kind,
             "epochs_per_checkpoint": cfg.trajectory_epochs,
             "blend": cfg.trajectory_blend,
         }
-    at = dict(zip(ds.checkpoints, steps, strict=True))
+    at = dict(zip(ds.checkpoints, schedule.steps, strict=True))
     return {
-        "schedule": schedule, "steps": at, "checkpoint_order": sorted(at, key=at.__getitem__),
+        "schedule": schedule.kind, "steps": at, "checkpoint_order": sorted(at, key=at.__getitem__),
         "rollouts_per_step": cfg.rollouts_per_step, "batch_size": cfg.batch_size,
         "folds": cfg.folds, "standing_steps": cfg.standing_steps,
     }  # fmt: skip
