@@ -33,7 +33,13 @@ from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.table import grid_beta_index
 from basis_bench.evaluation.config import EvaluateConfig, given, named
 from basis_bench.evaluation.cost import check_memory, held_bytes
-from basis_bench.evaluation.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
+from basis_bench.evaluation.dataset import (
+    CheckpointData,
+    Dataset,
+    checkpoint_data,
+    open_dataset,
+    smallest_checkpoint,
+)
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
 from basis_bench.evaluation.step_replay import replay_steps
@@ -49,7 +55,12 @@ from basis_bench.evaluation.tables import (
     summary_table,
     write_csv,
 )
-from basis_bench.evaluation.trajectory import TrajectorySettings, check_blend, replay_trajectory
+from basis_bench.evaluation.trajectory import (
+    TrajectorySettings,
+    check_blend,
+    replay_trajectory,
+    shared_prompts,
+)
 from basis_bench.fingerprint import dataset_sha256
 from basis_bench.outputs import (
     METADATA_KEY,
@@ -212,8 +223,8 @@ def _replay_all(
                 progress(name, done, cfg.repeats)
 
         rep = replay(d, TiltTable.from_cache(d.cache, betas), estimators, settings, writer, tick)
-        tables["summary"].append(summary_table(rep, cfg.batch_size))
-        tables["g_sweep"].append(g_sweep_table(rep, cfg.batch_size))
+        tables["summary"].append(summary_table(rep, cfg.batch))
+        tables["g_sweep"].append(g_sweep_table(rep, cfg.batch))
         tables["by_heterogeneity"].append(heterogeneity_table(rep))
         tables["by_difficulty"].append(difficulty_table(rep))
         tables["beta_choice"].append(beta_table(rep))
@@ -223,11 +234,13 @@ def _replay_all(
 
 @dataclass(frozen=True)
 class Schedule:
-    """The trajectory replay's schedule (``auto`` resolved) and each checkpoint's training
-    step, in the dataset's checkpoint order (empty for the epoch schedule)."""
+    """The trajectory replay's schedule (``auto`` resolved), each checkpoint's training
+    step in the dataset's checkpoint order (empty for the epoch schedule), and the prompts a
+    step it visits per visit when that is not ``batch_size`` (None)."""
 
     kind: str
     steps: list[int]
+    batch: int | None = None
 
 
 def _trajectory(
@@ -241,8 +254,8 @@ def _trajectory(
     """Every estimator over the checkpoints in order."""
     names = [e.name for e in estimators]
     settings = TrajectorySettings(
-        cfg.batch_size, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
-        cfg.group_size, cfg.oracle_n, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
+        schedule.batch or cfg.batch, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
+        cfg.group_size, cfg.oracle, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
         blend=cfg.trajectory_blend, features=cfg.features,
         rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
         standing_steps=cfg.standing_steps,
@@ -274,8 +287,13 @@ def _trajectory(
 
 def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> Schedule:
     """The trajectory replay's :class:`Schedule`, read once per run (before any replay);
-    options the schedule would not use are refused."""
-    steps = checkpoint_steps(training_record(ds.root), ds.checkpoints)
+    options the schedule would not use are refused. The step schedule without
+    ``batch_size`` visits prompts at the training run's own rate when the record has it:
+    B = prompts_per_step / train_prompts x P of the P prompts replayed (16 of the dense
+    trajectory's 48, 12 of the default data's 96), what "replays as the training did" means
+    per visit."""
+    record = training_record(ds.root)
+    steps = checkpoint_steps(record, ds.checkpoints)
     schedule = cfg.trajectory_schedule
     if schedule == "auto":  # epochs when asked for by its options (the commands of before)
         moves = steps is not None and (len(set(steps)) > 1 or cfg.standing_steps > 0)
@@ -287,7 +305,13 @@ def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> Schedule:
             '{"steps": {"<checkpoint>": <step>, ...}}, or record it with oracle/import --step)'
         )
     cfg.check_schedule(schedule)
-    return Schedule(schedule, steps if schedule == "steps" and steps is not None else [])
+    if schedule != "steps" or steps is None:
+        return Schedule(schedule, [])
+    rate = record.visit_rate() if record is not None else None
+    if cfg.batch_size is not None or rate is None:
+        return Schedule(schedule, steps)
+    p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])
+    return Schedule(schedule, steps, max(2, round(rate * p)))
 
 
 def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
@@ -357,15 +381,16 @@ def evaluate(
     estimators = resolve_estimators(cfg.estimators)
     options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
     ds, schedule = _check_run(cfg, estimators)
+    cfg = cfg.fit(*smallest_checkpoint(ds))  # the defaults left to the data, as run.json has them
     if out is not None:
         out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
     has_group = any(e.group for e in one_step)
     settings = ReplaySettings(
-        cfg.batch_size, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
+        cfg.batch, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
     )
     min_pool = cfg.group_size if has_group else 1
-    datas = [checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, min_pool) for c in ds.checkpoints]
+    datas = [checkpoint_data(ds, c, cfg.oracle, cfg.ref_n, min_pool) for c in ds.checkpoints]
     streams = min(cfg.repeats, TRAJECTORY_REPEATS) if cfg.trajectory else 0
     check_memory(max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams)
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
@@ -479,7 +504,7 @@ def _schedule_record(cfg: EvaluateConfig, ds: Dataset, schedule: Schedule) -> di
     at = dict(zip(ds.checkpoints, schedule.steps, strict=True))
     return {
         "schedule": schedule.kind, "steps": at, "checkpoint_order": sorted(at, key=at.__getitem__),
-        "rollouts_per_step": cfg.rollouts_per_step, "batch_size": cfg.batch_size,
+        "rollouts_per_step": cfg.rollouts_per_step, "batch_size": schedule.batch or cfg.batch,
         "folds": cfg.folds, "standing_steps": cfg.standing_steps,
     }  # fmt: skip
 
