@@ -130,7 +130,9 @@ class EvaluateConfig:
         min_val=2,
         optional=True,
         help=f"Prompts per batch draw (B; leave-one-out needs 2 at least). Default: "
-        f"{DEFAULT_BATCH}, or every prompt of a checkpoint with fewer (run.json has the B used).",
+        f"{DEFAULT_BATCH}, or every prompt of a checkpoint with fewer; the step replay's "
+        "per-visit prompts a step default to the training run's rate (training.json's "
+        "prompts_per_step / train_prompts of the prompts). run.json has the B used.",
     )
     repeats: int = setting(1000, help="Batch draws (repeats) per checkpoint.", min_val=1)
     group_size: int = setting(
