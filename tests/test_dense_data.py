@@ -135,3 +135,8 @@ def test_evaluate_runs_on_it_with_its_defaults_and_at_an_equal_budget(
     }
     assert (whole["grpo"]["prompts_per_step"], whole["basis"]["prompts_per_step"]) == (8, 64)
     assert whole["basis"]["visits_per_prompt"] == pytest.approx(28 * 64 / 48)
+    # the printed table fits a terminal: the first and last of the 10 intervals, their
+    # training steps, and every estimator's prompts a step and rollouts spent
+    printed = " ".join(run.out.split())
+    assert "steps steps" in printed and "3-5 30-30" in printed and "1,792" in printed
+    assert "every one in trajectory.csv" in printed and "…" not in run.out

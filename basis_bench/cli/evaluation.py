@@ -204,10 +204,34 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         console.print(table)
 
 
+SHOWN_INTERVALS = 2  # step schedule: interval columns printed (all of them in trajectory.csv)
+
+
+def _shown_intervals(
+    rows: pl.DataFrame, info: Mapping[str, Any]
+) -> tuple[list[str], list[str], str]:
+    """The step schedule's interval columns to print: (checkpoints, headers, note), each
+    headed by its checkpoints and training steps. Of more than SHOWN_INTERVALS, that many
+    evenly spaced from the first to the last, headed by their steps alone, so that a run of
+    many checkpoints still fits a terminal."""
+    checkpoints = rows["checkpoint"].unique(maintain_order=True).to_list()
+    last_step = dict(zip(rows["checkpoint"], rows["step"], strict=False))
+    at = info.get("steps", {})
+    spans = [f"steps {at.get(c, '?')}-{last_step[c]}" for c in checkpoints]
+    if len(checkpoints) <= SHOWN_INTERVALS:
+        names = [f"{a} -> {b}" for a, b in itertools.pairwise(checkpoints)] + checkpoints[-1:]
+        return checkpoints, [f"{n}\n{span}" for n, span in zip(names, spans, strict=True)], ""
+    last = len(checkpoints) - 1
+    keep = sorted({round(i * last / (SHOWN_INTERVALS - 1)) for i in range(SHOWN_INTERVALS)})
+    note = f"the first and last of {len(checkpoints)} intervals; every one in trajectory.csv"
+    return [checkpoints[i] for i in keep], [spans[i] for i in keep], note
+
+
 def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console: Console) -> None:
     """The trajectory replay per checkpoint (per interval between checkpoints, on the step
-    schedule): noise-corrected MSE, one row per estimator, and the share of 0/1 baselines
-    over the whole replay."""
+    schedule, with its training steps, the prompts a step and the rollouts each estimator
+    spent): noise-corrected MSE, one row per estimator, and the share of 0/1 baselines over
+    the whole replay."""
     import polars as pl
     from rich import box
     from rich.table import Table
@@ -215,10 +239,11 @@ def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console:
     rows = trajectory.filter(pl.col("scope") == "checkpoint")
     checkpoints = rows["checkpoint"].unique(maintain_order=True).to_list()
     heads = list(checkpoints)
-    steps = info.get("schedule") == "steps"
-    if info.get("blend") or steps:  # a checkpoint's visits move towards the next one
+    steps, note = info.get("schedule") == "steps", ""
+    if info.get("blend"):  # a checkpoint's visits move towards the next one
         heads = [f"{a} -> {b}" for a, b in itertools.pairwise(heads)] + heads[-1:]
     if steps:
+        checkpoints, heads, note = _shown_intervals(rows, info)
         spent = trajectory["schedule"][0]
         title = f"trajectory replay ({spent}, state carried): noise-corrected MSE"
     else:
@@ -226,17 +251,17 @@ def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console:
             f"trajectory replay ({info['epochs_per_checkpoint']} epoch(s) per checkpoint per "
             "visit, state carried): noise-corrected MSE"
         )
-    table = Table(title=title, box=box.SIMPLE_HEAD)
+    table = Table(title=title, caption=note or None, box=box.SIMPLE_HEAD)
     table.add_column("estimator", no_wrap=True)
     table.add_column("G", justify="right")
     if steps:
-        table.add_column("prompts/step", justify="right")
-        table.add_column("rollouts", justify="right")
+        table.add_column("prompts\n/step", justify="right", min_width=7)
+        table.add_column("rollouts", justify="right", min_width=8)
     for head in heads:
-        table.add_column(shown(head), justify="right", no_wrap=True)
+        table.add_column(shown(head), justify="right", no_wrap=not steps, min_width=7)
     if steps:
         table.add_column("whole", justify="right", no_wrap=True)
-    table.add_column("0/1 base", justify="right", no_wrap=True)
+    table.add_column("0/1\nbase" if steps else "0/1 base", justify="right", no_wrap=True)
     whole = trajectory.filter(pl.col("scope") == "trajectory")
     for (name, g), df in rows.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
         by = dict(zip(df["checkpoint"], df["mse_noise_corrected"], strict=True))

@@ -109,11 +109,9 @@ def main() -> None:
                 math.ceil(v * p / per_visit) - 1,
             )
             continue
-        batch = round(v * p * (len(steps) - 1) / span)
-        if not 2 <= batch <= p:
-            print(
-                f"(skipped: {v} visits per checkpoint interval need {batch} prompts a step of {p})\n"
-            )
+        batch = round(v * p * (len(steps) - 1) / span)  # above p: several batches a step
+        if batch < 2:
+            print(f"(skipped: {v} visits per checkpoint interval need {batch} prompts a step)\n")
             continue
         got = batch * span / (p * (len(steps) - 1))
         run(
