@@ -138,5 +138,5 @@ def test_evaluate_runs_on_it_with_its_defaults_and_at_an_equal_budget(
     # the printed table fits a terminal: the first and last of the 10 intervals, their
     # training steps, and every estimator's prompts a step and rollouts spent
     printed = " ".join(run.out.split())
-    assert "steps steps" in printed and "3-5 30-30" in printed and "1,792" in printed
+    assert "3-5" in printed and "30-30" in printed and "64 x 1 1,792" in printed
     assert "every one in trajectory.csv" in printed and "…" not in run.out

@@ -283,7 +283,9 @@ def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
     record = json.loads((out / "run.json").read_text())["trajectory"]
     assert record["steps"] == {"early": 5, "middle": 15, "late": 40}
     assert len(reads) == 1
-    assert "rollouts" in run.out and "whole" in run.out
+    printed = " ".join(run.out.split())  # the table: prompts x G, rollouts spent, steps
+    assert "8 x 8 2,304" in printed and "64 x 1 2,304" in printed and "whole" in printed
+    assert "5-14" in printed and "…" not in run.out
 
 
 def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
