@@ -44,7 +44,7 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     """One evaluate run in this process; returns its measurements."""
     from basis_bench.evaluation.config import EvaluateConfig
     from basis_bench.evaluation.cost import evaluate_memory, held_bytes
-    from basis_bench.evaluation.dataset import checkpoint_data, open_dataset
+    from basis_bench.evaluation.dataset import checkpoint_data, open_dataset, smallest_checkpoint
     from basis_bench.evaluation.run import TRAJECTORY_REPEATS, evaluate
 
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -52,9 +52,8 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     evaluate(cfg, out)
     wall, cpu, peak = time.perf_counter() - t0, time.process_time() - cpu0, peak_rss_mb()
     ds = open_dataset(data)  # after the run: what evaluate's check predicted
-    datas = [
-        checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, cfg.group_size) for c in ds.checkpoints
-    ]
+    cfg = cfg.fit(*smallest_checkpoint(ds))  # the oracle size evaluate took from the data
+    datas = [checkpoint_data(ds, c, cfg.oracle, cfg.ref_n, cfg.group_size) for c in ds.checkpoints]
     streams = min(repeats, TRAJECTORY_REPEATS) if trajectory else 0
     predicted = evaluate_memory(
         max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams

@@ -97,3 +97,46 @@ def test_whole_run_moves_learns_and_forgets(rollouts):
     assert means.max() - means.min() >= 0.3
     steps = np.diff(values, axis=0)
     assert (steps > 0.2).any() and (steps < -0.2).any()
+
+
+def test_evaluate_runs_on_it_with_its_defaults_and_at_an_equal_budget(
+    tmp_path, monkeypatch, capsys
+):
+    """No flag fitted to the data by hand: B is every one of its 48 prompts (the paper's 64
+    would exceed them), the oracle all but a pool of 16 of its 128 samples, and the step
+    replay visits 16 prompts a step, the training run's own rate. At --rollouts-per-step 64
+    (more than its 48 prompts) GRPO(8) and a one-rollout estimator spend the same rollouts
+    at every training step 3..30."""
+    from conftest import run_main
+
+    names = "grpo,basis,basis_memory"
+    common = ["evaluate", "--rollouts", str(DENSE), "--estimators", names, "--repeats", "2",
+              "--no-estimates"]  # fmt: skip
+    run = run_main(monkeypatch, capsys, *common, "--out", str(tmp_path / "a"))
+    assert run.code == 0, run.message
+    record = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert (record["config"]["batch_size"], record["config"]["oracle_n"]) == (48, 112)
+    assert record["trajectory"]["batch_size"] == 16
+    traj = pl.read_csv(tmp_path / "a" / "trajectory.csv")
+    assert set(traj["schedule"]) == {"steps, 16 prompts a step (per visit)"}
+
+    run = run_main(monkeypatch, capsys, *common, "--rollouts-per-step", "64",
+                   "--out", str(tmp_path / "b"))  # fmt: skip
+    assert run.code == 0, run.message
+    traj = pl.read_csv(tmp_path / "b" / "trajectory.csv")
+    steps = traj.filter(pl.col("scope") == "step")
+    spent = steps.pivot(on="estimator", index="step", values="rollouts_spent")
+    assert spent["step"].to_list() == list(range(3, 31))
+    assert spent["grpo"].to_list() == spent["basis"].to_list() == spent["basis_memory"].to_list()
+    assert spent["grpo"].to_list() == [64 * (t - 2) for t in range(3, 31)]
+    whole = {
+        r["estimator"]: r
+        for r in traj.filter(pl.col("scope") == "trajectory").iter_rows(named=True)
+    }
+    assert (whole["grpo"]["prompts_per_step"], whole["basis"]["prompts_per_step"]) == (8, 64)
+    assert whole["basis"]["visits_per_prompt"] == pytest.approx(28 * 64 / 48)
+    # the printed table fits a terminal: the first and last of the 10 intervals, their
+    # training steps, and every estimator's prompts a step and rollouts spent
+    printed = " ".join(run.out.split())
+    assert "3-5" in printed and "30-30" in printed and "64 x 1 1,792" in printed
+    assert "every one in trajectory.csv" in printed and "…" not in run.out

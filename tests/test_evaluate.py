@@ -579,3 +579,20 @@ def test_the_commands_read_default_and_help_from_the_configs():
                 assert param.default == value, (name, flag)
             elif isinstance(value, tuple) and value and param.default is not None:
                 assert param.default == ",".join(value), (name, flag)
+
+
+def test_the_defaults_left_to_the_data_fit_it_and_given_values_stay():
+    """B = 64 or every prompt; the oracle 256 samples or all but a pool of 16; a value given
+    is never changed (too large for the data, it is refused as before)."""
+    from basis_bench.evaluation.config import EvaluateConfig
+
+    def fitted(cfg, prompts, samples):
+        cfg = cfg.fit(prompts, samples)
+        return cfg.batch, cfg.oracle
+
+    assert fitted(EvaluateConfig(), 128, 272) == (64, 256)  # the default data: as before
+    assert fitted(EvaluateConfig(), 48, 128) == (48, 112)  # the dense trajectory
+    assert fitted(EvaluateConfig(), 500, 1000) == (64, 256)
+    assert fitted(EvaluateConfig(batch_size=8, oracle_n=200), 48, 128) == (8, 200)
+    with pytest.raises(RuntimeError, match="fit"):
+        _ = EvaluateConfig().batch

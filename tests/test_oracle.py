@@ -40,7 +40,12 @@ from basis_bench.rollouts.store import (
     load_rollouts,
     write_prompts_table,
 )
-from basis_bench.rollouts.training_record import read_training_record
+from basis_bench.rollouts.training_record import (
+    STEPS_KEY,
+    part_steps,
+    read_training_record,
+    training_record,
+)
 from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
@@ -217,6 +222,8 @@ def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tiny_model, tmp_
     assert len(parts(resumed, "tiny")) == 6
     record = read_training_record(resumed)  # --step: where the checkpoint sat in training
     assert record is not None and record.steps == {"tiny": 12}
+    # and the parts written with --step carry it (those of the killed run predate it)
+    assert part_steps(resumed) == {"tiny": 12} and training_record(resumed) == record
 
     expected, got = load_rollouts(whole), load_rollouts(resumed)
     assert got.height == 6 * 3
@@ -280,6 +287,12 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
         pending_chunks(prompts, job, other)
     with pytest.raises(InputError, match="the chunk's prompts"):
         pending_chunks(prompts.reverse(), job, identity)
+    # a part that records another training step for the policy: resuming would mix two
+    write_parquet_atomic(pl.DataFrame({"x": [1]}), path, {**meta, STEPS_KEY: {"p": 5}})
+    with pytest.raises(InputError, match=r"different settings \(--step 5\)"):
+        pending_chunks(prompts, dataclasses.replace(job, step=6), identity)
+    for step in (5, None):  # the same step, or none given: resumes
+        assert len(pending_chunks(prompts, dataclasses.replace(job, step=step), identity)[1]) == 1
 
 
 # --------------------------------------------------------------------------- defaults

@@ -16,6 +16,7 @@ from basis_bench.evaluation import trajectory
 from basis_bench.evaluation.counter_random import permute, uniforms
 from basis_bench.evaluation.step_replay import (
     Timeline,
+    VisitSchedule,
     cross_fit,
     mixture_weight,
     replay_steps,
@@ -23,9 +24,12 @@ from basis_bench.evaluation.step_replay import (
 from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
 from basis_bench.rollouts.training_record import (
     TRAINING_FILE,
+    TrainingRecord,
     checkpoint_steps,
+    part_steps,
     read_training_record,
     record_step,
+    training_record,
 )
 
 
@@ -148,6 +152,49 @@ def test_a_budget_makes_every_estimator_spend_the_same_rollouts() -> None:
                      TrajectorySettings(repeats=2, ref_n=16, rollouts_per_step=4))  # fmt: skip
 
 
+def test_a_budget_beyond_the_prompts_is_several_batches_a_step() -> None:
+    """B = 64 visits of P = 48 prompts: a pass over every prompt, then 16 of an epoch, each
+    batch of distinct prompts; over 3 steps every prompt is visited exactly 4 = 3 x 64 / 48
+    times. B = 96: two whole passes. B <= P stays one batch a step."""
+    r_ids = np.arange(5)
+    for batch, sizes in ((64, [48, 16]), (96, [48, 48]), (16, [16])):
+        schedule = VisitSchedule(batch, 48, r_ids, seed=7)
+        counts = np.zeros((5, 48), dtype=int)
+        for u in range(3):
+            batches = schedule.batches(u)
+            assert [cols.shape for _, cols in batches] == [(5, n) for n in sizes]
+            assert len({key for key, _ in batches}) == len(batches)  # each its own draws
+            for _, cols in batches:
+                assert all(len(set(row)) == len(row) for row in cols.tolist())
+                np.add.at(counts, (r_ids[:, None], cols), 1)
+        assert (counts == 3 * batch // 48).all()
+
+
+def test_a_one_rollout_budget_beyond_the_prompts_spends_what_grpo_spends() -> None:
+    """R = 64 on 24 prompts: GRPO(8) visits 8 prompts a step, a one-rollout estimator 64
+    (every prompt 64 / 24 times a step, in 3 batches); both spend 64 rollouts a step, and
+    basis_track (which refuses a prompt twice in one batch) runs."""
+    rng = np.random.default_rng(5)
+    v0 = rng.uniform(0.1, 0.9, 24)
+    df = _frame({"reference": v0, "a": v0, "b": np.clip(v0 + 0.2, 0, 1)},
+                {"reference": 16, "a": 64, "b": 64})  # fmt: skip
+    s = TrajectorySettings(repeats=3, ref_n=16, group_size=8, rollouts_per_step=64)
+    names = ["grpo", "basis_memory", "basis_track"]
+    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 4], names, s)
+    whole = {
+        r["estimator"]: r
+        for r in table.filter(pl.col("scope") == "trajectory").iter_rows(named=True)
+    }
+    assert {n: whole[n]["rollouts_spent"] for n in names} == dict.fromkeys(names, 5 * 64)
+    assert (
+        whole["grpo"]["prompts_per_step"] == 8 and whole["basis_memory"]["prompts_per_step"] == 64
+    )
+    step = table.filter((pl.col("scope") == "step") & (pl.col("estimator") == "basis_track"))
+    assert step["visits_per_prompt"].to_list() == pytest.approx([64 / 24] * 5)
+    assert step["rollouts_spent"].to_list() == [64 * (u + 1) for u in range(5)]
+    assert step["mse"].is_finite().all() and (table["pool_reuse"] == 0).all()
+
+
 def test_draws_follow_the_mixture_policy() -> None:
     """Checkpoint a answers nothing, b everything: halfway the rollouts are b's with the
     log-odds path's probability, and the oracle is that mixture's value."""
@@ -185,6 +232,13 @@ def test_memory_passes_change_no_number(monkeypatch: pytest.MonkeyPatch) -> None
     assert_frame_equal(whole, split)
 
 
+def test_data_without_steps_in_its_parts_reads_training_json_alone() -> None:
+    from basis_bench.evaluation.dataset import DEFAULT_DATASET
+
+    assert part_steps(DEFAULT_DATASET) == {}
+    assert training_record(DEFAULT_DATASET) == read_training_record(DEFAULT_DATASET)
+
+
 def test_training_record_reads_writes_and_refuses(tmp_path) -> None:
     assert read_training_record(tmp_path) is None
     record_step(tmp_path, "late", 40)
@@ -205,6 +259,15 @@ def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
 ) -> None:
     from conftest import run_main
 
+    from basis_bench.evaluation import run as run_module
+
+    reads = []  # the schedule is resolved once a run: the pre-check, the replay and run.json share it
+
+    def counted(root):
+        reads.append(root)
+        return training_record(root)
+
+    monkeypatch.setattr(run_module, "training_record", counted)
     out = tmp_path / "res"
     run = run_main(monkeypatch, capsys, "evaluate", "--estimators", "grpo,basis_memory",
                    "--repeats", "3", "--rollouts-per-step", "64", "--no-estimates",
@@ -219,7 +282,10 @@ def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
     assert set(traj["schedule"]) == {"steps, budget 64 rollouts a step"}
     record = json.loads((out / "run.json").read_text())["trajectory"]
     assert record["steps"] == {"early": 5, "middle": 15, "late": 40}
-    assert "rollouts" in run.out and "whole" in run.out
+    assert len(reads) == 1
+    printed = " ".join(run.out.split())  # the table: prompts x G, rollouts spent, steps
+    assert "8 x 8 2,304" in printed and "64 x 1 2,304" in printed and "whole" in printed
+    assert "5-14" in printed and "…" not in run.out
 
 
 def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
@@ -260,7 +326,10 @@ def test_the_schedule_follows_the_options_and_refuses_what_it_would_not_use(
     assert_one_line_error(run, "--folds", "step schedule")
 
 
-def test_import_step_records_the_policy_in_the_training_record(tmp_path) -> None:
+def test_import_step_records_the_policy_in_the_training_record(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from conftest import assert_one_line_error, run_main
     from typer.testing import CliRunner
 
     from basis_bench.cli import app
@@ -274,6 +343,21 @@ def test_import_step_records_the_policy_in_the_training_record(tmp_path) -> None
         assert result.exit_code == 0, result.output
     record = read_training_record(tmp_path / "ds")
     assert record is not None and record.steps == {"ref": 0, "ckpt": 30}
+    # the step travels with the rollouts too, and the two agree
+    assert part_steps(tmp_path / "ds") == {"ref": 0, "ckpt": 30}
+    assert training_record(tmp_path / "ds") == record
+    # training.json lost: the parts still give every step
+    (tmp_path / "ds" / TRAINING_FILE).unlink()
+    assert training_record(tmp_path / "ds") == TrainingRecord({"ref": 0, "ckpt": 30})
+    # training.json edited to disagree: a one-line refusal, before any replay
+    (tmp_path / "ds" / TRAINING_FILE).write_text(json.dumps({"steps": {"ckpt": 20}}))
+    with pytest.raises(
+        InputError, match="'ckpt' at training step 20, its rollouts' metadata at step 30"
+    ):
+        training_record(tmp_path / "ds")
+    run = run_main(monkeypatch, capsys, "evaluate", "--rollouts", str(tmp_path / "ds"), "--reference", "ref",
+                   "--out", str(tmp_path / "res"))  # fmt: skip
+    assert_one_line_error(run, "training.json", "step 20", "step 30")
     bad = runner.invoke(app, ["import", "counts", str(src), "--policy", "x", "--out",
                               str(tmp_path / "ds"), "--step", "-1"])  # fmt: skip
     assert bad.exit_code == 2

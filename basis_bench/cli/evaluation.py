@@ -204,51 +204,90 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
         console.print(table)
 
 
+PRINTED_INTERVALS = 3  # step schedule: more interval columns than this do not fit 80 columns
+
+
+def _shown_intervals(
+    rows: pl.DataFrame, info: Mapping[str, Any]
+) -> tuple[list[str], list[str], str]:
+    """The step schedule's interval columns to print: (checkpoints, headers, note), each
+    headed by its checkpoints and training steps; of more than PRINTED_INTERVALS, the first
+    and the last, headed by their steps alone (every one is in trajectory.csv)."""
+    checkpoints = rows["checkpoint"].unique(maintain_order=True).to_list()
+    last_step = dict(zip(rows["checkpoint"], rows["step"], strict=False))
+    at = info.get("steps", {})
+    spans = [f"steps {at.get(c, '?')}-{last_step[c]}" for c in checkpoints]
+    if len(checkpoints) <= PRINTED_INTERVALS:
+        names = [f"{a} -> {b}" for a, b in itertools.pairwise(checkpoints)] + checkpoints[-1:]
+        return checkpoints, [f"{n}\n{span}" for n, span in zip(names, spans, strict=True)], ""
+    note = f"the first and last of {len(checkpoints)} intervals; every one in trajectory.csv"
+    return [checkpoints[0], checkpoints[-1]], [spans[0], spans[-1]], note
+
+
 def print_trajectory(trajectory: pl.DataFrame, info: Mapping[str, Any], console: Console) -> None:
     """The trajectory replay per checkpoint (per interval between checkpoints, on the step
-    schedule): noise-corrected MSE, one row per estimator, and the share of 0/1 baselines
-    over the whole replay."""
+    schedule: :func:`_step_table`): noise-corrected MSE, one row per estimator, and the
+    share of 0/1 baselines over the whole replay."""
     import polars as pl
     from rich import box
     from rich.table import Table
 
+    if info.get("schedule") == "steps":
+        console.print(_step_table(trajectory, info))
+        return
     rows = trajectory.filter(pl.col("scope") == "checkpoint")
     checkpoints = rows["checkpoint"].unique(maintain_order=True).to_list()
     heads = list(checkpoints)
-    steps = info.get("schedule") == "steps"
-    if info.get("blend") or steps:  # a checkpoint's visits move towards the next one
+    if info.get("blend"):  # a checkpoint's visits move towards the next one
         heads = [f"{a} -> {b}" for a, b in itertools.pairwise(heads)] + heads[-1:]
-    if steps:
-        spent = trajectory["schedule"][0]
-        title = f"trajectory replay ({spent}, state carried): noise-corrected MSE"
-    else:
-        title = (
-            f"trajectory replay ({info['epochs_per_checkpoint']} epoch(s) per checkpoint per "
-            "visit, state carried): noise-corrected MSE"
-        )
+    title = (
+        f"trajectory replay ({info['epochs_per_checkpoint']} epoch(s) per checkpoint per "
+        "visit, state carried): noise-corrected MSE"
+    )
     table = Table(title=title, box=box.SIMPLE_HEAD)
     table.add_column("estimator", no_wrap=True)
     table.add_column("G", justify="right")
-    if steps:
-        table.add_column("prompts/step", justify="right")
-        table.add_column("rollouts", justify="right")
     for head in heads:
         table.add_column(shown(head), justify="right", no_wrap=True)
-    if steps:
-        table.add_column("whole", justify="right", no_wrap=True)
     table.add_column("0/1 base", justify="right", no_wrap=True)
-    whole = trajectory.filter(pl.col("scope") == "trajectory")
     for (name, g), df in rows.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
         by = dict(zip(df["checkpoint"], df["mse_noise_corrected"], strict=True))
         counts = df["n_estimates"].to_numpy()
         extreme = float((df["extreme_rate"].to_numpy() * counts).sum() / counts.sum())
         cells = [f"{by[c]:.5f}" for c in checkpoints]
-        if steps:
-            row = whole.filter(pl.col("estimator") == name).row(0, named=True)
-            spent = [str(row["prompts_per_step"]), f"{row['rollouts_spent']:,}"]
-            cells = [*spent, *cells, f"{row['mse_noise_corrected']:.5f}"]
         table.add_row(shown(name), str(g), *cells, f"{100 * extreme:.1f}%")
     console.print(table)
+
+
+def _step_table(trajectory: pl.DataFrame, info: Mapping[str, Any]) -> Any:
+    """The step replay's table, in 80 columns: per estimator its prompts a step x G, the
+    rollouts it spent, the MSE per interval with its training steps (:func:`_shown_intervals`)
+    and over the whole replay, and its share of 0/1 baselines."""
+    import polars as pl
+    from rich import box
+    from rich.table import Table
+
+    rows = trajectory.filter(pl.col("scope") == "checkpoint")
+    checkpoints, heads, note = _shown_intervals(rows, info)
+    title = f"trajectory replay ({trajectory['schedule'][0]}, state carried): noise-corrected MSE"
+    table = Table(title=title, caption=note or None, box=box.SIMPLE_HEAD)
+    table.add_column("estimator", no_wrap=True)
+    table.add_column("prompts\nx G", justify="right", no_wrap=True)
+    table.add_column("roll-\nouts", justify="right", no_wrap=True)
+    for head in [*heads, "whole"]:
+        table.add_column(shown(head), justify="right", min_width=6)
+    table.add_column("0/1\nbase", justify="right", no_wrap=True)
+    whole = trajectory.filter(pl.col("scope") == "trajectory")
+    for row in whole.iter_rows(named=True):
+        by = rows.filter(pl.col("estimator") == row["estimator"])
+        mse = dict(zip(by["checkpoint"], by["mse_noise_corrected"], strict=True))
+        cells = [f"{mse[c]:.4f}" for c in checkpoints] + [f"{row['mse_noise_corrected']:.4f}"]
+        spent = [
+            f"{row['prompts_per_step']} x {row['rollouts_per_prompt']}",
+            f"{row['rollouts_spent']:,}",
+        ]
+        table.add_row(shown(row["estimator"]), *spent, *cells, f"{100 * row['extreme_rate']:.1f}%")
+    return table
 
 
 @app.command()

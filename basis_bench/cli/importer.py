@@ -92,8 +92,9 @@ def import_(
         typer.Option(
             "--step",
             min=0,
-            help="The training step the imported policy was saved at, recorded in the dataset's "
-            "training.json for the trajectory replay's step schedule (not with acc-history, "
+            help="The training step the imported policy was saved at, recorded in its parts' "
+            "metadata and the dataset's training.json for the trajectory replay's step schedule "
+            "(not with acc-history, "
             "whose visits are policies of their own).",
         ),
     ] = None,
@@ -113,8 +114,9 @@ def import_(
     if extra is not None:
         _check_prompts_cover(extra, result.rollouts, str(prompts))
     report = write_import(
-        result, out, replace=replace, reference=reference, label=label, prompts=extra, force=force
-    )
+        result, out, replace=replace, reference=reference, label=label, prompts=extra,
+        force=force, step=step,
+    )  # fmt: skip
     if step is not None:
         record_step(out, policy, step)
     _print_summary(result, report, out, time.perf_counter() - start)

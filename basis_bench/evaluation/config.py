@@ -9,7 +9,7 @@ the setting as the user gave it: the command-line flag, or the argument of the P
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from basis_bench.errors import InputError
@@ -60,15 +60,20 @@ def _reference() -> Any:
     )
 
 
+DEFAULT_BATCH = 64  # the paper's B
+DEFAULT_ORACLE_N = 256  # the paper's oracle samples per prompt
+POOL_SAMPLES = 16  # what the default dataset keeps for the pool beside its 256
+
+
 def _batch_size() -> Any:
     return setting(
-        64, help="Prompts per batch draw (B; leave-one-out needs 2 at least).", min_val=2
+        DEFAULT_BATCH, help="Prompts per batch draw (B; leave-one-out needs 2 at least).", min_val=2
     )
 
 
 def _oracle_n() -> Any:
     return setting(
-        256,
+        DEFAULT_ORACLE_N,
         help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out "
         "oracle value (2 at least: its noise estimate needs a variance).",
         min_val=2,
@@ -120,14 +125,30 @@ class EvaluateConfig:
         (),
         help="Comma-separated registered estimator names (plug-ins included), or 'all'.",
     )  # empty = every registered estimator
-    batch_size: int = _batch_size()
+    batch_size: int | None = setting(
+        None,
+        min_val=2,
+        optional=True,
+        help=f"Prompts per batch draw (B; leave-one-out needs 2 at least). Default: "
+        f"{DEFAULT_BATCH}, or every prompt of a checkpoint with fewer; the step replay's "
+        "per-visit prompts a step default to the training run's rate (training.json's "
+        "prompts_per_step / train_prompts of the prompts). run.json has the B used.",
+    )
     repeats: int = setting(1000, help="Batch draws (repeats) per checkpoint.", min_val=1)
     group_size: int = setting(
         8,
         help="Rollouts per prompt (G) for GRPO and RLOO (2 at least when one of them runs).",
         min_val=1,
     )
-    oracle_n: int = _oracle_n()
+    oracle_n: int | None = setting(
+        None,
+        min_val=2,
+        optional=True,
+        help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out oracle "
+        f"value (2 at least: its noise estimate needs a variance). Default: {DEFAULT_ORACLE_N}, "
+        f"or all but a pool of {POOL_SAMPLES} where a checkpoint has fewer than "
+        f"{DEFAULT_ORACLE_N + POOL_SAMPLES} samples of a prompt (run.json has the N used).",
+    )
     ref_n: int = _ref_n()
     seed: int = _seed()
     grid_size: int = _grid_size()
@@ -203,6 +224,25 @@ class EvaluateConfig:
         elif self.trajectory_schedule != "auto":
             self.check_schedule(self.trajectory_schedule)
 
+    def fit(self, prompts: int, samples: int) -> EvaluateConfig:
+        """The config with the data-derived defaults set, for data whose smallest checkpoint
+        has ``prompts`` prompts and ``samples`` samples of its thinnest prompt: B = 64 or
+        every prompt, the oracle 256 samples or all but a pool of 16 (the shipped default
+        data's split, 256 + 16; 112 + 16 on the dense trajectory's 128)."""
+        batch = self.batch_size or max(2, min(DEFAULT_BATCH, prompts))
+        oracle = self.oracle_n or max(2, min(DEFAULT_ORACLE_N, samples - POOL_SAMPLES))
+        return replace(self, batch_size=batch, oracle_n=oracle)
+
+    @property
+    def batch(self) -> int:
+        """B, once :meth:`fit` has set it."""
+        return _fitted(self.batch_size, "batch_size")
+
+    @property
+    def oracle(self) -> int:
+        """The oracle's samples per prompt, once :meth:`fit` has set them."""
+        return _fitted(self.oracle_n, "oracle_n")
+
     def epoch_options_set(self) -> bool:
         """Whether an option of the epoch schedule only is set (``auto`` then means epochs)."""
         return bool(_changed(self, EPOCH_ONLY))
@@ -213,6 +253,12 @@ class EvaluateConfig:
             _refuse_unused(self, STEP_ONLY, "the step schedule", ("trajectory_schedule", "epochs"))
         else:
             _refuse_unused(self, EPOCH_ONLY, "the epoch schedule", ("trajectory_schedule", "steps"))
+
+
+def _fitted(value: int | None, name: str) -> int:
+    if value is None:
+        raise RuntimeError(f"EvaluateConfig.{name} is left to the data: call fit() first")
+    return value
 
 
 def _owner(name: str) -> type:

@@ -380,6 +380,20 @@ class CheckpointData:
         return (0.0, 1.0) if vals.size == 0 or (vals.min() >= 0 and vals.max() <= 1) else None
 
 
+def smallest_checkpoint(ds: Dataset) -> tuple[int, int]:
+    """The fewest prompts with a reference sample of any checkpoint, and the fewest samples
+    of any such prompt of any checkpoint: what the data-derived defaults must fit."""
+    known = set(ds.rewards[ds.reference].prompt_ids.tolist())
+    prompts, samples = [], []
+    for c in ds.checkpoints:
+        ids = ds.rewards[c].prompt_ids
+        has_ref = np.fromiter((p in known for p in ids), bool, len(ids))
+        counts = np.isfinite(ds.rewards[c].matrix[has_ref]).sum(axis=1)
+        prompts.append(int(has_ref.sum()))
+        samples.append(int(counts.min()) if counts.size else 0)
+    return min(prompts), min(samples)
+
+
 def checkpoint_data(
     ds: Dataset, checkpoint: str, oracle_n: int, ref_n: int | None, min_pool: int
 ) -> CheckpointData:

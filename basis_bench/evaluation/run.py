@@ -33,7 +33,13 @@ from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.table import grid_beta_index
 from basis_bench.evaluation.config import EvaluateConfig, given, named
 from basis_bench.evaluation.cost import check_memory, held_bytes
-from basis_bench.evaluation.dataset import CheckpointData, Dataset, checkpoint_data, open_dataset
+from basis_bench.evaluation.dataset import (
+    CheckpointData,
+    Dataset,
+    checkpoint_data,
+    open_dataset,
+    smallest_checkpoint,
+)
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
 from basis_bench.evaluation.step_replay import replay_steps
@@ -49,7 +55,12 @@ from basis_bench.evaluation.tables import (
     summary_table,
     write_csv,
 )
-from basis_bench.evaluation.trajectory import TrajectorySettings, check_blend, replay_trajectory
+from basis_bench.evaluation.trajectory import (
+    TrajectorySettings,
+    check_blend,
+    replay_trajectory,
+    shared_prompts,
+)
 from basis_bench.fingerprint import dataset_sha256
 from basis_bench.outputs import (
     METADATA_KEY,
@@ -61,11 +72,7 @@ from basis_bench.outputs import (
 )
 from basis_bench.rollouts.features import check_feature_kind
 from basis_bench.rollouts.store import load_prompts
-from basis_bench.rollouts.training_record import (
-    TRAINING_FILE,
-    checkpoint_steps,
-    read_training_record,
-)
+from basis_bench.rollouts.training_record import TRAINING_FILE, checkpoint_steps, training_record
 from basis_bench.version import __version__
 
 TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
@@ -216,8 +223,8 @@ def _replay_all(
                 progress(name, done, cfg.repeats)
 
         rep = replay(d, TiltTable.from_cache(d.cache, betas), estimators, settings, writer, tick)
-        tables["summary"].append(summary_table(rep, cfg.batch_size))
-        tables["g_sweep"].append(g_sweep_table(rep, cfg.batch_size))
+        tables["summary"].append(summary_table(rep, cfg.batch))
+        tables["g_sweep"].append(g_sweep_table(rep, cfg.batch))
         tables["by_heterogeneity"].append(heterogeneity_table(rep))
         tables["by_difficulty"].append(difficulty_table(rep))
         tables["beta_choice"].append(beta_table(rep))
@@ -225,9 +232,21 @@ def _replay_all(
     return tables
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """The trajectory replay's schedule (``auto`` resolved), each checkpoint's training
+    step in the dataset's checkpoint order (empty for the epoch schedule), and the prompts a
+    step it visits per visit when that is not ``batch_size`` (None)."""
+
+    kind: str
+    steps: list[int]
+    batch: int | None = None
+
+
 def _trajectory(
     cfg: EvaluateConfig,
     ds: Dataset,
+    schedule: Schedule,
     estimators: list[Estimator],
     options: Mapping[str, Any],
     progress: Callable[[str, int, int], None] | None,
@@ -235,15 +254,15 @@ def _trajectory(
     """Every estimator over the checkpoints in order."""
     names = [e.name for e in estimators]
     settings = TrajectorySettings(
-        cfg.batch_size, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
-        cfg.group_size, cfg.oracle_n, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
+        schedule.batch or cfg.batch, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
+        cfg.group_size, cfg.oracle, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
         blend=cfg.trajectory_blend, features=cfg.features,
         rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
         standing_steps=cfg.standing_steps,
     )  # fmt: skip
     prompts = load_prompts(ds.root)
-    schedule, steps = trajectory_schedule(cfg, ds)
-    if schedule == "steps":
+    steps = schedule.steps
+    if schedule.kind == "steps":
         order = sorted(range(len(steps)), key=steps.__getitem__)
 
         def tick_run(run: str, steps_done: int) -> None:
@@ -266,10 +285,15 @@ def _trajectory(
     return table.with_columns(pl.lit("epochs").alias("schedule"))
 
 
-def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> tuple[str, list[int]]:
-    """The trajectory replay's schedule (``auto`` resolved) and each checkpoint's training
-    step (empty for the epoch schedule); options the schedule would not use are refused."""
-    steps = checkpoint_steps(read_training_record(ds.root), ds.checkpoints)
+def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> Schedule:
+    """The trajectory replay's :class:`Schedule`, read once per run (before any replay);
+    options the schedule would not use are refused. The step schedule without
+    ``batch_size`` visits prompts at the training run's own rate when the record has it:
+    B = prompts_per_step / train_prompts x P of the P prompts replayed (16 of the dense
+    trajectory's 48, 12 of the default data's 96), what "replays as the training did" means
+    per visit."""
+    record = training_record(ds.root)
+    steps = checkpoint_steps(record, ds.checkpoints)
     schedule = cfg.trajectory_schedule
     if schedule == "auto":  # epochs when asked for by its options (the commands of before)
         moves = steps is not None and (len(set(steps)) > 1 or cfg.standing_steps > 0)
@@ -281,7 +305,13 @@ def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> tuple[str, list[int
             '{"steps": {"<checkpoint>": <step>, ...}}, or record it with oracle/import --step)'
         )
     cfg.check_schedule(schedule)
-    return schedule, steps or []
+    if schedule != "steps" or steps is None:
+        return Schedule(schedule, [])
+    rate = record.visit_rate() if record is not None else None
+    if cfg.batch_size is not None or rate is None:
+        return Schedule(schedule, steps)
+    p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])
+    return Schedule(schedule, steps, max(2, round(rate * p)))
 
 
 def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
@@ -307,17 +337,19 @@ def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
     )
 
 
-def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> Dataset:
-    """Every check that needs no replay, before any folder is made; the dataset opened."""
+def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> tuple[Dataset, Schedule]:
+    """Every check that needs no replay, before any folder is made; the dataset opened and
+    the trajectory's schedule (the epoch schedule, unused, without the trajectory replay)."""
     basis = BasisOptions(**cfg.basis_options)
     if basis.calibration == "fixed":
         grid_beta_index(default_betas(cfg.grid_size), basis.fixed_beta)  # type: ignore[arg-type]
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
     if cfg.trajectory and cfg.trajectory_blend:
         check_blend(cfg.trajectory_epochs, len(ds.checkpoints))
+    schedule = Schedule("epochs", [])
     if cfg.trajectory:
         check_feature_kind(load_prompts(ds.root), cfg.features)
-        trajectory_schedule(cfg, ds)
+        schedule = trajectory_schedule(cfg, ds)
     check_reward_bounds(ds, [e for e in estimators if cfg.trajectory or not e.stateful])
     chosen = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
     stateful = [e.name for e in estimators if e.stateful]
@@ -327,7 +359,7 @@ def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> Dataset:
             f"{', '.join(stateful)}: stateful, run only in the trajectory replay, which "
             f"{off} turns off; drop {off}, or drop them from {named('estimators')}"
         )
-    return ds
+    return ds, schedule
 
 
 @holds_output_locks
@@ -348,20 +380,21 @@ def evaluate(
     """
     estimators = resolve_estimators(cfg.estimators)
     options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
-    ds = _check_run(cfg, estimators)
+    ds, schedule = _check_run(cfg, estimators)
+    cfg = cfg.fit(*smallest_checkpoint(ds))  # the defaults left to the data, as run.json has them
     if out is not None:
         out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
     has_group = any(e.group for e in one_step)
     settings = ReplaySettings(
-        cfg.batch_size, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
+        cfg.batch, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
     )
     min_pool = cfg.group_size if has_group else 1
-    datas = [checkpoint_data(ds, c, cfg.oracle_n, cfg.ref_n, min_pool) for c in ds.checkpoints]
+    datas = [checkpoint_data(ds, c, cfg.oracle, cfg.ref_n, min_pool) for c in ds.checkpoints]
     streams = min(cfg.repeats, TRAJECTORY_REPEATS) if cfg.trajectory else 0
     check_memory(max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams)
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)
-    replayed = _Replayed(cfg, ds, datas, estimators, options, settings)
+    replayed = _Replayed(cfg, ds, schedule, datas, estimators, options, settings)
     if out is None:
         kept: list[pa.Table] = []
         frames, run = replayed.run(run, kept.append if cfg.write_estimates else None, progress)
@@ -389,6 +422,7 @@ class _Replayed:
 
     cfg: EvaluateConfig
     ds: Dataset
+    schedule: Schedule
     datas: list[CheckpointData]
     estimators: list[Estimator]
     options: Mapping[str, Any]
@@ -415,12 +449,12 @@ class _Replayed:
         frames = {k: _concat(v) for k, v in tables.items()}
         if cfg.trajectory:
             frames["trajectory"] = _trajectory(
-                cfg, self.ds, self.estimators, self.options, progress
+                cfg, self.ds, self.schedule, self.estimators, self.options, progress
             )
             run = replace(run, trajectory={
                 "checkpoint_order": self.ds.checkpoints,
                 "repeats": min(cfg.repeats, TRAJECTORY_REPEATS),
-                **_schedule_record(cfg, self.ds),
+                **_schedule_record(cfg, self.ds, self.schedule),
                 "features": cfg.features,
                 "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
             })  # fmt: skip
@@ -459,19 +493,18 @@ def _write_run(
     return frames
 
 
-def _schedule_record(cfg: EvaluateConfig, ds: Dataset) -> dict[str, Any]:
+def _schedule_record(cfg: EvaluateConfig, ds: Dataset, schedule: Schedule) -> dict[str, Any]:
     """What run.json says of the trajectory's schedule."""
-    schedule, steps = trajectory_schedule(cfg, ds)
-    if schedule == "epochs":
+    if schedule.kind == "epochs":
         return {
-            "schedule": schedule,
+            "schedule": schedule.kind,
             "epochs_per_checkpoint": cfg.trajectory_epochs,
             "blend": cfg.trajectory_blend,
         }
-    at = dict(zip(ds.checkpoints, steps, strict=True))
+    at = dict(zip(ds.checkpoints, schedule.steps, strict=True))
     return {
-        "schedule": schedule, "steps": at, "checkpoint_order": sorted(at, key=at.__getitem__),
-        "rollouts_per_step": cfg.rollouts_per_step, "batch_size": cfg.batch_size,
+        "schedule": schedule.kind, "steps": at, "checkpoint_order": sorted(at, key=at.__getitem__),
+        "rollouts_per_step": cfg.rollouts_per_step, "batch_size": schedule.batch or cfg.batch,
         "folds": cfg.folds, "standing_steps": cfg.standing_steps,
     }  # fmt: skip
 

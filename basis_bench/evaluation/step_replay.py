@@ -18,6 +18,16 @@ replays a checkpoint sequence the way the training run that made it went:
   ``batch_size`` prompts a step (per visit; group estimators spend G times more). Each
   estimator group (same prompts per step) is its own training run: prompts come in epochs
   over the prompt set without replacement, B a step (a partial last batch dropped).
+  A step of B > P visits (a one-rollout budget beyond the P prompts) is B // P passes over
+  every prompt then, unless P divides B, a batch of B mod P prompts drawn in epochs as
+  above: ceil(B / P) batches of distinct prompts at the same training step, replayed one
+  after another, so a prompt is visited B / P times a step, as a one-rollout training run
+  whose batch exceeds its prompt set visits it (each prompt once per copy in the batch).
+  The policy is the same for all of them; the estimator's state is updated between them
+  (a stateful estimator counts each batch as a step), so a later batch's baseline has seen
+  an earlier batch's reward of the same policy: what the budget buys. Every estimator still
+  spends B G rollouts a step: GRPO(8) at R = 64 visits 8 prompts, a one-rollout estimator
+  all 48 of the dense trajectory once and 16 of them twice.
 * **Cross-fitted pools, no floor.** Each checkpoint's samples of a prompt are split at random
   into ``folds`` folds; repeat r draws from fold r mod F (its pool) and is scored against
   the mean of the other folds (its oracle), so across repeats every sample serves both
@@ -152,7 +162,8 @@ class Timeline:
 class _Run:
     """One estimator group: the estimators that visit the same prompts each step."""
 
-    batch: int  # prompts per step
+    batch: int  # prompt visits per step (more than the prompts: several batches a step)
+    prompts: int  # the prompts visited (P)
     draws: int  # rollouts drawn per visit (the group's largest G)
     members: list[tuple[Estimator, Any, Any, int]]  # (estimator, options, kernel, G)
     sq: dict[str, np.ndarray] = field(default_factory=dict)  # (T, R) summed squared error
@@ -169,13 +180,12 @@ def _runs(
     for e in ests:
         g = e.rollouts_per_prompt(s.group_size)
         b = s.rollouts_per_step // g if s.rollouts_per_step else s.batch_size
-        if b < 1 or b > p:
+        if b < 1:
             raise InputError(
                 f"{e.name} visits {b} prompt(s) a step ({s.rollouts_per_step} rollouts / G={g}); "
-                f"it must be between 1 and the {p} prompts every checkpoint shares"
-                + f"; {'raise' if b < 1 else 'lower'} {named('rollouts_per_step')}"
+                f"raise {named('rollouts_per_step')} to {g} at least"
             )
-        run = runs.setdefault(b, _Run(b, g, []))
+        run = runs.setdefault(b, _Run(b, p, g, []))
         run.draws = max(run.draws, g)
         run.members.append((e, *kernels[e.name], g))
     return list(runs.values())
@@ -256,25 +266,49 @@ def _replay_run(
     }
     used = np.zeros((len(r_ids), p, len(folds)), dtype=np.int64)  # pool samples taken so far
     rho = r_ids % s.folds  # each repeat's pool fold
-    per_epoch = p // run.batch
-    epoch_order: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
+    schedule = VisitSchedule(run.batch, p, r_ids, s.seed)
     for u, (k, w) in enumerate(zip(timeline.interval, timeline.weight, strict=True)):
-        epoch, j = divmod(u, per_epoch)
-        if epoch != epoch_order[0]:
-            keys = uniforms(s.seed, ORDER, run.batch, r_ids[:, None], epoch, np.arange(p))
-            epoch_order = (epoch, np.argsort(keys, axis=1))
-        cols = epoch_order[1][:, j * run.batch : (j + 1) * run.batch]  # (r, b)
         nxt = min(int(k) + 1, len(folds) - 1)
-        visit = _draw(run, folds, int(k), nxt, float(w), cols, rho, r_ids, used, s.seed, u)
-        run.noise[u] += float(visit.noise.sum())
-        run.reuse[u] += float(visit.reused.sum())
-        for e, _, _, g in run.members:
-            out = streams[e.name].step_columns(cols, visit.rewards[..., :g])
-            base = np.asarray(out.baselines, dtype=np.float64)
-            err = (base - visit.oracle[..., None]) ** 2
-            run.sq[e.name][u, rows[0] : rows[1]] = err.mean(axis=-1).sum(axis=1)
-            extreme = int(((base == 0) | (base == 1)).sum())
-            run.extreme[e.name][u] += extreme / g
+        for key, cols in schedule.batches(u):  # cols (r, b): one batch of distinct prompts
+            visit = _draw(run, folds, (int(k), nxt, float(w)), cols, rho, r_ids, used, s.seed, key)
+            run.noise[u] += float(visit.noise.sum())
+            run.reuse[u] += float(visit.reused.sum())
+            for e, _, _, g in run.members:
+                out = streams[e.name].step_columns(cols, visit.rewards[..., :g])
+                base = np.asarray(out.baselines, dtype=np.float64)
+                err = (base - visit.oracle[..., None]) ** 2
+                run.sq[e.name][u, rows[0] : rows[1]] += err.mean(axis=-1).sum(axis=1)
+                extreme = int(((base == 0) | (base == 1)).sum())
+                run.extreme[e.name][u] += extreme / g
+
+
+class VisitSchedule:
+    """The prompts of one estimator group's steps, ``batch`` (B) visits a step of P prompts,
+    for repeats ``r_ids``. B <= P: the next batch of an epoch (each repeat and epoch its own
+    random order, P // B batches an epoch, the rest dropped). B > P: B // P passes over every
+    prompt, then a batch of B mod P drawn in epochs as above (see the module's docstring)."""
+
+    def __init__(self, batch: int, p: int, r_ids: np.ndarray, seed: int) -> None:
+        self.batch, self.p, self.r_ids, self.seed = batch, p, r_ids, seed
+        self.passes, self.part = divmod(batch, p) if batch > p else (0, batch)
+        self._epoch: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))
+
+    def batches(self, u: int) -> list[tuple[tuple[int, ...], np.ndarray]]:
+        """Step u's batches in replay order: (random-number key, columns (r, size)). A step
+        of one batch keys its draws by u alone (what the replay drew before steps of
+        several batches existed), one of several by (u, batch)."""
+        every = np.broadcast_to(np.arange(self.p), (len(self.r_ids), self.p))
+        out = [every] * self.passes
+        if self.part:
+            epoch, j = divmod(u, self.p // self.part)
+            if epoch != self._epoch[0]:
+                keys = uniforms(self.seed, ORDER, self.batch, self.r_ids[:, None], epoch,
+                                np.arange(self.p))  # fmt: skip
+                self._epoch = (epoch, np.argsort(keys, axis=1))
+            out.append(self._epoch[1][:, j * self.part : (j + 1) * self.part])
+        if len(out) == 1:
+            return [((u,), out[0])]
+        return [((u, i), cols) for i, cols in enumerate(out)]
 
 
 class _Visit(NamedTuple):
@@ -285,11 +319,13 @@ class _Visit(NamedTuple):
 
 
 def _draw(
-    run: _Run, folds: Sequence[Folds], k: int, nxt: int, w: float, cols: np.ndarray,
-    rho: np.ndarray, r_ids: np.ndarray, used: np.ndarray, seed: int, u: int,
+    run: _Run, folds: Sequence[Folds], at: tuple[int, int, float], cols: np.ndarray,
+    rho: np.ndarray, r_ids: np.ndarray, used: np.ndarray, seed: int, key: tuple[int, ...],
 ) -> _Visit:  # fmt: skip
-    """One step's rollouts of the visited prompts from the mixture policy at weight w, each
-    from its checkpoint's pool without replacement (``used`` counts what was taken)."""
+    """One batch's rollouts of the visited prompts from the mixture policy between
+    checkpoints ``at`` = (k, next, w) at weight w, each from its checkpoint's pool without
+    replacement (``used`` counts what was taken); ``key`` numbers the batch's draws."""
+    k, nxt, w = at
     rf = rho[:, None]
     here, there = folds[k], folds[nxt]
     v_here, v_there = here.oracle[rf, cols], there.oracle[rf, cols]
@@ -300,7 +336,7 @@ def _draw(
     slots = np.arange(run.draws)
     rows = np.arange(len(r_ids))[:, None]
     later = (
-        uniforms(seed, MIX, run.batch, r_ids[:, None, None], u, cols[..., None], slots)
+        uniforms(seed, MIX, run.batch, r_ids[:, None, None], *key, cols[..., None], slots)
         < m[..., None]
     )
     rewards = np.full((*cols.shape, run.draws), np.nan)
@@ -351,7 +387,7 @@ def _table(
                     "checkpoint_index": k, "step": int(timeline.steps[hi - 1]),
                     "next_share": float(timeline.weight[lo:hi].mean()), "estimator": e.name,
                     "rollouts_per_prompt": g, "prompts_per_step": run.batch,
-                    "rollouts_spent": run.batch * g * hi,
+                    "visits_per_prompt": visits / run.prompts, "rollouts_spent": run.batch * g * hi,
                     **summarise(run.sq[e.name][lo:hi].sum(axis=0), visits,
                                 float(run.noise[lo:hi].sum()),
                                 float(run.extreme[e.name][lo:hi].sum())),

@@ -75,6 +75,7 @@ from basis_bench.rollouts.store import (
     part_path,
     write_prompts_table,
 )
+from basis_bench.rollouts.training_record import STEPS_KEY
 from basis_bench.schema import PROMPTS_FILE
 from basis_bench.version import __version__
 
@@ -119,6 +120,9 @@ def pending_chunks(
         differs = _differences(meta.get("run", {}), identity)
         if meta.get("chunk", {}).get("digest") != chunk.digest():
             differs.append("the chunk's prompts")
+        recorded = (meta.get(STEPS_KEY) or {}).get(job.policy)
+        if job.step is not None and recorded is not None and recorded != job.step:
+            differs.append(f"--step {recorded}")
         if differs:
             raise InputError(
                 f"{path} was sampled with different settings ({', '.join(differs)}); "
@@ -129,12 +133,15 @@ def pending_chunks(
 
 
 def oracle_metadata(job: OracleJob, n_prompts: int) -> dict[str, Any]:
-    """What every file of the run records: the prompt source and the run's provenance."""
+    """What every file of the run records: the prompt source, the run's provenance and, with
+    ``--step``, the policy's training step (``training_steps``)."""
     try:
         math_verify = version("math-verify")
     except PackageNotFoundError:
         math_verify = "unknown"
+    step = {} if job.step is None else {STEPS_KEY: {job.policy: job.step}}
     return {
+        **step,
         "kind": "oracle",
         "simulated": False,
         "dataset": {

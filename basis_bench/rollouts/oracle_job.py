@@ -219,9 +219,9 @@ class OracleJob:
         None,
         min_val=0,
         optional=True,
-        help="The training step --model was saved at, recorded for --policy in the dataset's "
-        "training.json: the trajectory replay then schedules as the training did "
-        "(evaluate --trajectory-schedule steps).",
+        help="The training step --model was saved at, recorded for --policy in its parts' "
+        "metadata and the dataset's training.json: the trajectory replay then schedules as "
+        "the training did (evaluate --trajectory-schedule steps).",
     )
     force: bool = setting(
         False,

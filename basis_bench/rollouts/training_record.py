@@ -10,6 +10,12 @@ so a replay can visit each prompt as often per step as training did
 (prompts_per_step / train_prompts visits a step). Written by ``oracle --step`` and
 ``import --step`` (one policy at a time, merged), and a plain JSON file to edit by hand for
 data made before.
+
+The same commands record the step with the rollouts too: each part they write carries
+``"training_steps": {policy: step}`` in its ``basis_bench`` metadata, so a policy's step
+travels with its files. :func:`training_record` reads both; a step given in both places
+must agree (a mismatch is a one-line error), and data whose parts carry none (written
+before, or edited by hand) is read from training.json alone.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import write_text_atomic
+from basis_bench.outputs import read_metadata, write_text_atomic
+from basis_bench.rollouts.store import rollout_files
 
 TRAINING_FILE = "training.json"
+STEPS_KEY = "training_steps"  # in a part's basis_bench metadata: {policy: training step}
 MAX_BYTES = 1 << 20  # a record of steps is small: anything larger is not one
 
 
@@ -77,6 +85,47 @@ def read_training_record(root: str | os.PathLike[str]) -> TrainingRecord | None:
         for k in ("prompts_per_step", "train_prompts")
     }
     return TrainingRecord(steps, sizes["prompts_per_step"], sizes["train_prompts"])
+
+
+def part_steps(root: str | os.PathLike[str]) -> dict[str, int]:
+    """Each policy's training step as its rollout files' metadata records it (``STEPS_KEY``);
+    two files that give one policy different steps are a one-line error."""
+    steps: dict[str, tuple[int, Path]] = {}
+    for path in rollout_files(root):
+        given = read_metadata(path).get(STEPS_KEY)
+        if given is None:
+            continue
+        if not isinstance(given, dict):
+            raise InputError(f"{path}: its {STEPS_KEY} metadata must be {{policy: step}}")
+        for policy, value in given.items():
+            step = _count(value, f"{STEPS_KEY}[{policy!r}]", path, 0)
+            seen = steps.setdefault(str(policy), (step, path))
+            if seen[0] != step:
+                raise InputError(
+                    f"{path} records {policy!r} at training step {step}, {seen[1]} at step "
+                    f"{seen[0]}: one policy, one step; re-sample or re-import one of them"
+                )
+    return {policy: step for policy, (step, _) in steps.items()}
+
+
+def training_record(root: str | os.PathLike[str]) -> TrainingRecord | None:
+    """The dataset's training record: training.json's, with the steps its parts' metadata
+    records added; a policy whose step differs between the two is a one-line error. None
+    when the dataset has neither."""
+    record = read_training_record(root)
+    recorded = part_steps(root)
+    if record is None and not recorded:
+        return None
+    record = record or TrainingRecord()
+    for policy, step in recorded.items():
+        if record.steps.get(policy, step) != step:
+            raise InputError(
+                f"{Path(root) / TRAINING_FILE} puts {policy!r} at training step "
+                f"{record.steps[policy]}, its rollouts' metadata at step {step}; correct "
+                f"{TRAINING_FILE} (or record the step again with oracle/import --step)"
+            )
+    steps = {**recorded, **record.steps}
+    return TrainingRecord(steps, record.prompts_per_step, record.train_prompts)
 
 
 def record_step(root: str | os.PathLike[str], policy: str, step: int) -> TrainingRecord:

@@ -23,7 +23,7 @@ from basis_bench.evaluation.dataset import DEFAULT_DATASET, open_dataset
 from basis_bench.evaluation.step_replay import replay_steps
 from basis_bench.evaluation.trajectory import TrajectorySettings
 from basis_bench.rollouts.store import load_prompts
-from basis_bench.rollouts.training_record import checkpoint_steps, read_training_record
+from basis_bench.rollouts.training_record import checkpoint_steps, training_record
 
 ESTIMATORS = "grpo,rloo,reinforce_pp,offline,basis,basis_memory,basis_context,spo_tracker"
 
@@ -68,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     ds = open_dataset(args.dataset)
     names = args.estimators.split(",")
-    record = read_training_record(ds.root)
+    record = training_record(ds.root)
     steps = checkpoint_steps(record, ds.checkpoints)
     p = len(set.intersection(*(set(ds.rewards[c].prompt_ids) for c in ds.checkpoints)))
     if steps is None or len(steps) == 1:  # a standing policy: visits per standing step
@@ -109,11 +109,9 @@ def main() -> None:
                 math.ceil(v * p / per_visit) - 1,
             )
             continue
-        batch = round(v * p * (len(steps) - 1) / span)
-        if not 2 <= batch <= p:
-            print(
-                f"(skipped: {v} visits per checkpoint interval need {batch} prompts a step of {p})\n"
-            )
+        batch = round(v * p * (len(steps) - 1) / span)  # above p: several batches a step
+        if batch < 2:
+            print(f"(skipped: {v} visits per checkpoint interval need {batch} prompts a step)\n")
             continue
         got = batch * span / (p * (len(steps) - 1))
         run(

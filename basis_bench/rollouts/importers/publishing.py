@@ -29,6 +29,7 @@ from basis_bench.outputs import (
 )
 from basis_bench.rollouts.importers.reading import Imported
 from basis_bench.rollouts.store import file_policies, part_path, rollout_files, write_prompts_table
+from basis_bench.rollouts.training_record import STEPS_KEY
 from basis_bench.schema import PROMPTS_FILE
 from basis_bench.version import __version__
 
@@ -88,8 +89,11 @@ def _files_to_replace(
     return clash, to_remove
 
 
-def _import_metadata(result: Imported, label: str | None, reference: bool) -> dict[str, Any]:
-    """The ``basis_bench`` metadata every part of an import carries."""
+def _import_metadata(
+    result: Imported, label: str | None, reference: bool, step: int | None
+) -> dict[str, Any]:
+    """The ``basis_bench`` metadata every part of an import carries (with ``step``, the one
+    policy's training step: ``training_steps``)."""
     base: dict[str, Any] = {
         "kind": "import",
         "format": result.format,
@@ -113,6 +117,12 @@ def _import_metadata(result: Imported, label: str | None, reference: bool) -> di
         if len(result.policies) != 1:
             raise InputError("--reference marks one policy; this import writes several")
         base["reference_policy"] = result.policies[0]
+    if step is not None:
+        if len(result.policies) != 1:
+            raise InputError(
+                "--step records one policy's training step; this import writes several"
+            )
+        base[STEPS_KEY] = {result.policies[0]: step}
     return base
 
 
@@ -204,8 +214,10 @@ def write_import(
     label: str | None = None,
     prompts: pl.DataFrame | None = None,
     force: bool = False,
+    step: int | None = None,
 ) -> WriteReport:
-    """Publish ``result`` into the dataset ``out`` (created), policy by policy.
+    """Publish ``result`` into the dataset ``out`` (created), policy by policy; ``step``: the
+    one policy's training step, recorded in its parts' metadata.
 
     An ``out`` that already holds one of the policies is refused unless ``replace``; with
     ``replace`` the old files of those policies are removed (a file that also holds other
@@ -225,7 +237,7 @@ def write_import(
             ],
             how="diagonal_relaxed",
         )
-    base = _import_metadata(result, label, reference)
+    base = _import_metadata(result, label, reference, step)
     if reference:
         _check_one_reference(out, result.policies[0], to_remove)
     published = _publish(result, out, base, table, to_remove)
