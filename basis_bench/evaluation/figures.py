@@ -492,7 +492,7 @@ def fig_trajectory(results: Path) -> Figure:
             axes[1].set_xscale("log")
         axes[1].set_xlabel("rollouts spent")
         axes[1].set_ylabel("")
-        fig.suptitle(f"trajectory replay ({df['schedule'][0]}): value error over training",
+        fig.suptitle(f"trajectory replay, {df['schedule'][0]}: value error over training",
                      fontsize=9)  # fmt: skip
         legend_below(fig, axes, ncol=3)
         return fig
