@@ -69,6 +69,9 @@ RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
 JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per jump of the level since the last visit
 JUMP_RATES = (0.0, 1.0)  # eta: J jumps of the level redraw the prompt w.p. 1 - exp(-eta J)
 JUMP_VAR = 4.0  # a redrawn prompt's log-odds: its old posterior moved, widened by sd 2
+# where a prompt stands: bins of its difficulty (the reference's smoothed rate), each bin
+# with its own evidence over the drift models
+DIFFICULTY_EDGES = (0.1, 0.3, 0.7, 0.9)
 MEMORY = 0.95
 _P_CLIP = 1e-12
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
@@ -86,6 +89,25 @@ class TrackOptions:
         "weighed (0: the latest step alone, 1: every step alike).",
         min_val=0.0,
         max_val=1.0,
+    )
+    pooling: float = setting(
+        1.0,
+        help="Weight in [0, 1] of the other difficulty bins' evidence in a bin's choice of drift "
+        "model (1: one drift model for every prompt; below 1: the drift depends on where "
+        "the prompt stands, each bin shrunk to the pooled choice by this weight).",
+        min_val=0.0,
+        max_val=1.0,
+    )
+    reference_jumps: float = setting(
+        1.0,
+        help="The reference -> first policy gap, counted in the level's jumps (>= 0).",
+        min_val=0.0,
+    )
+    jump_prior: float = setting(
+        sum(JUMP_PRIOR),
+        help="Weight in steps (> 1/2) of the level's Beta(1/2, w - 1/2) prior on its jump rate.",
+        min_val=0.5,
+        include_boundaries="right",
     )
 
     def __post_init__(self) -> None:
@@ -252,6 +274,7 @@ class TrackKernel:
         self.sig = _sigmoid(self.theta)
         self.prior = prior_weights(to_numpy(ref_rewards, dtype=np.float64), self.theta)
         self.models = candidate_grid()  # (C, 3)
+        self.difficulty = np.searchsorted(DIFFICULTY_EDGES, self.prior @ self.sig)  # (P,) bins
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         p, c = self.prior.shape[0], len(self.models)
@@ -264,10 +287,10 @@ class TrackKernel:
             "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
             # the expected number of level jumps so far, and at each prompt's last visit:
             # the reference counts as one jump before the first step
-            "jump_clock": np.ones((*lead, c)),
+            "jump_clock": np.full((*lead, c), float(self.options.reference_jumps)),
             "last_jump_clock": np.zeros((*lead, c, p)),
             "last_level": np.zeros((*lead, c, p)),
-            "evidence": np.zeros((*lead, c)),
+            "evidence": np.zeros((*lead, c, len(DIFFICULTY_EDGES) + 1)),  # per difficulty bin
         }
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
@@ -289,7 +312,24 @@ class TrackKernel:
         """epsilon (S, C): the posterior mean jump probability of the level per step, from the
         discounted count of past steps' jump posteriors (online EM) and a Beta prior."""
         steps = (1.0 - JUMP_MEMORY ** state["step"]) / (1.0 - JUMP_MEMORY)  # sum of lam^age
-        return (state["jumps"] + JUMP_PRIOR[0]) / (steps[:, None] + sum(JUMP_PRIOR))
+        return (state["jumps"] + JUMP_PRIOR[0]) / (steps[:, None] + self.options.jump_prior)
+
+    def _mixing(
+        self, evidence: np.ndarray, where: np.ndarray, ll: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each prompt's weights over the filters (S, B, C), and the batch's log-likelihoods
+        by filter and difficulty bin (S, C, K). ``where`` (S, B): each prompt's bin k_i. Its
+        weights: softmax over c of (1 - w) a_{c,k_i} + w sum_k a_{c,k} (w = ``pooling``),
+        a_{c,k} = evidence[c, k] + the log-likelihoods of the batch's OTHER prompts in bin k:
+        a bin's own evidence, with the other bins' as its prior at weight w."""
+        onehot = (where[..., None] == np.arange(evidence.shape[-1])).astype(float)  # (S, B, K)
+        by_bin = ll[..., None] * onehot[:, None]  # (S, C, B, K)
+        others = _sum_without(by_bin.swapaxes(-1, -2)).swapaxes(-1, -2)  # (S, C, B, K)
+        score = evidence[:, :, None, :] + others
+        own = np.take_along_axis(score, where[:, None, :, None], -1)[..., 0]  # (S, C, B)
+        pool = self.options.pooling
+        mixed = (1.0 - pool) * own + pool * score.sum(-1)
+        return _softmax(mixed.swapaxes(1, 2)), by_bin.sum(2)
 
     def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
         """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
@@ -327,14 +367,12 @@ class TrackKernel:
         w_now = (1 - jump) * propagate(flat_w, shift.ravel(), var, self.theta)
         w_now += jump * redrawn(flat_w, shift.ravel(), var, self.theta)
         values = (w_now @ self.sig).reshape(s, c, b)
-        # 3. the filters mixed by their evidence: the history's and the batch's other rewards'
-        mix = _softmax(
-            (state["evidence"][..., None] + _sum_without(ll)).swapaxes(1, 2)
-        )  # (S, B, C)
+        # 3. the filters mixed by the evidence of the prompt's difficulty bin (history only)
+        mix, counts = self._mixing(state["evidence"], self.difficulty[cols], ll)
         baseline = np.einsum("sbc,scb->sb", mix, values)
         # 4. learn: evidence, levels, posteriors, visits
         lam = self.options.memory
-        state["evidence"] += ll.sum(-1)
+        state["evidence"] += counts
         state["evidence"] *= lam
         level, level_var, jumped = level_step(
             state["level"], state["level_var"], rate[..., 0], e.sum(-1), curv.sum(-1)
