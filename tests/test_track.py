@@ -18,6 +18,7 @@ from basis_bench.estimators.track import (
     JUMP_PRIOR,
     JUMP_VAR,
     LEVEL_NOISE,
+    REGIMES,
     candidate_grid,
     logit_grid,
     prior_weights,
@@ -109,9 +110,9 @@ def _slow_step(state, cols, r, options, difficulty):
     values, ll = np.zeros((len(models), b)), np.zeros((len(models), b))
     new = {k: v.copy() for k, v in state.items()}
     t = float(state["step"])
-    for c, (rho, kappa, eta) in enumerate(models):
+    for c, (rho, kappa, eta, regime) in enumerate(models):
         steps = (1 - JUMP_MEMORY**t) / (1 - JUMP_MEMORY)
-        rate = (state["jumps"][c] + JUMP_PRIOR[0]) / (steps + options.jump_prior)
+        rate = (state["jumps"][c] + JUMP_PRIOR) / (steps + REGIMES[int(regime)][0])
         p0 = []
         for col in cols:
             w, gap = state["weights"][c, col], t - state["last_visit"][col]
@@ -159,7 +160,7 @@ def _slow_step(state, cols, r, options, difficulty):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"pooling": 0.3, "reference_jumps": 3.0, "jump_prior": 50.0}],
+    [{}, {"pooling": 0.3}],
     ids=["pooled", "by-value"],
 )
 def test_filter_matches_a_slow_reference(cache, options):

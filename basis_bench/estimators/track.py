@@ -22,15 +22,20 @@ Drift between visits, for prompt i at step t (last visited at step t_i):
 u is one filter of the common level per stream: each step it is calm (random-walk variance
 LEVEL_NOISE[0]) or jumps (LEVEL_NOISE[1]), and the batch's residuals decide which (an
 interacting-multiple-model step); J_i counts the level's expected jumps since the prompt's
-last visit (the reference counts as one jump before the first step). Learned online, from
+last visit (the reference counts as R jumps before the first step). Learned online, from
 rewards already seen only:
 
 * the level, its variance and its jump rate epsilon (online EM: the discounted count of the
-  steps' jump posteriors under a Beta(1/2, 9/2) prior, memory JUMP_MEMORY);
-* theta = (rho, kappa, eta), how far a prompt drifts by its steps since the last visit and
-  by the policy's jumps: C filters run side by side, one per theta of the grid, and are
-  mixed by their evidence, the discounted (``memory``) log-likelihood of every reward they
-  predicted before seeing it: empirical Bayes by marginal likelihood over theta.
+  steps' jump posteriors under a Beta(1/2, w - 1/2) prior, memory JUMP_MEMORY);
+* theta = (rho, kappa, eta, regime), how far a prompt drifts by its steps since the last
+  visit and by the policy's jumps, and whether the policy moves (w = 5, R = 1) or stands
+  after one large gap from the reference (w = 50, R = 3): C filters run side by side, one
+  per theta of the grid, and are mixed by their evidence, the discounted (``memory``)
+  log-likelihood of every reward they predicted before seeing it: empirical Bayes by
+  marginal likelihood over theta;
+* where the prompt stands: the evidence is kept per difficulty bin (the reference's smoothed
+  rate, DIFFICULTY_EDGES), and a prompt's filters are mixed by its bin's evidence with the
+  other bins' at weight ``pooling`` (1, the default: one drift model for every prompt).
 
 Leave-one-out: prompt i's level step and its filters' mixing weights use the batch's OTHER
 rewards and the history, never r_i (sums without i are sums of the terms before and after
@@ -60,7 +65,11 @@ GRID_POINTS = 64
 THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
 JEFFREYS = 0.5
 LEVEL_NOISE = (1e-4, 4.0)  # the common level's step variance: calm, or a jump of the policy
-JUMP_PRIOR = (0.5, 4.5)  # Beta prior of the jump probability: a jump per 10 steps, worth 5
+JUMP_PRIOR = 0.5  # the Beta prior of the jump probability: Beta(1/2, w - 1/2), w its weight
+# the policy's regime, a dimension of the bank: moving (the jump prior a jump per 10 steps,
+# worth 5 steps; the reference one jump away) or standing (a jump per 100 steps, worth 50;
+# the reference 3 jumps away: one large gap, then calm)
+REGIMES = ((5.0, 1.0), (50.0, 3.0))  # (the jump prior's weight w, the reference's jumps)
 JUMP_MEMORY = (
     0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
 )
@@ -97,17 +106,6 @@ class TrackOptions:
         "the prompt stands, each bin shrunk to the pooled choice by this weight).",
         min_val=0.0,
         max_val=1.0,
-    )
-    reference_jumps: float = setting(
-        1.0,
-        help="The reference -> first policy gap, counted in the level's jumps (>= 0).",
-        min_val=0.0,
-    )
-    jump_prior: float = setting(
-        sum(JUMP_PRIOR),
-        help="Weight in steps (> 1/2) of the level's Beta(1/2, w - 1/2) prior on its jump rate.",
-        min_val=0.5,
-        include_boundaries="right",
     )
 
     def __post_init__(self) -> None:
@@ -250,8 +248,9 @@ def _sum_without(x: np.ndarray) -> np.ndarray:
 
 
 def candidate_grid() -> np.ndarray:
-    """The drift models (C, 3): every (rho, kappa, eta) of the grids, one filter each."""
-    grid = np.meshgrid(RATES, JUMP_SCALES, JUMP_RATES, indexing="ij")
+    """The drift models (C, 4): every (rho, kappa, eta, regime) of the grids (regime: an index
+    into REGIMES), one filter each."""
+    grid = np.meshgrid(RATES, JUMP_SCALES, JUMP_RATES, range(len(REGIMES)), indexing="ij")
     return np.stack([g.ravel() for g in grid], axis=-1)
 
 
@@ -273,7 +272,8 @@ class TrackKernel:
         self.theta = logit_grid()
         self.sig = _sigmoid(self.theta)
         self.prior = prior_weights(to_numpy(ref_rewards, dtype=np.float64), self.theta)
-        self.models = candidate_grid()  # (C, 3)
+        self.models = candidate_grid()  # (C, 4)
+        self.regimes = np.array(REGIMES)[self.models[:, 3].astype(int)]  # (C, 2)
         self.difficulty = np.searchsorted(DIFFICULTY_EDGES, self.prior @ self.sig)  # (P,) bins
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
@@ -287,7 +287,7 @@ class TrackKernel:
             "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
             # the expected number of level jumps so far, and at each prompt's last visit:
             # the reference counts as one jump before the first step
-            "jump_clock": np.full((*lead, c), float(self.options.reference_jumps)),
+            "jump_clock": np.broadcast_to(self.regimes[:, 1], (*lead, c)).copy(),
             "last_jump_clock": np.zeros((*lead, c, p)),
             "last_level": np.zeros((*lead, c, p)),
             "evidence": np.zeros((*lead, c, len(DIFFICULTY_EDGES) + 1)),  # per difficulty bin
@@ -312,7 +312,7 @@ class TrackKernel:
         """epsilon (S, C): the posterior mean jump probability of the level per step, from the
         discounted count of past steps' jump posteriors (online EM) and a Beta prior."""
         steps = (1.0 - JUMP_MEMORY ** state["step"]) / (1.0 - JUMP_MEMORY)  # sum of lam^age
-        return (state["jumps"] + JUMP_PRIOR[0]) / (steps[:, None] + self.options.jump_prior)
+        return (state["jumps"] + JUMP_PRIOR) / (steps[:, None] + self.regimes[:, 0])
 
     def _mixing(
         self, evidence: np.ndarray, where: np.ndarray, ll: np.ndarray
