@@ -152,17 +152,19 @@ def shift_mass(w: np.ndarray, units: np.ndarray) -> np.ndarray:
 def blur(w: np.ndarray, var: np.ndarray, spacing: float) -> np.ndarray:
     """w (N, G) convolved with N(0, var) (N,) on the grid: each cell's mass spread over the
     grid in proportion to the Gaussian density at the cells (normalised per source cell, so
-    no mass leaves the grid). var = 0 is the identity."""
+    no mass leaves the grid). var = 0 is the identity. The density is taken once per offset
+    (2G - 1 values a row) and gathered into the (G', G) kernel."""
     g = w.shape[-1]
-    k = (np.arange(g)[:, None] - np.arange(g)[None, :]) * spacing  # (G', G) theta_g' - theta_g
+    d = np.arange(1 - g, g) * spacing  # theta_g' - theta_g, offsets -(G - 1) .. G - 1
+    offset = np.arange(g)[:, None] - np.arange(g)[None, :] + g - 1  # (G', G) into d
     out = np.empty_like(w)
     step = max(1, _CHUNK_ELEMENTS // (g * g))
     for a in range(0, len(w), step):
         z = slice(a, a + step)
-        v = np.maximum(var[z], 1e-12)[:, None, None]
-        kern = np.exp(-(k * k) / (2.0 * v))  # (n, G', G)
-        kern /= kern.sum(axis=1, keepdims=True)
-        out[z] = np.einsum("nhg,ng->nh", kern, w[z])
+        v = np.maximum(var[z], 1e-12)[:, None]
+        kern = np.exp(-(d * d) / (2.0 * v))[:, offset]  # (n, G', G)
+        src = w[z] / kern.sum(axis=1)  # each source cell's mass over its kernel's total
+        out[z] = np.einsum("nhg,ng->nh", kern, src)
     return out
 
 
