@@ -288,7 +288,7 @@ class TrackKernel:
             "level_var": np.full((*lead, c), LEVEL_PRIOR_VAR),
             "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
             # the expected number of level jumps so far, and at each prompt's last visit:
-            # the reference counts as one jump before the first step
+            # the reference counts as its regime's R jumps before the first step
             "jump_clock": np.broadcast_to(self.regimes[:, 1], (*lead, c)).copy(),
             "last_jump_clock": np.zeros((*lead, c, p)),
             "last_level": np.zeros((*lead, c, p)),
