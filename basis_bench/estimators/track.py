@@ -22,15 +22,20 @@ Drift between visits, for prompt i at step t (last visited at step t_i):
 u is one filter of the common level per stream: each step it is calm (random-walk variance
 LEVEL_NOISE[0]) or jumps (LEVEL_NOISE[1]), and the batch's residuals decide which (an
 interacting-multiple-model step); J_i counts the level's expected jumps since the prompt's
-last visit (the reference counts as one jump before the first step). Learned online, from
+last visit (the reference counts as R jumps before the first step). Learned online, from
 rewards already seen only:
 
 * the level, its variance and its jump rate epsilon (online EM: the discounted count of the
-  steps' jump posteriors under a Beta(1/2, 9/2) prior, memory JUMP_MEMORY);
-* theta = (rho, kappa, eta), how far a prompt drifts by its steps since the last visit and
-  by the policy's jumps: C filters run side by side, one per theta of the grid, and are
-  mixed by their evidence, the discounted (``memory``) log-likelihood of every reward they
-  predicted before seeing it: empirical Bayes by marginal likelihood over theta.
+  steps' jump posteriors under a Beta(1/2, w - 1/2) prior, memory JUMP_MEMORY);
+* theta = (rho, kappa, eta, regime), how far a prompt drifts by its steps since the last
+  visit and by the policy's jumps, and whether the policy moves (w = 5, R = 1) or stands
+  after one large gap from the reference (w = 50, R = 3): C filters run side by side, one
+  per theta of the grid, and are mixed by their evidence, the discounted (``memory``)
+  log-likelihood of every reward they predicted before seeing it: empirical Bayes by
+  marginal likelihood over theta;
+* where the prompt stands: the evidence is kept per difficulty bin (the reference's smoothed
+  rate, DIFFICULTY_EDGES), and a prompt's filters are mixed by its bin's evidence with the
+  other bins' at weight ``pooling`` (1, the default: one drift model for every prompt).
 
 Leave-one-out: prompt i's level step and its filters' mixing weights use the batch's OTHER
 rewards and the history, never r_i (sums without i are sums of the terms before and after
@@ -61,7 +66,11 @@ GRID_POINTS = 64
 THETA_MAX = 8.0  # sigmoid(8) = 0.99966: the grid's values stay strictly inside (0, 1)
 JEFFREYS = 0.5
 LEVEL_NOISE = (1e-4, 4.0)  # the common level's step variance: calm, or a jump of the policy
-JUMP_PRIOR = (0.5, 4.5)  # Beta prior of the jump probability: a jump per 10 steps, worth 5
+JUMP_PRIOR = 0.5  # the Beta prior of the jump probability: Beta(1/2, w - 1/2), w its weight
+# the policy's regime, a dimension of the bank: moving (the jump prior a jump per 10 steps,
+# worth 5 steps; the reference one jump away) or standing (a jump per 100 steps, worth 50;
+# the reference 3 jumps away: one large gap, then calm)
+REGIMES = ((5.0, 1.0), (50.0, 3.0))  # (the jump prior's weight w, the reference's jumps)
 JUMP_MEMORY = (
     0.99  # per-step discount of the jump count: jumps are rare, their rate needs long memory
 )
@@ -70,6 +79,9 @@ RATES = (0.0, 0.02)  # rho: drift variance per step since the last visit
 JUMP_SCALES = (0.0, 1.0)  # kappa: drift variance per jump of the level since the last visit
 JUMP_RATES = (0.0, 1.0)  # eta: J jumps of the level redraw the prompt w.p. 1 - exp(-eta J)
 JUMP_VAR = 4.0  # a redrawn prompt's log-odds: its old posterior moved, widened by sd 2
+# where a prompt stands: bins of its difficulty (the reference's smoothed rate), each bin
+# with its own evidence over the drift models
+DIFFICULTY_EDGES = (0.1, 0.3, 0.7, 0.9)
 MEMORY = 0.95
 _P_CLIP = 1e-12
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
@@ -85,6 +97,14 @@ class TrackOptions:
         MEMORY,
         help="Per-step discount in [0, 1] of the log-likelihood by which the drift models are "
         "weighed (0: the latest step alone, 1: every step alike).",
+        min_val=0.0,
+        max_val=1.0,
+    )
+    pooling: float = setting(
+        1.0,
+        help="Weight in [0, 1] of the other difficulty bins' evidence in a bin's choice of drift "
+        "model (1: one drift model for every prompt; below 1: the drift depends on where "
+        "the prompt stands, each bin shrunk to the pooled choice by this weight).",
         min_val=0.0,
         max_val=1.0,
     )
@@ -232,8 +252,9 @@ def _sum_without(x: np.ndarray) -> np.ndarray:
 
 
 def candidate_grid() -> np.ndarray:
-    """The drift models (C, 3): every (rho, kappa, eta) of the grids, one filter each."""
-    grid = np.meshgrid(RATES, JUMP_SCALES, JUMP_RATES, indexing="ij")
+    """The drift models (C, 4): every (rho, kappa, eta, regime) of the grids (regime: an index
+    into REGIMES), one filter each."""
+    grid = np.meshgrid(RATES, JUMP_SCALES, JUMP_RATES, range(len(REGIMES)), indexing="ij")
     return np.stack([g.ravel() for g in grid], axis=-1)
 
 
@@ -255,7 +276,9 @@ class TrackKernel:
         self.theta = logit_grid()
         self.sig = _sigmoid(self.theta)
         self.prior = prior_weights(to_numpy(ref_rewards, dtype=np.float64), self.theta)
-        self.models = candidate_grid()  # (C, 3)
+        self.models = candidate_grid()  # (C, 4)
+        self.regimes = np.array(REGIMES)[self.models[:, 3].astype(int)]  # (C, 2)
+        self.difficulty = np.searchsorted(DIFFICULTY_EDGES, self.prior @ self.sig)  # (P,) bins
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         p, c = self.prior.shape[0], len(self.models)
@@ -267,11 +290,11 @@ class TrackKernel:
             "level_var": np.full((*lead, c), LEVEL_PRIOR_VAR),
             "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
             # the expected number of level jumps so far, and at each prompt's last visit:
-            # the reference counts as one jump before the first step
-            "jump_clock": np.ones((*lead, c)),
+            # the reference counts as its regime's R jumps before the first step
+            "jump_clock": np.broadcast_to(self.regimes[:, 1], (*lead, c)).copy(),
             "last_jump_clock": np.zeros((*lead, c, p)),
             "last_level": np.zeros((*lead, c, p)),
-            "evidence": np.zeros((*lead, c)),
+            "evidence": np.zeros((*lead, c, len(DIFFICULTY_EDGES) + 1)),  # per difficulty bin
         }
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
@@ -293,7 +316,24 @@ class TrackKernel:
         """epsilon (S, C): the posterior mean jump probability of the level per step, from the
         discounted count of past steps' jump posteriors (online EM) and a Beta prior."""
         steps = (1.0 - JUMP_MEMORY ** state["step"]) / (1.0 - JUMP_MEMORY)  # sum of lam^age
-        return (state["jumps"] + JUMP_PRIOR[0]) / (steps[:, None] + sum(JUMP_PRIOR))
+        return (state["jumps"] + JUMP_PRIOR) / (steps[:, None] + self.regimes[:, 0])
+
+    def _mixing(
+        self, evidence: np.ndarray, where: np.ndarray, ll: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each prompt's weights over the filters (S, B, C), and the batch's log-likelihoods
+        by filter and difficulty bin (S, C, K). ``where`` (S, B): each prompt's bin k_i. Its
+        weights: softmax over c of (1 - w) a_{c,k_i} + w sum_k a_{c,k} (w = ``pooling``),
+        a_{c,k} = evidence[c, k] + the log-likelihoods of the batch's OTHER prompts in bin k:
+        a bin's own evidence, with the other bins' as its prior at weight w."""
+        onehot = (where[..., None] == np.arange(evidence.shape[-1])).astype(float)  # (S, B, K)
+        by_bin = ll[..., None] * onehot[:, None]  # (S, C, B, K)
+        others = _sum_without(by_bin.swapaxes(-1, -2)).swapaxes(-1, -2)  # (S, C, B, K)
+        score = evidence[:, :, None, :] + others
+        own = np.take_along_axis(score, where[:, None, :, None], -1)[..., 0]  # (S, C, B)
+        pool = self.options.pooling
+        mixed = (1.0 - pool) * own + pool * score.sum(-1)
+        return _softmax(mixed.swapaxes(1, 2)), by_bin.sum(2)
 
     def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
         """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
@@ -331,14 +371,12 @@ class TrackKernel:
         w_now = (1 - jump) * propagate(flat_w, shift.ravel(), var, self.theta)
         w_now += jump * redrawn(flat_w, shift.ravel(), var, self.theta)
         values = (w_now @ self.sig).reshape(s, c, b)
-        # 3. the filters mixed by their evidence: the history's and the batch's other rewards'
-        mix = _softmax(
-            (state["evidence"][..., None] + _sum_without(ll)).swapaxes(1, 2)
-        )  # (S, B, C)
+        # 3. the filters mixed by the evidence of the prompt's difficulty bin (history only)
+        mix, counts = self._mixing(state["evidence"], self.difficulty[cols], ll)
         baseline = np.einsum("sbc,scb->sb", mix, values)
         # 4. learn: evidence, levels, posteriors, visits
         lam = self.options.memory
-        state["evidence"] += ll.sum(-1)
+        state["evidence"] += counts
         state["evidence"] *= lam
         level, level_var, jumped = level_step(
             state["level"], state["level_var"], rate[..., 0], e.sum(-1), curv.sum(-1)
