@@ -26,9 +26,9 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.train.checkpoint import PARTIAL, TRAINER_STATE, load_trainer_state
-from basis_bench.train.config import OBSERVATIONAL_KEYS, TrainConfig, config_dict
+from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.setup import CHECKPOINTS_DIR, LOG_FILE
-from basis_bench.train.summary import PER_SEED_KEYS, SEED_PREFIX
+from basis_bench.train.summary import SEED_PREFIX, setting_differences
 
 Record = dict[str, Any]
 
@@ -62,10 +62,8 @@ def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Pa
     # compared as config.json holds them: a tuple setting (report_to) reads back as a list
     wanted = json.loads(json.dumps(config_dict(config), default=str))
     written = json.loads(json.dumps(written, default=str))
-    keys = (set(wanted) | set(written)) - PER_SEED_KEYS - OBSERVATIONAL_KEYS - {"steps"}
-    if wanted.get("backend") == "auto":  # runs record the backend auto resolved to
-        keys.discard("backend")
-    differ = sorted(k for k in keys if wanted.get(k) != written.get(k))
+    also = {"steps"} | ({"backend"} if wanted.get("backend") == "auto" else set())
+    differ = setting_differences(wanted, written, frozenset(also))  # auto: runs record its pick
     if differ:
         key = differ[0]
         raise InputError(

@@ -53,6 +53,16 @@ SEED_PREFIX = "seed-"
 # Settings that differ between the seeds of one arm by design.
 PER_SEED_KEYS = frozenset({"seed", "run_dir", "provenance"})
 
+
+def setting_differences(
+    a: dict[str, Any], b: dict[str, Any], also: frozenset[str] = frozenset()
+) -> list[str]:
+    """The settings (sorted) in which two run configs differ, leaving out the per-seed and
+    observational ones and ``also``: what makes two runs of one arm different runs."""
+    keys = (set(a) | set(b)) - PER_SEED_KEYS - OBSERVATIONAL_KEYS - also
+    return sorted(k for k in keys if a.get(k) != b.get(k))
+
+
 RunLog = tuple[Path, dict[str, Any], pl.DataFrame]  # directory, config, log
 
 
@@ -173,8 +183,7 @@ def load_arm(path: str | os.PathLike[str]) -> Arm:
     runs = tuple((p, *load_run(p)) for p in seed_runs(path))
     first_dir, first, _ = runs[0]
     for run_dir, config, _ in runs[1:]:
-        keys = (set(first) | set(config)) - PER_SEED_KEYS - OBSERVATIONAL_KEYS
-        differ = sorted(k for k in keys if first.get(k) != config.get(k))
+        differ = setting_differences(first, config)
         if differ:
             key = differ[0]
             raise InputError(
