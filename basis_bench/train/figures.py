@@ -20,6 +20,9 @@ training_summary    CSV: arm, run, label, step, eval_accuracy, mean_reward, beta
 training_runs       CSV: one row per run, its final, peak, peak-to-final drop, half-budget
                     accuracy, rollouts, wall hours, mean value error, collapsed
 training_table      CSV and markdown: one row per arm, each number's mean and 95% interval
+training_findings   CSV and markdown: the paper's three training findings, each judged
+                    reproduced / not / not resolvable (:mod:`basis_bench.train.findings`);
+                    only when the arms of some finding are given
 ==================  ==========================================================================
 
 Display names and colours come from the caller (``basis-bench train-figures`` passes the
@@ -42,6 +45,7 @@ from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, holds_output_locks
 from basis_bench.quoting import plain_math
 from basis_bench.settings import check_scalar
+from basis_bench.train.findings import write_findings
 from basis_bench.train.summary import (
     VALUE_ERROR,
     Arm,
@@ -122,7 +126,7 @@ def plot_training(
     errors = _value_error_figure(arms, names, styles, out)
     written += _only_if_drawn(errors, out, "value_error")
     written.append(_summary(arms, names, out / "training_summary.csv"))
-    return written + write_tables(arms, names, out)
+    return written + write_tables(arms, names, out) + write_findings(arms, names, out)
 
 
 def _learning_curves(

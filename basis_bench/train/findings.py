@@ -1,0 +1,257 @@
+"""The paper's three training findings (Section 5.2), judged from a study's arms by rules
+fixed before the study's runs (issue 33).
+
+Arms are recognised by their configuration: BASIS (``basis``, one rollout per prompt),
+GRPO-type (``grpo``, G > 1), vanilla (``vanilla``) and REINFORCE++ (``reinforce_pp``). Two
+arms are compared only when they share every setting but the estimator's own (estimator,
+its options, G, advantage normalisation) and ``steps``. A comparison pairs their finished
+runs by seed (a seed draws the same prompts and first rollouts in every arm), d_s = x_s -
+y_s, and takes the 95% Student-t interval [lo, hi] of the mean of d over the n shared seeds
+(:func:`summary.mean_interval`). "Half" is BASIS's held-out accuracy at the last evaluation
+at or before half the other arm's steps (the paper trains BASIS 150 steps against 300);
+"final" is the other arm's last evaluation. With M = :data:`MARGIN`:
+
+1. *BASIS, trained half the steps, is competitive with G = 8*: d = BASIS half - GRPO final.
+   Reproduced when lo > -M (no worse than M, non-inferiority), not reproduced when hi < -M,
+   else not resolvable.
+2. *BASIS, trained half the steps, beats single-rollout vanilla and REINFORCE++*: d = BASIS
+   half - the other's final. Reproduced when lo > 0; else not reproduced when hi < M (a gain of M
+   or more is ruled out); else not resolvable.
+3. *Vanilla collapses, BASIS does not*, each over its own full run: an arm collapses when at
+   least two thirds of the shared finished seeds collapse (drop >= ``COLLAPSE_DROP``) and is stable
+   when none does. Reproduced when vanilla collapses and BASIS is stable; not reproduced when
+   vanilla is stable or BASIS collapses; else not resolvable. The interval shown is that of
+   vanilla's drop - BASIS's drop, for information.
+
+Fewer than :data:`MIN_SEEDS` shared seeds: not resolvable, whatever the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from basis_bench.errors import InputError
+from basis_bench.train.summary import COLLAPSE_DROP, Arm, mean_interval, setting_differences
+
+MARGIN = 0.05  # held-out accuracy: what "competitive" allows, what a "gain" must exceed
+MIN_SEEDS = 3  # the study's minimum; fewer shared seeds decide nothing
+# The settings in which two arms of one study differ by design.
+ARM_KEYS = frozenset({"estimator", "estimator_options", "group_size", "advantage_norm", "steps"})
+
+REPRODUCED, NOT_REPRODUCED, OPEN = "reproduced", "not reproduced", "not resolvable"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One comparison's verdict and the numbers that decide it."""
+
+    finding: int
+    claim: str
+    comparison: str
+    seeds: int
+    mean: float  # mean of the paired differences (NaN: no shared finished seed)
+    low: float  # its 95% t-interval (NaN below two seeds)
+    high: float
+    collapsed: str  # finding 3: "vanilla k/n, BASIS k/n"; else empty
+    verdict: str
+
+
+def role(config: dict[str, Any]) -> str | None:
+    """``basis``, ``grpo``, ``vanilla``, ``reinforce_pp`` or None (not one of the paper's arms)."""
+    from basis_bench.estimators import get
+
+    estimator = config.get("estimator")
+    try:
+        group = get(str(estimator)).rollouts_per_prompt(int(config.get("group_size", 1)))
+    except InputError:
+        return None
+    if estimator == "basis" and group == 1:
+        return "basis"
+    if estimator == "grpo" and group > 1:
+        return "grpo"
+    return str(estimator) if estimator in ("vanilla", "reinforce_pp") else None
+
+
+RunValue = Callable[[dict[str, Any], pl.DataFrame], float]
+
+
+def _evals(log: pl.DataFrame, until: int | None = None) -> np.ndarray:
+    evals = log.filter(pl.col("eval_accuracy").is_not_null()).sort("step")
+    if until is not None:
+        evals = evals.filter(pl.col("step") <= until)
+    return evals["eval_accuracy"].to_numpy()
+
+
+def _finished(config: dict[str, Any], log: pl.DataFrame, step: int | None = None) -> bool:
+    wanted = int(config.get("steps", 0)) if step is None else step
+    return int(log["step"].max()) >= wanted  # type: ignore[arg-type]
+
+
+def final(config: dict[str, Any], log: pl.DataFrame) -> float:
+    """The last evaluation of a finished run (NaN while it runs)."""
+    accuracy = _evals(log)
+    return float(accuracy[-1]) if _finished(config, log) and accuracy.size else math.nan
+
+
+def drop(config: dict[str, Any], log: pl.DataFrame) -> float:
+    """Peak - final of a finished run (NaN while it runs)."""
+    accuracy = _evals(log)
+    if not (_finished(config, log) and accuracy.size):
+        return math.nan
+    return float(accuracy.max() - accuracy[-1])
+
+
+def accuracy_at(step: int) -> RunValue:
+    """The last evaluation at or before ``step`` of a run that reached it (else NaN)."""
+
+    def value(config: dict[str, Any], log: pl.DataFrame) -> float:
+        accuracy = _evals(log, until=step)
+        return float(accuracy[-1]) if _finished(config, log, step) and accuracy.size else math.nan
+
+    return value
+
+
+def by_seed(arm: Arm, value: RunValue) -> dict[int, float]:
+    """``value`` of each of the arm's runs, by seed, where it is a number."""
+    values = {int(config.get("seed", 0)): value(config, log) for _, config, log in arm.runs}
+    return {seed: v for seed, v in values.items() if not math.isnan(v)}
+
+
+def paired(x: dict[int, float], y: dict[int, float]) -> tuple[int, float, float, float]:
+    """n shared seeds, the mean of x_s - y_s and its 95% t-interval (low, high)."""
+    seeds = sorted(set(x) & set(y))
+    mean, half = mean_interval([x[s] - y[s] for s in seeds])
+    return len(seeds), mean, mean - half, mean + half
+
+
+def non_inferior(n: int, low: float, high: float) -> str:
+    """Finding 1's rule: the difference is no worse than -MARGIN."""
+    if n < MIN_SEEDS:
+        return OPEN
+    return REPRODUCED if low > -MARGIN else NOT_REPRODUCED if high < -MARGIN else OPEN
+
+
+def superior(n: int, low: float, high: float) -> str:
+    """Finding 2's rule: the difference is above 0; a gain of MARGIN or more ruled out refutes it."""
+    if n < MIN_SEEDS:
+        return OPEN
+    return REPRODUCED if low > 0 else NOT_REPRODUCED if high < MARGIN else OPEN
+
+
+def collapse_state(collapsed: Sequence[bool]) -> str:
+    """``collapses`` (at least two thirds of the seeds), ``stable`` (none) or ``mixed``."""
+    count = sum(collapsed)
+    if count == 0:
+        return "stable"
+    return "collapses" if 3 * count >= 2 * len(collapsed) else "mixed"
+
+
+def collapse_verdict(vanilla: Sequence[bool], basis: Sequence[bool]) -> str:
+    """Finding 3's rule on the finished seeds' collapse flags of the two arms."""
+    if min(len(vanilla), len(basis)) < MIN_SEEDS:
+        return OPEN
+    v, b = collapse_state(vanilla), collapse_state(basis)
+    if v == "collapses" and b == "stable":
+        return REPRODUCED
+    return NOT_REPRODUCED if v == "stable" or b == "collapses" else OPEN
+
+
+def _pairs(arms: Sequence[Arm], labels: Sequence[str], x: str, y: str) -> Iterator[tuple]:
+    """(x arm, its label, y arm, its label) for every comparable pair of the two roles."""
+    roles = [role(a.config) for a in arms]
+    for a, la, ra in zip(arms, labels, roles, strict=True):
+        for b, lb, rb in zip(arms, labels, roles, strict=True):
+            if (ra, rb) == (x, y) and not setting_differences(a.config, b.config, ARM_KEYS):
+                yield a, la, b, lb
+
+
+def judge(arms: Sequence[Arm], labels: Sequence[str]) -> list[Finding]:
+    """Every finding whose arms are among ``arms`` (none: an empty list)."""
+    found = []
+    claims = {
+        1: "BASIS, trained half the steps, is competitive with GRPO-type G = 8",
+        2: "BASIS, trained half the steps, beats single-rollout baselines",
+        3: "vanilla G = 1 collapses, BASIS does not",
+    }
+    for other, number, rule in (
+        ("grpo", 1, non_inferior),
+        ("vanilla", 2, superior),
+        ("reinforce_pp", 2, superior),
+    ):
+        for basis, name, rival, rival_name in _pairs(arms, labels, "basis", other):
+            half = int(rival.config.get("steps", 0)) // 2
+            n, mean, low, high = paired(by_seed(basis, accuracy_at(half)), by_seed(rival, final))
+            comparison = f"{name} acc. at step {half} - {rival_name} final acc."
+            verdict = rule(n, low, high)
+            found.append(
+                Finding(number, claims[number], comparison, n, mean, low, high, "", verdict)
+            )
+    for vanilla, v_name, basis, b_name in _pairs(arms, labels, "vanilla", "basis"):
+        drops = by_seed(vanilla, drop), by_seed(basis, drop)
+        shared = sorted(set(drops[0]) & set(drops[1]))
+        flags = [[seeds[s] >= COLLAPSE_DROP for s in shared] for seeds in drops]
+        n, mean, low, high = paired(*drops)
+        counts = (
+            f"{v_name} {sum(flags[0])}/{len(flags[0])}, {b_name} {sum(flags[1])}/{len(flags[1])}"
+        )
+        comparison = f"{v_name} drop - {b_name} drop (peak - final)"
+        verdict = collapse_verdict(*flags)
+        found.append(Finding(3, claims[3], comparison, n, mean, low, high, counts, verdict))
+    return sorted(found, key=lambda f: f.finding)
+
+
+def findings_frame(found: Sequence[Finding]) -> pl.DataFrame:
+    """The findings as a table, one row each (NaN as null)."""
+    rows = [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(f).items()}
+        for f in found
+    ]
+    schema = {"finding": pl.Int64, "seeds": pl.Int64, "mean": pl.Float64}
+    schema |= {"low": pl.Float64, "high": pl.Float64}
+    return pl.DataFrame(rows, schema_overrides=schema)
+
+
+def markdown(found: Sequence[Finding]) -> str:
+    """The findings as markdown, with the rules that decided them."""
+    lines = [
+        "| finding | the paper's claim | paired difference (by seed) | seeds | mean [95% CI] "
+        "| collapsed | verdict |",
+        "| --- " * 7 + "|",
+    ]
+    for f in found:
+        interval = "–" if math.isnan(f.mean) else f"{f.mean:+.3f}"
+        if not math.isnan(f.low):
+            interval += f" [{f.low:+.3f}, {f.high:+.3f}]"
+        lines.append(
+            f"| {f.finding} | {f.claim} | {f.comparison} | {f.seeds} | {interval} "
+            f"| {f.collapsed or '–'} | **{f.verdict}** |"
+        )
+    rules = (
+        f"Rules (fixed before the runs; M = {MARGIN}, at least {MIN_SEEDS} shared finished "
+        "seeds, else not resolvable): 1 reproduced when the interval's low end > -M, not "
+        "when its high end < -M; 2 reproduced when low > 0, not when high < M; 3 reproduced "
+        f"when vanilla collapses (drop >= {COLLAPSE_DROP} in at least two thirds of its seeds) "
+        "and BASIS in none, not when vanilla collapses in none or BASIS in two thirds; "
+        "otherwise not resolvable (basis_bench/train/findings.py)."
+    )
+    return "\n".join(lines) + "\n\n" + rules + "\n"
+
+
+def write_findings(arms: Sequence[Arm], labels: Sequence[str], out: Path) -> list[Path]:
+    """``training_findings.csv`` and ``.md`` in ``out`` when some finding's arms are given."""
+    from basis_bench.outputs import atomic_write, write_text_atomic
+
+    found = judge(arms, labels)
+    if not found:
+        return []
+    with atomic_write(out / "training_findings.csv") as tmp:
+        findings_frame(found).write_csv(tmp)
+    write_text_atomic(out / "training_findings.md", markdown(found))
+    return [out / "training_findings.csv", out / "training_findings.md"]

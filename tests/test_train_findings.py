@@ -1,0 +1,137 @@
+"""The paper's training findings judged from arms (basis_bench/train/findings.py): the paired
+intervals by hand and every branch of the three rules, on synthetic logs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from basis_bench.train import findings
+from basis_bench.train.findings import MARGIN, judge, role, write_findings
+from basis_bench.train.loop import append_jsonl
+from basis_bench.train.summary import load_arm
+
+T2 = 4.302653  # t_{0.975, 2}
+ARMS = {
+    "basis": {"estimator": "basis", "group_size": 8},
+    "grpo": {"estimator": "grpo", "group_size": 8, "advantage_norm": "group_std"},
+    "vanilla": {"estimator": "vanilla", "group_size": 8},
+    "reinforce_pp": {"estimator": "reinforce_pp", "advantage_norm": "batch_whiten"},
+}
+
+
+def _arm(root: Path, name: str, evals: list[dict[int, float]], steps: int = 4, **config):
+    """An arm of one synthetic run per seed; ``evals[s]`` are seed s's held-out accuracies
+    by step (the log reaches the last step given, so a run can be cut short)."""
+    settings = {"group_size": 1, "loss": "gpg", "lr": 1e-5, "advantage_norm": "none"}
+    settings |= ARMS[name] | {"steps": steps} | config
+    for seed, accuracy in enumerate(evals):
+        run = root / name / f"seed-{seed}"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps(settings | {"seed": seed}))
+        for step in range(max(accuracy) + 1):
+            record = {"step": step, "rollouts": 2, "seconds": {"sample": 1.0}}
+            if step in accuracy:
+                record["eval_accuracy"] = accuracy[step]
+            append_jsonl(run / "log.jsonl", record)
+    return load_arm(root / name)
+
+
+def _only(found, number):
+    (one,) = [f for f in found if f.finding == number]
+    return one
+
+
+def test_roles_come_from_the_configuration():
+    assert role({"estimator": "basis", "group_size": 8}) == "basis"
+    assert role({"estimator": "grpo", "group_size": 8}) == "grpo"
+    assert role({"estimator": "grpo", "group_size": 1}) is None  # G = 1 is not GRPO-type
+    assert role({"estimator": "vanilla", "group_size": 8}) == "vanilla"
+    assert role({"estimator": "basis_track", "group_size": 1}) is None
+    assert role({"estimator": "no-such-estimator", "group_size": 1}) is None
+
+
+def test_finding_1_pairs_basis_at_half_the_steps_with_grpo_final_by_seed(tmp_path):
+    # BASIS's step-2 accuracy (half of GRPO's 4 steps; its step 4 must not be used) minus
+    # GRPO's final, per seed: 0.50 - 0.45, 0.60 - 0.50, 0.40 - 0.40 = 0.05, 0.10, 0.00.
+    basis = _arm(tmp_path, "basis", [{0: 0.1, 2: 0.5, 4: 0.0}, {2: 0.6, 4: 0.0}, {2: 0.4, 4: 0}])
+    grpo = _arm(tmp_path, "grpo", [{4: 0.45}, {4: 0.5}, {4: 0.4}])
+    one = _only(judge([basis, grpo], ["BASIS", "GRPO"]), 1)
+    half = T2 * 0.05 / math.sqrt(3)  # the differences' sd is 0.05
+    assert one.seeds == 3 and one.mean == pytest.approx(0.05)
+    assert (one.low, one.high) == (pytest.approx(0.05 - half), pytest.approx(0.05 + half))
+    assert one.comparison == "BASIS acc. at step 2 - GRPO final acc."
+    # low = 0.05 - 0.124 < -M < high: three seeds this far apart cannot tell
+    assert one.low < -MARGIN < one.high and one.verdict == "not resolvable"
+
+
+@pytest.mark.parametrize(
+    ("n", "low", "high", "non_inferior", "superior"),
+    [
+        (3, -0.04, 0.20, "reproduced", "not resolvable"),
+        (3, 0.01, 0.04, "reproduced", "reproduced"),  # above 0, if by less than M
+        (3, 0.01, 0.20, "reproduced", "reproduced"),
+        (3, -0.30, -0.06, "not reproduced", "not reproduced"),
+        (3, -0.30, 0.01, "not resolvable", "not reproduced"),
+        (3, -0.30, 0.30, "not resolvable", "not resolvable"),
+        (2, 0.10, 0.20, "not resolvable", "not resolvable"),  # too few seeds, whatever the numbers
+    ],
+)
+def test_the_interval_rules(n, low, high, non_inferior, superior):
+    assert findings.non_inferior(n, low, high) == non_inferior
+    assert findings.superior(n, low, high) == superior
+
+
+@pytest.mark.parametrize(
+    ("vanilla", "basis", "verdict"),
+    [
+        ([True, True, False], [False, False, False], "reproduced"),
+        ([False, False, False], [False, False, False], "not reproduced"),
+        ([True, True, True], [True, True, False], "not reproduced"),
+        ([True, False, False], [False, False, False], "not resolvable"),
+        ([True, True, True], [True, False, False], "not resolvable"),
+        ([True, True], [False, False], "not resolvable"),
+    ],
+)
+def test_the_collapse_rule(vanilla, basis, verdict):
+    assert findings.collapse_verdict(vanilla, basis) == verdict
+
+
+def test_finding_3_counts_collapses_over_the_shared_finished_seeds(tmp_path):
+    # drops: vanilla 0.3, 0.2, 0.0 (two of three collapse), BASIS 0.0, 0.1, 0.05, and a
+    # fourth BASIS seed that is unfinished and has no vanilla partner.
+    vanilla = _arm(tmp_path, "vanilla", [{0: 0.4, 4: 0.1}, {2: 0.6, 4: 0.4}, {0: 0.5, 4: 0.5}])
+    runs = [{4: 0.5}, {2: 0.6, 4: 0.5}, {2: 0.55, 4: 0.5}, {0: 0.9, 2: 0.0}]
+    basis = _arm(tmp_path, "basis", runs)
+    three = _only(judge([vanilla, basis], ["vanilla", "BASIS"]), 3)
+    assert three.collapsed == "vanilla 2/3, BASIS 0/3" and three.verdict == "reproduced"
+    assert three.seeds == 3 and three.mean == pytest.approx((0.3 + 0.1 - 0.05) / 3)
+    two = _only(judge([vanilla, basis], ["vanilla", "BASIS"]), 2)
+    # BASIS step 2 (seeds 0-2: its seed 0 has no evaluation by step 2, so it drops out;
+    # seed 3 is cut at step 2 but reached it) against vanilla's final: 0.6 - 0.4, 0.55 - 0.5
+    assert two.seeds == 2 and two.mean == pytest.approx((0.2 + 0.05) / 2)
+    assert two.verdict == "not resolvable"
+
+
+def test_unfinished_runs_and_arms_at_other_settings_are_left_out(tmp_path):
+    basis = _arm(tmp_path, "basis", [{2: 0.5}, {2: 0.5}, {2: 0.5}])
+    cut = _arm(tmp_path, "grpo", [{0: 0.4, 3: 0.4}] * 3)  # 3 of 4 steps: no final yet
+    one = _only(judge([basis, cut], ["B", "G"]), 1)
+    assert one.seeds == 0 and math.isnan(one.mean) and one.verdict == "not resolvable"
+    other_lr = _arm(tmp_path / "lr", "grpo", [{4: 0.4}] * 3, lr=2e-5)
+    assert judge([basis, other_lr], ["B", "G"]) == []  # not one setting: nothing compared
+
+
+def test_written_only_when_a_finding_has_its_arms(tmp_path):
+    vanilla = _arm(tmp_path, "vanilla", [{0: 0.4, 4: 0.1}] * 3)
+    assert write_findings([vanilla], ["vanilla"], tmp_path) == []
+    basis = _arm(tmp_path, "basis", [{0: 0.4, 2: 0.5, 4: 0.5}] * 3)
+    csv, md = write_findings([vanilla, basis], ["vanilla", "BASIS"], tmp_path)
+    text = md.read_text()
+    assert "| 3 | vanilla G = 1 collapses, BASIS does not |" in text
+    assert "vanilla 3/3, BASIS 0/3 | **reproduced** |" in text
+    assert "| 2 |" in text and "+0.400 [+0.400, +0.400]" in text  # sd 0: a zero-width interval
+    assert csv.read_text().splitlines()[0].startswith("finding,claim,comparison,seeds,mean")
