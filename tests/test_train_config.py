@@ -302,6 +302,7 @@ def test_train_figures_from_logs(tmp_path):
         "training_runs.csv",
         "training_table.csv",
         "training_table.md",
+        *("training_findings.csv", "training_findings.md"),  # BASIS and GRPO: finding 1
     }
     hidden = {p.name for p in (tmp_path / "figs").glob(".*")}
     assert hidden == {OUTPUT_MARKER, LOCK_FILE}, "no temporary file left behind"
