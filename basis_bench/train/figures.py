@@ -126,7 +126,9 @@ def plot_training(
     errors = _value_error_figure(arms, names, styles, out)
     written += _only_if_drawn(errors, out, "value_error")
     written.append(_summary(arms, names, out / "training_summary.csv"))
-    return written + write_tables(arms, names, out) + write_findings(arms, names, out)
+    written += write_tables(arms, names, out)
+    findings = write_findings(arms, names, out)
+    return written + _only_if_drawn(findings, out, "training_findings", ("csv", "md"))
 
 
 def _learning_curves(
@@ -158,11 +160,13 @@ def _learning_curves(
     return _save(fig, out, "learning_curves")
 
 
-def _only_if_drawn(written: list[Path], out: Path, stem: str) -> list[Path]:
-    """``written``; when nothing was (no run logs it), an earlier call's ``stem`` figure,
-    of other runs, is deleted rather than kept as if of these."""
+def _only_if_drawn(
+    written: list[Path], out: Path, stem: str, exts: tuple[str, ...] = ("png", "pdf")
+) -> list[Path]:
+    """``written``; when nothing was (no run logs it), an earlier call's ``stem`` files,
+    of other runs, are deleted rather than kept as if of these."""
     if not written:
-        for ext in ("png", "pdf"):
+        for ext in exts:
             (out / f"{stem}.{ext}").unlink(missing_ok=True)
     return written
 
