@@ -65,7 +65,6 @@ Record = dict[str, Any]
 # --------------------------------------------------------------------------- the loop
 
 
-@holds_output_locks
 def sample_step(run: Any, train_set: Any, sampling: Any, step: int) -> tuple[Any, Any]:
     """Step ``step``'s prompts (the seeded schedule) and G' responses each from the policy."""
     seed = run.config.seed
@@ -77,6 +76,7 @@ def sample_step(run: Any, train_set: Any, sampling: Any, step: int) -> tuple[Any
     return batch, rollouts
 
 
+@holds_output_locks
 def train(
     config: TrainConfig,
     resume: str | os.PathLike[str] | None = None,
