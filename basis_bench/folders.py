@@ -6,6 +6,7 @@ this process claimed, out of which no write, replace or removal goes through a l
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -37,6 +38,20 @@ def _unreadable_folder(err: OSError) -> NoReturn:
         f"{err.filename}: cannot read this folder ({reason}); everything under a dataset or "
         "an output folder must be readable: fix its permissions, or move it out"
     ) from err
+
+
+def regular_file(path: Path) -> Path:
+    """``path``, refused in one line unless it is a regular file (or a link to one): opening
+    a FIFO named ``part.parquet`` blocked evaluate for good, deaf to SIGTERM. Every file the
+    package reads whole asks here first (a dataset's parts, an import source, a prompt file,
+    a training config)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # missing or unreadable: the reader that opens it names it
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise InputError(f"{path} is not a regular file (a FIFO, socket or device); remove it")
+    return path
 
 
 _CLAIMED: set[Path] = set()  # the real folders this process claimed
