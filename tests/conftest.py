@@ -9,11 +9,14 @@ faster and steadier. The environment variables are set before any test imports t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -217,3 +220,59 @@ def refused_import(monkeypatch, capsys, dataset: Path, fmt: str, source: Path) -
     result = run_main(monkeypatch, capsys, *args)
     assert snapshot(dataset) == before
     return result
+
+
+def import_into(
+    monkeypatch, capsys, dataset: Path, fmt: str, source: Path, *extra: str
+) -> tuple[int, str]:
+    """Import ``source`` as a new policy into ``dataset``: (exit code, last stderr line)."""
+    args = ["import", fmt, str(source), "--policy", "new", "--out", str(dataset), *extra]
+    code, message, _ = run_main(monkeypatch, capsys, *args)
+    return code, message
+
+
+def oracle_args(ckpt: Path, out: Path, *extra: str) -> list[str]:
+    """An oracle command line on a small prompt set; one worker, so that fakes a test
+    patches in act in this process."""
+    return [
+        "oracle", "--model", str(ckpt), "--policy", "p", "--prompts", "arithmetic:n=40,seed=3",
+        "--n", "2", "--chunk-size", "1", "--device", "cpu", "--workers", "1", "--out", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+# A small evaluate run on sim_dataset: options without and with a group size.
+EVAL = ["--repeats", "3", "--oracle-n", "2", "--ref-n", "4", "--batch-size", "4"]
+EVAL_GROUP = [*EVAL, "--group-size", "2"]
+
+
+def evaluate_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["evaluate", "--rollouts", str(data), "--out", str(out), *EVAL_GROUP, *extra]
+
+
+def siblings(path: Path) -> list[str]:
+    """Hidden staging or swapped-out folders an evaluate run left beside ``path``."""
+    return [p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.")]
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, options: str) -> Iterator[bool]:
+    """A tmpfs at ``path`` when this machine lets us mount one (root in a container that
+    allows it); yields whether it is mounted. Unmounted lazily: the command under test ran
+    in this process and keeps its lock file there open, so a plain umount fails (busy) and
+    left one mount per run behind."""
+    path.mkdir(parents=True, exist_ok=True)
+    ok = (
+        shutil.which("mount") is not None
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    try:
+        yield ok
+    finally:
+        if ok:
+            subprocess.run(["umount", "--lazy", str(path)], capture_output=True, check=True)

@@ -19,8 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CliRun, assert_one_line_error, run_main, snapshot
-from test_failures import evaluate_args, siblings
+from conftest import (
+    CliRun,
+    assert_one_line_error,
+    evaluate_args,
+    run_main,
+    siblings,
+    snapshot,
+)
 
 import basis_bench
 import basis_bench.evaluation.run as run_module

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import test_failures
-from conftest import assert_one_line_error, refused_import, run_main
+from conftest import EVAL_GROUP, assert_one_line_error, oracle_args, refused_import, run_main
 
 from basis_bench.errors import InputError
 
@@ -187,7 +186,7 @@ def test_a_temperature_too_small_to_scale_logits_is_refused(
     from basis_bench.train import make_config
 
     out = tmp_path / "out"
-    args = test_failures.oracle_args(fake_ckpt, out, "--temperature", value, "--n", "1")
+    args = oracle_args(fake_ckpt, out, "--temperature", value, "--n", "1")
     assert_one_line_error(run_main(monkeypatch, capsys, *args), "temperature", "at least")
     assert not out.exists()
     with pytest.raises(InputError, match="temperature"):
@@ -209,7 +208,7 @@ def test_figures_check_trajectory_csv_like_every_other_table(
         "evaluate",
         "--rollouts",
         str(sim_dataset),
-        *test_failures.EVAL_GROUP,
+        *EVAL_GROUP,
         "--out",
         str(res),
     ]
@@ -268,7 +267,7 @@ def test_an_instruction_that_is_not_utf8_is_refused_before_the_model(
 ):
     """A non-UTF-8 byte in argv arrives as a lone surrogate; it failed inside the model."""
     out = tmp_path / "out"
-    args = test_failures.oracle_args(fake_ckpt, out, "--instruction", "x\udcff")
+    args = oracle_args(fake_ckpt, out, "--instruction", "x\udcff")
     assert_one_line_error(run_main(monkeypatch, capsys, *args), "instruction", "not UTF-8")
     assert not out.exists()
 
@@ -312,7 +311,7 @@ def test_a_gguf_cut_short_in_its_metadata_is_one_line(monkeypatch, capsys, tmp_p
     header = b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 20)
     gguf.write_bytes(header + b"general.arch")
     out = tmp_path / "out"
-    result = run_main(monkeypatch, capsys, *test_failures.oracle_args(gguf, out))
+    result = run_main(monkeypatch, capsys, *oracle_args(gguf, out))
     assert_one_line_error(result, "m.gguf", "cannot load", "corrupt")
     assert not out.exists()
 

@@ -177,7 +177,7 @@ def test_figures_skip_a_sensitivity_table_of_a_dataset_changed_in_place(
 ):
     """evaluate, then the dataset re-simulated at the same path, then sensitivity: Fig. 5
     drew the new data's sensitivity beside the old data's tables (compared by path)."""
-    from test_failures import EVAL, EVAL_GROUP
+    from conftest import EVAL, EVAL_GROUP
 
     from basis_bench.evaluation.figures import make_figures
     from basis_bench.rollouts.simulate import SimulationConfig, simulate

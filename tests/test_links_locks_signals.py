@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_main, snapshot
-from test_failures import evaluate_args, siblings
+from conftest import assert_one_line_error, evaluate_args, run_main, siblings, snapshot
 
 import basis_bench.rollouts.importers.publishing as publishing_module
 from basis_bench.outputs import LOCK_FILE

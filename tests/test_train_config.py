@@ -291,7 +291,7 @@ def test_train_figures_from_logs(tmp_path):
         append_jsonl(run / "log.jsonl", {"step": 0, "eval_accuracy": 0.25})
         for t in (1, 2, 3):
             beta = betas[t - 1] if betas else None
-            record = {"step": t, "mean_reward": 0.1 * t, "beta": beta}
+            record = {"step": t, "mean_reward": 0.1 * t, "beta": beta, "truncated_share": t / 4}
             append_jsonl(run / "log.jsonl", record | ({"eval_accuracy": 0.5} if t == 3 else {}))
     assert '"beta": "inf"' in (tmp_path / "b" / "log.jsonl").read_text()
     runs = [tmp_path / "b", tmp_path / "g"]
@@ -309,6 +309,7 @@ def test_train_figures_from_logs(tmp_path):
     table = pl.read_csv(tmp_path / "figs" / "training_summary.csv")
     grpo = table.filter(pl.col("label") == "GRPO (G=8)")
     assert grpo["eval_accuracy"].drop_nulls().to_list() == [0.25, 0.5]
+    assert grpo["truncated_share"].drop_nulls().to_list() == [0.25, 0.5, 0.75]
     assert table.filter(pl.col("label") == "BASIS")["beta"].drop_nulls().to_list() == [
         math.inf,
         2.0,

@@ -143,3 +143,27 @@ def test_a_backend_that_cannot_follow_a_policy_is_refused_before_models_load(roo
         register_sampler(OracleOnly)
         with pytest.raises(InputError, match="oracle-only backend cannot sample a model being"):
             train_setup(root, backend="oracle-only")
+
+
+def test_heldout_limit_counts_prompts_outside_the_training_set():
+    """The limit applies after the training prompts are dropped: N really held-out prompts
+    (cutting first left about half of N when the sources overlap)."""
+    from basis_bench.train.setup import load_data
+
+    notes: list[str] = []
+    config = make_config(
+        {
+            "train_prompts": "arithmetic:n=100,digits=1,steps=1,ops=+-,seed=0",
+            "heldout_prompts": "arithmetic:n=200,digits=1,steps=1,ops=+-,seed=1",
+            "heldout_limit": 30,
+        }
+    )
+    data = load_data(config, note=notes.append)
+    assert data.heldout_set.height == 30
+    assert not set(data.heldout_set["prompt_id"]) & set(data.train_set["prompt_id"])
+    assert notes == [
+        "held-out accuracy is over 30 prompts: 100 of the 200 in heldout_prompts are "
+        "training prompts too and are left out; the first 30 of the rest are kept"
+    ]
+    everything = load_data(dataclasses.replace(config, heldout_limit=0), note=notes.append)
+    assert everything.heldout_set.head(30).equals(data.heldout_set)  # the first 30, in order

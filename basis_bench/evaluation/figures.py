@@ -468,6 +468,7 @@ def _checkpoint_marks(ax: Any, df: pl.DataFrame, moving: bool, at: str = "first"
             ax.axvline(x, color="0.5", ls=":", lw=0.8)
         text = f"{name} -> {names[k + 1]}" if moving and k + 1 < len(names) else name
         ax.annotate(plain_math(text), (x, 0.98), xycoords=("data", "axes fraction"),
+                    xytext=(2 if at == "first" else -2, 0), textcoords="offset points",
                     ha="left" if at == "first" else "right", va="top", fontsize=6.5,
                     color="0.35", rotation=90 if at == "first" else 0)  # fmt: skip
     ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True))

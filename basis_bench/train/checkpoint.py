@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, first_line
 from basis_bench.estimators import StepEstimator
 from basis_bench.folders import inside_claim
 from basis_bench.train.config import TrainConfig, config_dict, make_config, parse_override
@@ -166,16 +166,15 @@ def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             state = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise InputError(
             f"--resume {checkpoint}: {TRAINER_STATE} is not a trainer state written by "
-            f"basis-bench (garbage, or more than plain data, which is not loaded: {first})"
+            "basis-bench (garbage, or more than plain data, which is not loaded: "
+            f"{first_line(err)})"
         ) from err
     except (RuntimeError, EOFError, ValueError) as err:  # truncated or not a torch file
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(
-            f"--resume {checkpoint}: {TRAINER_STATE} is truncated or corrupt ({first}); "
-            "resume from another checkpoint"
+            f"--resume {checkpoint}: {TRAINER_STATE} is truncated or corrupt "
+            f"({first_line(err)}); resume from another checkpoint"
         ) from err
     needed = ("step", "config")
     missing = [k for k in needed if not isinstance(state, dict) or k not in state]

@@ -139,7 +139,10 @@ class TrainConfig:
         "set are dropped).",
     )
     heldout_limit: int = setting(
-        0, help="Keep the first N held-out prompts (0: all).", min_val=0, was=("eval_limit",)
+        0,
+        help="Keep the first N held-out prompts that are not training prompts (0: all).",
+        min_val=0,
+        was=("eval_limit",),
     )
     instruction: str = setting(
         DEFAULT_INSTRUCTION, help="Instruction appended to every problem in the user turn."

@@ -15,8 +15,9 @@ value_error         the value probe's noise-corrected squared error of the basel
                     step (:mod:`basis_bench.train.probe`), per arm the mean over the seeds
                     that logged it and its 95% t-interval band, as the accuracy; only when
                     some run has probe records; PNG, PDF
-training_summary    CSV: arm, run, label, step, eval_accuracy, mean_reward, beta,
-                    probe_value_error (one row per logged step)
+training_summary    CSV: arm, run, label, step, eval_accuracy, mean_reward, truncated_share
+                    (responses cut at max_new_tokens), beta, probe_value_error (one row
+                    per logged step)
 training_runs       CSV: one row per run, its final, peak, peak-to-final drop, half-budget
                     accuracy, rollouts, wall hours, mean value error, collapsed
 training_table      CSV and markdown: one row per arm, each number's mean and 95% interval
@@ -247,8 +248,8 @@ def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Pat
 
 
 def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
-    """training_summary.csv: arm, run, label, step, eval_accuracy, mean_reward, beta,
-    probe_value_error."""
+    """training_summary.csv: arm, run, label, step, eval_accuracy, mean_reward,
+    truncated_share, beta, probe_value_error."""
     from basis_bench.outputs import atomic_write
 
     table = pl.concat(
@@ -262,7 +263,10 @@ def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
             for p, _, log in arm.runs
         ],
         how="diagonal_relaxed",
-    ).select("arm", "run", "label", "step", "eval_accuracy", "mean_reward", "beta", VALUE_ERROR)
+    ).select(
+        "arm", "run", "label", "step", "eval_accuracy", "mean_reward", "truncated_share", "beta",
+        VALUE_ERROR,
+    )  # fmt: skip
     text = table.with_columns(pl.col("beta").map_elements(_beta_text, return_dtype=pl.String))
     with atomic_write(path) as tmp:
         text.write_csv(tmp)

@@ -43,6 +43,20 @@ def denominator(mask: torch.Tensor, agg: Aggregation) -> float:
     return float(mask.sum()) if agg == "token_mean" else float(mask.shape[0])
 
 
+def zero_padding(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` with 0 where ``mask`` is 0: padding's terms, finite or not, never enter."""
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> torch.Tensor:
+    """PPO's objective term min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A), elementwise
+    (per token in GRPO, per response in GSPO)."""
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return torch.minimum(ratio * advantages, clipped * advantages)
+
+
 def reduce(
     values: torch.Tensor, mask: torch.Tensor, agg: Aggregation, denom: float | None = None
 ) -> torch.Tensor:
@@ -50,7 +64,7 @@ def reduce(
 
     Padding never enters, even when its terms are not finite.
     """
-    masked = torch.where(mask.bool(), values, torch.zeros_like(values))
+    masked = zero_padding(values, mask)
     if agg == "token_mean":
         total = masked.sum()
     elif agg == "seq_mean":
@@ -93,10 +107,9 @@ def grpo_loss(
     over several epochs or minibatches the clip stops a token's ratio from moving further
     in the direction its advantage favours.
     """
-    ratio = torch.exp(torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp)))
-    a = advantages[:, None]
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return -reduce(torch.minimum(ratio * a, clipped * a), mask, agg, denom)
+    ratio = torch.exp(zero_padding(logp - old_logp, mask))
+    terms = clipped_surrogate(ratio, advantages[:, None], clip_low, clip_high)
+    return -reduce(terms, mask, agg, denom)
 
 
 def gspo_loss(
@@ -116,11 +129,9 @@ def gspo_loss(
     The whole response is clipped or not; GSPO's ranges are small (defaults from its paper).
     """
     length = mask.sum(-1).clamp(min=1)
-    log_ratio = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp))
-    ratio = torch.exp(log_ratio.sum(-1) / length)
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    terms = torch.minimum(ratio * advantages, clipped * advantages)
-    return -terms.sum() / (float(mask.shape[0]) if denom is None else denom)
+    ratio = torch.exp(zero_padding(logp - old_logp, mask).sum(-1) / length)
+    terms = clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    return -terms.sum() / (denominator(mask, "seq_mean") if denom is None else denom)
 
 
 def kl_k3(

@@ -88,20 +88,26 @@ class Data:
 
 
 def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) -> Data:
-    """Training prompts and held-out prompts (minus any training prompt: ``note`` says how
-    many were left out)."""
+    """Training prompts and held-out prompts: the held-out source minus any training prompt
+    (``note`` says how many were left out), then its first ``heldout_limit``, so the limit
+    counts prompts that are really held out."""
     from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
     from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
 
     train_set = load_prompt_source(config.train_prompts, limit=config.train_limit or None)
-    asked = load_prompt_source(config.heldout_prompts, limit=config.heldout_limit or None)
-    heldout_set = asked.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
-    if heldout_set.height == 0:
+    asked = load_prompt_source(config.heldout_prompts)
+    outside = asked.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
+    if outside.height == 0:
         raise InputError("heldout_prompts has no prompt outside train_prompts")
-    if heldout_set.height < asked.height:
+    heldout_set = outside.head(config.heldout_limit) if config.heldout_limit else outside
+    if outside.height < asked.height:
+        kept = (
+            f"; the first {heldout_set.height} of the rest are kept" if config.heldout_limit else ""
+        )
         note(
-            f"held-out accuracy is over {heldout_set.height} prompts: {asked.height - heldout_set.height} "
+            f"held-out accuracy is over {heldout_set.height} prompts: {asked.height - outside.height} "
             f"of the {asked.height} in heldout_prompts are training prompts too and are left out"
+            + kept
         )
     return Data(
         train_set,

