@@ -6,6 +6,7 @@ this process claimed, out of which no write, replace or removal goes through a l
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -39,6 +40,20 @@ def _unreadable_folder(err: OSError) -> NoReturn:
     ) from err
 
 
+def regular_file(path: Path) -> Path:
+    """``path``, refused in one line unless it is a regular file (or a link to one): opening
+    a FIFO named ``part.parquet`` blocked evaluate for good, deaf to SIGTERM. Every file the
+    package reads whole asks here first (a dataset's parts, an import source, a prompt file,
+    a training config)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # missing or unreadable: the reader that opens it names it
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise InputError(f"{path} is not a regular file (a FIFO, socket or device); remove it")
+    return path
+
+
 _CLAIMED: set[Path] = set()  # the real folders this process claimed
 
 
@@ -57,14 +72,29 @@ def inside_claim(path: Path) -> Path:
     for above in (path.parent, *path.parent.parents):
         root = Path(os.path.realpath(above))
         if root in _CLAIMED:
-            if real != root and root not in real.parents:
-                raise InputError(
-                    f"{path.parent} leads out of {root} through a symbolic link (to {real}); "
-                    "a command writes, replaces and removes files only inside the folder it "
-                    "claimed: replace the link by a folder, or write to its target directly"
-                )
+            _refuse_leading_out(path.parent, real, root, "a folder")
             break
     return path
+
+
+def appended_inside(path: Path, folder: Path) -> Path:
+    """``path``, a file of ``folder`` that is appended to in place (a training run's
+    ``log.jsonl``), refused in one line where a symbolic link leads it out of ``folder``:
+    an append goes through a link at ``path`` itself, where :func:`atomic_write` replaces
+    such a link and so asks :func:`inside_claim` only about the folders above it."""
+    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    _refuse_leading_out(path, real, root, "a file")
+    return path
+
+
+def _refuse_leading_out(path: Path, real: Path, root: Path, own: str) -> None:
+    """The one line for ``path`` (``real`` once links are resolved) outside ``root``."""
+    if real != root and root not in real.parents:
+        raise InputError(
+            f"{path} leads out of {root} through a symbolic link (to {real}); a command "
+            "writes, replaces and removes files only inside the folder it claimed: replace "
+            f"the link by {own}, or write to its target directly"
+        )
 
 
 _NAME_MAX = 255  # bytes of one file or folder name (Linux, macOS)

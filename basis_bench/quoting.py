@@ -4,7 +4,8 @@ A policy name, a simulated dataset's label, a path or an error message quoting a
 hold rich markup (``[/bold]`` raised MarkupError, a traceback), control characters (an
 escape sequence recoloured or rewrote the terminal) or matplotlib mathtext (a checkpoint
 named ``$\\frac{a$`` raised ValueError when a figure was saved). Every CLI print of such
-text goes through :func:`shown`, every figure label of it through :func:`plain_math`.
+text goes through :func:`shown`, every warning the CLI shows through :func:`printable`
+(or :func:`shown`), every figure label of it through :func:`plain_math`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ _UNSAFE = {
 }
 
 
+def printable(value: object) -> str:
+    """``str(value)`` with control characters escaped (``\\x1b``), for text printed
+    without rich (Python's warning display)."""
+    return str(value).translate(_UNSAFE)
+
+
 def shown(value: object) -> str:
-    """``str(value)`` with control characters escaped (``\\x1b``) and rich markup quoted
-    (``\\[/bold]``), so it prints as the characters it holds."""
-    return escape(str(value).translate(_UNSAFE))
+    """:func:`printable`, with rich markup quoted (``\\[/bold]``) too, so it prints through
+    rich as the characters it holds."""
+    return escape(printable(value))
 
 
 def plain_math(value: object) -> str:

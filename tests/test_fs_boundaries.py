@@ -19,7 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, evaluate_args, run_main, siblings, snapshot
+from conftest import (
+    CliRun,
+    assert_one_line_error,
+    evaluate_args,
+    run_main,
+    siblings,
+    snapshot,
+)
 
 import basis_bench
 import basis_bench.evaluation.run as run_module
@@ -376,6 +383,17 @@ def test_train_refuses_an_empty_run_dir(monkeypatch, capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_train_start_refused_after_the_claim_leaves_no_run_dir(monkeypatch, capsys, tmp_path):
+    """train() lost its ``holds_output_locks`` to the step helper split off above it, so a
+    start refused after run_dir was claimed (a prompt file that does not exist) left the
+    folder behind, with the marker and a held lock."""
+    run_dir, missing = tmp_path / "run", tmp_path / "none.jsonl"
+    args = ["train", "--config", str(TRAIN_TOML), "--set", f'train_prompts="{missing}"',
+            "--set", f'run_dir="{run_dir}"']  # fmt: skip
+    assert_one_line_error(run_main(monkeypatch, capsys, *args), str(missing), "does not exist")
+    assert not run_dir.exists()
+
+
 CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -484,3 +502,35 @@ def test_a_fifo_in_a_dataset_is_refused_not_waited_on(default_copy, tmp_path, wh
     result = subprocess.run([*CLI, *evaluate_args(default_copy, tmp_path / "res")],
                             capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert_one_line_error(result, str(fifo), "not a regular file")
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["import", "counts", "FIFO", "--policy", "p", "--out", "OUT"], "counts.csv"),
+        (["import", "eval-jsonl", "FIFO", "--policy", "p", "--out", "OUT"], "evals.jsonl"),
+        (["import", "counts", "SRC", "--prompts", "FIFO", "--policy", "p", "--out", "OUT"],
+         "prompts.csv"),
+        (["oracle", "--prompts", "FIFO", "--model", "smollm2-135m", "--policy", "p", "--n", "2",
+          "--device", "cpu", "--out", "OUT"], "prompts.jsonl"),
+        (["train", "--config", str(TRAIN_TOML), "--set", 'train_prompts="FIFO"', "--set",
+          'run_dir="OUT"'], "prompts.json"),
+        (["train", "--config", "FIFO", "--set", 'run_dir="OUT"'], "config.toml"),
+    ],
+)  # fmt: skip
+def test_a_fifo_named_as_a_source_or_prompt_file_is_refused_not_waited_on(tmp_path, args, name):
+    """A FIFO given as an import source, a prompt file or a config is refused as the dataset's
+    readers refuse one, by what it is (it was "does not exist": the readers asked only
+    ``is_file``, and opening it waits for a writer that never comes)."""
+    fifo, out, source = tmp_path / name, tmp_path / "out", tmp_path / "src.csv"
+    os.mkfifo(fifo)
+    source.write_text("prompt_id,n,n_correct\na,4,1\n")
+    named = {"FIFO": str(fifo), "OUT": str(out), "SRC": str(source)}
+    args = [named.get(a, a).replace('"FIFO"', f'"{fifo}"').replace('"OUT"', f'"{out}"')
+            for a in args]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120)
+    last = result.stderr.strip().splitlines()[-1]  # after train's plan line
+    assert "Traceback" not in result.stderr
+    assert_one_line_error(CliRun(result.returncode, last, ""), str(fifo), "not a regular file")
+    assert not out.exists()

@@ -5,6 +5,9 @@ case here is one line naming the file, or an accepted value."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -152,6 +155,24 @@ def test_a_policy_name_with_markup_and_escapes_prints_as_its_characters(
     bad = run_main(monkeypatch, capsys, *args, "--checkpoint", "[/bold]x\x1b[2J")
     assert_one_line_error(bad, "[/bold]x")
     assert "\x1b" not in bad.message
+
+
+def test_a_warning_quoting_a_file_prints_as_its_characters(tmp_path):
+    """A warning naming a prompt file (its rows without an answer are skipped) reached the
+    terminal through Python's warning display, raw: an escape sequence in the name (or in
+    any warning's text) recoloured it. Every warning the CLI shows is escaped as errors are."""
+    toml = Path(__file__).resolve().parents[1] / "experiments" / "cpu_smollm2_arithmetic.toml"
+    prompts = tmp_path / "p\x1b[31mred.jsonl"
+    prompts.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "solution": "?"}\n')
+    quoted = json.dumps(str(prompts))  # a TOML string too: the escape as \u001b
+    args = ["train", "--config", str(toml), "--set", f"train_prompts={quoted}", "--set",
+            f"heldout_prompts={quoted}", "--set", f'run_dir="{tmp_path / "run"}"']  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "basis_bench", *args], capture_output=True,
+                            text=True, env=env, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "no prompt outside train_prompts" in result.stderr
+    assert "skipped 1 problem(s) with no answer" in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr and "p\\x1b[31mred.jsonl" in result.stderr
 
 
 # --------------------------------------------------------------------------- values

@@ -74,6 +74,68 @@ def test_shards_of_one_policy_with_other_settings_are_refused(
     assert load_rollouts(out).equals(written)
 
 
+SHARD_STARTING = """
+import sys, time
+from pathlib import Path
+from basis_bench.rollouts.oracle import OracleSource, run_oracle
+from basis_bench.rollouts.oracle_job import OracleJob, Shard
+from basis_bench.rollouts.prompts import arithmetic_prompts
+
+def loading():  # the shard has claimed the dataset and loads its model: no part yet
+    print("loading", flush=True)
+    time.sleep(600)
+
+job = OracleJob(model="m", policy="p", prompts="arithmetic", out=Path(sys.argv[1]), n=2,
+                chunk_size=1, shard=Shard(0, 2), seed=0)
+run_oracle(job, source=OracleSource(arithmetic_prompts(4, seed=0), {"name": "m"}, loading))
+"""
+
+
+class Loading(Exception):
+    """The model load a shard reaches once every check has passed."""
+
+
+def _shard_1_of_2(out: Path, seed: int) -> None:
+    from basis_bench.rollouts.oracle import OracleSource, run_oracle
+    from basis_bench.rollouts.oracle_job import OracleJob, Shard
+    from basis_bench.rollouts.prompts import arithmetic_prompts
+
+    def loading():
+        raise Loading
+
+    job = OracleJob(model="m", policy="p", prompts="arithmetic", out=out, n=2, chunk_size=1,
+                    shard=Shard(1, 2), seed=seed)  # fmt: skip
+    run_oracle(job, source=OracleSource(arithmetic_prompts(4, seed=0), {"name": "m"}, loading))
+
+
+def test_a_shard_started_beside_a_running_one_with_other_settings_is_refused(tmp_path):
+    """Two shards started at one instant with different settings both found no part to
+    compare with and mixed their rows in one policy. Shard 0/2 runs in its own process,
+    held where it loads its model (nothing written but the claim), while shard 1/2 starts:
+    with another seed it is refused; with the same seed it goes on to load its model; once
+    shard 0/2 is killed, its settings bind no one."""
+    import subprocess
+    import sys
+
+    from basis_bench.errors import InputError
+
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-c", SHARD_STARTING, str(out)],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "loading\n"
+        with pytest.raises(InputError, match=r"shard 0/2 .* different settings \(seed\)"):
+            _shard_1_of_2(out, seed=1)
+        assert not (out / "rollouts").exists()
+        with pytest.raises(Loading):
+            _shard_1_of_2(out, seed=0)
+    finally:
+        first.kill()
+        first.wait()
+    with pytest.raises(Loading):
+        _shard_1_of_2(out, seed=1)
+
+
 def test_trains_reference_cache_is_rebuilt_when_the_weights_change(tiny_model, tmp_path):
     """The cache was keyed by the model's path: new weights in the folder reused it."""
     from basis_bench.rollouts.prompts import load_prompt_source

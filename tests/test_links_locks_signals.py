@@ -328,6 +328,54 @@ def test_train_figures_claims_its_folder(monkeypatch, capsys, tmp_path):
     )
 
 
+# --------------------------------------------------------------------------- train's log
+
+TRAIN_TOML = ROOT / "experiments" / "cpu_smollm2_arithmetic.toml"
+
+
+@pytest.mark.parametrize("target", ["missing", "empty", "a record"])
+def test_train_refuses_a_log_linked_out_of_its_run_dir(monkeypatch, capsys, tmp_path, target):
+    """``run_dir/log.jsonl`` a link to a file elsewhere: the log is appended in place, so
+    the run would write there (a non-empty target was taken for a run already here, and
+    a missing or empty one went ahead). Refused before a model loads or a byte is written."""
+    import basis_bench.train.setup as setup
+
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    outside = elsewhere / "log.jsonl"
+    if target != "missing":
+        outside.write_text("" if target == "empty" else '{"step": 1, "mean_reward": 0.5}\n')
+    (run / "log.jsonl").symlink_to(outside)
+    before = snapshot(elsewhere)
+    args = ["train", "--config", str(TRAIN_TOML), "--set", f'run_dir="{run}"']
+    result = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(result, f"{run / 'log.jsonl'} leads out of", "symbolic link")
+    assert snapshot(elsewhere) == before and outside.exists() == (target != "missing")
+    assert sorted(p.name for p in run.iterdir()) == ["log.jsonl"]
+
+
+def test_a_log_linked_out_mid_run_is_never_appended_to(tmp_path):
+    """A step's record goes to the run's own log only: a ``log.jsonl`` turned into a link to
+    a file elsewhere after the run started is refused, one inside the run is followed."""
+    from basis_bench.errors import InputError
+    from basis_bench.outputs import claim_output_dir
+
+    run, outside = claim_output_dir(tmp_path / "run", "train-run"), tmp_path / "other.jsonl"
+    outside.write_text("")
+    record = {"step": 1, "mean_reward": 0.5}
+    (run / "log.jsonl").symlink_to(outside)
+    with pytest.raises(InputError, match=r"leads out of .* through a symbolic link"):
+        append_jsonl(run / "log.jsonl", record)
+    assert outside.read_text() == ""
+    (run / "log.jsonl").unlink()
+    (run / "logs").mkdir()
+    (run / "log.jsonl").symlink_to(run / "logs" / "log.jsonl")
+    append_jsonl(run / "log.jsonl", record)
+    assert json.loads((run / "logs" / "log.jsonl").read_text()) == record
+
+
 # --------------------------------------------------------------------------- values kept
 
 

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
-from basis_bench.quoting import shown
+from basis_bench.quoting import printable, shown
 from basis_bench.settings import RenamedSetting
 
 app = typer.Typer(
@@ -130,7 +130,7 @@ def main() -> None:
     quiet_progress_bars()  # before transformers or the Hub is imported
     console = Console(stderr=True, soft_wrap=True)
     swallowed_interrupt(forget=True)
-    _renamed_settings_in_one_line(console)
+    _show_warnings_quoted(console)
     try:
         refuse_empty_paths(sys.argv[1:])
         app()
@@ -165,16 +165,18 @@ def main() -> None:
         raise
 
 
-def _renamed_settings_in_one_line(console: Console) -> None:
-    """A setting given by its old name is one ``warning:`` line (Python's default shows
-    the file, the line and the source of the warning call too)."""
+def _show_warnings_quoted(console: Console) -> None:
+    """Every warning with its control characters escaped, as errors are (a prompt file's
+    name in "skipped 2 problem(s) with no answer" reached the terminal raw); a setting
+    given by its old name is one ``warning:`` line (Python's default shows the file, the
+    line and the source of the warning call too)."""
     show = warnings.showwarning
 
     def showwarning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, RenamedSetting):
-            console.print(f"[yellow]warning:[/] {message}", highlight=False)
+            console.print(f"[yellow]warning:[/] {shown(message)}", highlight=False)
         else:
-            show(message, category, *args, **kwargs)
+            show(printable(message), category, *args, **kwargs)
 
     warnings.showwarning = showwarning
 

@@ -56,6 +56,7 @@ from basis_bench.rollouts.oracle_chunks import (
     run_chunks,
 )
 from basis_bench.rollouts.oracle_job import OracleJob
+from basis_bench.rollouts.oracle_shards import run_differences, running_shard
 from basis_bench.rollouts.oracle_workers import (
     WorkerTask,
     auto_workers,
@@ -93,12 +94,6 @@ def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    differs = [k for k in (set(old) | set(new)) - {"model"} if old.get(k) != new.get(k)]
-    model = fingerprint.model_difference(old.get("model"), new.get("model"))
-    return sorted(differs + ([model] if model else []))
-
-
 def pending_chunks(
     prompts: pl.DataFrame, job: OracleJob, identity: Mapping[str, Any]
 ) -> tuple[list[Chunk], list[Chunk]]:
@@ -117,7 +112,7 @@ def pending_chunks(
             meta = read_metadata(path)
         except Exception as err:
             raise InputError(f"{path}: unreadable part ({err}); delete it and rerun") from err
-        differs = _differences(meta.get("run", {}), identity)
+        differs = run_differences(meta.get("run", {}), identity)
         if meta.get("chunk", {}).get("digest") != chunk.digest():
             differs.append("the chunk's prompts")
         recorded = (meta.get(STEPS_KEY) or {}).get(job.policy)
@@ -296,7 +291,7 @@ def run_oracle(
     """Fill the dataset ``job.out`` with this shard's missing parts.
 
     Claims ``out`` (new, empty or a dataset of real rollouts), refuses parts written with
-    other settings, merges the prompts into ``prompts.parquet`` (once a model has loaded,
+    other settings and shards running there with other settings (:mod:`.oracle_shards`), merges the prompts into ``prompts.parquet`` (once a model has loaded,
     here or in a worker: a model that cannot load writes nothing), then samples,
     grades and writes each missing chunk: in ``job.workers`` processes (0: one per free core
     on the CPU, see :mod:`.oracle_workers`) when ``source`` is the job's own, in this process
@@ -309,10 +304,23 @@ def run_oracle(
         job = dataclasses.replace(job, backend=sampler_class(job.backend, job.device).backend)
     source = source or open_source(job, progress.warning)
     identity = run_identity(job, source.model)
-    metadata = oracle_metadata(job, source.prompts.height)
-    claim_output_dir(  # shared: the shards of one run write disjoint parts side by side
+    out = claim_output_dir(  # shared: the shards of one run write disjoint parts side by side
         job.out, "rollouts", simulated=False, force=job.force, option=source.out_label, shared=True
     )
+    with running_shard(out, identity, str(job.shard)):  # before any part: shards started at once
+        return _fill(job, source, identity, progress, pool, own_source)
+
+
+def _fill(
+    job: OracleJob,
+    source: OracleSource,
+    identity: Mapping[str, Any],
+    progress: OracleProgress,
+    pool: ProcessPoolExecutor | None,
+    own_source: bool,
+) -> OracleReport:
+    """:func:`run_oracle` once ``job.out`` is claimed: this shard's missing parts."""
+    metadata = oracle_metadata(job, source.prompts.height)
     todo, done = pending_chunks(source.prompts, job, identity)
     workers = auto_workers(job, len(todo)) if own_source and todo else 1
     progress.planned(job, source.prompts.height, len(todo), len(done), workers)

@@ -33,6 +33,7 @@ import polars as pl
 
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.folders import regular_file
 from basis_bench.rollouts.rewards import last_boxed
 from basis_bench.rollouts.store import check_read_fits, conform_prompts
 from basis_bench.settings import check_scalar
@@ -120,7 +121,7 @@ def read_records(path: str | Path) -> pl.DataFrame:
     A malformed JSONL line is an :class:`InputError` naming its line number.
     """
     path = Path(path)
-    if not path.is_file():
+    if not regular_file(path).is_file():
         raise InputError(f"prompt file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".parquet":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources as importlib_resources
@@ -31,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError, first_line
-from basis_bench.folders import walk
+from basis_bench.folders import regular_file, walk
 from basis_bench.memory_check import READ_BYTES_PER_ROW, check_rollouts_fit
 from basis_bench.outputs import publishing, read_metadata, write_parquet_atomic
 from basis_bench.schema import (
@@ -249,18 +248,6 @@ def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
         if name.endswith(".parquet") and name != PROMPTS_FILE
     )
     return sorted(found)
-
-
-def regular_file(path: Path) -> Path:
-    """``path``, refused in one line unless it is a regular file (or a link to one): opening
-    a FIFO named ``part.parquet`` blocked evaluate for good, deaf to SIGTERM."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return path  # missing or unreadable: the reader that opens it names it
-    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        raise InputError(f"{path} is not a regular file (a FIFO, socket or device); remove it")
-    return path
 
 
 def parquet_schema(path: Path) -> pa.Schema:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
+from basis_bench.folders import regular_file
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
 from basis_bench.settings import check_settings, current_name, renamed_keys, setting
@@ -309,7 +310,7 @@ def read_config_file(path: str | os.PathLike[str], _chain: tuple[Path, ...] = ()
     """Keys of a TOML config; ``extends = "base.toml"`` (relative to the file) is read first.
     A file that extends itself, directly or through others, is an :class:`InputError`."""
     path = Path(path)
-    if not path.is_file():
+    if not regular_file(path).is_file():
         where = f" (extended by {_chain[-1]})" if _chain else ""
         raise InputError(f"config file {str(path)!r} does not exist{where}")
     if path.resolve() in _chain:

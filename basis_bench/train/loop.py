@@ -54,6 +54,7 @@ import polars as pl
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
+from basis_bench.folders import appended_inside
 from basis_bench.outputs import holds_output_locks
 from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
 from basis_bench.train.setup import LOG_FILE, Data, Run
@@ -65,7 +66,6 @@ Record = dict[str, Any]
 # --------------------------------------------------------------------------- the loop
 
 
-@holds_output_locks
 def sample_step(run: Any, train_set: Any, sampling: Any, step: int) -> tuple[Any, Any]:
     """Step ``step``'s prompts (the seeded schedule) and G' responses each from the policy."""
     seed = run.config.seed
@@ -77,6 +77,7 @@ def sample_step(run: Any, train_set: Any, sampling: Any, step: int) -> tuple[Any
     return batch, rollouts
 
 
+@holds_output_locks
 def train(
     config: TrainConfig,
     resume: str | os.PathLike[str] | None = None,
@@ -413,8 +414,9 @@ def jsonl_line(record: Mapping[str, Any]) -> str:
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
-    """Append one record to a log (one line, appended whole)."""
-    with open(path, "a", encoding="utf-8") as fh:
+    """Append one record to a log (one line, appended whole), never through a link that
+    leads out of the log's folder."""
+    with open(appended_inside(path, path.parent), "a", encoding="utf-8") as fh:
         fh.write(jsonl_line(record))
 
 

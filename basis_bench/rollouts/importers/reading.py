@@ -24,6 +24,7 @@ import polars as pl
 
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.folders import regular_file
 from basis_bench.outputs import file_sha256
 from basis_bench.rollouts.store import check_read_fits
 
@@ -114,7 +115,7 @@ def describe_source(path: Path, rows: int) -> dict[str, Any]:
 
 
 def check_exists(path: Path) -> None:
-    if not path.is_file():
+    if not regular_file(path).is_file():
         raise InputError(f"source {str(path)!r} does not exist or is not a file")
 
 
