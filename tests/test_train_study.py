@@ -80,6 +80,12 @@ def test_summary_tables_on_synthetic_runs(tmp_path):
     assert first["drop"] == pytest.approx(0.2) and first["collapsed"] == (0.2 >= COLLAPSE_DROP)
     assert first["rollouts"] == 8 and first["wall_hours"] == pytest.approx((7 + 4 * 11) / 3600)
     assert runs.row(3, named=True)["half"] == 0.1  # the last evaluation at or before step 2
+    assert [runs.row(i, named=True)["dip"] for i in range(3)] == pytest.approx([0.2, 0.0, 0.0])
+    # a collapse the run recovers from: peak - final is 0, the dip 0.4 (0.5 -> 0.1 -> 0.5)
+    back = _run(tmp_path / "back", 0, {0: 0.1, 1: 0.5, 2: 0.1, 3: 0.3, 4: 0.5})
+    metrics = runs_table([load_arm(back)], ["back"]).row(0, named=True)
+    assert metrics["drop"] == 0.0 and metrics["dip"] == pytest.approx(0.4)
+    assert not metrics["collapsed"]
     short = _run(tmp_path / "short", 0, {0: 0.1}, steps=1) / "config.json"
     short.write_text(short.read_text().replace('"steps": 1', '"steps": 4'))  # 1 of 4 steps done
     assert math.isnan(runs_table([load_arm(short.parent)], ["cut"]).row(0, named=True)["half"])

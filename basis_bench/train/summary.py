@@ -11,6 +11,9 @@ One run's numbers (held-out greedy accuracy at the evaluations of its log):
 final           accuracy at the last evaluation
 peak            the highest accuracy over all evaluations, step 0 included
 drop            peak - final (the collapse metric: a run collapsed when drop >= 0.15)
+dip             the largest fall below the best accuracy so far, at any evaluation:
+                max_t (max_{s <= t} acc_s - acc_t) >= drop; it also sees a collapse the
+                run recovered from (reported, not part of the collapse metric)
 half            accuracy at the last evaluation at or before step ``steps // 2`` (the
                 paper's BASIS arm trains half the steps: its half-budget point is read off
                 the same run); none while the run has not reached that step
@@ -46,7 +49,7 @@ from basis_bench.train.config import OBSERVATIONAL_KEYS
 from basis_bench.train.loop import read_log
 
 COLLAPSE_DROP = 0.15  # a run collapsed: its held-out accuracy fell this far below its peak
-METRICS = ("final", "peak", "drop", "half", "rollouts", "wall_hours", "value_error")
+METRICS = ("final", "peak", "drop", "dip", "half", "rollouts", "wall_hours", "value_error")
 VALUE_ERROR = "probe_value_error"  # the log's column that value_error averages
 UNTIMED_PHASES = frozenset({"probe"})  # logged seconds that wall_hours leaves out
 SEED_PREFIX = "seed-"
@@ -237,11 +240,14 @@ def run_metrics(config: dict[str, Any], log: pl.DataFrame) -> dict[str, float]:
     at_half = accuracy[steps <= half] if reached else accuracy[:0]
     final = float(accuracy[-1]) if accuracy.size else math.nan
     peak = float(accuracy.max()) if accuracy.size else math.nan
+    best_so_far = np.maximum.accumulate(accuracy)
+    dip = float((best_so_far - accuracy).max()) if accuracy.size else math.nan
     errors = log[VALUE_ERROR].drop_nulls().to_numpy()
     return {
         "final": final,
         "peak": peak,
         "drop": peak - final,
+        "dip": dip,
         "half": float(at_half[-1]) if at_half.size else math.nan,
         "rollouts": float(log["rollouts"].fill_null(0).sum()),
         "wall_hours": float(log["seconds"].fill_null(0.0).sum()) / 3600,
@@ -298,6 +304,7 @@ def markdown_table(arms: pl.DataFrame) -> str:
         "final": "final acc.",
         "peak": "peak acc.",
         "drop": "peak - final",
+        "dip": "largest dip",
         "half": "acc. at half budget",
         "rollouts": "rollouts",
         "wall_hours": "wall hours",
