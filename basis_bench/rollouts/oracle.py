@@ -291,7 +291,8 @@ def run_oracle(
     """Fill the dataset ``job.out`` with this shard's missing parts.
 
     Claims ``out`` (new, empty or a dataset of real rollouts), refuses parts written with
-    other settings and shards running there with other settings (:mod:`.oracle_shards`), merges the prompts into ``prompts.parquet`` (once a model has loaded,
+    other settings and shards running there with other settings (:mod:`.oracle_shards`),
+    merges the prompts into ``prompts.parquet`` (once a model has loaded,
     here or in a worker: a model that cannot load writes nothing), then samples,
     grades and writes each missing chunk: in ``job.workers`` processes (0: one per free core
     on the CPU, see :mod:`.oracle_workers`) when ``source`` is the job's own, in this process

@@ -39,7 +39,14 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.train.summary import COLLAPSE_DROP, Arm, mean_interval, setting_differences
+from basis_bench.train.summary import (
+    COLLAPSE_DROP,
+    Arm,
+    collapsed,
+    mean_interval,
+    run_metrics,
+    setting_differences,
+)
 
 MARGIN = 0.05  # held-out accuracy: what "competitive" allows, what a "gain" must exceed
 MIN_SEEDS = 3  # the study's minimum; fewer shared seeds decide nothing
@@ -83,11 +90,10 @@ def role(config: dict[str, Any]) -> str | None:
 RunValue = Callable[[dict[str, Any], pl.DataFrame], float]
 
 
-def _evals(log: pl.DataFrame, until: int | None = None) -> np.ndarray:
-    evals = log.filter(pl.col("eval_accuracy").is_not_null()).sort("step")
-    if until is not None:
-        evals = evals.filter(pl.col("step") <= until)
-    return evals["eval_accuracy"].to_numpy()
+def _evals(log: pl.DataFrame, until: int) -> np.ndarray:
+    """The held-out accuracies logged at or before step ``until``, in step order."""
+    evals = log.filter(pl.col("eval_accuracy").is_not_null() & (pl.col("step") <= until))
+    return evals.sort("step")["eval_accuracy"].to_numpy()
 
 
 def _finished(config: dict[str, Any], log: pl.DataFrame, step: int | None = None) -> bool:
@@ -95,25 +101,23 @@ def _finished(config: dict[str, Any], log: pl.DataFrame, step: int | None = None
     return int(log["step"].max()) >= wanted  # type: ignore[arg-type]
 
 
-def final(config: dict[str, Any], log: pl.DataFrame) -> float:
-    """The last evaluation of a finished run (NaN while it runs)."""
-    accuracy = _evals(log)
-    return float(accuracy[-1]) if _finished(config, log) and accuracy.size else math.nan
+def of_finished(metric: str) -> RunValue:
+    """:func:`summary.run_metrics`' ``metric`` of a finished run (NaN while it runs)."""
+
+    def value(config: dict[str, Any], log: pl.DataFrame) -> float:
+        return run_metrics(config, log)[metric] if _finished(config, log) else math.nan
+
+    return value
 
 
-def drop(config: dict[str, Any], log: pl.DataFrame) -> float:
-    """Peak - final of a finished run (NaN while it runs)."""
-    accuracy = _evals(log)
-    if not (_finished(config, log) and accuracy.size):
-        return math.nan
-    return float(accuracy.max() - accuracy[-1])
+final, drop = of_finished("final"), of_finished("drop")
 
 
 def accuracy_at(step: int) -> RunValue:
     """The last evaluation at or before ``step`` of a run that reached it (else NaN)."""
 
     def value(config: dict[str, Any], log: pl.DataFrame) -> float:
-        accuracy = _evals(log, until=step)
+        accuracy = _evals(log, step)
         return float(accuracy[-1]) if _finished(config, log, step) and accuracy.size else math.nan
 
     return value
@@ -197,7 +201,7 @@ def judge(arms: Sequence[Arm], labels: Sequence[str]) -> list[Finding]:
     for vanilla, v_name, basis, b_name in _pairs(arms, labels, "vanilla", "basis"):
         drops = by_seed(vanilla, drop), by_seed(basis, drop)
         shared = sorted(set(drops[0]) & set(drops[1]))
-        flags = [[seeds[s] >= COLLAPSE_DROP for s in shared] for seeds in drops]
+        flags = [[collapsed(seeds[s]) for s in shared] for seeds in drops]
         n, mean, low, high = paired(*drops)
         counts = (
             f"{v_name} {sum(flags[0])}/{len(flags[0])}, {b_name} {sum(flags[1])}/{len(flags[1])}"

@@ -66,6 +66,11 @@ def setting_differences(
     return sorted(k for k in keys if a.get(k) != b.get(k))
 
 
+def collapsed(drop: float) -> bool:
+    """The collapse metric: the run's final accuracy is ``COLLAPSE_DROP`` or more below its peak."""
+    return bool(drop >= COLLAPSE_DROP)
+
+
 RunLog = tuple[Path, dict[str, Any], pl.DataFrame]  # directory, config, log
 
 
@@ -269,7 +274,7 @@ def runs_table(arms: Sequence[Arm], labels: Sequence[str]) -> pl.DataFrame:
                     "seed": int(config.get("seed", 0)),
                     "last_step": int(log["step"].to_numpy().max()),
                     **metrics,
-                    "collapsed": bool(metrics["drop"] >= COLLAPSE_DROP),
+                    "collapsed": collapsed(metrics["drop"]),
                 }
             )
     return pl.DataFrame(rows)
