@@ -53,3 +53,12 @@ def swallowed_interrupt(forget: bool = False) -> KeyboardInterrupt | None:
     if forget:
         _RAISED.clear()
     return last
+
+
+def reraise_swallowed_interrupt() -> None:
+    """Raise again an interrupt a library swallowed; called at every progress tick of long
+    work, so the command stops there, cleaning up as on any interrupt, instead of running on
+    to its end (a polars constructor inside the replay swallowed a SIGTERM in CI). Does
+    nothing when no interrupt was raised, as in a library caller without the CLI's handler."""
+    if _RAISED:
+        raise type(_RAISED[-1])()

@@ -196,6 +196,34 @@ def test_an_interrupt_a_library_swallowed_is_still_reported(
     assert run_main(monkeypatch, capsys, "simulate", "--out", str(out), "--prompts", "4")[0] == 0
 
 
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_swallowed_inside_the_replay_stops_it_at_the_next_tick(
+    monkeypatch, capsys, sim_dataset, tmp_path, sig, code
+):
+    """CI sent SIGTERM into a replay and a library swallowed it: the replay ran its 100,000
+    repeats to the end and published. The progress tick now raises the swallowed interrupt
+    again, so the run stops there, publishes nothing and says "terminated:" (130 / 143)."""
+    import basis_bench.evaluation.run as run_module
+    from basis_bench.errors import raise_interrupt
+
+    real = run_module.summary_table
+
+    def swallowing(*args, **kwargs):  # after the first checkpoint, as polars did
+        try:
+            raise_interrupt(sig, None)
+        except KeyboardInterrupt:
+            pass
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "summary_table", swallowing)
+    out = tmp_path / "results"
+    result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))
+    assert result.code == code
+    word = "terminated" if sig == signal.SIGTERM else "interrupted"
+    assert result.message.startswith(f"{word}:"), result.message
+    assert not out.exists() and siblings(out) == []
+
+
 # --------------------------------------------------------------------------- evaluate
 
 

@@ -20,6 +20,7 @@ from basis_bench.cli.options import (
     comma_list,
     split_names,
 )
+from basis_bench.errors import reraise_swallowed_interrupt
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
 from basis_bench.quoting import shown
 from basis_bench.rollouts.simulation import DEFAULT_STAGES, SimulationConfig, parse_stages
@@ -56,6 +57,7 @@ def _checkpoint_bars(bar: Any) -> Callable[[str, int, int], None]:
     tasks: dict[str, Any] = {}
 
     def tick(name: str, done: int, total: int) -> None:
+        reraise_swallowed_interrupt()
         if name not in tasks:
             tasks[name] = bar.add_task(f"checkpoint {shown(name)}", total=total)
         bar.update(tasks[name], completed=done)

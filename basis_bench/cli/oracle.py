@@ -18,6 +18,7 @@ from rich.text import Text
 
 from basis_bench.cli.app import app
 from basis_bench.cli.from_config import Cli, options_from
+from basis_bench.errors import reraise_swallowed_interrupt
 from basis_bench.quoting import shown
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.rollouts.training_record import record_step
@@ -102,6 +103,7 @@ class _ProgressSink:
         self.progress.update(self.task, advance=finished, tokens=self.tokens)  # type: ignore[arg-type]
 
     def part_written(self, n_prompts: int) -> None:
+        reraise_swallowed_interrupt()
         self.prompts += n_prompts
         self.progress.update(self.task, prompts=self.prompts)  # type: ignore[arg-type]
 
@@ -126,6 +128,7 @@ class _LogSink:
             self.line()
 
     def part_written(self, n_prompts: int) -> None:
+        reraise_swallowed_interrupt()
         self.prompts += n_prompts
         self.line()
 

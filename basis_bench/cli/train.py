@@ -10,6 +10,7 @@ from rich.console import Console
 
 from basis_bench.cli.app import app
 from basis_bench.cli.oracle import ConsoleProgress
+from basis_bench.errors import reraise_swallowed_interrupt
 from basis_bench.quoting import shown
 
 
@@ -131,6 +132,7 @@ def train(
         )
 
     def progress(record: dict[str, Any]) -> None:
+        reraise_swallowed_interrupt()
         console.print(_describe(record))
 
     if seeds is not None:
