@@ -389,11 +389,33 @@ def test_first_visit_is_the_leave_one_out_tilt(cache):
     np.testing.assert_allclose(out, v[k, np.arange(6)], atol=1e-15)
 
 
+def test_a_prompt_twice_in_a_batch_adds_both_rewards_at_one_age(cache):
+    """A training batch across two epochs can hold a prompt twice: both copies are one
+    visit's age, S <- gamma S + r_1 + r_2 and N <- gamma N + 2 for every gamma of the grid,
+    and neither copy's baseline holds its own reward."""
+    ids, ref = cache
+    est = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref)
+    for batch, r in _stream(ids, steps=3, b=5, seed=4):
+        est(batch, r[:, None])
+    gamma = np.asarray(est.options.gammas)[:, None]
+    batch, r = [ids[0], ids[1], ids[0], ids[0], ids[2]], np.array([1.0, 0.0, 1.0, 0.0, 1.0])
+    before = est.state_dict()
+    assert_own_reward_unused(est, batch, r)
+    est.load_state_dict(before)
+    est(batch, r[:, None])
+    after = est.state_dict()
+    for col, wins, visits in ((0, 2.0, 3.0), (1, 0.0, 1.0), (2, 1.0, 1.0)):
+        np.testing.assert_allclose(
+            after["successes"][:, col], gamma[:, 0] * before["successes"][:, col] + wins
+        )
+        np.testing.assert_allclose(
+            after["visits"][:, col], gamma[:, 0] * before["visits"][:, col] + visits
+        )
+
+
 def test_refusals(cache):
     ids, ref = cache
     est = make_step_estimator("basis_memory", prompt_ids=ids, ref_rewards=ref)
-    with pytest.raises(InputError, match="at most once"):
-        est([ids[0], ids[0]], np.zeros((2, 1)))
     with pytest.raises(InputError, match="B >= 2"):
         est([ids[0]], np.zeros((1, 1)))
     with pytest.raises(InputError, match="carries state"):

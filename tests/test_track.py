@@ -139,7 +139,13 @@ def _slow_step(state, cols, r, options, difficulty):
             now = _slow_drift(state["weights"][c, col], shift, var, jump, theta)
             values[c, i] = sum(now[h] * _sig(theta[h]) for h in range(g))
             ll[c, i] = r[i] * math.log(p0[i]) + (1 - r[i]) * math.log(1 - p0[i])
-            post = now * np.array([_sig(x) ** r[i] * (1 - _sig(x)) ** (1 - r[i]) for x in theta])
+            if col in cols[:i]:
+                continue  # a prompt twice: its first copy wrote the state, with every reward
+            post = now
+            for j in (j for j in range(b) if cols[j] == col):  # Bayes' rule once a copy
+                post = post * np.array(
+                    [_sig(x) ** r[j] * (1 - _sig(x)) ** (1 - r[j]) for x in theta]
+                )
             new["weights"][c, col] = np.maximum(post / post.sum(), 1e-250)
             new["last_level"][c, col] = level_i
             new["last_jump_clock"][c, col] = state["jump_clock"][c] + jumped_i
@@ -179,6 +185,26 @@ def test_filter_matches_a_slow_reference(cache, options):
     start = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref).state_dict()
     want = [REGIMES[int(k)][1] for k in candidate_grid()[:, 3]]
     np.testing.assert_array_equal(start["jump_clock"], want)
+
+
+def test_a_prompt_twice_in_a_batch_is_one_posterior_of_every_copy(cache):
+    """A training batch across two epochs can hold a prompt twice (the study's basis_track
+    arm stopped on the refusal at step 13). Each copy's baseline still holds no reward of its
+    own row, and the prompt's state is its first copy's filters updated by Bayes' rule with
+    every copy's reward, as the slow reference does it."""
+    ids, ref = cache
+    est = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref)
+    slow = est.state_dict()
+    difficulty = prior_weights(ref, logit_grid()) @ (1 / (1 + np.exp(-logit_grid())))
+    rng = np.random.default_rng(5)
+    for cols in ([0, 1, 0, 2], [3, 3, 3, 4], [0, 1, 2, 5], [5, 2, 6, 2]):
+        r = (rng.random(4) < 0.5).astype(float)
+        got = np.asarray(est.step_columns(np.array(cols), r[:, None]).baselines)[:, 0]
+        want, slow = _slow_step(slow, cols, r, est.options, difficulty)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    for key, value in est.state_dict().items():
+        np.testing.assert_allclose(value, slow[key], rtol=1e-9, atol=1e-12, err_msg=key)
+    assert_own_reward_unused(est, [ids[c] for c in (4, 1, 4, 4, 7)], np.array([1.0, 0, 0, 1, 1]))
 
 
 def test_prior_is_the_references_beta_posterior_in_log_odds():
@@ -401,8 +427,6 @@ def test_runs_through_make_step_estimator_for_a_training_stream(cache):
 def test_refusals(cache):
     ids, ref = cache
     est = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref)
-    with pytest.raises(InputError, match="at most once"):
-        est([ids[0], ids[0]], np.ones((2, 1)))
     with pytest.raises(InputError):
         est(ids[:2], np.array([[2.0], [0.0]]))
     with pytest.raises(InputError, match="memory"):

@@ -130,3 +130,14 @@ def asarray_like(values: Any, like: Array) -> Array:
     if isinstance(like, np.ndarray):
         return xp.asarray(values, dtype=like.dtype)
     return xp.asarray(values, dtype=like.dtype, device=like.device)
+
+
+def same_prompt(cols: np.ndarray) -> np.ndarray | None:
+    """(*lead, B, B) whether rows i and j of a batch are the same prompt, or None when every
+    prompt appears once (the replay's batches, and most of training's). A training batch
+    that straddles two epochs can hold a prompt twice; an estimator with per-prompt state
+    folds every copy's reward into it, so all copies write the same state."""
+    srt = np.sort(cols, axis=-1)
+    if not np.any(srt[..., 1:] == srt[..., :-1]):
+        return None
+    return cols[..., :, None] == cols[..., None, :]

@@ -30,8 +30,8 @@ baseline, whatever the history.
 
 State, numpy float64: S and N for every gamma of the grid, each (*lead, n_gammas, P), and
 the accumulated losses A (*lead, C). After a step: S <- gamma S + r, N <- gamma N + 1 on the
-batch's prompts, A <- lambda (A + L_t). A prompt may appear at most once per batch (per
-stream).
+batch's prompts, A <- lambda (A + L_t). A prompt twice in one batch (a training batch that
+straddles two epochs) adds both rewards and both visits: S <- gamma S + r_1 + r_2.
 """
 
 from __future__ import annotations
@@ -43,7 +43,14 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
+from basis_bench.estimators._array import (
+    Array,
+    RewardRange,
+    asarray_like,
+    check_rewards,
+    same_prompt,
+    to_numpy,
+)
 from basis_bench.estimators.options import LOSSES, checked_options, number_list
 from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import register_estimator
@@ -274,12 +281,6 @@ def _scatter(state: np.ndarray, cols: np.ndarray, values: np.ndarray) -> None:
     np.put_along_axis(state, idx, values, axis=-1)
 
 
-def _check_distinct(cols: np.ndarray) -> None:
-    srt = np.sort(cols, axis=-1)
-    if np.any(srt[..., 1:] == srt[..., :-1]):
-        raise InputError("basis_memory takes each prompt at most once per batch")
-
-
 class MemoryKernel:
     """``basis_memory`` on the step interface (:mod:`basis_bench.estimators.step`)."""
 
@@ -329,7 +330,6 @@ class MemoryKernel:
         r = to_numpy(rewards[..., 0], dtype=np.float64)
         if np.any((r < 0) | (r > 1)):
             raise InputError("basis_memory's Beta posterior needs rewards in [0, 1]")
-        _check_distinct(cols)
         s, n = _gather(state["successes"], cols), _gather(state["visits"], cols)
         v, _ = self.table.gather(cols)  # (K, *lead, B)
         fit = self.fit_shift(state, cols, r, History(v, s, n))
@@ -340,8 +340,11 @@ class MemoryKernel:
         state["losses"] += total  # a step's losses weigh lambda^age, age 0 = the current step
         state["losses"] *= self.options.loss_memory
         g = self.gammas[:, None]
-        _scatter(state["successes"], cols, g * s + r[..., None, :])
-        _scatter(state["visits"], cols, g * n + 1.0)
+        copies = same_prompt(cols)
+        visits = 1.0 if copies is None else copies.sum(-1)[..., None, :]
+        wins = r if copies is None else np.einsum("...ij,...j->...i", copies, r)
+        _scatter(state["successes"], cols, g * s + wins[..., None, :])
+        _scatter(state["visits"], cols, g * n + visits)
         moved, k, gi, mi, di = np.unravel_index(choice, self.shape)
         info = {
             "gamma": self.gammas[gi],

@@ -56,7 +56,14 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from basis_bench.errors import InputError
-from basis_bench.estimators._array import Array, RewardRange, asarray_like, check_rewards, to_numpy
+from basis_bench.estimators._array import (
+    Array,
+    RewardRange,
+    asarray_like,
+    check_rewards,
+    same_prompt,
+    to_numpy,
+)
 from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
@@ -187,10 +194,14 @@ def redrawn(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray
     return out / out.sum(axis=-1, keepdims=True)
 
 
-def reward_update(w: np.ndarray, r: np.ndarray, sig: np.ndarray) -> np.ndarray:
-    """Bayes' rule with the (fractional) Bernoulli likelihood s^r (1 - s)^(1 - r): exact for
-    r in {0, 1}, and for r in (0, 1) the likelihood of a reward with mean s."""
-    post = w * sig ** r[:, None] * (1.0 - sig) ** (1.0 - r[:, None])
+def reward_update(
+    w: np.ndarray, r: np.ndarray, sig: np.ndarray, n: np.ndarray | float = 1.0
+) -> np.ndarray:
+    """Bayes' rule with the (fractional) Bernoulli likelihood s^r (1 - s)^(n - r) of r
+    successes in n rollouts: exact for r in {0, .., n}, and for fractional r the likelihood
+    of rewards with mean s."""
+    n = np.asarray(n, dtype=np.float64)[..., None] if np.ndim(n) else n
+    post = w * sig ** r[:, None] * (1.0 - sig) ** (n - r[:, None])
     post /= post.sum(axis=-1, keepdims=True)
     return np.maximum(post, _FLOOR)
 
@@ -302,9 +313,6 @@ class TrackKernel:
         r_all = to_numpy(rewards[..., 0], dtype=np.float64)
         if np.any((r_all < 0) | (r_all > 1)):
             raise InputError("basis_track's Bernoulli likelihood needs rewards in [0, 1]")
-        srt = np.sort(cols, axis=-1)
-        if np.any(srt[..., 1:] == srt[..., :-1]):
-            raise InputError("basis_track takes each prompt at most once per batch")
         lead, b = cols.shape[:-1], cols.shape[-1]
         flat = {k: v.reshape(math.prod(lead), *v.shape[len(lead) :]) for k, v in state.items()}
         baseline = self._step(flat, cols.reshape(-1, b), r_all.reshape(-1, b))
@@ -384,7 +392,15 @@ class TrackKernel:
         state["level"][...], state["level_var"][...] = level, level_var
         state["jumps"] *= JUMP_MEMORY
         state["jumps"] += jumped
-        post = reward_update(w_now, np.repeat(r[:, None, :], c, 1).ravel(), self.sig)
+        w_now, level_loo, jumped_loo, wins, visits = _fold_copies(
+            cols, w_now.reshape(s, c, b, g), level_loo, jumped_loo, r
+        )
+        post = reward_update(
+            w_now.reshape(-1, g),
+            np.repeat(wins[:, None, :], c, 1).ravel(),
+            self.sig,
+            np.repeat(visits[:, None, :], c, 1).ravel(),
+        )
         np.put_along_axis(state["weights"], idx[..., None], post.reshape(s, c, b, g), axis=2)
         np.put_along_axis(state["last_level"], idx, level_loo, axis=2)
         np.put_along_axis(
@@ -394,6 +410,26 @@ class TrackKernel:
         np.put_along_axis(state["last_visit"], cols, state["step"][:, None], axis=1)
         state["step"] += 1
         return baseline
+
+
+def _fold_copies(
+    cols: np.ndarray, w: np.ndarray, level: np.ndarray, jumped: np.ndarray, r: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """What each row writes into its prompt's state: its filters w (S, C, B, G), levels and
+    jumps (S, C, B), and the successes and rollouts (S, B) its posterior takes. A prompt twice
+    in a batch (a training batch across two epochs): every copy writes its first copy's
+    filters and level, updated with all copies' rewards, so the state is one posterior."""
+    copies = same_prompt(cols)
+    if copies is None:
+        return w, level, jumped, r, np.ones_like(r)
+    first = np.broadcast_to(np.argmax(copies, axis=-1)[:, None, :], level.shape)
+    return (
+        np.take_along_axis(w, first[..., None], axis=2),
+        np.take_along_axis(level, first, axis=2),
+        np.take_along_axis(jumped, first, axis=2),
+        np.einsum("sij,sj->si", copies, r),
+        copies.sum(-1).astype(np.float64),
+    )
 
 
 register_estimator(
