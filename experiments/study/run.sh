@@ -5,6 +5,7 @@
 #
 #   experiments/study/run.sh                  # seeds 0,1,2, all five arms, then the figures
 #   SEEDS=0 ARMS="vanilla basis" experiments/study/run.sh
+#   ARMS="vanilla_lr1e-4 basis_lr1e-4" experiments/study/run.sh   # the second rate
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SEEDS=${SEEDS:-0,1,2}
@@ -16,6 +17,6 @@ for seed in ${SEEDS//,/ }; do
             --keep-checkpoints 1
     done
 done
-arms=()
-for arm in $ARMS; do arms+=("runs/study/$arm"); done
-basis-bench train-figures "${arms[@]}" --out figures/study
+arms=()  # each arm's runs folder, as its config names it
+for arm in $ARMS; do arms+=("$(sed -n 's/^run_dir = "\(.*\)"$/\1/p' "experiments/study/$arm.toml")"); done
+basis-bench train-figures "${arms[@]}" --out "figures/$(dirname "${arms[0]}" | sed 's|^runs/||')"
