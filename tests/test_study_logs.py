@@ -14,12 +14,13 @@ from basis_bench.train.findings import judge, markdown
 from basis_bench.train.summary import arms_table, load_arm, markdown_table, runs_table
 
 ROOT = Path(__file__).resolve().parent.parent
-LOGS = ROOT / "experiments" / "study" / "logs"
+LOGS = ROOT / "experiments" / "study" / "logs"  # the main study, at lr 5e-5
+RATES = sorted((ROOT / "experiments" / "study").glob("logs*"))  # and its other rates
 ORDER = ("vanilla", "reinforce_pp", "grpo_g8", "basis", "basis_track")  # collect.sh's
 
 
-def _tables() -> tuple[str, str]:
-    arms = [load_arm(LOGS / name) for name in ORDER if (LOGS / name).is_dir()]
+def _tables(logs: Path = LOGS) -> tuple[str, str]:
+    arms = [load_arm(logs / name) for name in ORDER if (logs / name).is_dir()]
     names = [run_label(a.config, False, label) for a in arms]
     return markdown_table(arms_table(runs_table(arms, names))), markdown(judge(arms, names))
 
@@ -28,10 +29,11 @@ def _rows(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
 
 
-def test_the_committed_tables_are_what_the_committed_logs_give():
-    table, findings = _tables()
-    assert (LOGS / "figures" / "training_table.md").read_text() == table
-    committed = LOGS / "figures" / "training_findings.md"
+@pytest.mark.parametrize("logs", RATES, ids=lambda p: p.name)
+def test_the_committed_tables_are_what_the_committed_logs_give(logs):
+    table, findings = _tables(logs)
+    assert (logs / "figures" / "training_table.md").read_text() == table
+    committed = logs / "figures" / "training_findings.md"
     expected = findings if len(_rows(findings)) > 1 else None  # a header alone: none written
     assert (committed.read_text() if committed.exists() else None) == expected
 
