@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import assert_one_line_error, evaluate_args, run_main, siblings, snapshot
@@ -166,6 +167,21 @@ def test_a_simulate_rerun_is_seen_whole_by_a_reader(monkeypatch, capsys, sim_dat
     assert load_rollouts(sim_dataset)["prompt_id"].n_unique() == 12
 
 
+def _swallowing(sig: int, real: Any) -> Any:
+    """``real``, first raising the handler's interrupt for ``sig`` and swallowing it: what a
+    polars constructor fed from numpy did with the handler's exception."""
+    from basis_bench.errors import raise_interrupt
+
+    def swallowing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            raise_interrupt(sig, None)
+        except KeyboardInterrupt:
+            pass
+        return real(*args, **kwargs)
+
+    return swallowing
+
+
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupt_a_library_swallowed_is_still_reported(
     monkeypatch, capsys, tmp_path, sig, code
@@ -174,18 +190,9 @@ def test_an_interrupt_a_library_swallowed_is_still_reported(
     inside it (7 of 10 signals into a 6-second simulate): the command ran on and exited 0
     as if never interrupted. It still runs to its end, but says so and exits 130 / 143."""
     import basis_bench.rollouts.simulate as simulate_module
-    from basis_bench.errors import raise_interrupt
 
     real = simulate_module.write_parquet_atomic
-
-    def swallowing(*args, **kwargs):  # what polars did with the handler's exception
-        try:
-            raise_interrupt(sig, None)
-        except KeyboardInterrupt:
-            pass
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(simulate_module, "write_parquet_atomic", swallowing)
+    monkeypatch.setattr(simulate_module, "write_parquet_atomic", _swallowing(sig, real))
     out = tmp_path / "sim"
     result = run_main(monkeypatch, capsys, "simulate", "--out", str(out), "--prompts", "4")
     assert result.code == code
@@ -204,18 +211,9 @@ def test_an_interrupt_swallowed_inside_the_replay_stops_it_at_the_next_tick(
     repeats to the end and published. The progress tick now raises the swallowed interrupt
     again, so the run stops there, publishes nothing and says "terminated:" (130 / 143)."""
     import basis_bench.evaluation.run as run_module
-    from basis_bench.errors import raise_interrupt
 
-    real = run_module.summary_table
-
-    def swallowing(*args, **kwargs):  # after the first checkpoint, as polars did
-        try:
-            raise_interrupt(sig, None)
-        except KeyboardInterrupt:
-            pass
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(run_module, "summary_table", swallowing)
+    # after the first checkpoint's replay, as polars did
+    monkeypatch.setattr(run_module, "summary_table", _swallowing(sig, run_module.summary_table))
     out = tmp_path / "results"
     result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out))
     assert result.code == code
