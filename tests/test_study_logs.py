@@ -4,6 +4,7 @@ hand or left behind by a later run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,10 @@ from basis_bench.train.summary import arms_table, load_arm, markdown_table, runs
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "experiments" / "study" / "logs"  # the main study, at lr 5e-5
 RATES = sorted((ROOT / "experiments" / "study").glob("logs*"))  # and its other rates
-ORDER = ("vanilla", "reinforce_pp", "grpo_g8", "basis", "basis_track")  # collect.sh's
+_ORDER = re.search(
+    r"ORDER=\$\{ORDER:-([^}]*)\}", (ROOT / "experiments/study/collect.sh").read_text()
+)
+ORDER = _ORDER.group(1).split() if _ORDER else []  # the arms in collect.sh's order
 
 
 def _tables(logs: Path = LOGS) -> tuple[str, str]:
@@ -31,6 +35,7 @@ def _rows(text: str) -> list[str]:
 
 @pytest.mark.parametrize("logs", RATES, ids=lambda p: p.name)
 def test_the_committed_tables_are_what_the_committed_logs_give(logs):
+    assert ORDER, "collect.sh's ORDER line is gone: this test reads the arms' order there"
     table, findings = _tables(logs)
     assert (logs / "figures" / "training_table.md").read_text() == table
     committed = logs / "figures" / "training_findings.md"
