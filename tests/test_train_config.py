@@ -19,7 +19,7 @@ import torch
 from basis_bench.errors import InputError
 from basis_bench.train import make_config, make_estimator, parse_override, read_config_file, train
 from basis_bench.train.checkpoint import estimator_state, load_estimator_state
-from basis_bench.train.config import TrainConfig
+from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.loop import normalise_advantages, step_prompt_indices
 
 # ---------------------------------------------------------------- configuration
@@ -344,8 +344,20 @@ def test_shipped_experiment_configs_are_valid_and_share_the_budget():
     compare = [c for p, c in configs.items() if p.parent.name == "cpu_compare"]
     assert len({c.steps for c in compare}) == 1
     study = {p.stem: c for p, c in configs.items() if p.parent.name == "study"}
-    assert len({(c.steps, c.lr, c.loss, c.seed) for c in study.values()}) == 1
-    norms = {name: (c.estimator, c.advantage_norm) for name, c in study.items() if name != "base"}
+    assert len({(c.steps, c.loss, c.seed) for c in study.values()}) == 1
+    # one rate for the main study's arms; a second rate's arms (NAME_lrRATE) differ only in it
+    second = {n: c for n, c in study.items() if "_lr" in n}
+    assert {c.lr for n, c in study.items() if n not in second} == {study["base"].lr}
+    for name, config in second.items():
+        arm, rate = name.split("_lr")
+        assert config.lr == float(rate) != study["base"].lr, name
+        same = {"lr": 0, "run_dir": ""}
+        assert config_dict(config) | same == config_dict(study[arm]) | same, name
+    norms = {
+        name: (c.estimator, c.advantage_norm)
+        for name, c in study.items()
+        if name != "base" and name not in second
+    }
     assert norms == {
         "grpo_g8": ("grpo", "group_std"),
         "vanilla": ("vanilla", "none"),
