@@ -345,26 +345,33 @@ def test_shipped_experiment_configs_are_valid_and_share_the_budget():
     assert len({c.steps for c in compare}) == 1
     study = {p.stem: c for p, c in configs.items() if p.parent.name == "study"}
     assert len({(c.steps, c.loss, c.seed) for c in study.values()}) == 1
-    # one rate for the main study's arms; a second rate's arms (NAME_lrRATE) differ only in it
-    second = {n: c for n, c in study.items() if "_lr" in n}
-    assert {c.lr for n, c in study.items() if n not in second} == {study["base"].lr}
-    for name, config in second.items():
-        arm, rate = name.split("_lr")
-        assert config.lr == float(rate) != study["base"].lr, name
-        same = {"lr": 0, "run_dir": ""}
-        assert config_dict(config) | same == config_dict(study[arm]) | same, name
-    norms = {
-        name: (c.estimator, c.advantage_norm)
-        for name, c in study.items()
-        if name != "base" and name not in second
-    }
-    assert norms == {
+    arms = {
         "grpo_g8": ("grpo", "group_std"),
         "vanilla": ("vanilla", "none"),
         "reinforce_pp": ("reinforce_pp", "batch_whiten"),
         "basis": ("basis", "none"),
         "basis_track": ("basis_track", "none"),
     }
+    assert {n: (c.estimator, c.advantage_norm) for n, c in study.items() if n in arms} == arms
+    # one rate for the main arms; a variant ARM_X (a second rate ARM_lrRATE, a sweep of BASIS's
+    # own settings) differs from its arm in the one setting its name says, into its own folder
+    changes = {"lr": "lr", "n": "ref_n", "previous": "estimator_options"}
+    assert {c.lr for n, c in study.items() if n in arms} == {study["base"].lr}
+    for name, config in study.items():
+        if name in arms or name == "base":
+            continue
+        arm, variant = name.rsplit("_", 1)
+        kind = variant.rstrip("0123456789e.-")
+        setting = changes[kind]
+        differ = {
+            key
+            for key, value in config_dict(config).items()
+            if config_dict(study[arm])[key] != value
+        }
+        assert differ == {setting, "run_dir"}, name
+        assert not config.run_dir.startswith("runs/study/"), name
+        if setting != "estimator_options":
+            assert getattr(config, setting) == float(variant[len(kind) :]), name
     probes = {(c.probe_every, c.probe_prompts, c.probe_samples) for c in study.values()}
     assert probes == {(10, 16, 16)}, "every arm probes its value error alike"
 
