@@ -24,7 +24,10 @@ ORDER = _ORDER.group(1).split() if _ORDER else []  # the arms in collect.sh's or
 
 
 def _tables(logs: Path = LOGS) -> tuple[str, str]:
-    arms = [load_arm(logs / name) for name in ORDER if (logs / name).is_dir()]
+    # collect.sh's order: ORDER's arms, then any other arm folder (a sweep's), by name
+    others = sorted(p.name for p in logs.iterdir() if p.is_dir() and p.name not in ORDER)
+    folders = [n for n in ORDER if (logs / n).is_dir()] + [n for n in others if n != "figures"]
+    arms = [load_arm(logs / name) for name in folders]
     names = [run_label(a.config, False, label) for a in arms]
     return markdown_table(arms_table(runs_table(arms, names))), markdown(judge(arms, names))
 
