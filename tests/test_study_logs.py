@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from basis_bench.evaluation.figure_style import label
-from basis_bench.train.figures import run_label
+from basis_bench.train.figures import arm_names
 from basis_bench.train.findings import judge, markdown
 from basis_bench.train.summary import arms_table, load_arm, markdown_table, runs_table
 
@@ -28,7 +28,7 @@ def _tables(logs: Path = LOGS) -> tuple[str, str]:
     others = sorted(p.name for p in logs.iterdir() if p.is_dir() and p.name not in ORDER)
     folders = [n for n in ORDER if (logs / n).is_dir()] + [n for n in others if n != "figures"]
     arms = [load_arm(logs / name) for name in folders]
-    names = [run_label(a.config, False, label) for a in arms]
+    names = arm_names(arms, label)
     return markdown_table(arms_table(runs_table(arms, names))), markdown(judge(arms, names))
 
 

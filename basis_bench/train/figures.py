@@ -78,6 +78,17 @@ def run_label(config: dict[str, Any], with_loss: bool, label: Labeller = plain_l
     return f"{text}, {plain_math(config['loss'].upper())}" if with_loss else text
 
 
+def arm_names(arms: Sequence[Arm], label: Labeller = plain_label) -> list[str]:
+    """Each arm's :func:`run_label`, with its folder's name where two labels coincide
+    (``BASIS (basis_n64)``, a sweep of one estimator's settings)."""
+    with_loss = len({a.config["loss"] for a in arms}) > 1
+    names = [run_label(a.config, with_loss, label) for a in arms]
+    return [
+        n if names.count(n) == 1 else f"{n} ({plain_math(a.path.name)})"
+        for n, a in zip(names, arms, strict=True)
+    ]
+
+
 @holds_output_locks
 def plot_training(
     arm_dirs: Sequence[str | os.PathLike[str]],
@@ -106,14 +117,9 @@ def plot_training(
     if twice is not None:  # its curves would be drawn twice, under two labels
         raise InputError(f"run {str(twice)!r} is given twice; give each run once")
     arms = [load_arm(d) for d in arm_dirs]
-    with_loss = len({a.config["loss"] for a in arms}) > 1
-    names = [run_label(a.config, with_loss, label) for a in arms]
+    names = arm_names(arms, label)
     estimators = [a.config["estimator"] for a in arms]
     unique = len(set(estimators)) == len(estimators)
-    names = [
-        n if names.count(n) == 1 else f"{n} ({plain_math(a.path.name)})"
-        for n, a in zip(names, arms, strict=True)
-    ]
     palette = colours or {}
     styles = [palette.get(e, f"C{i}") if unique else f"C{i % 10}" for i, e in enumerate(estimators)]
     out = claim_output_dir(out, "training-figures", force=force)
