@@ -19,7 +19,7 @@ for run in "$src"/*/seed-*; do
 import json, sys
 run = sys.argv[1]
 steps = json.load(open(f"{run}/config.json"))["steps"]
-last = max(json.loads(line)["step"] for line in open(f"{run}/log.jsonl") if line.strip())
+last = max((json.loads(line)["step"] for line in open(f"{run}/log.jsonl") if line.strip()), default=0)
 sys.exit(0 if last >= steps else 1)
 EOF
     fi
