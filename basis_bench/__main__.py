@@ -16,9 +16,9 @@ from basis_bench.errors import interrupt_exit, raise_interrupt
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, raise_interrupt)
-    signal.signal(signal.SIGINT, raise_interrupt)
-    try:
+    try:  # arming too: a Ctrl-C can land inside signal.signal, its handler already installed
+        signal.signal(signal.SIGTERM, raise_interrupt)
+        signal.signal(signal.SIGINT, raise_interrupt)
         from basis_bench.cli import main as run
     except KeyboardInterrupt as stop:
         word, code = interrupt_exit(stop)

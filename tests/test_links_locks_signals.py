@@ -135,6 +135,29 @@ def test_ctrl_c_and_sigterm_at_any_moment_are_one_line(sim_dataset, tmp_path):
     assert siblings(out) == []
 
 
+def test_a_ctrl_c_while_the_entry_point_arms_the_signals_is_one_line(monkeypatch, capsys):
+    """The race the test above once lost in CI: SIGTERM armed, then a Ctrl-C landed inside
+    ``signal.signal(SIGINT, ...)`` (its handler installed, Python still in the call) and
+    escaped the entry point as a traceback. Here the Ctrl-C lands there every time."""
+    from basis_bench import __main__ as entry
+
+    def arm(signum: int, handler: Any) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt  # nothing is installed: pytest's handlers stay
+
+    monkeypatch.setattr(entry.signal, "signal", arm)
+    try:
+        entry.main()
+    except SystemExit as done:
+        code = done.code
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C escaped the entry point as a traceback")
+    assert code == 130
+    assert (
+        capsys.readouterr().err == "interrupted before the command started: nothing was written\n"
+    )
+
+
 READER = """
 import hashlib, sys, time
 from pathlib import Path
