@@ -363,11 +363,8 @@ def test_shipped_experiment_configs_are_valid_and_share_the_budget():
         arm, variant = name.rsplit("_", 1)
         kind = variant.rstrip("0123456789e.-")
         setting = changes[kind]
-        differ = {
-            key
-            for key, value in config_dict(config).items()
-            if config_dict(study[arm])[key] != value
-        }
+        of_arm = config_dict(study[arm])
+        differ = {key for key, value in config_dict(config).items() if of_arm[key] != value}
         assert differ == {setting, "run_dir"}, name
         assert not config.run_dir.startswith("runs/study/"), name
         if setting != "estimator_options":
