@@ -54,3 +54,19 @@ def test_the_readme_quotes_the_study_tables_row_for_row(which):
         pytest.skip("no finding has its arms among the committed logs yet")
     missing = [row for row in rows if row not in readme]
     assert not missing, f"README's training section lacks {missing[:2]}"
+
+
+def _verdicts(findings: str) -> list[str]:
+    """Each finding's "mean [CI] **verdict**", as the README's table by rate quotes it."""
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in _rows(findings)[1:]]
+    return [f"{cell[4]} {cell[6]}" for cell in cells]
+
+
+@pytest.mark.parametrize("logs", RATES, ids=lambda p: p.name)
+def test_the_readme_quotes_every_rates_findings(logs):
+    committed = logs / "figures" / "training_findings.md"
+    if not committed.exists():
+        pytest.skip(f"{logs.name} judges no finding")
+    readme = (ROOT / "README.md").read_text()
+    missing = [cell for cell in _verdicts(committed.read_text()) if cell not in readme]
+    assert not missing, f"README's findings by rate lack {logs.name}'s {missing[:2]}"
