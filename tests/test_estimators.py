@@ -505,10 +505,12 @@ def test_refine_is_permutation_equivariant(data, b, variant, shrink):
     r = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=b, max_size=b)))
     perm = np.array(data.draw(st.permutations(range(b))))
     out = E.refine(v, r, variant=variant, shrink=shrink)
+    # the batch sums change order, so rounding does: 9e-12 relative was seen (v = 0.9375,
+    # shrink), far below any real mix-up of prompts
     np.testing.assert_allclose(
         E.refine(v[perm], r[perm], variant=variant, shrink=shrink),
         out[perm],
-        rtol=1e-12,
+        rtol=1e-9,
         atol=1e-12,
     )
 
