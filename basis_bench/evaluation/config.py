@@ -207,6 +207,12 @@ class EvaluateConfig:
         help="Step replay: steps the last checkpoint stands after its own (a standing policy; "
         "what a dataset with one checkpoint replays).",
     )
+    gradient_budgets: str = setting(
+        "16,32,64,128,256",
+        help="Gradient benchmark (datasets with score sketches, oracle --store-scores): the "
+        "rollouts a step R at which every estimator's policy gradient is measured, one step "
+        "replay each; comma-separated (docs/method.md, 'Gradient quality').",
+    )
     features: str = setting(
         "auto",
         choices=_feature_kinds,
@@ -218,11 +224,26 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         _check_flags(self)
+        _ = self.budgets
         if not self.trajectory:  # their values went unused, silently
             names = (*EPOCH_ONLY, *STEP_ONLY, "features", "trajectory_schedule")
             _refuse_unused(self, names, "the trajectory replay", ("trajectory", False))
         elif self.trajectory_schedule != "auto":
             self.check_schedule(self.trajectory_schedule)
+
+    @property
+    def budgets(self) -> list[int]:
+        """:attr:`gradient_budgets` as distinct rollouts-per-step values, in increasing order."""
+        try:
+            values = sorted({int(v) for v in self.gradient_budgets.split(",") if v.strip()})
+        except ValueError:
+            values = [0]
+        if not values or values[0] < 1:
+            raise InputError(
+                f"{named('gradient_budgets')} must be positive integers separated by commas, "
+                f"e.g. 16,64,256; got {self.gradient_budgets!r}"
+            )
+        return values
 
     def fit(self, prompts: int, samples: int) -> EvaluateConfig:
         """The config with the data-derived defaults set, for data whose smallest checkpoint

@@ -40,6 +40,12 @@ from basis_bench.evaluation.dataset import (
     open_dataset,
     smallest_checkpoint,
 )
+from basis_bench.evaluation.gradient import (
+    REFERENCE_ARM,
+    GradientProbe,
+    has_sketches,
+    load_sketches,
+)
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
 from basis_bench.evaluation.step_replay import replay_steps
@@ -77,7 +83,13 @@ from basis_bench.version import __version__
 
 TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
-RUN_FILES = (*(f"{t}.csv" for t in TABLES), "trajectory.csv", "estimates.parquet", RUN_FILE)
+RUN_FILES = (
+    *(f"{t}.csv" for t in TABLES),
+    "trajectory.csv",
+    "gradient.csv",
+    "estimates.parquet",
+    RUN_FILE,
+)
 """The files of one evaluate run: a rerun replaces all of them, whichever it writes."""
 
 
@@ -133,7 +145,8 @@ def resolve_options(
 class EvaluateResult:
     """One evaluate run: its tables as polars frames (what the CSV files of ``out`` hold) and
     its record (run.json). ``out`` is None for a run that wrote no files; ``trajectory`` is
-    None with the trajectory replay off, ``estimates`` None unless ``write_estimates``."""
+    None with the trajectory replay off, ``gradient`` None without score sketches in the
+    data (gradient.csv), ``estimates`` None unless ``write_estimates``."""
 
     out: Path | None
     summary: pl.DataFrame
@@ -145,6 +158,7 @@ class EvaluateResult:
     beta_choice: pl.DataFrame = field(default_factory=pl.DataFrame)
     fixed_beta: pl.DataFrame = field(default_factory=pl.DataFrame)
     estimates: pl.DataFrame | None = None
+    gradient: pl.DataFrame | None = None
 
 
 class _EstimatesWriter:
@@ -285,6 +299,45 @@ def _trajectory(
     return table.with_columns(pl.lit("epochs").alias("schedule"))
 
 
+def _gradient(
+    cfg: EvaluateConfig,
+    ds: Dataset,
+    schedule: Schedule,
+    estimators: list[Estimator],
+    options: Mapping[str, Any],
+    progress: Callable[[str, int, int], None] | None,
+) -> pl.DataFrame:
+    """The gradient benchmark (:mod:`~basis_bench.evaluation.gradient`): one step replay per
+    budget R of ``gradient_budgets``, every estimator (and RLOO, the reference arm) with its
+    step gradients gathered at the checkpoints' own steps."""
+    order = sorted(range(len(schedule.steps)), key=schedule.steps.__getitem__)
+    checkpoints = [ds.checkpoints[i] for i in order]
+    ids, _ = shared_prompts(ds.rewards, ds.reference, checkpoints)
+    widths = {c: ds.rewards[c].rows(ids[:1]).shape[1] for c in checkpoints}
+    sketches = load_sketches(ds.root, checkpoints, list(ids), widths)
+    names = [e.name for e in estimators]
+    names += [REFERENCE_ARM] if REFERENCE_ARM not in names else []
+    prompts = load_prompts(ds.root)
+    repeats = min(cfg.repeats, TRAJECTORY_REPEATS)
+    frames = []
+    for r in cfg.budgets:
+        settings = TrajectorySettings(
+            schedule.batch or cfg.batch, repeats, cfg.trajectory_epochs, cfg.group_size,
+            cfg.oracle, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
+            features=cfg.features, rollouts_per_step=r, folds=cfg.folds,
+            standing_steps=cfg.standing_steps,
+        )  # fmt: skip
+        probe = GradientProbe([sketches[c] for c in checkpoints], repeats)
+        replay_steps(
+            ds.rewards, ds.reference, checkpoints, [schedule.steps[i] for i in order], names,
+            settings, None, prompts, probe,
+        )  # fmt: skip
+        frames.append(probe.table)
+        if progress is not None:
+            progress(f"gradient, {r} rollouts a step", 1, 1)
+    return pl.concat(frames)
+
+
 def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> Schedule:
     """The trajectory replay's :class:`Schedule`, read once per run (before any replay);
     options the schedule would not use are refused. The step schedule without
@@ -412,8 +465,9 @@ def _result(
 ) -> EvaluateResult:
     tables = {k: frames[k] for k in TABLES if k != "summary"}
     return EvaluateResult(
-        out, frames["summary"], run, frames.get("trajectory"), estimates=estimates, **tables
-    )
+        out, frames["summary"], run, frames.get("trajectory"), estimates=estimates,
+        gradient=frames.get("gradient"), **tables,
+    )  # fmt: skip
 
 
 @dataclass
@@ -458,6 +512,14 @@ class _Replayed:
                 "features": cfg.features,
                 "estimators": frames["trajectory"]["estimator"].unique(maintain_order=True).to_list(),
             })  # fmt: skip
+            if self.schedule.kind == "steps" and has_sketches(self.ds.root):
+                frames["gradient"] = _gradient(
+                    cfg, self.ds, self.schedule, self.estimators, self.options, progress
+                )
+                run = replace(run, trajectory={
+                    **(run.trajectory or {}), "gradient_budgets": cfg.budgets,
+                    "gradient_reference": f"{REFERENCE_ARM}({cfg.group_size})",
+                })  # fmt: skip
         return frames, run
 
 

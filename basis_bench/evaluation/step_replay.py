@@ -58,6 +58,7 @@ from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_
 from basis_bench.evaluation.config import named
 from basis_bench.evaluation.counter_random import permute, tag, uniforms
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
+from basis_bench.evaluation.gradient import ORACLE_ARM, GradientProbe, Target, gradient_table
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
     reward_range,
@@ -74,12 +75,15 @@ FOLD, ORDER, MIX, POOL = tag("fold"), tag("order"), tag("mix"), tag("pool")
 class Folds(NamedTuple):
     """One checkpoint's cross-fit: for fold f as the pool, the oracle mean (F, P), its
     noise Var(oracle) (F, P), the pool's rewards in random order (F, P, W), NaN-padded,
-    and the pool sizes (F, P)."""
+    the pool sizes (F, P), the column of each pool reward in the checkpoint's rows
+    (F, P, W; -1 padded) and the fold of every sample (P, S)."""
 
     oracle: np.ndarray
     noise: np.ndarray
     pool: np.ndarray
     pool_size: np.ndarray
+    columns: np.ndarray
+    member: np.ndarray
 
 
 def cross_fit(rewards: np.ndarray, folds: int, seed: int, index: int, name: str) -> Folds:
@@ -89,11 +93,15 @@ def cross_fit(rewards: np.ndarray, folds: int, seed: int, index: int, name: str)
     finite = np.isfinite(rewards)
     keys = uniforms(seed, FOLD, index, np.arange(p)[:, None], np.arange(s)[None, :])
     keys[~finite] = 2.0  # missing samples sort last
-    ranked = np.take_along_axis(rewards, np.argsort(keys, axis=1), axis=1)
+    perm = np.argsort(keys, axis=1)
+    ranked = np.take_along_axis(rewards, perm, axis=1)
     fold_of = np.arange(s) % folds
-    oracle, noise, pools, counts = [], [], [], []
+    member = np.empty((p, s), dtype=np.int64)
+    np.put_along_axis(member, perm, np.broadcast_to(fold_of, (p, s)), axis=1)
+    oracle, noise, pools, counts, columns = [], [], [], [], []
     for f in range(folds):
         pool = ranked[:, fold_of == f]
+        columns.append(perm[:, fold_of == f])
         rest = ranked[:, fold_of != f]
         n_rest = np.isfinite(rest).sum(axis=1)
         count = np.isfinite(pool).sum(axis=1)
@@ -108,9 +116,11 @@ def cross_fit(rewards: np.ndarray, folds: int, seed: int, index: int, name: str)
         counts.append(count)
     width = max(p.shape[1] for p in pools)
     padded = np.full((folds, p, width), np.nan)
+    at = np.full((folds, p, width), -1, dtype=np.int64)
     for f, pool in enumerate(pools):
         padded[f, :, : pool.shape[1]] = pool
-    return Folds(np.stack(oracle), np.stack(noise), padded, np.stack(counts))
+        at[f, :, : pool.shape[1]] = columns[f]
+    return Folds(np.stack(oracle), np.stack(noise), padded, np.stack(counts), at, member)
 
 
 def mixture_weight(
@@ -200,11 +210,14 @@ def replay_steps(
     settings: TrajectorySettings,
     progress: Callable[[str, int], None] | None = None,
     prompts: pl.DataFrame | None = None,
+    probe: GradientProbe | None = None,
 ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     """Replay ``estimators`` over ``checkpoints`` saved at training ``steps``; the table has
     one row per (step, estimator), per (checkpoint interval, estimator) and per estimator
     over the whole trajectory (scopes ``step``, ``checkpoint``, ``trajectory``); the curves
-    are each estimator's MSE per replayed step."""
+    are each estimator's MSE per replayed step. With a ``probe`` (the checkpoints' score
+    sketches) every estimator's step gradients at the checkpoints' own steps are gathered
+    too, and ``probe.table`` holds :func:`~basis_bench.evaluation.gradient.gradient_table`."""
     s = settings
     ests = [get(e) if isinstance(e, str) else e for e in estimators]
     rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
@@ -235,10 +248,33 @@ def replay_steps(
         per = stream_bytes(p, [k for _, _, k, _ in run.members]) + 4 * p * len(folds)
         group = stream_group(s.repeats, per)
         for lo in range(0, s.repeats, group):
-            _replay_run(run, (lo, min(lo + group, s.repeats)), timeline, folds, table, rr, s)
+            span = (lo, min(lo + group, s.repeats))
+            _replay_run(run, span, timeline, folds, table, rr, s, probe)
         if progress is not None:
             progress(f"{run.batch} prompts a step", n_t)
+    if probe is not None:
+        probe.table = _gradient(probe, folds, [rewards[c].rows(ids) for c in checkpoints],
+                                timeline, checkpoints, s)  # fmt: skip
     return _table(runs, timeline, checkpoints, s), _curves(runs, s)
+
+
+def _gradient(
+    probe: GradientProbe, folds: Sequence[Folds], rewards: Sequence[np.ndarray],
+    timeline: Timeline, checkpoints: Sequence[str], s: TrajectorySettings,
+) -> pl.DataFrame:  # fmt: skip
+    """The gradient table: each checkpoint's target from the folds a repeat does not draw."""
+    targets = []
+    for f, r, sk in zip(folds, rewards, probe.sketches, strict=True):
+        rest = np.stack([(f.member != k) & np.isfinite(r) for k in range(s.folds)])
+        targets.append(Target.build(r, sk, rest))
+    at = {
+        u: int(k)
+        for u, (k, w) in enumerate(zip(timeline.interval, timeline.weight, strict=True))
+        if w == 0
+    }
+    return gradient_table(
+        probe, targets, np.arange(s.repeats) % s.folds, at, checkpoints, s.group_size
+    )
 
 
 def _check_pools(runs: Sequence[_Run], folds: Sequence[Folds], names: Sequence[str]) -> None:
@@ -255,8 +291,10 @@ def _check_pools(runs: Sequence[_Run], folds: Sequence[Folds], names: Sequence[s
 def _replay_run(
     run: _Run, rows: tuple[int, int], timeline: Timeline, folds: Sequence[Folds],
     table: TiltTable, rr: tuple[float, float] | None, s: TrajectorySettings,
+    probe: GradientProbe | None = None,
 ) -> None:  # fmt: skip
-    """Repeats [lo, hi) of one estimator group over every step, into the run's totals."""
+    """Repeats [lo, hi) of one estimator group over every step, into the run's totals (and
+    the probe's gradients at the steps whose policy is a checkpoint's own, w = 0)."""
     r_ids = np.arange(*rows)
     lead = (len(r_ids),)
     p = folds[0].oracle.shape[1]
@@ -273,6 +311,7 @@ def _replay_run(
             visit = _draw(run, folds, (int(k), nxt, float(w)), cols, rho, r_ids, used, s.seed, key)
             run.noise[u] += float(visit.noise.sum())
             run.reuse[u] += float(visit.reused.sum())
+            gauge = probe if w == 0 else None  # the policy is checkpoint k's own
             for e, _, _, g in run.members:
                 out = streams[e.name].step_columns(cols, visit.rewards[..., :g])
                 base = np.asarray(out.baselines, dtype=np.float64)
@@ -280,6 +319,13 @@ def _replay_run(
                 run.sq[e.name][u, rows[0] : rows[1]] += err.mean(axis=-1).sum(axis=1)
                 extreme = int(((base == 0) | (base == 1)).sum())
                 run.extreme[e.name][u] += extreme / g
+                if gauge is not None:
+                    at = (u, int(k), rows, cols, visit.samples[..., :g])
+                    gauge.add(e.name, g, *at, visit.rewards[..., :g] - base, run.batch)
+            for g in sorted({g for *_, g in run.members}) if gauge is not None else ():
+                adv = visit.rewards[..., :g] - visit.oracle[..., None]  # b = v: the limit
+                at = (u, int(k), rows, cols, visit.samples[..., :g])
+                gauge.add(ORACLE_ARM, g, *at, adv, run.batch)  # type: ignore[union-attr]
 
 
 class VisitSchedule:
@@ -316,6 +362,7 @@ class _Visit(NamedTuple):
     oracle: np.ndarray  # (r, b)
     noise: np.ndarray  # (r, b)
     reused: np.ndarray  # (r, b, draws) bool
+    samples: np.ndarray  # (r, b, draws) the drawn samples' columns in their checkpoint's rows
 
 
 def _draw(
@@ -340,6 +387,7 @@ def _draw(
         < m[..., None]
     )
     rewards = np.full((*cols.shape, run.draws), np.nan)
+    samples = np.full(rewards.shape, -1, dtype=np.int64)
     reused = np.zeros(rewards.shape, dtype=bool)
     for c, take in ((k, ~later), (nxt, later)) if nxt != k else ((k, np.ones_like(later)),):
         f = folds[c]
@@ -351,8 +399,9 @@ def _draw(
         )
         got = f.pool[rf[..., None], cols[..., None], order]
         rewards = np.where(take, got, rewards)
+        samples = np.where(take, f.columns[rf[..., None], cols[..., None], order], samples)
         used[rows, cols, c] += take.sum(axis=-1)
-    return _Visit(rewards, oracle, noise, reused)
+    return _Visit(rewards, oracle, noise, reused, samples)
 
 
 def schedule_label(s: TrajectorySettings) -> str:

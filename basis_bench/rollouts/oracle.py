@@ -70,6 +70,7 @@ from basis_bench.rollouts.prompts import (
 )
 from basis_bench.rollouts.rewards import scoring_pool
 from basis_bench.rollouts.sampling import Sampler, sampler_class
+from basis_bench.rollouts.score_sketch import score_sketch_entry
 from basis_bench.rollouts.store import (
     load_prompts,
     merged_prompts,
@@ -91,6 +92,7 @@ def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:
         "reward": {"answer_format": job.reward.answer_format, "timeout_s": job.reward.timeout_s},
         "seed": job.seed,
         "chunk_size": job.chunk_size,
+        **({"score_sketch": score_sketch_entry(job)} if job.store_scores else {}),
     }
 
 

@@ -19,6 +19,7 @@ from basis_bench.outputs import write_parquet_atomic
 from basis_bench.rollouts.oracle_job import OracleJob
 from basis_bench.rollouts.rewards import score_many
 from basis_bench.rollouts.sampling import Progress, Sampler
+from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
 from basis_bench.rollouts.store import conform_rollouts, part_path
 
 
@@ -71,9 +72,10 @@ def sample_chunk(
 ) -> pl.DataFrame:
     """The chunk's rollouts: ``n`` scored samples per prompt, ``sample_idx`` 0..n-1."""
     n = job.sampling.n
-    samples = sampler.sample(
+    tokens = sampler.sample_tokens(
         chunk.prompts["problem"].to_list(), job.sampling, chunk.seed(job.seed), on_progress
     )
+    samples = sampler.decode(tokens)
     groups = [samples.responses[p * n : (p + 1) * n] for p in range(chunk.prompts.height)]
     scored = score_many(groups, chunk.prompts["answer"].to_list(), job.reward, pool)
     columns: dict[str, Any] = {
@@ -87,6 +89,11 @@ def sample_chunk(
     }
     if job.keep_responses:
         columns["response"] = samples.responses
+    if job.store_scores:
+        sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
+        columns[SKETCH_COLUMN] = pl.Series(sketch.astype(np.float16)).cast(
+            pl.Array(pl.Float16, job.store_scores)
+        )
     return conform_rollouts(pl.DataFrame(columns), what=f"chunk {chunk.index}")
 
 

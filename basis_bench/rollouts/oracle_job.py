@@ -215,6 +215,19 @@ class OracleJob:
         "at the last token of the prompt as sampled (with --backend vllm computed by "
         "transformers before the engine starts: the hf backend's numbers); none: no column.",
     )
+    store_scores: int = setting(
+        0,
+        min_val=0,
+        help="Store a K-dimensional sketch of each rollout's output-layer score "
+        "(grad log pi(y|x)) in a 'score_sketch' column, K = this (0: none; 256 advised), for "
+        "evaluate's gradient benchmark (docs/method.md). hf backend, --top-p 1.",
+    )
+    score_seed: int = setting(
+        0,
+        min_val=0,
+        help="Seed of the score sketch's random projection: keep it for every policy of a "
+        "dataset, so their gradients live in one space.",
+    )
     step: int | None = setting(
         None,
         min_val=0,
@@ -235,6 +248,11 @@ class OracleJob:
         check_settings(self, label=lambda name: setting_flag(OracleJob, name))
         check_policy_name(self.policy)
         _ = self.sampling  # built once here: SamplingConfig refuses greedy with n > 1
+        if self.store_scores and (self.top_p < 1 or self.temperature == 0):
+            raise InputError(
+                "--store-scores sketches the score of the distribution that sampled, "
+                "softmax(logits / T): it needs --top-p 1 and a temperature above 0"
+            )
 
     @property
     def sampling(self) -> SamplingConfig:

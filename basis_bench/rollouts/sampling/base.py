@@ -226,7 +226,10 @@ class Sampler(ABC):
         """``config.n`` responses to each problem, decoded, reproducible for a given ``seed``
         (on the same backend, device, batch size and thread count).
         """
-        tokens = self.sample_tokens(problems, config, seed, on_progress)
+        return self.decode(self.sample_tokens(problems, config, seed, on_progress))
+
+    def decode(self, tokens: TokenSamples) -> Samples:
+        """Sampled token ids as text, with their token counts and finish reasons."""
         return Samples(
             responses=list(
                 self.tokenizer.batch_decode(tokens.response_ids, skip_special_tokens=True)
@@ -237,6 +240,17 @@ class Sampler(ABC):
                 count=len(tokens.response_ids),
             ),
             finish_reasons=tokens.finish_reasons,
+        )
+
+    def score_sketches(
+        self, tokens: TokenSamples, config: SamplingConfig, k: int, seed: int
+    ) -> np.ndarray:
+        """(N, K) sketches (projection of ``k`` pairs, ``seed``) of each sampled response's
+        output-layer score under the distribution that sampled it
+        (:mod:`basis_bench.rollouts.score_sketch`), rows as in ``tokens``
+        (``oracle --store-scores``)."""
+        raise InputError(
+            f"the {self.backend} backend cannot sketch scores (--store-scores); use --backend hf"
         )
 
     def prompt_hidden_states(self, problems: Sequence[str]) -> np.ndarray:

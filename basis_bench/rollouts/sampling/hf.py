@@ -30,7 +30,13 @@ from basis_bench.rollouts.models import (
     stop_token_ids,
 )
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.rollouts.sampling.base import Capabilities, Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.sampling.base import (
+    Capabilities,
+    Progress,
+    Sampler,
+    SamplingConfig,
+    TokenSamples,
+)
 from basis_bench.rollouts.sampling.continuous import DecodeStats, decode
 
 ENGINES = ("continuous", "generate")
@@ -231,6 +237,21 @@ class HFSampler(Sampler):
 
     def _hidden_states(self, prompt_ids: list[list[int]]) -> np.ndarray:
         return last_token_hidden_states(self.model, prompt_ids)
+
+    def score_sketches(
+        self, tokens: TokenSamples, config: SamplingConfig, k: int, seed: int
+    ) -> np.ndarray:
+        from basis_bench.rollouts.score_sketch import projection_of, score_sketches
+
+        of = np.repeat(np.arange(len(tokens.prompt_ids)), config.n)
+        return score_sketches(
+            self.model,
+            tokens.prompt_ids,
+            tokens.response_ids,
+            of,
+            config.temperature,
+            projection_of(self.model, k, seed),
+        )
 
     def _generate(
         self,
