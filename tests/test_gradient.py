@@ -63,17 +63,19 @@ def test_sketch_inner_products_are_unbiased_for_the_exact_scores() -> None:
     assert np.abs(draws_arr[0] - gram.ravel()).max() > 1e-3 * np.abs(gram).max()
 
 
-def test_sketch_batches_agree_with_one_at_a_time() -> None:
-    """Padding and batching change nothing: a one-token batch limit gives the same sketches."""
+def test_sketch_on_a_shared_prompt_cache_equals_the_full_pass() -> None:
+    """A prompt's responses share its KV cache (right-padded together): each sketch equals
+    the one of a full forward pass of that prompt and response alone, tied weights too."""
     from basis_bench.rollouts.score_sketch import ScoreProjection, score_sketches
 
     model = _tiny_model(tied=True)
     prompts = [[1, 2, 3], [4, 5]]
     responses = [np.array([9, 10, 11]), np.array([12]), np.array([13, 14, 15, 16])]
     proj = ScoreProjection.make(16, 3, 40, 12)
-    together = score_sketches(model, prompts, responses, [0, 1, 1], 1.0, proj)
-    alone = score_sketches(model, prompts, responses, [0, 1, 1], 1.0, proj, max_tokens=1)
-    np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-4)
+    together = score_sketches(model, prompts, responses, [0, 1, 1], 1.3, proj)
+    for i, (resp, p) in enumerate(zip(responses, [0, 1, 1], strict=True)):
+        alone = score_sketches(model, [prompts[p]], [resp], [0], 1.3, proj)
+        np.testing.assert_allclose(together[i], alone[0], rtol=1e-4, atol=1e-4)
 
 
 def test_target_is_unbiased_where_the_plain_estimate_is_not() -> None:

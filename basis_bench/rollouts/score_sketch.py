@@ -26,6 +26,7 @@ gradient that flows through the logits, not the embedding lookup's part.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.sampling.hf import length_batches
 
 SKETCH_COLUMN = "score_sketch"
 """The rollouts column holding each rollout's sketch (a list of K float16)."""
@@ -43,9 +43,6 @@ PARAMETERS = "output layer (lm_head), sampling distribution softmax(logits / T)"
 
 KIND = "rademacher tensor sketch: s_k = u_k^T S w_k / sqrt(K), u_k in {-1,1}^V, w_k in {-1,1}^H"
 """How the sketch is made, as recorded in the dataset's metadata."""
-
-SKETCH_TOKENS = 4096
-"""Most tokens (padding included) per forward pass of :func:`score_sketches`."""
 
 
 @dataclass(frozen=True)
@@ -114,58 +111,73 @@ def score_sketches(
     prompt_of: Sequence[int] | np.ndarray,
     temperature: float,
     projection: ScoreProjection,
-    max_tokens: int = SKETCH_TOKENS,
 ) -> np.ndarray:
     """(N, K) float32: the sketch of each response's output-layer score (module docstring).
     Response i answers prompt ``prompt_of[i]``; its tokens are scored under softmax(z / T) at
-    every position, the stop token included, exactly as they were sampled (top_p = 1)."""
+    every position, the stop token included, exactly as they were sampled (top_p = 1). Each
+    prompt runs through the model once; its responses then run together on its KV cache."""
     import torch
 
     if temperature <= 0:
         raise InputError("score sketches need a sampling temperature above 0")
     decoder, head = output_layer(model)
-    weight = head.weight.detach().float()
-    u = torch.from_numpy(projection.u)
-    w = torch.from_numpy(projection.w)
+    weight = head.weight.detach().float().cpu()
+    u, w = torch.from_numpy(projection.u), torch.from_numpy(projection.w)
     if u.shape[0] != weight.shape[0] or w.shape[0] != weight.shape[1]:
         raise InputError(
             f"the projection is for a {u.shape[0]} x {w.shape[0]} output layer; this model's "
             f"is {weight.shape[0]} x {weight.shape[1]}"
         )
-    seqs = [
-        list(prompt_ids[prompt_of[i]]) + [int(t) for t in r] for i, r in enumerate(response_ids)
-    ]
-    out = np.zeros((len(seqs), projection.k))
-    scale = 1.0 / (temperature * np.sqrt(projection.k))
+    out = np.zeros((len(response_ids), projection.k))
+    of = np.asarray(prompt_of)
     with torch.inference_mode():
-        for batch in length_batches([len(s) for s in seqs], max_tokens):
-            width = max(len(seqs[i]) for i in batch)
-            tokens = torch.zeros((len(batch), width), dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                tokens[row, width - len(seqs[i]) :] = torch.tensor(seqs[i])
-                mask[row, width - len(seqs[i]) :] = 1
-            hidden = decoder(
-                input_ids=tokens.to(weight.device),
-                attention_mask=mask.to(weight.device),
-                position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(weight.device),
-            ).last_hidden_state.float()
-            # Position j's state predicts token j + 1: a response of n tokens is predicted by
-            # the n positions before the sequence's end.
-            rows: list[int] = []
-            cols: list[int] = []
-            ys: list[int] = []
-            owner: list[int] = []
-            for row, i in enumerate(batch):
-                n = len(response_ids[i])
-                rows += [row] * n
-                cols += range(width - n - 1, width - 1)
-                ys += [int(t) for t in response_ids[i]]
-                owner += [i] * n
-            if not ys:
-                continue
-            h = hidden[torch.tensor(rows), torch.tensor(cols)].cpu()  # (n_tok, H)
-            p = torch.softmax((h @ weight.cpu().T) / temperature, dim=-1)  # (n_tok, V)
-            a = u[torch.tensor(ys)] - p @ u  # U^T (e_y - p): (n_tok, K)
-            np.add.at(out, np.asarray(owner), (a * (h @ w)).double().numpy())
-    return (out * scale).astype(np.float32)
+        for p, prompt in enumerate(prompt_ids):
+            mine = np.flatnonzero(of == p)
+            if mine.size:
+                states = _response_states(decoder, prompt, [response_ids[i] for i in mine])
+                for i, (h, ys) in zip(mine, states, strict=True):
+                    prob = torch.softmax((h @ weight.T) / temperature, dim=-1)  # (n, V)
+                    a = u[torch.from_numpy(np.asarray(ys, dtype=np.int64))] - prob @ u
+                    out[i] = (a * (h @ w)).double().sum(dim=0).numpy()
+    return (out / (temperature * np.sqrt(projection.k))).astype(np.float32)
+
+
+def _response_states(decoder: Any, prompt: Sequence[int], responses: Sequence[np.ndarray]) -> list:
+    """For each response, the (n, H) final hidden states that predicted its n tokens, and the
+    tokens: the prompt's last state, then the response's own states but its last."""
+    import torch
+
+    params = inspect.signature(decoder.forward).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"
+    device = next(decoder.parameters()).device
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    first = (
+        decoder(
+            input_ids=torch.tensor([list(prompt)], device=device),
+            use_cache=True,
+            **{cache_arg: cache},
+        )
+        .last_hidden_state[0, -1]
+        .float()
+        .cpu()
+    )
+    width = max(len(r) for r in responses)
+    if width <= 1:
+        return [(first[None].expand(len(r), -1), r) for r in responses]
+    cache.batch_repeat_interleave(len(responses))
+    tokens = torch.zeros((len(responses), width - 1), dtype=torch.long)
+    mask = torch.zeros((len(responses), len(prompt) + width - 1), dtype=torch.long)
+    mask[:, : len(prompt)] = 1
+    for row, r in enumerate(responses):
+        tokens[row, : len(r) - 1] = torch.from_numpy(np.asarray(r[:-1], dtype=np.int64))
+        mask[row, len(prompt) : len(prompt) + len(r) - 1] = 1
+    position = torch.arange(len(prompt), len(prompt) + width - 1).expand(len(responses), -1)
+    rest = decoder(
+        input_ids=tokens.to(device), attention_mask=mask.to(device),
+        position_ids=position.to(device), use_cache=True, **{cache_arg: cache},
+    ).last_hidden_state.float().cpu()  # fmt: skip
+    return [
+        (torch.cat([first[None], rest[row, : len(r) - 1]]), r) for row, r in enumerate(responses)
+    ]
