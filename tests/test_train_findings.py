@@ -40,6 +40,12 @@ def _arm(root: Path, name: str, evals: list[dict[int, float]], steps: int = 4, *
     return load_arm(root / name)
 
 
+# Seven evaluations (steps 0-6) on 10 prompts: a run that learns and stays (decline 0), and
+# one that falls from 0.6 to 0.1 for its last three (decline 0.5: collapsed, at a bar of 0.30)
+STEADY = {0: 0.4, 1: 0.6, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.6, 6: 0.6}
+FELL = {0: 0.4, 1: 0.6, 2: 0.6, 3: 0.6, 4: 0.1, 5: 0.1, 6: 0.1}
+
+
 def _only(found, number):
     (one,) = [f for f in found if f.finding == number]
     return one
@@ -101,18 +107,18 @@ def test_the_collapse_rule(vanilla, basis, verdict):
 
 
 def test_finding_3_counts_collapses_over_the_shared_finished_seeds(tmp_path):
-    # drops: vanilla 0.3, 0.2, 0.0 (two of three collapse), BASIS 0.0, 0.1, 0.05, and a
-    # fourth BASIS seed that is unfinished and has no vanilla partner.
-    vanilla = _arm(tmp_path, "vanilla", [{0: 0.4, 4: 0.1}, {2: 0.6, 4: 0.4}, {0: 0.5, 4: 0.5}])
-    runs = [{4: 0.5}, {2: 0.6, 4: 0.5}, {2: 0.55, 4: 0.5}, {0: 0.9, 2: 0.0}]
-    basis = _arm(tmp_path, "basis", runs)
+    # vanilla: two of three seeds fall (collapsed), BASIS: none does, and a fourth BASIS seed
+    # that is unfinished and has no vanilla partner.
+    vanilla = _arm(tmp_path, "vanilla", [FELL, FELL, STEADY], steps=6)
+    basis = _arm(tmp_path, "basis", [STEADY, STEADY, STEADY, {0: 0.9, 2: 0.0}], steps=6)
     three = _only(judge([vanilla, basis], ["vanilla", "BASIS"]), 3)
     assert three.collapsed == "vanilla 2/3, BASIS 0/3" and three.verdict == "reproduced"
-    assert three.seeds == 3 and three.mean == pytest.approx((0.3 + 0.1 - 0.05) / 3)
+    assert three.comparison == "vanilla decline - BASIS decline"
+    assert three.seeds == 3 and three.mean == pytest.approx((0.5 + 0.5 + 0) / 3)
     two = _only(judge([vanilla, basis], ["vanilla", "BASIS"]), 2)
-    # BASIS step 2 (seeds 0-2: its seed 0 has no evaluation by step 2, so it drops out;
-    # seed 3 is cut at step 2 but reached it) against vanilla's final: 0.6 - 0.4, 0.55 - 0.5
-    assert two.seeds == 2 and two.mean == pytest.approx((0.2 + 0.05) / 2)
+    # BASIS at step 3 against vanilla's final (BASIS seed 3 stops at step 2, unpaired):
+    # 0.6 - 0.1, 0.6 - 0.1, 0.6 - 0.6
+    assert two.seeds == 3 and two.mean == pytest.approx(1.0 / 3)
     assert two.verdict == "not resolvable"
 
 
@@ -126,12 +132,12 @@ def test_unfinished_runs_and_arms_at_other_settings_are_left_out(tmp_path):
 
 
 def test_written_only_when_a_finding_has_its_arms(tmp_path):
-    vanilla = _arm(tmp_path, "vanilla", [{0: 0.4, 4: 0.1}] * 3)
+    vanilla = _arm(tmp_path, "vanilla", [FELL] * 3, steps=6)
     assert write_findings([vanilla], ["vanilla"], tmp_path) == []
-    basis = _arm(tmp_path, "basis", [{0: 0.4, 2: 0.5, 4: 0.5}] * 3)
+    basis = _arm(tmp_path, "basis", [STEADY] * 3, steps=6)
     csv, md = write_findings([vanilla, basis], ["vanilla", "BASIS"], tmp_path)
     text = md.read_text()
     assert "| 3 | vanilla G = 1 collapses, BASIS does not |" in text
     assert "vanilla 3/3, BASIS 0/3 | **reproduced** |" in text
-    assert "| 2 |" in text and "+0.400 [+0.400, +0.400]" in text  # sd 0: a zero-width interval
+    assert "| 2 |" in text and "+0.500 [+0.500, +0.500]" in text  # sd 0: a zero-width interval
     assert csv.read_text().splitlines()[0].startswith("finding,claim,comparison,seeds,mean")

@@ -19,10 +19,10 @@ at or before half the other arm's steps (the paper trains BASIS 150 steps agains
    half - the other's final. Reproduced when lo > 0; else not reproduced when hi < M (a gain of M
    or more is ruled out); else not resolvable.
 3. *Vanilla collapses, BASIS does not*, each over its own full run: an arm collapses when at
-   least two thirds of the shared finished seeds collapse (drop >= ``COLLAPSE_DROP``) and is stable
-   when none does. Reproduced when vanilla collapses and BASIS is stable; not reproduced when
+   least two thirds of the shared finished seeds collapse (:func:`summary.collapsed`) and is
+   stable when none does. Reproduced when vanilla collapses and BASIS is stable; not reproduced when
    vanilla is stable or BASIS collapses; else not resolvable. The interval shown is that of
-   vanilla's drop - BASIS's drop, for information.
+   vanilla's decline - BASIS's decline, for information.
 
 Fewer than :data:`MIN_SEEDS` shared seeds: not resolvable, whatever the numbers.
 """
@@ -40,9 +40,9 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.train.summary import (
-    COLLAPSE_DROP,
     Arm,
     collapsed,
+    evaluations,
     mean_interval,
     run_metrics,
     setting_differences,
@@ -110,7 +110,12 @@ def of_finished(metric: str) -> RunValue:
     return value
 
 
-final, drop = of_finished("final"), of_finished("drop")
+final, decline = of_finished("final"), of_finished("decline")
+
+
+def collapse(config: dict[str, Any], log: pl.DataFrame) -> float:
+    """1.0 when a finished run collapsed (:func:`summary.collapsed`), else 0.0 (NaN while it runs)."""
+    return float(collapsed(evaluations(log)[1])) if _finished(config, log) else math.nan
 
 
 def accuracy_at(step: int) -> RunValue:
@@ -199,14 +204,14 @@ def judge(arms: Sequence[Arm], labels: Sequence[str]) -> list[Finding]:
                 Finding(number, claims[number], comparison, n, mean, low, high, "", verdict)
             )
     for vanilla, v_name, basis, b_name in _pairs(arms, labels, "vanilla", "basis"):
-        drops = by_seed(vanilla, drop), by_seed(basis, drop)
-        shared = sorted(set(drops[0]) & set(drops[1]))
-        flags = [[collapsed(seeds[s]) for s in shared] for seeds in drops]
-        n, mean, low, high = paired(*drops)
+        n, mean, low, high = paired(by_seed(vanilla, decline), by_seed(basis, decline))
+        states = by_seed(vanilla, collapse), by_seed(basis, collapse)
+        shared = sorted(set(states[0]) & set(states[1]))
+        flags = [[bool(seeds[s]) for s in shared] for seeds in states]
         counts = (
             f"{v_name} {sum(flags[0])}/{len(flags[0])}, {b_name} {sum(flags[1])}/{len(flags[1])}"
         )
-        comparison = f"{v_name} drop - {b_name} drop (peak - final)"
+        comparison = f"{v_name} decline - {b_name} decline"
         verdict = collapse_verdict(*flags)
         found.append(Finding(3, claims[3], comparison, n, mean, low, high, counts, verdict))
     return sorted(found, key=lambda f: f.finding)
@@ -242,7 +247,7 @@ def markdown(found: Sequence[Finding]) -> str:
         f"Rules (fixed before seeds 1 and 2 ran; M = {MARGIN}, at least {MIN_SEEDS} shared finished "
         "seeds, else not resolvable): 1 reproduced when the interval's low end > -M, not "
         "when its high end < -M; 2 reproduced when low > 0, not when high < M; 3 reproduced "
-        f"when vanilla collapses (drop >= {COLLAPSE_DROP} in at least two thirds of its seeds) "
+        "when vanilla collapses (in at least two thirds of its seeds; summary.collapsed) "
         "and BASIS in none, not when vanilla collapses in none or BASIS in two thirds; "
         "otherwise not resolvable (basis_bench/train/findings.py)."
     )
