@@ -23,8 +23,9 @@ training_runs       CSV: one row per run, its final, peak, peak-to-final drop, d
                     error, collapsed (:func:`basis_bench.train.summary.collapsed`)
 training_table      CSV and markdown: one row per arm, each number's mean and 95% interval
 training_findings   CSV and markdown: the paper's three training findings, each judged
-                    reproduced / not / not resolvable (:mod:`basis_bench.train.findings`);
-                    only when the arms of some finding are given
+                    reproduced / not reproduced / not resolvable / confounded / not
+                    testable here, with why (:mod:`basis_bench.train.findings`); only
+                    when the arms of some finding are given
 ==================  ==========================================================================
 
 Display names and colours come from the caller (``basis-bench train-figures`` passes the
