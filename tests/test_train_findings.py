@@ -191,3 +191,13 @@ def test_written_only_when_a_finding_has_its_arms(tmp_path):
     assert "| 2 |" in text and "+0.500 [+0.500, +0.500]" in text  # sd 0: a zero-width interval
     assert findings.WHEN_FIXED in text and "commit 2aaeaa0" in text
     assert csv.read_text().splitlines()[0].startswith("finding,claim,comparison,seeds,mean")
+
+
+def test_any_number_of_seeds_is_judged(tmp_path):
+    # 11 seeds (seed-10 sorts after seed-9): every shared finished seed counts, not 0-2
+    vanilla = _arm(tmp_path, "vanilla", [STEADY] * 9 + [FELL] * 2, steps=6)
+    basis = _arm(tmp_path, "basis", [STEADY] * 11, steps=6)
+    found = judge([vanilla, basis], ["vanilla", "BASIS"])
+    two, three = _only(found, 2), _only(found, 3)
+    assert two.seeds == 11 and two.collapsed == "BASIS 0/11, vanilla 2/11"
+    assert three.seeds == 11 and three.verdict == "not resolvable"  # 2 of 11: neither state
