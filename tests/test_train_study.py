@@ -21,7 +21,6 @@ from basis_bench.train.checkpoint import TRAINER_STATE
 from basis_bench.train.loop import append_jsonl
 from basis_bench.train.seeds import prune_checkpoints, run_state, seed_config
 from basis_bench.train.summary import (
-    COLLAPSE_DROP,
     arms_table,
     load_arm,
     markdown_table,
@@ -68,7 +67,7 @@ def _run(path: Path, seed: int, evals: dict[int, float], steps: int = 4, **confi
 def test_summary_tables_on_synthetic_runs(tmp_path):
     arm = tmp_path / "vanilla"
     # final, peak, drop, half (the evaluation at step 2 = steps // 2) by seed:
-    _run(arm / "seed-0", 0, {0: 0.1, 2: 0.5, 4: 0.3})  # 0.3, 0.5, 0.2 (collapsed), 0.5
+    _run(arm / "seed-0", 0, {0: 0.1, 2: 0.5, 4: 0.3})  # 0.3, 0.5, 0.2, 0.5
     _run(arm / "seed-1", 1, {0: 0.1, 2: 0.4, 4: 0.4})  # 0.4, 0.4, 0.0, 0.4
     _run(arm / "seed-2", 2, {0: 0.1, 2: 0.3, 4: 0.5})  # 0.5, 0.5, 0.0, 0.3
     single = _run(tmp_path / "grpo", 0, {0: 0.1, 4: 0.2}, estimator="grpo")  # no step-2 eval
@@ -77,7 +76,7 @@ def test_summary_tables_on_synthetic_runs(tmp_path):
     runs = runs_table(arms, ["vanilla", "GRPO"])
     first = runs.row(0, named=True)
     assert (first["final"], first["peak"], first["half"]) == (0.3, 0.5, 0.5)
-    assert first["drop"] == pytest.approx(0.2) and first["collapsed"] == (0.2 >= COLLAPSE_DROP)
+    assert first["drop"] == pytest.approx(0.2) and not first["collapsed"]  # 3 evaluations
     assert first["rollouts"] == 8 and first["wall_hours"] == pytest.approx((7 + 4 * 11) / 3600)
     assert runs.row(3, named=True)["half"] == 0.1  # the last evaluation at or before step 2
     assert [runs.row(i, named=True)["dip"] for i in range(3)] == pytest.approx([0.2, 0.0, 0.0])
@@ -86,13 +85,17 @@ def test_summary_tables_on_synthetic_runs(tmp_path):
     metrics = runs_table([load_arm(back)], ["back"]).row(0, named=True)
     assert metrics["drop"] == 0.0 and metrics["dip"] == pytest.approx(0.4)
     assert not metrics["collapsed"]
+    # a fall that lasts: the last three evaluations' mean 0.1, the best level 0.5 (n = 10)
+    fell = _run(tmp_path / "fell", 0, {0: 0.5, 1: 0.5, 2: 0.5, 3: 0.1, 4: 0.1, 5: 0.1}, steps=5)
+    metrics = runs_table([load_arm(fell)], ["fell"]).row(0, named=True)
+    assert metrics["decline"] == pytest.approx(0.4) and metrics["collapsed"]
     short = _run(tmp_path / "short", 0, {0: 0.1}, steps=1) / "config.json"
     short.write_text(short.read_text().replace('"steps": 1', '"steps": 4'))  # 1 of 4 steps done
     assert math.isnan(runs_table([load_arm(short.parent)], ["cut"]).row(0, named=True)["half"])
 
     table = arms_table(runs).row(0, named=True)
     t2 = 4.302653
-    assert table["seeds"] == 3 and table["collapsed"] == 1 and table["last_step"] == 4
+    assert table["seeds"] == 3 and table["collapsed"] == 0 and table["last_step"] == 4
     assert table["final"] == pytest.approx(0.4)
     assert table["final_ci95"] == pytest.approx(t2 * 0.1 / math.sqrt(3), rel=1e-5)
     drops = np.array([0.2, 0.0, 0.0])
@@ -102,7 +105,7 @@ def test_summary_tables_on_synthetic_runs(tmp_path):
     assert lone["seeds"] == 1 and lone["final"] == 0.2 and lone["final_ci95"] is None
     text = markdown_table(arms_table(runs))
     assert "| vanilla | 3 | 4 | 0.400 ± 0.248 |" in text
-    assert "| GRPO | 1 | 4 | 0.200 |" in text and "| 1/3 |" in text
+    assert "| GRPO | 1 | 4 | 0.200 |" in text and "| 0/3 |" in text
 
 
 def test_seed_bands_average_over_the_seeds_that_logged_the_step(tmp_path):

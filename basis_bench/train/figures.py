@@ -18,12 +18,14 @@ value_error         the value probe's noise-corrected squared error of the basel
 training_summary    CSV: arm, run, label, step, eval_accuracy, mean_reward, truncated_share
                     (responses cut at max_new_tokens), beta, probe_value_error (one row
                     per logged step)
-training_runs       CSV: one row per run, its final, peak, peak-to-final drop, half-budget
-                    accuracy, rollouts, wall hours, mean value error, collapsed
+training_runs       CSV: one row per run, its final, peak, peak-to-final drop, decline,
+                    largest dip, half-budget accuracy, rollouts, wall hours, mean value
+                    error, collapsed (:func:`basis_bench.train.summary.collapsed`)
 training_table      CSV and markdown: one row per arm, each number's mean and 95% interval
 training_findings   CSV and markdown: the paper's three training findings, each judged
-                    reproduced / not / not resolvable (:mod:`basis_bench.train.findings`);
-                    only when the arms of some finding are given
+                    reproduced / not reproduced / not resolvable / confounded / not
+                    testable here, with why (:mod:`basis_bench.train.findings`); only
+                    when the arms of some finding are given
 ==================  ==========================================================================
 
 Display names and colours come from the caller (``basis-bench train-figures`` passes the

@@ -10,10 +10,13 @@ One run's numbers (held-out greedy accuracy at the evaluations of its log):
 ==============  ===========================================================================
 final           accuracy at the last evaluation
 peak            the highest accuracy over all evaluations, step 0 included
-drop            peak - final (the collapse metric: a run collapsed when drop >= 0.15)
+drop            peak - final
+decline         how far the last three evaluations' mean fell below the run's best level
+                (:func:`decline`; the collapse rule, :func:`collapsed`, tests it against
+                the held-out set's binomial noise)
 dip             the largest fall below the best accuracy so far, at any evaluation:
                 max_t (max_{s <= t} acc_s - acc_t) >= drop; it also sees a collapse the
-                run recovered from (reported, not part of the collapse metric)
+                run recovered from (reported, not part of the collapse rule)
 half            accuracy at the last evaluation at or before step ``steps // 2`` (the
                 paper's BASIS arm trains half the steps: its half-budget point is read off
                 the same run); none while the run has not reached that step
@@ -28,6 +31,24 @@ value_error     the mean of the run's value-probe records' noise-corrected squar
 
 Over the n seeds of an arm: mean +- t_{0.975, n-1} s / sqrt(n), s the sample standard
 deviation (no interval for one seed), over the seeds that have the number.
+
+**The collapse rule** (issue 42; it replaced "final at least 0.15 below peak", which binomial
+noise alone trips in 8-14% of stable runs at 100 held-out prompts and 13 evaluations). Of a
+run's m held-out accuracies a_0..a_{m-1} on n prompts, L = the mean of the last
+:data:`WINDOW` = 3; the *levels* are a_0 alone (the policy before training) and the mean of
+every other run of 3 consecutive evaluations, K = m - 2 levels in all; ``decline`` = max(0,
+max over levels (level - L)). The run **collapsed** when some level of k evaluations is above L by at
+least
+
+    max(MIN_DECLINE, z_{1 - ALPHA/K} * 0.5 * sqrt((1/k + 1/3) / n)),
+
+a one-sided z test of "level > L" under binomial noise at its worst (p = 1/2), Bonferroni-
+corrected over the K levels, so a stable run is called collapsed at most ALPHA = 5% of the
+time (measured by Monte Carlo in tests/test_collapse_rule.py: at most 2.8% at n = 100, 13
+evaluations, true accuracy 0.1 to 0.9), and a fall of 0.2 (at the last three evaluations,
+or spread over the second half) is caught in over 99% of runs. At the study's n = 100 and
+m = 13 the bar is 0.107 for a window and 0.151 for a_0. n is read back from the accuracies
+(:func:`heldout_size`). Fewer than 4 evaluations: no decline, not collapsed.
 """
 
 from __future__ import annotations
@@ -37,7 +58,9 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -48,8 +71,13 @@ from basis_bench.errors import InputError
 from basis_bench.train.config import OBSERVATIONAL_KEYS
 from basis_bench.train.loop import read_log
 
-COLLAPSE_DROP = 0.15  # a run collapsed: its held-out accuracy fell this far below its peak
-METRICS = ("final", "peak", "drop", "dip", "half", "rollouts", "wall_hours", "value_error")
+WINDOW = 3  # held-out evaluations averaged into one level of the collapse rule
+ALPHA = 0.05  # the collapse rule's false-positive rate on a stable run, at most
+MIN_DECLINE = 0.10  # and the least fall it calls a collapse, however large n
+MAX_HELDOUT = 10_000  # the largest held-out size heldout_size reads back
+METRICS = (
+    "final", "peak", "drop", "decline", "dip", "half", "rollouts", "wall_hours", "value_error",
+)  # fmt: skip
 VALUE_ERROR = "probe_value_error"  # the log's column that value_error averages
 UNTIMED_PHASES = frozenset({"probe"})  # logged seconds that wall_hours leaves out
 SEED_PREFIX = "seed-"
@@ -66,9 +94,45 @@ def setting_differences(
     return sorted(k for k in keys if a.get(k) != b.get(k))
 
 
-def collapsed(drop: float) -> bool:
-    """The collapse metric: the run's final accuracy is ``COLLAPSE_DROP`` or more below its peak."""
-    return bool(drop >= COLLAPSE_DROP)
+def heldout_size(accuracy: Sequence[float] | np.ndarray) -> int:
+    """n of accuracies that are shares k/n of n prompts: their least common denominator
+    (each read as a fraction of denominator <= MAX_HELDOUT; at most MAX_HELDOUT). It is n
+    itself unless every accuracy shares a factor with n, and never above it, so the noise
+    it implies is never understated."""
+    n = 1
+    for a in accuracy:
+        n = math.lcm(n, Fraction(float(a)).limit_denominator(MAX_HELDOUT).denominator)
+    return min(n, MAX_HELDOUT)
+
+
+def _levels(accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The collapse rule's levels (a_0, then every window of WINDOW evaluations but the
+    last) and how many evaluations each averages."""
+    windows = np.convolve(accuracy, np.ones(WINDOW) / WINDOW, mode="valid")[:-1]
+    return np.concatenate([accuracy[:1], windows]), np.array([1] + [WINDOW] * windows.size)
+
+
+def decline(accuracy: Sequence[float] | np.ndarray) -> float:
+    """max(0, max over levels (level - mean of the last WINDOW evaluations)); NaN with fewer
+    than WINDOW + 1 evaluations."""
+    accuracy = np.asarray(accuracy, dtype=np.float64)
+    if accuracy.size <= WINDOW:
+        return math.nan
+    levels, _ = _levels(accuracy)
+    return max(0.0, round(float(levels.max() - accuracy[-WINDOW:].mean()), 9))
+
+
+def collapsed(accuracy: Sequence[float] | np.ndarray) -> bool:
+    """The collapse rule (the module's docstring): some level is above the last WINDOW
+    evaluations' mean by max(MIN_DECLINE, z_{1 - ALPHA/K} * 0.5 * sqrt((1/k + 1/WINDOW) / n))."""
+    accuracy = np.asarray(accuracy, dtype=np.float64)
+    if accuracy.size <= WINDOW:
+        return False
+    levels, counts = _levels(accuracy)
+    z = NormalDist().inv_cdf(1 - ALPHA / levels.size)
+    noise = 0.5 * np.sqrt((1 / counts + 1 / WINDOW) / heldout_size(accuracy))
+    falls = np.round(levels - accuracy[-WINDOW:].mean(), 9)
+    return bool((falls >= np.maximum(MIN_DECLINE, z * noise)).any())
 
 
 RunLog = tuple[Path, dict[str, Any], pl.DataFrame]  # directory, config, log
@@ -235,11 +299,15 @@ def step_bands(arm: Arm, column: str, smooth: int = 1) -> pl.DataFrame:
     return table.select("step", "mean", pl.Series("ci95", half, dtype=pl.Float64), n="len")
 
 
+def evaluations(log: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """A run's evaluated steps and their held-out accuracies, in step order."""
+    evals = log.filter(pl.col("eval_accuracy").is_not_null()).sort("step")
+    return evals["step"].to_numpy(), evals["eval_accuracy"].to_numpy()
+
+
 def run_metrics(config: dict[str, Any], log: pl.DataFrame) -> dict[str, float]:
     """One run's :data:`METRICS` (NaN where the run has no evaluation to read them from)."""
-    evals = log.filter(pl.col("eval_accuracy").is_not_null()).sort("step")
-    accuracy = evals["eval_accuracy"].to_numpy()
-    steps = evals["step"].to_numpy()
+    steps, accuracy = evaluations(log)
     half = int(config.get("steps", 0)) // 2
     reached = int(log["step"].to_numpy().max()) >= half
     at_half = accuracy[steps <= half] if reached else accuracy[:0]
@@ -252,6 +320,7 @@ def run_metrics(config: dict[str, Any], log: pl.DataFrame) -> dict[str, float]:
         "final": final,
         "peak": peak,
         "drop": peak - final,
+        "decline": decline(accuracy),
         "dip": dip,
         "half": float(at_half[-1]) if at_half.size else math.nan,
         "rollouts": float(log["rollouts"].fill_null(0).sum()),
@@ -274,7 +343,7 @@ def runs_table(arms: Sequence[Arm], labels: Sequence[str]) -> pl.DataFrame:
                     "seed": int(config.get("seed", 0)),
                     "last_step": int(log["step"].to_numpy().max()),
                     **metrics,
-                    "collapsed": collapsed(metrics["drop"]),
+                    "collapsed": collapsed(evaluations(log)[1]),
                 }
             )
     return pl.DataFrame(rows)
@@ -309,6 +378,7 @@ def markdown_table(arms: pl.DataFrame) -> str:
         "final": "final acc.",
         "peak": "peak acc.",
         "drop": "peak - final",
+        "decline": "decline",
         "dip": "largest dip",
         "half": "acc. at half budget",
         "rollouts": "rollouts",
