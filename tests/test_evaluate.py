@@ -181,6 +181,7 @@ def test_heterogeneity_bins_follow_the_protocol():
         series={("x", 1): Series.of("x", 1, mse, np.zeros(7))},
         sweep={},
         noise=Moments(7, 0.5),
+        spread=Moments(7, 0.2),
         batch_noise=np.full(7, 0.5),
         batch_spread=spread,
         difficulty=pl.DataFrame(),
@@ -206,6 +207,7 @@ def test_difficulty_bins_follow_the_protocol():
         series={},
         sweep={},
         noise=Moments(1, 0.0),
+        spread=Moments(1, 0.0),
         batch_noise=np.zeros(1),
         batch_spread=np.zeros(1),
         difficulty=pl.DataFrame(
@@ -596,3 +598,22 @@ def test_the_defaults_left_to_the_data_fit_it_and_given_values_stay():
     assert fitted(EvaluateConfig(batch_size=8, oracle_n=200), 48, 128) == (8, 200)
     with pytest.raises(RuntimeError, match="fit"):
         _ = EvaluateConfig().batch
+
+
+def test_grpo_advantage_noise_is_rloos_on_rloo_scale():
+    """GRPO's advantage on RLOO's scale, (G / (G - 1))(r - mean_G) = r - mean_-i, has RLOO's
+    baseline error in expectation: sigma^2 / (G - 1), G / (G - 1) times GRPO's own MSE."""
+    from basis_bench.api import evaluate
+
+    out = evaluate(estimators=["grpo", "rloo", "vanilla"], repeats=400, trajectory=False).summary
+    for ckpt in out["checkpoint"].unique().to_list():
+        rows = {
+            r["estimator"]: r
+            for r in out.filter(pl.col("checkpoint") == ckpt).iter_rows(named=True)
+        }
+        grpo, rloo = rows["grpo"], rows["rloo"]
+        assert grpo["adv_noise_excess"] == pytest.approx(rloo["mse_noise_corrected"], rel=0.06)
+        assert rloo["adv_noise_excess"] == rloo["mse_noise_corrected"]
+        assert grpo["adv_noise_excess"] > grpo["mse_noise_corrected"] * 1.1  # the 8/7 is there
+        # E[A^2] / V(1 - V): one more than the excess over the prompts' reward variance
+        assert rows["vanilla"]["adv_noise_ratio"] > rloo["adv_noise_ratio"] > 1

@@ -159,6 +159,7 @@ class Replay:
     series: dict[tuple[str, int], Series]
     sweep: dict[tuple[str, int], Series]
     noise: Moments  # of each batch's mean oracle noise
+    spread: Moments  # of each batch's mean V(1 - V), noise-corrected
     batch_noise: np.ndarray  # (min(R, KEPT_REPEATS),) mean oracle noise of the first batches
     batch_spread: np.ndarray  # (min(R, KEPT_REPEATS),) s_b = std of their oracle values
     # estimator, rollouts_per_prompt, oracle, sq_err, noise of the first DIFFICULTY_REPEATS
@@ -287,7 +288,7 @@ class _Collector:
         self.sweep = {
             (e.name, gg): Series(e.name, gg) for e in estimators if e.group for gg in plan.sweep_gs
         }
-        self.noise = Moments()
+        self.noise, self.spread = Moments(), Moments()
         self.first_noise, self.first_spread = Kept(), Kept()
         self.difficulty: list[pl.DataFrame] = []
         k = len(tilt.betas)
@@ -304,6 +305,7 @@ class _Collector:
         """Every estimator on one chunk, then the extras."""
         noise = c.noise.mean(axis=1)
         self.noise.add(noise)
+        self.spread.add((c.oracle * (1 - c.oracle) + c.noise).mean(axis=1))
         self.first_noise.add(noise)
         self.first_spread.add(c.oracle.std(axis=1))
         rows: list[pa.Table] = []
@@ -365,6 +367,7 @@ class _Collector:
             series=self.series,
             sweep=self.sweep,
             noise=self.noise,
+            spread=self.spread,
             batch_noise=self.first_noise.array(),
             batch_spread=self.first_spread.array(),
             difficulty=pl.concat(self.difficulty) if self.difficulty else pl.DataFrame(),

@@ -58,7 +58,13 @@ from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_
 from basis_bench.evaluation.config import named
 from basis_bench.evaluation.counter_random import permute, tag, uniforms
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
-from basis_bench.evaluation.gradient import ORACLE_ARM, GradientProbe, Target, gradient_table
+from basis_bench.evaluation.gradient import (
+    ORACLE_ARM,
+    GradientProbe,
+    Target,
+    closed_form_scale,
+    gradient_table,
+)
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
     reward_range,
@@ -179,6 +185,7 @@ class _Run:
     sq: dict[str, np.ndarray] = field(default_factory=dict)  # (T, R) summed squared error
     extreme: dict[str, np.ndarray] = field(default_factory=dict)  # (T,)
     noise: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,)
+    spread: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,) V(1 - V) summed
     reuse: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,) reused draws
 
 
@@ -244,7 +251,7 @@ def replay_steps(
     for run in runs:
         run.sq = {e.name: np.zeros((n_t, s.repeats)) for e, *_ in run.members}
         run.extreme = {e.name: np.zeros(n_t) for e, *_ in run.members}
-        run.noise, run.reuse = np.zeros(n_t), np.zeros(n_t)
+        run.noise, run.reuse, run.spread = np.zeros(n_t), np.zeros(n_t), np.zeros(n_t)
         per = stream_bytes(p, [k for _, _, k, _ in run.members]) + 4 * p * len(folds)
         group = stream_group(s.repeats, per)
         for lo in range(0, s.repeats, group):
@@ -310,6 +317,7 @@ def _replay_run(
         for key, cols in schedule.batches(u):  # cols (r, b): one batch of distinct prompts
             visit = _draw(run, folds, (int(k), nxt, float(w)), cols, rho, r_ids, used, s.seed, key)
             run.noise[u] += float(visit.noise.sum())
+            run.spread[u] += float((visit.oracle * (1 - visit.oracle) + visit.noise).sum())
             run.reuse[u] += float(visit.reused.sum())
             gauge = probe if w == 0 else None  # the policy is checkpoint k's own
             for e, _, _, g in run.members:
@@ -439,7 +447,8 @@ def _table(
                     "visits_per_prompt": visits / run.prompts, "rollouts_spent": run.batch * g * hi,
                     **summarise(run.sq[e.name][lo:hi].sum(axis=0), visits,
                                 float(run.noise[lo:hi].sum()),
-                                float(run.extreme[e.name][lo:hi].sum())),
+                                float(run.extreme[e.name][lo:hi].sum()),
+                                float(run.spread[lo:hi].sum()), closed_form_scale(e.name, g)),
                     "pool_reuse": float(run.reuse[lo:hi].sum()) / (s.repeats * visits * run.draws),
                 })  # fmt: skip
     return pl.DataFrame(rows)

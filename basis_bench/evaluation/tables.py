@@ -27,7 +27,9 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.evaluation.gradient import closed_form_scale
 from basis_bench.evaluation.replay import KEPT_REPEATS, Moments, Replay, Series
+from basis_bench.evaluation.trajectory import advantage_noise
 from basis_bench.outputs import (
     LOCK_FILE,
     atomic_write,
@@ -133,7 +135,7 @@ def _remove_stale(out: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _series_row(s: Series, noise: Moments, batch_size: int) -> dict[str, Any]:
+def _series_row(s: Series, noise: Moments, spread: Moments, batch_size: int) -> dict[str, Any]:
     n = s.batch_mse.n
     mse = s.batch_mse.mean
     half = Z_95 * s.batch_mse.std() / math.sqrt(n) if n > 1 else math.nan
@@ -146,13 +148,16 @@ def _series_row(s: Series, noise: Moments, batch_size: int) -> dict[str, Any]:
         "ci_high": mse + half,
         "extreme_rate": s.extreme.mean,
         "n_estimates": n * batch_size,
+        **advantage_noise(
+            mse - noise.mean, spread.mean, closed_form_scale(s.estimator, s.rollouts_per_prompt)
+        ),
     }
 
 
 def summary_table(rep: Replay, batch_size: int) -> pl.DataFrame:
     """summary.csv rows: MSE over all (repeat, prompt) estimates with a normal 95% CI over repeats."""
     rows = [
-        {"checkpoint": rep.checkpoint, **_series_row(s, rep.noise, batch_size)}
+        {"checkpoint": rep.checkpoint, **_series_row(s, rep.noise, rep.spread, batch_size)}
         for s in rep.series.values()
     ]
     return pl.DataFrame(rows)
@@ -161,7 +166,7 @@ def summary_table(rep: Replay, batch_size: int) -> pl.DataFrame:
 def g_sweep_table(rep: Replay, batch_size: int) -> pl.DataFrame:
     """g_sweep.csv rows: group estimators at each G the pool allows."""
     rows = [
-        {"checkpoint": rep.checkpoint, **_series_row(s, rep.noise, batch_size)}
+        {"checkpoint": rep.checkpoint, **_series_row(s, rep.noise, rep.spread, batch_size)}
         for s in rep.sweep.values()
     ]
     return (

@@ -49,6 +49,7 @@ from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_
 from basis_bench.estimators.kernel import StepKernel
 from basis_bench.estimators.options import DEFAULT_PRIOR
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
+from basis_bench.evaluation.gradient import closed_form_scale
 from basis_bench.evaluation.replay import pick_rollouts
 from basis_bench.rollouts.features import prompt_features
 
@@ -163,12 +164,15 @@ class _Totals:
     noise: np.ndarray
     share: np.ndarray
     curve: dict[str, np.ndarray]
+    spread: np.ndarray  # V(1 - V) summed over the visits (noise-corrected)
 
 
 def summarise(
-    sq_sum: np.ndarray, per_repeat: int, noise_sum: float, extreme: float
-) -> dict[str, float | int]:
-    """MSE, noise-corrected MSE, normal 95% CI over repeats, 0/1 share, count."""
+    sq_sum: np.ndarray, per_repeat: int, noise_sum: float, extreme: float,
+    spread_sum: float, scale: float,
+) -> dict[str, float | int]:  # fmt: skip
+    """MSE, noise-corrected MSE, normal 95% CI over repeats, 0/1 share, count, and the
+    per-rollout advantage noise (:func:`advantage_noise`)."""
     repeats = sq_sum.shape[0]
     mse_r = sq_sum / per_repeat
     n = repeats * per_repeat
@@ -181,6 +185,21 @@ def summarise(
         "ci_high": mse + half,
         "extreme_rate": extreme / n,
         "n_estimates": n,
+        **advantage_noise(mse - noise_sum / n, spread_sum / n, scale),
+    }
+
+
+def advantage_noise(mse_corrected: float, spread: float, scale: float) -> dict[str, float]:
+    """Per rollout, what the baseline adds to the advantage's noise: ``adv_noise_excess`` =
+    E[(A' - (r - v))^2] = scale^2 E[(b' - v)^2] for the advantage A' = scale (r - b) on RLOO's
+    scale (GRPO: scale G / (G - 1), which makes its baseline the leave-one-out mean, whose
+    error is G / (G - 1) times GRPO's own MSE), and ``adv_noise_ratio`` = E[A'^2] / V(1 - V)
+    = 1 + excess / V(1 - V), the noise a rollout feeds the gradient against the oracle
+    baseline's (a baseline independent of the rollout's own reward; binary rewards)."""
+    excess = mse_corrected * scale
+    return {
+        "adv_noise_excess": excess,
+        "adv_noise_ratio": 1 + excess / spread if spread > 0 else math.nan,
     }
 
 
@@ -268,6 +287,7 @@ def replay_trajectory(
     totals = _Totals(
         {n: np.zeros((n_epochs, s.repeats)) for n in names}, {n: np.zeros(n_epochs) for n in names},
         np.zeros(n_epochs), np.zeros(n_epochs), dict.fromkeys(names, np.zeros(0)),
+        np.zeros(n_epochs),
     )  # fmt: skip
     group = stream_group(s.repeats, stream_bytes(p, [kernel for _, _, kernel in steppers]))
     for lo in range(0, s.repeats, group):
@@ -315,6 +335,7 @@ def _replay_streams(
                 oracle = (1 - share) * oracle + share * mixing.oracle
                 noise = (1 - share) ** 2 * noise + share**2 * mixing.noise
             totals.noise[e] += float(noise[index].sum())
+            totals.spread[e] += float((oracle * (1 - oracle) + noise)[index].sum())
             totals.share[e] = share
             epoch_sq = _run_epoch(tracks, draws, oracle, b)
             for name, t in tracks.items():
@@ -335,11 +356,13 @@ def _rows(
     for ck, checkpoint in enumerate(checkpoints):
         sq_ckpt = {name: np.zeros(s.repeats) for name in g}
         extreme_ckpt = dict.fromkeys(g, 0.0)
-        noise_ckpt = share_sum = 0.0
+        noise_ckpt = share_sum = spread_ckpt = 0.0
         for epoch in range(s.epochs_per_checkpoint):
             share, noise_sum = float(totals.share[e]), float(totals.noise[e])
+            spread = float(totals.spread[e])
             share_sum += share
             noise_ckpt += noise_sum
+            spread_ckpt += spread
             step_count += per_epoch // s.batch_size
             for name in g:
                 sq_sum, extreme = totals.sq[name][e], float(totals.extreme[name][e])
@@ -350,7 +373,8 @@ def _rows(
                         "scope": "epoch", "checkpoint": checkpoint, "checkpoint_index": ck,
                         "epoch": ck * s.epochs_per_checkpoint + epoch + 1, "step": step_count,
                         "next_share": share, "estimator": name, "rollouts_per_prompt": g[name],
-                        **summarise(sq_sum, per_epoch, noise_sum, extreme),
+                        **summarise(sq_sum, per_epoch, noise_sum, extreme, spread,
+                                    closed_form_scale(name, g[name])),
                     }
                 )  # fmt: skip
             e += 1
@@ -362,7 +386,7 @@ def _rows(
                     "epoch": None, "step": step_count, "next_share": share_ckpt,
                     "estimator": name, "rollouts_per_prompt": g[name],
                     **summarise(sq_ckpt[name], s.epochs_per_checkpoint * per_epoch, noise_ckpt,
-                               extreme_ckpt[name]),
+                               extreme_ckpt[name], spread_ckpt, closed_form_scale(name, g[name])),
                 }
             )  # fmt: skip
     return rows

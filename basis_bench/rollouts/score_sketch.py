@@ -132,8 +132,8 @@ def score_sketches(
     of = np.asarray(prompt_of)
     with torch.inference_mode():
         for p, prompt in enumerate(prompt_ids):
-            mine = np.flatnonzero(of == p)
-            if mine.size:
+            mine = np.flatnonzero(of == p).tolist()
+            if mine:
                 states = _response_states(decoder, prompt, [response_ids[i] for i in mine])
                 for i, (h, ys) in zip(mine, states, strict=True):
                     prob = torch.softmax((h @ weight.T) / temperature, dim=-1)  # (n, V)
