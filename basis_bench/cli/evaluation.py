@@ -164,12 +164,16 @@ def evaluate(
     print_summary(result.summary, console)
     if result.trajectory is not None and run.trajectory is not None:
         print_trajectory(result.trajectory, run.trajectory, console)
+    if result.gradient is not None:
+        print_gradient(result.gradient, console)
     console.print(f"wrote {shown(result.out)}/: {', '.join([*(run.tables or {}), RUN_FILE])}")
 
 
 def print_summary(summary: pl.DataFrame, console: Console) -> None:
     """One rich table per checkpoint: rollouts per prompt (G), MSE, noise-corrected MSE, 95% CI
-    half-width, share of baselines exactly 0 or 1 and the change in MSE against REINFORCE++."""
+    half-width, share of baselines exactly 0 or 1, the change in MSE against REINFORCE++ and
+    the advantage noise a rollout feeds the gradient beyond the oracle baseline's (b = v), on
+    RLOO's scale (GRPO's (G - 1) / G taken out: GRPO(G)'s like-for-like target is RLOO(G))."""
     import polars as pl
     from rich import box
     from rich.table import Table
@@ -190,7 +194,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
             box=box.SIMPLE_HEAD,
         )
         table.add_column("estimator", no_wrap=True)
-        for col in ("G", "MSE", "MSE-noise", "±95%", "0/1 base", "vs R++"):
+        for col in ("G", "MSE", "MSE-noise", "±95%", "0/1 base", "vs R++", "noise\nvs b=v"):
             table.add_column(col, justify="right", no_wrap=True)
         for row in df.iter_rows(named=True):
             change = f"{100 * (row['mse'] / ref - 1):+.0f}%" if ref else ""
@@ -202,8 +206,40 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
                 f"{(row['ci_high'] - row['ci_low']) / 2:.5f}",
                 f"{100 * row['extreme_rate']:.1f}%",
                 change,
+                f"{100 * (row['adv_noise_ratio'] - 1):+.1f}%",
             )
         console.print(table)
+
+
+def print_gradient(gradient: pl.DataFrame, console: Console) -> None:
+    """The gradient benchmark over the checkpoints: each arm's step-gradient variance as a
+    ratio to RLOO(G)'s on the same repeats (GRPO's (G - 1) / G taken out), one column per
+    rollouts a step R, with its 95% interval; and at the largest R the relative error."""
+    import polars as pl
+    from rich import box
+    from rich.table import Table
+
+    rows = gradient.filter(pl.col("checkpoint") == "all")
+    budgets = sorted(rows["rollouts_per_step"].unique().to_list())
+    table = Table(
+        title="policy-gradient variance at an equal rollout budget, ratio to RLOO(8)'s",
+        caption="GRPO on RLOO's scale; oracle_baseline: b = v, the one-rollout limit; "
+        "every column in gradient.csv",
+        box=box.SIMPLE_HEAD,
+    )
+    table.add_column("estimator", no_wrap=True)
+    table.add_column("G", justify="right")
+    for r in budgets:
+        table.add_column(f"R={r}", justify="right", no_wrap=True)
+    for (name, g), df in rows.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
+        by = {row["rollouts_per_step"]: row for row in df.iter_rows(named=True)}
+        cells = [
+            f"{by[r]['variance_ratio_rloo8']:.2f} [{by[r]['ci_low']:.2f}, {by[r]['ci_high']:.2f}]"
+            if r in by else ""
+            for r in budgets
+        ]  # fmt: skip
+        table.add_row(shown(name), str(g), *cells)
+    console.print(table)
 
 
 PRINTED_INTERVALS = 3  # step schedule: more interval columns than this do not fit 80 columns

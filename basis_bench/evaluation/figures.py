@@ -53,6 +53,8 @@ from basis_bench.evaluation.figure_style import (
     paper_style,
     stage_colours,
 )
+from basis_bench.evaluation.gradient_figure import COLUMNS as GRADIENT_COLUMNS
+from basis_bench.evaluation.gradient_figure import fig_gradient
 from basis_bench.evaluation.record import (
     SENSITIVITY_FILE,
     SensitivityRecord,
@@ -85,6 +87,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "sensitivity.csv": ("checkpoint", "parameter", "value", *SUMMARY_COLUMNS[1:]),
     "trajectory.csv": ("scope", "step", *SUMMARY_COLUMNS[:3], "mse_noise_corrected", "ci_low",
                        "ci_high"),
+    "gradient.csv": GRADIENT_COLUMNS,
 }  # fmt: skip
 """The columns each figure reads from each table; a table without them is refused."""
 
@@ -518,6 +521,7 @@ FIGURES: dict[str, tuple[str, Callable[[Path], Figure]]] = {
     "fig5_sensitivity": ("sensitivity.csv", fig5_sensitivity),
     "fig_beta_choice": ("beta_choice.csv", fig_beta_choice),
     "fig_trajectory": ("trajectory.csv", fig_trajectory),
+    "fig_gradient": ("gradient.csv", lambda results: fig_gradient(_read(results / "gradient.csv"))),
 }
 
 

@@ -27,7 +27,7 @@ over the projection. Per checkpoint, over the replay's independent repeats:
   prompts' own gradients g_p, in closed form from the g_p with the finite-population
   correction of prompts drawn without replacement, noise-corrected) and the rest, the
   rollout noise given the prompts, of which the oracle baseline (b = v, the prompt's value
-  from the oracle folds) leaves the least: ``oracle_baseline`` is that arm, the one-rollout
+  from the oracle folds, whose own noise Var(v_hat) ||s||^2 is taken out) leaves the least: ``oracle_baseline`` is that arm, the one-rollout
   limit, and an estimator's excess over the oracle arm at its G is its baseline's part.
 """
 
@@ -172,18 +172,26 @@ class GradientProbe:
     rollouts: dict[tuple[str, int], int] = field(default_factory=dict)  # a step's R
     batches: dict[tuple[str, int], int] = field(default_factory=dict)  # a step's prompt visits
     table: pl.DataFrame = field(default_factory=pl.DataFrame)  # filled when the replay ends
+    # sum_i Var(v_hat_i) ||s_i||^2 (repeats,) per step: what the oracle arm's estimated v adds
+    excess: dict[tuple[str, int], dict[int, np.ndarray]] = field(default_factory=dict)
 
     def add(
         self, arm: str, g: int, u: int, k: int, rows: tuple[int, int], cols: np.ndarray,
         samples: np.ndarray, advantages: np.ndarray, batch: int,
+        noise: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         """One batch of step ``u`` (checkpoint ``k``) for repeats [lo, hi): ``cols`` (r, b)
-        the prompts, ``samples`` (r, b, g) the drawn sample columns, ``advantages`` (r, b, g)."""
+        the prompts, ``samples`` (r, b, g) the drawn sample columns, ``advantages`` (r, b, g);
+        ``noise`` (r, b): Var of a baseline estimated independently of the draws (the oracle
+        arm's v_hat), whose E[eps^2 ||s||^2] share of the variance is taken out when read."""
         s = self.sketches[k][cols[..., None], samples]  # (r, b, g, K)
         acc = self.sums.setdefault((arm, g), {}).setdefault(
             u, np.zeros((self.repeats, s.shape[-1]))
         )
         acc[rows[0] : rows[1]] += np.einsum("rbg,rbgk->rk", advantages, s, optimize=True)
+        if noise is not None:
+            extra = self.excess.setdefault((arm, g), {}).setdefault(u, np.zeros(self.repeats))
+            extra[rows[0] : rows[1]] += np.einsum("rb,rbg->r", noise, (s**2).sum(axis=-1))
         self.rollouts[(arm, g)] = batch * g
         self.batches[(arm, g)] = batch
 
@@ -219,14 +227,15 @@ def gradient_table(
             k = checkpoint_of_step[u]
             est = acc / r_total * scale  # (repeats, K)
             n = est.shape[0]
-            dev = ((est - est.mean(axis=0)) ** 2).sum(axis=1) * n / max(n - 1, 1)
+            extra = probe.excess.get(key, {}).get(u, np.zeros(n)) * (scale / r_total) ** 2
+            dev = ((est - est.mean(axis=0)) ** 2).sum(axis=1) * n / max(n - 1, 1) - extra
             t = targets[k]
             star = t.mean[fold_of_repeat]
             # ||G_hat - G*||^2 less the constant ||G*||^2: unbiased, G*_hat independent of G_hat
-            err = (est**2).sum(axis=1) - 2 * (est * star).sum(axis=1)
+            err = (est**2).sum(axis=1) - extra - 2 * (est * star).sum(axis=1)
             per_ckpt.setdefault(k, []).append({
                 "dev": dev, "err": err, "dot": (est * star).sum(axis=1),
-                "sq": (est**2).sum(axis=1),
+                "sq": (est**2).sum(axis=1) - extra,
             })  # fmt: skip
         stats[key] = {
             k: {m: np.mean([d[m] for d in ds], axis=0) for m in ds[0]} for k, ds in per_ckpt.items()

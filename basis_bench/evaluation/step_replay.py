@@ -333,7 +333,7 @@ def _replay_run(
             for g in sorted({g for *_, g in run.members}) if gauge is not None else ():
                 adv = visit.rewards[..., :g] - visit.oracle[..., None]  # b = v: the limit
                 at = (u, int(k), rows, cols, visit.samples[..., :g])
-                gauge.add(ORACLE_ARM, g, *at, adv, run.batch)  # type: ignore[union-attr]
+                gauge.add(ORACLE_ARM, g, *at, adv, run.batch, visit.noise)  # type: ignore[union-attr]
 
 
 class VisitSchedule:
