@@ -214,7 +214,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
 def print_gradient(gradient: pl.DataFrame, console: Console) -> None:
     """The gradient benchmark over the checkpoints: each arm's step-gradient variance as a
     ratio to RLOO(G)'s on the same repeats (GRPO's (G - 1) / G taken out), one column per
-    rollouts a step R, with its 95% interval; and at the largest R the relative error."""
+    rollouts a step R, with the half-width of its 95% interval."""
     import polars as pl
     from rich import box
     from rich.table import Table
@@ -234,7 +234,7 @@ def print_gradient(gradient: pl.DataFrame, console: Console) -> None:
     for (name, g), df in rows.group_by("estimator", "rollouts_per_prompt", maintain_order=True):
         by = {row["rollouts_per_step"]: row for row in df.iter_rows(named=True)}
         cells = [
-            f"{by[r]['variance_ratio_rloo8']:.2f} [{by[r]['ci_low']:.2f}, {by[r]['ci_high']:.2f}]"
+            f"{by[r]['variance_ratio_rloo8']:.2f}±{(by[r]['ci_high'] - by[r]['ci_low']) / 2:.2f}"
             if r in by else ""
             for r in budgets
         ]  # fmt: skip

@@ -175,23 +175,27 @@ class GradientProbe:
     # sum_i Var(v_hat_i) ||s_i||^2 (repeats,) per step: what the oracle arm's estimated v adds
     excess: dict[tuple[str, int], dict[int, np.ndarray]] = field(default_factory=dict)
 
+    def gather(self, k: int, cols: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """(r, b, g, K) sketches of checkpoint ``k``'s drawn samples: ``cols`` (r, b) the
+        prompts, ``samples`` (r, b, g) their sample columns (gathered once a batch, shared by
+        the arms that drew them)."""
+        return self.sketches[k][cols[..., None], samples]
+
     def add(
-        self, arm: str, g: int, u: int, k: int, rows: tuple[int, int], cols: np.ndarray,
-        samples: np.ndarray, advantages: np.ndarray, batch: int,
-        noise: np.ndarray | None = None,
+        self, arm: str, g: int, u: int, rows: tuple[int, int], sketches: np.ndarray,
+        advantages: np.ndarray, batch: int, noise: np.ndarray | None = None,
     ) -> None:  # fmt: skip
-        """One batch of step ``u`` (checkpoint ``k``) for repeats [lo, hi): ``cols`` (r, b)
-        the prompts, ``samples`` (r, b, g) the drawn sample columns, ``advantages`` (r, b, g);
-        ``noise`` (r, b): Var of a baseline estimated independently of the draws (the oracle
-        arm's v_hat), whose E[eps^2 ||s||^2] share of the variance is taken out when read."""
-        s = self.sketches[k][cols[..., None], samples]  # (r, b, g, K)
+        """One batch of step ``u`` for repeats [lo, hi): ``sketches`` (r, b, g, K) of the
+        rollouts (:meth:`gather`), ``advantages`` (r, b, g); ``noise`` (r, b): Var of a
+        baseline estimated independently of the draws (the oracle arm's v_hat), whose
+        E[eps^2 ||s||^2] share of the variance is taken out when read."""
         acc = self.sums.setdefault((arm, g), {}).setdefault(
-            u, np.zeros((self.repeats, s.shape[-1]))
+            u, np.zeros((self.repeats, sketches.shape[-1]))
         )
-        acc[rows[0] : rows[1]] += np.einsum("rbg,rbgk->rk", advantages, s, optimize=True)
+        acc[rows[0] : rows[1]] += np.einsum("rbg,rbgk->rk", advantages, sketches, optimize=True)
         if noise is not None:
             extra = self.excess.setdefault((arm, g), {}).setdefault(u, np.zeros(self.repeats))
-            extra[rows[0] : rows[1]] += np.einsum("rb,rbg->r", noise, (s**2).sum(axis=-1))
+            extra[rows[0] : rows[1]] += np.einsum("rb,rbg->r", noise, (sketches**2).sum(axis=-1))
         self.rollouts[(arm, g)] = batch * g
         self.batches[(arm, g)] = batch
 

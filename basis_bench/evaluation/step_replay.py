@@ -320,6 +320,7 @@ def _replay_run(
             run.spread[u] += float((visit.oracle * (1 - visit.oracle) + visit.noise).sum())
             run.reuse[u] += float(visit.reused.sum())
             gauge = probe if w == 0 else None  # the policy is checkpoint k's own
+            drawn = gauge.gather(int(k), cols, visit.samples) if gauge is not None else None
             for e, _, _, g in run.members:
                 out = streams[e.name].step_columns(cols, visit.rewards[..., :g])
                 base = np.asarray(out.baselines, dtype=np.float64)
@@ -327,13 +328,14 @@ def _replay_run(
                 run.sq[e.name][u, rows[0] : rows[1]] += err.mean(axis=-1).sum(axis=1)
                 extreme = int(((base == 0) | (base == 1)).sum())
                 run.extreme[e.name][u] += extreme / g
-                if gauge is not None:
-                    at = (u, int(k), rows, cols, visit.samples[..., :g])
-                    gauge.add(e.name, g, *at, visit.rewards[..., :g] - base, run.batch)
-            for g in sorted({g for *_, g in run.members}) if gauge is not None else ():
-                adv = visit.rewards[..., :g] - visit.oracle[..., None]  # b = v: the limit
-                at = (u, int(k), rows, cols, visit.samples[..., :g])
-                gauge.add(ORACLE_ARM, g, *at, adv, run.batch, visit.noise)  # type: ignore[union-attr]
+                if gauge is not None and drawn is not None:
+                    adv = visit.rewards[..., :g] - base
+                    gauge.add(e.name, g, u, rows, drawn[..., :g, :], adv, run.batch)
+            if gauge is not None and drawn is not None:
+                for g in sorted({g for *_, g in run.members}):
+                    adv = visit.rewards[..., :g] - visit.oracle[..., None]  # b = v: the limit
+                    at = (u, rows, drawn[..., :g, :], adv, run.batch, visit.noise)
+                    gauge.add(ORACLE_ARM, g, *at)
 
 
 class VisitSchedule:
