@@ -133,12 +133,16 @@ def score_sketches(
     with torch.inference_mode():
         for p, prompt in enumerate(prompt_ids):
             mine = np.flatnonzero(of == p).tolist()
-            if mine:
+            if mine:  # every token of the prompt's responses in one product
                 states = _response_states(decoder, prompt, [response_ids[i] for i in mine])
-                for i, (h, ys) in zip(mine, states, strict=True):
-                    prob = torch.softmax((h @ weight.T) / temperature, dim=-1)  # (n, V)
-                    a = u[torch.from_numpy(np.asarray(ys, dtype=np.int64))] - prob @ u
-                    out[i] = (a * (h @ w)).double().sum(dim=0).numpy()
+                h = torch.cat([state for state, _ in states])  # (tokens, H)
+                ys = torch.from_numpy(np.concatenate([ys for _, ys in states]).astype(np.int64))
+                prob = torch.softmax((h @ weight.T) / temperature, dim=-1)  # (tokens, V)
+                per_token = ((u[ys] - prob @ u) * (h @ w)).double()  # U^T (e_y - p) o W^T h
+                owner = torch.repeat_interleave(torch.arange(len(mine)),
+                                                torch.tensor([len(y) for _, y in states]))  # fmt: skip
+                summed = torch.zeros((len(mine), projection.k), dtype=torch.float64)
+                out[mine] = summed.index_add_(0, owner, per_token).numpy()
     return (out / (temperature * np.sqrt(projection.k))).astype(np.float32)
 
 
