@@ -147,23 +147,22 @@ def shift_mass(w: np.ndarray, units: np.ndarray) -> np.ndarray:
     """w (N, G) moved by ``units`` (N,) grid steps: each cell's mass spread uniformly over the
     cell and moved, so the mean moves by exactly units * spacing; mass pushed past an edge
     stays in the edge cell. An integer move is a plain roll (with the edges piled). The
-    cumulative mass (0 below the grid, the total above it) is read at every cell edge moved
-    back by ``units``: one flat gather of the move's whole cells per row, interpolated by
-    the move's fraction."""
+    cumulative mass, 0 below the grid and the total above it, is read at every cell edge
+    moved back by ``units``: a window of it per row (the move's whole cells) interpolated
+    by the move's fraction."""
     n, g = w.shape
-    cm = np.empty((n, g + 1))  # cm[:, j]: the mass below edge j
-    cm[:, 0] = 0.0
-    np.cumsum(w, axis=-1, out=cm[:, 1:])
+    ext = np.empty((n, 3 * g + 3))  # ext[:, g + 1 + j]: the mass below edge j, |j| <= 2G + 1
+    ext[:, : g + 2] = 0.0
+    np.cumsum(w, axis=-1, out=ext[:, g + 2 : 2 * g + 2])
+    ext[:, 2 * g + 2 :] = ext[:, 2 * g + 1 : 2 * g + 2]
     back = -np.asarray(units, dtype=np.float64)
     whole = np.floor(back)
     frac = (back - whole)[:, None]  # edge k reads edge k + whole + frac
-    edge = np.arange(g + 2) + np.clip(whole, -(g + 2), g + 1).astype(np.intp)[:, None]
-    np.clip(edge, 0, g, out=edge)
-    edge += (np.arange(n, dtype=np.intp) * (g + 1))[:, None]
-    below = cm.reshape(-1).take(edge)  # (N, G + 2): edges k + whole, k = 0 .. G + 1
+    start = np.clip(whole, -(g + 1), g).astype(np.intp) + (g + 1)
+    below = sliding_window_view(ext, g + 2, axis=1)[np.arange(n), start]  # (N, G + 2)
     at = below[:, :-1] * (1.0 - frac)
     at += below[:, 1:] * frac
-    at[:, 0], at[:, -1] = 0.0, cm[:, -1]
+    at[:, 0], at[:, -1] = 0.0, ext[:, 2 * g + 1]
     return np.subtract(at[:, 1:], at[:, :-1], out=below[:, 1:-1])
 
 
