@@ -92,7 +92,7 @@ DIFFICULTY_EDGES = (0.1, 0.3, 0.7, 0.9)
 MEMORY = 0.95
 _P_CLIP = 1e-12
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
-_CHUNK_ELEMENTS = 1 << 21  # (G, G) blur kernels built at a time, in elements
+_MATVEC = getattr(np, "matvec", None)
 
 
 @dataclass(frozen=True)
@@ -146,34 +146,69 @@ def prior_weights(ref_rewards: np.ndarray, theta: np.ndarray, a: float = JEFFREY
 def shift_mass(w: np.ndarray, units: np.ndarray) -> np.ndarray:
     """w (N, G) moved by ``units`` (N,) grid steps: each cell's mass spread uniformly over the
     cell and moved, so the mean moves by exactly units * spacing; mass pushed past an edge
-    stays in the edge cell. An integer move is a plain roll (with the edges piled)."""
+    stays in the edge cell. An integer move is a plain roll (with the edges piled). The
+    cumulative mass, 0 below the grid and the total above it, is read at every cell edge
+    moved back by ``units``: a window of it per row (the move's whole cells) interpolated
+    by the move's fraction."""
+    n, g = w.shape
+    ext = np.empty((n, 3 * g + 3))  # ext[:, g + 1 + j]: the mass below edge j, |j| <= 2G + 1
+    ext[:, : g + 2] = 0.0
+    np.cumsum(w, axis=-1, out=ext[:, g + 2 : 2 * g + 2])
+    ext[:, 2 * g + 2 :] = ext[:, 2 * g + 1 : 2 * g + 2]
+    back = -np.asarray(units, dtype=np.float64)
+    whole = np.floor(back)
+    frac = (back - whole)[:, None]  # edge k reads edge k + whole + frac
+    start = np.clip(whole, -(g + 1), g).astype(np.intp) + (g + 1)
+    below = sliding_window_view(ext, g + 2, axis=1)[np.arange(n), start]  # (N, G + 2)
+    at = below[:, :-1] * (1.0 - frac)
+    at += below[:, 1:] * frac
+    at[:, 0], at[:, -1] = 0.0, ext[:, 2 * g + 1]
+    return np.subtract(at[:, 1:], at[:, :-1], out=below[:, 1:-1])
+
+
+def _matvec(m: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """m (N, H, G) @ x (N, G) -> (N, H): numpy's matvec (2.2 and later; on the strided
+    Toeplitz views of the blur about 1.7x einsum's speed), else einsum."""
+    if _MATVEC is not None:
+        return np.asarray(_MATVEC(m, x))
+    return np.einsum("nhg,ng->nh", m, x)
+
+
+def _blur_rows(w: np.ndarray, var: np.ndarray, spacing: float) -> None:
+    """:func:`blur` in place: the rows of w (N, G) whose kernel is not the identity."""
     g = w.shape[-1]
-    cm = np.concatenate([np.zeros((len(w), 1)), np.cumsum(w, axis=-1)], axis=-1)  # (N, G + 1)
-    x = np.clip(np.arange(g + 1)[None, :] - units[:, None], 0.0, g)
-    i0 = np.minimum(np.floor(x).astype(np.int64), g - 1)
-    f = x - i0
-    at = np.take_along_axis(cm, i0, -1) * (1 - f) + np.take_along_axis(cm, i0 + 1, -1) * f
-    at[:, 0], at[:, -1] = 0.0, cm[:, -1]
-    return np.diff(at, axis=-1)
+    half_d2 = (np.arange(g) * spacing) ** 2  # (G,) squared offsets 0, .., G - 1
+    v = np.maximum(var, 1e-12)
+    # the identity: exp(-spacing^2 / 2v) == 0 exactly, so every kernel off the diagonal is 0
+    moving = np.flatnonzero(np.exp(-half_d2[1] / (2.0 * v)) > 0.0)
+    if len(moving) == len(w):
+        moving = slice(None)  # type: ignore[assignment]
+    elif len(moving) == 0:
+        return
+    half = np.exp(-half_d2 / (2.0 * v[moving, None]))  # (n, G): offsets 0 .., G - 1
+    n = len(half)
+    dens = np.empty((n, 2 * g - 1))  # offsets -(G - 1) .. G - 1
+    dens[:, g - 1 :] = half
+    dens[:, : g - 1] = half[:, :0:-1]
+    cum = np.cumsum(half, axis=1)  # sum_h K[h, g] = sum of the offsets -(G-1-g) .. g
+    norm = cum + cum[:, ::-1]
+    norm -= half[:, :1]
+    kern = sliding_window_view(dens, g, axis=-1)[:, ::-1, :]  # (n, G', G): K[h, g]
+    w[moving] = _matvec(kern, np.divide(w[moving], norm, out=norm))
 
 
 def blur(w: np.ndarray, var: np.ndarray, spacing: float) -> np.ndarray:
     """w (N, G) convolved with N(0, var) (N,) on the grid: each cell's mass spread over the
     grid in proportion to the Gaussian density at the cells (normalised per source cell, so
-    no mass leaves the grid). var = 0 is the identity. The kernel K[h, g] depends on h - g
-    alone: the density at the 2G - 1 offsets is computed once per row and K is a view of
-    it (dens[G - 1 + h - g], read as dens[G - 1 - h + g] since the density is even), so
-    only 2G - 1 exponentials a row, not G^2; every term is a positive product, so tiny
-    tail masses keep their relative precision."""
-    g = w.shape[-1]
-    d = np.arange(-(g - 1), g) * spacing  # (2G - 1,) the offsets theta_h - theta_g
-    out = np.empty_like(w)
-    step = max(1, _CHUNK_ELEMENTS // (g * g))
-    for a in range(0, len(w), step):
-        z = slice(a, a + step)
-        dens = np.exp(-(d * d) / (2.0 * np.maximum(var[z], 1e-12)[:, None]))  # (n, 2G - 1)
-        kern = sliding_window_view(dens, g, axis=-1)[:, ::-1, :]  # (n, G', G): K[h, g]
-        out[z] = np.einsum("nhg,ng->nh", kern, w[z] / kern.sum(axis=1))
+    no mass leaves the grid). var = 0 is the identity. The kernel K[h, g] depends on |h - g|
+    alone: the density at the G offsets 0, .., G - 1 is computed once per row, K is a view
+    of it mirrored (dens[G - 1 - h + g]), and each source cell's normaliser sum_h K[h, g]
+    is two partial sums of those G densities; every term is a positive product, so tiny
+    tail masses keep their relative precision. Rows whose kernel is the identity (a
+    variance so small that the density one cell away underflows to 0: var = 0 among them)
+    are copied, as the full product would give them."""
+    out = np.array(w, dtype=np.float64)
+    _blur_rows(out, np.asarray(var, dtype=np.float64), spacing)
     return out
 
 
@@ -181,7 +216,9 @@ def propagate(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarr
     """The posterior before a visit: w (N, G) moved by ``shift`` (N,) in log-odds, then
     blurred by N(0, var)."""
     spacing = float(theta[1] - theta[0])
-    return blur(shift_mass(w, shift / spacing), var, spacing)
+    out = shift_mass(w, shift / spacing)
+    _blur_rows(out, var, spacing)
+    return out
 
 
 def redrawn(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -199,20 +236,33 @@ def reward_update(
 ) -> np.ndarray:
     """Bayes' rule with the (fractional) Bernoulli likelihood s^r (1 - s)^(n - r) of r
     successes in n rollouts: exact for r in {0, .., n}, and for fractional r the likelihood
-    of rewards with mean s."""
-    n = np.asarray(n, dtype=np.float64)[..., None] if np.ndim(n) else n
-    post = w * sig ** r[:, None] * (1.0 - sig) ** (n - r[:, None])
+    of rewards with mean s. A row of one 0/1 reward (n = 1) takes s or 1 - s as they are:
+    s^1 (1 - s)^0 and s^0 (1 - s)^1, bit for bit, without a power an element."""
+    n_rows = np.broadcast_to(np.asarray(n, dtype=np.float64), r.shape)
+    single = (n_rows == 1.0) & ((r == 0.0) | (r == 1.0))
+    if single.all():
+        post = np.where(r[:, None] == 1.0, sig, 1.0 - sig)
+        post *= w
+    else:
+        nn = n_rows[:, None]
+        post = w * sig ** r[:, None] * (1.0 - sig) ** (nn - r[:, None])
     post /= post.sum(axis=-1, keepdims=True)
-    return np.maximum(post, _FLOOR)
+    return np.maximum(post, _FLOOR, out=post)
 
 
 def predictive(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """Approximate P(r = 1) (N,) after a move by ``shift`` and a drift of variance ``var``:
     sum_g w_g sigmoid((theta_g + shift) / sqrt(1 + pi var / 8)), the probit approximation of
     E sigmoid(x + sqrt(var) z). Used only where a prediction must hold no current reward
-    (the evidence, the level's step); the served baseline is exact on the grid."""
+    (the evidence, the level's step); the served baseline is exact on the grid. The sigmoid
+    as 1 / (1 + e^-z), in place: one exponential an element."""
     scale = 1.0 / np.sqrt(1.0 + math.pi * var / 8.0)
-    return np.einsum("ng,ng->n", w, _sigmoid((theta + shift[:, None]) * scale[:, None]))
+    z = np.subtract(-theta, shift[:, None])  # -(theta + shift), exactly
+    z *= scale[:, None]
+    with np.errstate(over="ignore"):  # e^-z = inf: the sigmoid 0, as it is
+        np.exp(z, out=z)
+    z += 1.0
+    return np.einsum("ng,ng->n", w, np.reciprocal(z, out=z))
 
 
 def _loglik(p: np.ndarray, r: np.ndarray) -> np.ndarray:
@@ -316,8 +366,9 @@ class TrackKernel:
         lead, b = cols.shape[:-1], cols.shape[-1]
         flat = {k: v.reshape(math.prod(lead), *v.shape[len(lead) :]) for k, v in state.items()}
         baseline = self._step(flat, cols.reshape(-1, b), r_all.reshape(-1, b))
-        for key, value in flat.items():  # a no-op for the views a contiguous state gives
-            state[key][...] = value.reshape(state[key].shape)
+        for key, value in flat.items():  # a contiguous state's are views, written in place
+            if not np.may_share_memory(value, state[key]):
+                state[key][...] = value.reshape(state[key].shape)
         return StepOutput(asarray_like(baseline.reshape(r_all.shape)[..., None], rewards))
 
     def jump_rate(self, state: dict[str, np.ndarray]) -> np.ndarray:
@@ -344,25 +395,31 @@ class TrackKernel:
         return _softmax(mixed.swapaxes(1, 2)), by_bin.sum(2)
 
     def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
-        """One step of S flat streams, cols and r (S, B); the baselines (S, B)."""
+        """One step of S flat streams, cols and r (S, B); the baselines (S, B). The batch's
+        rows of the state are read and written by flat index, (stream, filter, prompt) one
+        row of G cells; a filter that cannot jump (eta J = 0) skips the jump's terms, which
+        enter with weight 0 (x + 0 y = x: the same numbers)."""
         s, b = cols.shape
         c, g = len(self.models), len(self.theta)
+        p = self.prior.shape[0]
         rho, kappa, eta = (self.models[:, j][None, :, None] for j in range(3))  # (1, C, 1)
-        idx = np.broadcast_to(cols[:, None, :], (s, c, b))
-        w = np.take_along_axis(state["weights"], idx[..., None], axis=2)  # (S, C, B, G)
-        gap = (state["step"][:, None] - np.take_along_axis(state["last_visit"], cols, 1))[:, None]
-        last = np.take_along_axis(state["last_level"], idx, 2)  # (S, C, B)
-        last_jumps = np.take_along_axis(state["last_jump_clock"], idx, 2)
-        flat_w = w.reshape(-1, g)
+        stream = np.arange(s)[:, None]
+        rows = (((stream[..., None] * c + np.arange(c)[:, None]) * p) + cols[:, None, :]).ravel()
+        visits = (stream * p + cols).ravel()  # (S B,) into the flat (S P) last visits
+        weights = state["weights"].reshape(-1, g)  # (S C P, G), a view
+        last_levels = state["last_level"].reshape(-1)
+        last_clocks = state["last_jump_clock"].reshape(-1)
+        last_visit = state["last_visit"].reshape(-1)
+        flat_w = weights.take(rows, axis=0)  # (S C B, G)
+        gap = (state["step"][:, None] - last_visit.take(visits).reshape(s, b))[:, None]
+        last = last_levels.take(rows).reshape(s, c, b)
+        last_jumps = last_clocks.take(rows).reshape(s, c, b)
         # 1. history only: each filter's prediction at its level before this batch
-        moved = state["level"][..., None] - last
+        moved = (state["level"][..., None] - last).ravel()
         jumps0 = state["jump_clock"][..., None] - last_jumps
         var0 = (rho * gap + kappa * jumps0).ravel()
         jump0 = (1.0 - np.exp(-eta * jumps0)).ravel()
-        p0 = (1 - jump0) * predictive(flat_w, moved.ravel(), var0, self.theta) + jump0 * (
-            predictive(flat_w, moved.ravel(), var0 + JUMP_VAR, self.theta)
-        )
-        p0 = p0.reshape(s, c, b)
+        p0 = _jump_predictive(flat_w, moved, var0, jump0, self.theta).reshape(s, c, b)
         ll = _loglik(p0, r[:, None, :])  # (S, C, B)
         # 2. each filter's level on the batch without prompt i, calm or jumping
         p0 = np.clip(p0, 0.0, 1.0)  # a mixture of sigmoids may round a hair past 1
@@ -372,12 +429,11 @@ class TrackKernel:
             state["level"][..., None], state["level_var"][..., None], rate,
             _sum_without(e), _sum_without(curv),
         )  # fmt: skip
-        shift = level_loo - last
+        shift = (level_loo - last).ravel()
         jumps = state["jump_clock"][..., None] + jumped_loo - last_jumps
         var = (rho * gap + kappa * jumps).ravel()
-        jump = (1.0 - np.exp(-eta * jumps)).ravel()[:, None]
-        w_now = (1 - jump) * propagate(flat_w, shift.ravel(), var, self.theta)
-        w_now += jump * redrawn(flat_w, shift.ravel(), var, self.theta)
+        jump = (1.0 - np.exp(-eta * jumps)).ravel()
+        w_now = _drift(flat_w, shift, var, jump, self.theta)
         values = (w_now @ self.sig).reshape(s, c, b)
         # 3. the filters mixed by the evidence of the prompt's difficulty bin (history only)
         mix, counts = self._mixing(state["evidence"], self.difficulty[cols], ll)
@@ -392,24 +448,50 @@ class TrackKernel:
         state["level"][...], state["level_var"][...] = level, level_var
         state["jumps"] *= JUMP_MEMORY
         state["jumps"] += jumped
-        w_now, level_loo, jumped_loo, wins, visits = _fold_copies(
+        w_now, level_loo, jumped_loo, wins, visits_n = _fold_copies(
             cols, w_now.reshape(s, c, b, g), level_loo, jumped_loo, r
         )
         post = reward_update(
             w_now.reshape(-1, g),
             np.repeat(wins[:, None, :], c, 1).ravel(),
             self.sig,
-            np.repeat(visits[:, None, :], c, 1).ravel(),
+            np.repeat(visits_n[:, None, :], c, 1).ravel(),
         )
-        np.put_along_axis(state["weights"], idx[..., None], post.reshape(s, c, b, g), axis=2)
-        np.put_along_axis(state["last_level"], idx, level_loo, axis=2)
-        np.put_along_axis(
-            state["last_jump_clock"], idx, state["jump_clock"][..., None] + jumped_loo, axis=2
-        )
+        # a prompt twice in the batch: every copy writes the same numbers
+        weights[rows] = post
+        last_levels[rows] = level_loo.ravel()
+        last_clocks[rows] = (state["jump_clock"][..., None] + jumped_loo).ravel()
         state["jump_clock"] += jumped
-        np.put_along_axis(state["last_visit"], cols, state["step"][:, None], axis=1)
+        last_visit[visits] = np.repeat(state["step"], b)
         state["step"] += 1
         return baseline
+
+
+def _jump_predictive(
+    w: np.ndarray, moved: np.ndarray, var: np.ndarray, jump: np.ndarray, theta: np.ndarray
+) -> np.ndarray:
+    """Each row's prediction (N,): (1 - jump) predictive(var) + jump predictive(var +
+    JUMP_VAR); a row that cannot jump (jump = 0) takes the first term alone, the same
+    number (x + 0 y = x)."""
+    p = predictive(w, moved, var, theta)
+    at = np.flatnonzero(jump)
+    if len(at):
+        jp = jump[at]
+        p[at] = (1 - jp) * p[at] + jp * predictive(w[at], moved[at], var[at] + JUMP_VAR, theta)
+    return p
+
+
+def _drift(
+    w: np.ndarray, shift: np.ndarray, var: np.ndarray, jump: np.ndarray, theta: np.ndarray
+) -> np.ndarray:
+    """Each row's posterior before the visit (N, G): (1 - jump) propagated + jump redrawn; a
+    row that cannot jump (jump = 0) is the propagated one alone, the same numbers."""
+    out = propagate(w, shift, var, theta)
+    at = np.flatnonzero(jump)
+    if len(at):
+        jp = jump[at, None]
+        out[at] = (1 - jp) * out[at] + jp * redrawn(w[at], shift[at], var[at], theta)
+    return out
 
 
 def _fold_copies(
