@@ -257,6 +257,19 @@ class Schedule:
     batch: int | None = None
 
 
+def _trajectory_settings(
+    cfg: EvaluateConfig, schedule: Schedule, options: Mapping[str, Any]
+) -> TrajectorySettings:
+    """The trajectory replay's settings from the run's (at most TRAJECTORY_REPEATS streams)."""
+    return TrajectorySettings(
+        schedule.batch or cfg.batch, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
+        cfg.group_size, cfg.oracle, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
+        blend=cfg.trajectory_blend, features=cfg.features,
+        rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
+        standing_steps=cfg.standing_steps,
+    )  # fmt: skip
+
+
 def _trajectory(
     cfg: EvaluateConfig,
     ds: Dataset,
@@ -267,13 +280,7 @@ def _trajectory(
 ) -> pl.DataFrame:
     """Every estimator over the checkpoints in order."""
     names = [e.name for e in estimators]
-    settings = TrajectorySettings(
-        schedule.batch or cfg.batch, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
-        cfg.group_size, cfg.oracle, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
-        blend=cfg.trajectory_blend, features=cfg.features,
-        rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
-        standing_steps=cfg.standing_steps,
-    )  # fmt: skip
+    settings = _trajectory_settings(cfg, schedule, options)
     prompts = load_prompts(ds.root)
     steps = schedule.steps
     if schedule.kind == "steps":
@@ -318,16 +325,11 @@ def _gradient(
     names = [e.name for e in estimators]
     names += [REFERENCE_ARM] if REFERENCE_ARM not in names else []
     prompts = load_prompts(ds.root)
-    repeats = min(cfg.repeats, TRAJECTORY_REPEATS)
+    base = _trajectory_settings(cfg, schedule, options)
     frames = []
     for r in cfg.budgets:
-        settings = TrajectorySettings(
-            schedule.batch or cfg.batch, repeats, cfg.trajectory_epochs, cfg.group_size,
-            cfg.oracle, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
-            features=cfg.features, rollouts_per_step=r, folds=cfg.folds,
-            standing_steps=cfg.standing_steps,
-        )  # fmt: skip
-        probe = GradientProbe([sketches[c] for c in checkpoints], repeats)
+        settings = replace(base, rollouts_per_step=r)
+        probe = GradientProbe([sketches[c] for c in checkpoints], settings.repeats)
         replay_steps(
             ds.rewards, ds.reference, checkpoints, [schedule.steps[i] for i in order], names,
             settings, None, prompts, probe,
