@@ -27,7 +27,7 @@ def _new_weights(model: Path) -> None:
 
 
 def test_a_model_is_fingerprinted_by_its_weights_not_its_path(tiny_model, tmp_path):
-    from basis_bench import fingerprint
+    from basis_bench.rollouts import fingerprint
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model, copy)

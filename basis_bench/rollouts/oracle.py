@@ -38,7 +38,6 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
-from basis_bench import fingerprint
 from basis_bench.errors import InputError
 from basis_bench.outputs import (
     claim_output_dir,
@@ -46,6 +45,7 @@ from basis_bench.outputs import (
     provenance,
     read_metadata,
 )
+from basis_bench.rollouts import fingerprint
 from basis_bench.rollouts.features import FEATURE_COLUMN
 from basis_bench.rollouts.models import Checkpoint, resolve_checkpoint
 from basis_bench.rollouts.oracle_chunks import (

@@ -128,9 +128,9 @@ def save_run_checkpoint(run: Run, step: int) -> Path:
 
 
 def reference_weights(model: str) -> str | None:
-    """The reference model's fingerprint (:mod:`basis_bench.fingerprint`), which a
+    """The reference model's fingerprint (:mod:`basis_bench.rollouts.fingerprint`), which a
     checkpoint records: resume refuses a reference whose weights changed since."""
-    from basis_bench.fingerprint import weights_sha256
+    from basis_bench.rollouts.fingerprint import weights_sha256
     from basis_bench.rollouts.models import resolve_checkpoint
 
     return weights_sha256(resolve_checkpoint(model).path)

@@ -252,14 +252,14 @@ def reference_cache(
 
     The cache is an oracle run (:func:`~basis_bench.rollouts.oracle.run_oracle`, policy
     ``reference``) into ``cache_dir/ref-<hash>``, the hash covering the model by its
-    weights' bytes and the prompts by their text (:mod:`basis_bench.fingerprint`), template,
+    weights' bytes and the prompts by their text (:mod:`basis_bench.rollouts.fingerprint`), template,
     sampling and grading settings, so any run that shares them reuses it and a
     killed build resumes; the features are stored in its prompts.parquet, so a resumed run
     reads the same ones. ``sampler_of_reference`` is only called when something is missing;
     ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the build.
     """
     from basis_bench import estimators as E
-    from basis_bench.fingerprint import weights_sha256
+    from basis_bench.rollouts.fingerprint import weights_sha256
     from basis_bench.rollouts.features import prompt_features
     from basis_bench.rollouts.models import resolve_checkpoint
     from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
