@@ -287,6 +287,22 @@ class TrainConfig:
                 raise InputError(f"{name} is empty; give a folder (. for the current one)")
 
 
+def check_probe(config: TrainConfig, group: int, n_train: int) -> None:
+    """The probe's settings against the run's G' and training set (before models load)."""
+    if not config.probe_every:
+        return
+    if config.probe_samples - group < 2:
+        raise InputError(
+            f"probe_samples = {config.probe_samples} leaves {config.probe_samples - group} "
+            f"Monte Carlo samples after the estimator's {group} per prompt; the probe needs at "
+            f"least 2: set probe_samples >= {group + 2}"
+        )
+    if config.probe_prompts > n_train:
+        raise InputError(
+            f"probe_prompts = {config.probe_prompts} exceeds the {n_train} training prompts"
+        )
+
+
 def _coerce(key: str, value: Any) -> Any:
     """``value`` as the type of config field ``key`` (ints widen to floats); else InputError."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -38,28 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
-from basis_bench.train.config import TrainConfig
+from basis_bench.train.sample import derive_seed, sample_rollouts, score_rollouts
 
 PROBE_STREAM = 0x9B0BE  # first key of the probe's sampling seeds: a stream no step uses
 PROBE_SET_SEED = 0  # the probe set's draw, the same for every run
-
-
-def check_probe(config: TrainConfig, group: int, n_train: int) -> None:
-    """The probe's settings against the run's G' and training set (before models load)."""
-    if not config.probe_every:
-        return
-    if config.probe_samples - group < 2:
-        raise InputError(
-            f"probe_samples = {config.probe_samples} leaves {config.probe_samples - group} "
-            f"Monte Carlo samples after the estimator's {group} per prompt; the probe needs at "
-            f"least 2: set probe_samples >= {group + 2}"
-        )
-    if config.probe_prompts > n_train:
-        raise InputError(
-            f"probe_prompts = {config.probe_prompts} exceeds the {n_train} training prompts"
-        )
 
 
 def probe_rows(n_train: int, n_probe: int) -> np.ndarray:
@@ -101,7 +84,6 @@ def value_probe(run: Any, step: int) -> dict[str, float]:
     import torch
 
     from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.train.loop import derive_seed, sample_rollouts, score_rollouts
 
     config = run.config
     prompts = run.data.train_set[probe_rows(run.data.train_set.height, config.probe_prompts)]

@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.train.config import TrainConfig
+from basis_bench.train.config import TrainConfig, check_probe
 
 if TYPE_CHECKING:
     from basis_bench.estimators import StepEstimator
@@ -259,8 +259,8 @@ def reference_cache(
     ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the build.
     """
     from basis_bench import estimators as E
-    from basis_bench.rollouts.fingerprint import weights_sha256
     from basis_bench.rollouts.features import prompt_features
+    from basis_bench.rollouts.fingerprint import weights_sha256
     from basis_bench.rollouts.models import resolve_checkpoint
     from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
     from basis_bench.rollouts.oracle_job import OracleJob
@@ -389,7 +389,6 @@ def setup(
     from basis_bench import estimators as E
     from basis_bench.folders import appended_inside, refuse_long_names
     from basis_bench.outputs import claim_output_dir
-    from basis_bench.train.probe import check_probe
 
     run_dir = Path(config.run_dir)
     refuse_long_names(run_dir, "run_dir")  # before the log check looks into it
