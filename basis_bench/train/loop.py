@@ -97,7 +97,6 @@ def train(
     ``progress`` shows the reference cache's build (see :func:`~basis_bench.train.setup.setup`).
     ``force`` lets ``run_dir`` be a folder that holds something other than a training run.
     """
-    from basis_bench.rollouts.sampling import SamplingConfig
     from basis_bench.train.checkpoint import restore
     from basis_bench.train.setup import setup, sync_sampler
     from basis_bench.train.update import update_policy
@@ -110,12 +109,7 @@ def train(
     trackers = open_trackers(config.report_to, run.run_dir, config_dict(config), start)
     log = open_run(run, start, on_record, trackers)
     train_set, policy = run.data.train_set, run.models.policy
-    sampling = SamplingConfig(
-        n=run.group,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_new_tokens=config.max_new_tokens,
-    )
+    sampling = config.generation.sampling(run.group, config.train_prompts)
     try:
         if start == 1 and (config.heldout_every or config.probe_every):
             log(initial_record(run))
@@ -230,9 +224,11 @@ def heldout_accuracy(run: Run, step: int) -> float:
     from basis_bench.rollouts.sampling import SamplingConfig
 
     config, heldout_set = run.config, run.data.heldout_set
-    greedy = SamplingConfig(
-        n=1, temperature=0.0, max_new_tokens=config.heldout_max_new_tokens or config.max_new_tokens
+    tokens = (
+        config.heldout_max_new_tokens
+        or config.generation.sampling(1, config.heldout_prompts).max_new_tokens
     )
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=tokens)
     samples = run.sampler.sample(heldout_set["problem"].to_list(), greedy, seed=0)
     rewards, statuses = score_rollouts(samples.responses, heldout_set["answer"].to_list(), run.data)
     frame = rollout_frame(

@@ -83,16 +83,9 @@ def value_probe(run: Any, step: int) -> dict[str, float]:
     """The probe after step ``step`` (0: before the first) of a run (:class:`Run`)."""
     import torch
 
-    from basis_bench.rollouts.sampling import SamplingConfig
-
     config = run.config
     prompts = run.data.train_set[probe_rows(run.data.train_set.height, config.probe_prompts)]
-    sampling = SamplingConfig(
-        n=config.probe_samples,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_new_tokens=config.max_new_tokens,
-    )
+    sampling = config.generation.sampling(config.probe_samples, config.train_prompts)
     run.models.policy.eval()
     with torch.random.fork_rng():  # hf's generate engine seeds torch's global RNG
         seed = derive_seed(PROBE_STREAM, config.seed, step)

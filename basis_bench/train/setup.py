@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.settings import replaced
 from basis_bench.train.config import TrainConfig, check_probe
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def torch_runtime(config: TrainConfig) -> str:
 
     from basis_bench.rollouts.models import resolve_device
 
-    device = resolve_device(config.device)
+    device = resolve_device(config.generation.device)
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
     torch.manual_seed(config.seed)
@@ -64,11 +65,11 @@ def engine_dtype(config: TrainConfig) -> str:
 
 
 def training_backend(config: TrainConfig, device: str) -> type[Sampler]:
-    """The sampling backend of ``config.backend`` (``auto`` resolved for the policy's
+    """The sampling backend of ``config.generation.backend`` (``auto`` resolved for the policy's
     ``device``), checked before any model loads."""
     from basis_bench.rollouts.sampling import sampler_class
 
-    backend = sampler_class(config.backend, device)
+    backend = sampler_class(config.generation.backend, device)
     backend.check_training(device)
     return backend
 
@@ -91,8 +92,8 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     """Training prompts and held-out prompts: the held-out source minus any training prompt
     (``note`` says how many were left out), then its first ``heldout_limit``, so the limit
     counts prompts that are really held out."""
-    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
-    from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
+    from basis_bench.rollouts.prompts import load_prompt_source
+    from basis_bench.rollouts.rewards import scoring_pool
 
     train_set = load_prompt_source(config.train_prompts, limit=config.train_limit or None)
     asked = load_prompt_source(config.heldout_prompts)
@@ -112,9 +113,9 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     return Data(
         train_set,
         heldout_set,
-        PromptTemplate(config.instruction, config.system_prompt or None),
-        RewardConfig(config.answer_format, config.verify_timeout),  # type: ignore[arg-type]
-        scoring_pool(config.reward_workers) if config.reward_workers else None,
+        config.generation.template(config.train_prompts),
+        config.grading.reward(config.train_prompts),  # answer_format auto: by the training prompts
+        scoring_pool(config.grading.reward_workers) if config.grading.reward_workers else None,
     )
 
 
@@ -152,9 +153,9 @@ def load_models(
 
     from basis_bench.rollouts.models import load_model, load_tokenizer, resolve_checkpoint
 
-    reference_ckpt = resolve_checkpoint(config.model)
+    reference_ckpt = resolve_checkpoint(config.generation.model)
     policy_ckpt = resolve_checkpoint(resume) if resume is not None else reference_ckpt
-    policy = trainable(load_model(policy_ckpt, device, config.dtype))
+    policy = trainable(load_model(policy_ckpt, device, config.generation.dtype))
     tokenizer = load_tokenizer(policy_ckpt)
     if config.gradient_checkpointing:
         # transformers 5.2x renamed it (the old name warns); older versions have only the old one.
@@ -162,7 +163,9 @@ def load_models(
         (enable or policy.gradient_checkpointing_enable)()
     reference = None
     if config.kl_coef > 0:
-        reference = load_model(reference_ckpt, device, config.dtype).requires_grad_(False)
+        reference = load_model(reference_ckpt, device, config.generation.dtype).requires_grad_(
+            False
+        )
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
@@ -172,23 +175,13 @@ def load_models(
 # --------------------------------------------------------------------------- samplers
 
 
-def sampler_options(config: TrainConfig) -> dict[str, Any]:
-    """The sampler settings a run sets, by the samplers' own names (0 in TOML: unset)."""
-    return {
-        "batch_size": config.sample_batch_size,
-        "kv_cache_gib": config.kv_cache_gib or None,
-        "max_model_len": config.vllm_max_model_len or None,
-        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
-    }
-
-
 def make_training_sampler(
     backend: type[Sampler], config: TrainConfig, models: Models, template: Any
 ) -> Sampler:
     """The live policy (a backend without weight sync: hf), or an engine of the backend's own
     (vLLM) started from the reference checkpoint, on the policy's device, that gets the
     policy's weights after every update (:func:`sync_sampler`)."""
-    settings = backend.settings_from(sampler_options(config))
+    settings = config.generation.sampler_settings(backend)
     if backend.capabilities.weight_sync:
         return backend.start(
             models.reference_ckpt, template, models.device, engine_dtype(config), settings
@@ -221,9 +214,10 @@ def reference_hf_sampler(config: TrainConfig, models: Models, template: Any, res
     from basis_bench.rollouts.sampling.hf import HFSampler
 
     if not resumed:
-        return HFSampler(models.policy, models.tokenizer, template, config.sample_batch_size)
-    ref = models.reference or load_model(models.reference_ckpt, models.device, config.dtype)
-    return HFSampler(ref, load_tokenizer(models.reference_ckpt), template, config.sample_batch_size)
+        return HFSampler(models.policy, models.tokenizer, template, config.generation.batch_size)
+    generation = config.generation
+    ref = models.reference or load_model(models.reference_ckpt, models.device, generation.dtype)
+    return HFSampler(ref, load_tokenizer(models.reference_ckpt), template, generation.batch_size)
 
 
 def reference_hidden_states(
@@ -268,25 +262,19 @@ def reference_cache(
 
     hidden = E.get(config.estimator).uses_features
 
-    job = OracleJob(
-        model=config.model,
+    job = OracleJob(  # the run's own generation (backend resolved by setup) and grading
+        generation=config.generation,
+        grading=config.grading,
         policy="reference",
         prompts=config.train_prompts,
         out=Path(config.cache_dir),
         n=config.ref_n,
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
         limit=config.train_limit or None,
-        instruction=config.instruction,
-        system_prompt=config.system_prompt or None,
-        answer_format=config.answer_format,
-        verify_timeout=config.verify_timeout,
         store_features="hidden" if hidden else "none",
-        backend=config.backend,  # resolved by setup: the progress line names it
     )
     # by content: the reference's weights and the prompts' text, not their path or ids
-    model = {"name": config.model, "weights": weights_sha256(resolve_checkpoint(config.model).path)}
+    name = config.generation.model
+    model = {"name": name, "weights": weights_sha256(resolve_checkpoint(name).path)}
     texts = prompts.select("prompt_id", "problem", "answer").write_csv()
     key = json.dumps({**run_identity(job, model), "prompts": texts}, sort_keys=True)
     job = dataclasses.replace(
@@ -403,7 +391,7 @@ def setup(
     claim_output_dir(run_dir, "train-run", force=force, option="run_dir")
     device = torch_runtime(config)
     backend = training_backend(config, device)
-    config = dataclasses.replace(config, backend=backend.backend)  # recorded: auto resolved
+    config = replaced(config, backend=backend.backend)  # recorded: auto resolved
     data = load_data(config, progress.warning if progress is not None else warnings.warn)
     check_probe(config, group, data.train_set.height)
     models = load_models(config, device, resume)
