@@ -140,7 +140,6 @@ def test_a_shard_started_beside_a_running_one_with_other_settings_is_refused(tmp
 
 def test_trains_reference_cache_is_rebuilt_when_the_weights_change(tiny_model, tmp_path):
     """The cache was keyed by the model's path: new weights in the folder reused it."""
-    from basis_bench.rollouts.prompts import load_prompt_source
     from basis_bench.rollouts.sampling.base import Samples
     from basis_bench.train.config import TrainConfig
     from basis_bench.train.setup import reference_cache
@@ -162,7 +161,7 @@ def test_trains_reference_cache_is_rebuilt_when_the_weights_change(tiny_model, t
         model=str(model), train_prompts="arithmetic:n=4,seed=1", cache_dir=str(tmp_path / "c"),
         ref_n=2,
     ))  # fmt: skip
-    prompts = load_prompt_source(config.train_prompts)
+    prompts = config.train.load()
     reference_cache(config, prompts, Boxed)
     reference_cache(config, prompts, Boxed)
     assert len(calls) == 1  # reused while nothing changed

@@ -32,7 +32,6 @@ from basis_bench.rollouts.prompts import (
     DEFAULT_INSTRUCTION,
     FAMILY_INSTRUCTIONS,
     arithmetic_prompts,
-    load_prompt_source,
 )
 from basis_bench.rollouts.store import (
     dataset_metadata,
@@ -550,9 +549,11 @@ def test_training_reference_cache_is_an_oracle_run_built_once(tmp_path):
         def describe(self):
             return {"backend": "boxed"}
 
-    config = TrainConfig(train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_n=4)
+    config = made(
+        TrainConfig, dict(train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_n=4)
+    )
     assert config.grading.answer_format == "auto"  # number for these arithmetic prompts
-    prompts = load_prompt_source(config.train_prompts)
+    prompts = config.train.load()
     rewards, features = reference_cache(config, prompts, Boxed)
     assert rewards.shape == (20, 4) and features is None  # basis: no features
     (cache,) = tmp_path.iterdir()
@@ -576,8 +577,8 @@ def test_training_reference_cache_stores_the_prompt_features_basis_context_uses(
         model=str(tiny_model), estimator="basis_context", train_prompts="arithmetic:n=6,seed=1",
         cache_dir=str(tmp_path), ref_n=2, max_new_tokens=8,
     ))  # fmt: skip
-    prompts = load_prompt_source(config.train_prompts)
-    template = config.generation.template(config.train_prompts)
+    prompts = config.train.load()
+    template = config.generation.template(config.train.prompts)
     sampler = HFSampler(*load_policy(str(tiny_model), "cpu"), template)
     rewards, features = reference_cache(config, prompts, lambda: sampler)
     assert rewards.shape == (6, 2) and features is not None

@@ -130,17 +130,25 @@ def test_what_training_and_the_oracle_share_is_declared_once():
         "answer_format", "verify_timeout", "reward_workers",
     }  # fmt: skip
     found = declarations()
-    for name in shared:
+    for name in shared | {"prompts", "limit", "levels", "max_model_len"}:
         assert len(found[name]) == 1, (name, found[name])
     assert {next(iter(found[n])) for n in shared} == {
         "rollouts/generation.py:Generation",
         "rollouts/grading.py:Grading",
     }
-    # both commands still offer them by the keys their users know (no renames)
+    # both commands still offer them by the keys their users know (no renames): training
+    # gives a few of the sections' settings the names its users have always used
     for name in shared:
         assert name in flat_keys(TrainConfig) and name in flat_keys(OracleJob), name
-    assert flat_keys(TrainConfig)["sample_batch_size"].field == "batch_size"
-    assert flat_keys(OracleJob)["batch_size"].field == "batch_size"
+    theirs = {
+        "sample_batch_size": "batch_size",
+        "vllm_max_model_len": "max_model_len",
+        "vllm_gpu_memory_utilization": "gpu_memory_utilization",
+        "train_prompts": "prompts",
+        "train_limit": "limit",
+    }
+    assert {k: flat_keys(TrainConfig)[k].field for k in theirs} == theirs
+    assert {"batch_size", "prompts", "limit", "levels"} <= set(flat_keys(OracleJob))
 
 
 def test_no_call_builds_a_settings_object_from_more_than_8_arguments():
@@ -181,8 +189,9 @@ def test_no_call_builds_a_settings_object_from_more_than_8_arguments():
 
 def test_the_drifted_defaults_are_one_now():
     """answer_format: auto for both (training said any); system_prompt: "" (the chat
-    template's own) for both (the oracle said None, which TOML cannot write); temperature:
-    the section allows 0 (greedy, one sample per prompt) and training refuses below 1e-5."""
+    template's own) for both (the oracle said None, which TOML cannot write); kv_cache_gib and
+    the prompts' limit: 0 for "not set" (the oracle said None); temperature: the section
+    allows 0 (greedy, one sample per prompt) and training refuses below 1e-5."""
     import pytest
 
     from basis_bench.errors import InputError
@@ -191,10 +200,11 @@ def test_the_drifted_defaults_are_one_now():
         assert setting_default(cls, "answer_format") == "auto"
         assert setting_default(cls, "system_prompt") == ""
         assert setting_default(cls, "kv_cache_gib") == 0.0  # 0: the engine's own
+    assert setting_default(OracleJob, "limit") == setting_default(TrainConfig, "train_limit") == 0
     assert Grading().reward("arithmetic:n=4").answer_format == "number"
     assert Grading().reward("data/math.jsonl").answer_format == "any"
     assert Generation(model="m").template("arithmetic:n=4").system is None  # "": the template's
-    assert make_config({}).grading.reward(make_config({}).train_prompts).answer_format == "number"
+    assert make_config({}).grading.reward(make_config({}).train.prompts).answer_format == "number"
     with pytest.raises(InputError, match="at least 1e-05 in training"):
         make_config({}, ["temperature=0"])
     greedy = Generation(model="m", temperature=0.0).sampling(1, "arithmetic:n=4")

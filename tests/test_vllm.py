@@ -518,7 +518,7 @@ def test_vllm_training_gives_basis_context_the_references_prompt_hidden_states(
         train(config)
     (features,) = given
     assert features is not None and features.shape == (4, 576)
-    problems = load_prompt_source(config.train_prompts)["problem"].to_list()
-    template = config.generation.template(config.train_prompts)
+    problems = config.train.load()["problem"].to_list()
+    template = config.generation.template(config.train.prompts)
     hf = HFSampler.load(resolve_checkpoint("smollm2-135m"), "cpu", template)
     np.testing.assert_allclose(features, hf.prompt_hidden_states(problems), atol=1e-5)

@@ -168,7 +168,7 @@ class ConsoleProgress:
 
     def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int, workers: int) -> None:
         self.console.print(
-            f"{n_prompts} prompts from {shown(job.prompts)}; shard {job.shard}: "
+            f"{n_prompts} prompts from {shown(job.source.prompts)}; shard {job.shard}: "
             f"{todo + done} chunk(s), {done} already complete; "
             f"at most {job.sampling.max_new_tokens} new tokens per response; "
             f"instruction {shown(repr(job.template.instruction))}"

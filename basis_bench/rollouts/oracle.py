@@ -64,7 +64,6 @@ from basis_bench.rollouts.oracle_workers import (
     uses_cpu_workers,
 )
 from basis_bench.rollouts.prompts import (
-    load_prompt_source,
     parse_levels,
 )
 from basis_bench.rollouts.rewards import scoring_pool
@@ -140,9 +139,9 @@ def oracle_metadata(job: OracleJob, n_prompts: int) -> dict[str, Any]:
         "kind": "oracle",
         "simulated": False,
         "dataset": {
-            "source": job.prompts,
-            "levels": parse_levels(job.levels) if job.levels is not None else None,
-            "limit": job.limit,
+            "source": job.source.prompts,
+            "levels": parse_levels(job.source.levels) if job.source.levels is not None else None,
+            "limit": job.source.limit or None,
             "n_prompts": n_prompts,
         },
         "package_version": __version__,
@@ -221,10 +220,9 @@ class JobHiddenStates:
 def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
     """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``)."""
     checkpoint = resolve_checkpoint(job.generation.model)
-    levels = parse_levels(job.levels) if job.levels is not None else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prompts = load_prompt_source(job.prompts, levels, job.limit)
+        prompts = job.source.load()
     for w in caught:
         warn(str(w.message))
     return OracleSource(

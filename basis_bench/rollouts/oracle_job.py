@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from basis_bench.errors import InputError
 from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.grading import Grading
+from basis_bench.rollouts.prompt_source import PromptSource
 from basis_bench.settings import check_settings, section, setting, setting_flag
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class Shard:
 
 @dataclass(frozen=True)
 class OracleJob:
-    """One oracle run: ``n`` rollouts per prompt of ``prompts`` from the generation's
+    """One oracle run: ``n`` rollouts per prompt of the source's ``prompts`` from the generation's
     ``model``, graded, and written to the dataset ``out`` as policy ``policy`` (the options of
     ``basis-bench oracle``, the sections' settings flat among them; training's reference cache
     makes one from its own sections)."""
@@ -60,11 +61,7 @@ class OracleJob:
     policy: str = setting(
         help="Policy name written in the 'policy' column (e.g. ckpt-100, reference)."
     )
-    prompts: str = setting(
-        help="Prompt source: a JSONL/JSON/Parquet file of MATH-style or DAPO-Math-17K rows; "
-        "hf:NAME or hf:NAME@SPLIT for a hub dataset (needs 'datasets' and network); or "
-        "arithmetic:n=200,digits=1-2,steps=1-3,ops=+-*,seed=0 for generated problems."
-    )
+    source: PromptSource = section(PromptSource)
     out: Path = setting(help="Dataset directory (created; reruns resume in it).")
     n: int = setting(
         256, min_val=1, help="Samples per prompt (256 for the oracle, 64 for the reference cache)."
@@ -81,10 +78,6 @@ class OracleJob:
     )
     seed: int = setting(
         0, help="Base seed; each chunk's seed is derived from it and the chunk's prompts."
-    )
-    levels: str | None = setting(None, help="Keep only these MATH levels, e.g. 3-5 or 3,5.")
-    limit: int | None = setting(
-        None, min_val=1, optional=True, help="Keep only the first N prompts (after --levels)."
     )
     grading: Grading = section(Grading)
     workers: int = setting(
@@ -129,13 +122,13 @@ class OracleJob:
 
     @property
     def sampling(self) -> SamplingConfig:
-        return self.generation.sampling(self.n, self.prompts)
+        return self.generation.sampling(self.n, self.source.prompts)
 
     @property
     def reward(self) -> RewardConfig:
         """Grading; answer format ``auto`` is number for arithmetic prompts, any otherwise."""
-        return self.grading.reward(self.prompts)
+        return self.grading.reward(self.source.prompts)
 
     @property
     def template(self) -> PromptTemplate:
-        return self.generation.template(self.prompts)
+        return self.generation.template(self.source.prompts)

@@ -21,6 +21,7 @@ from basis_bench.errors import InputError
 from basis_bench.folders import regular_file
 from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.grading import Grading
+from basis_bench.rollouts.prompt_source import PromptSource
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
 from basis_bench.settings import (
@@ -65,6 +66,9 @@ def _reporters() -> tuple[str, ...]:
 class TrainConfig:
     """Every setting of a run. TOML files set these keys (flat); ``--set key=value`` overrides.
 
+    Its sections (``generation``, ``grading``, ``train``: the training prompts) are given by
+    their settings' keys, flat like the rest (:func:`~basis_bench.settings.section`).
+
     0 or "" means "not set" where TOML has no null: ``train_limit``/``heldout_limit`` 0 = all
     prompts, ``heldout_max_new_tokens`` 0 = ``max_new_tokens``, ``kv_cache_gib`` 0 = the
     engine's default KV cache, ``vllm_max_model_len`` 0 = the model's, ``system_prompt``
@@ -79,9 +83,8 @@ class TrainConfig:
         0, help="Random seed of prompts, sampling and the model's initial RNG.", min_val=0
     )
     steps: int = setting(20, help="Training steps (one batch of rollouts each).", min_val=1)
-    # policy and its sampling (the reference is the same checkpoint, frozen): flat keys
-    # model, backend, device, dtype, instruction, system_prompt, max_new_tokens, temperature,
-    # top_p, sample_batch_size, kv_cache_gib, vllm_max_model_len, vllm_gpu_memory_utilization
+    # the policy and its sampling (the reference is the same checkpoint, frozen): the
+    # section's keys, three by training's own names
     generation: Generation = section(
         Generation,
         defaults={
@@ -105,12 +108,14 @@ class TrainConfig:
     gradient_checkpointing: bool = setting(
         False, help="Recompute activations in the backward pass (less memory, more time)."
     )
-    train_prompts: str = setting(
-        "arithmetic:n=128,digits=1,steps=1,ops=+-,seed=0",
-        help="Training prompts, a source as in `basis-bench oracle --prompts` (the default "
-        "draws 128 of 200 distinct sums and differences).",
+    # the training prompts, the section the oracle reads its prompts by (flat keys
+    # train_prompts, train_limit); the default draws 128 of 200 distinct sums and differences
+    train: PromptSource = section(
+        PromptSource,
+        defaults={"prompts": "arithmetic:n=128,digits=1,steps=1,ops=+-,seed=0"},
+        keys={"prompts": "train_prompts", "limit": "train_limit"},
+        omit=("levels",),
     )
-    train_limit: int = setting(0, help="Keep the first N training prompts (0: all).", min_val=0)
     heldout_prompts: str = setting(
         "arithmetic:n=64,digits=1,steps=1,ops=+-,seed=1",
         was=("eval_prompts",),
@@ -123,7 +128,7 @@ class TrainConfig:
         min_val=0,
         was=("eval_limit",),
     )
-    # grading: flat keys answer_format, verify_timeout, reward_workers
+    # grading
     grading: Grading = section(Grading)
     # rollouts
     rollouts_per_step: int = setting(

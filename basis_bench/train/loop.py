@@ -109,7 +109,7 @@ def train(
     trackers = open_trackers(config.report_to, run.run_dir, config_dict(config), start)
     log = open_run(run, start, on_record, trackers)
     train_set, policy = run.data.train_set, run.models.policy
-    sampling = config.generation.sampling(run.group, config.train_prompts)
+    sampling = config.generation.sampling(run.group, config.train.prompts)
     try:
         if start == 1 and (config.heldout_every or config.probe_every):
             log(initial_record(run))

@@ -85,7 +85,7 @@ def value_probe(run: Any, step: int) -> dict[str, float]:
 
     config = run.config
     prompts = run.data.train_set[probe_rows(run.data.train_set.height, config.probe_prompts)]
-    sampling = config.generation.sampling(config.probe_samples, config.train_prompts)
+    sampling = config.generation.sampling(config.probe_samples, config.train.prompts)
     run.models.policy.eval()
     with torch.random.fork_rng():  # hf's generate engine seeds torch's global RNG
         seed = derive_seed(PROBE_STREAM, config.seed, step)

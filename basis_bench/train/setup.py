@@ -95,7 +95,7 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     from basis_bench.rollouts.prompts import load_prompt_source
     from basis_bench.rollouts.rewards import scoring_pool
 
-    train_set = load_prompt_source(config.train_prompts, limit=config.train_limit or None)
+    train_set = config.train.load()
     asked = load_prompt_source(config.heldout_prompts)
     outside = asked.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
     if outside.height == 0:
@@ -113,8 +113,8 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     return Data(
         train_set,
         heldout_set,
-        config.generation.template(config.train_prompts),
-        config.grading.reward(config.train_prompts),  # answer_format auto: by the training prompts
+        config.generation.template(config.train.prompts),
+        config.grading.reward(config.train.prompts),  # answer_format auto: by the training prompts
         scoring_pool(config.grading.reward_workers) if config.grading.reward_workers else None,
     )
 
@@ -262,14 +262,13 @@ def reference_cache(
 
     hidden = E.get(config.estimator).uses_features
 
-    job = OracleJob(  # the run's own generation (backend resolved by setup) and grading
+    job = OracleJob(  # the run's own sections: generation (backend resolved), grading, prompts
         generation=config.generation,
         grading=config.grading,
         policy="reference",
-        prompts=config.train_prompts,
+        source=config.train,
         out=Path(config.cache_dir),
         n=config.ref_n,
-        limit=config.train_limit or None,
         store_features="hidden" if hidden else "none",
     )
     # by content: the reference's weights and the prompts' text, not their path or ids

@@ -26,7 +26,7 @@ from basis_bench.rollouts.grading import Grading
 from basis_bench.rollouts.models import resolve_checkpoint
 from basis_bench.rollouts.oracle import JobSampler, OracleSource, run_oracle
 from basis_bench.rollouts.oracle_job import OracleJob
-from basis_bench.rollouts.prompts import load_prompt_source
+from basis_bench.rollouts.prompt_source import PromptSource
 from basis_bench.rollouts.store import load_prompts, rollout_files
 from basis_bench.schema import PROMPTS_FILE
 from basis_bench.settings import replaced
@@ -56,7 +56,7 @@ def reference_job(root: Path) -> tuple[OracleJob, dict[str, str]]:
         generation=generation,
         grading=grading,
         policy=run["policy"],
-        prompts=meta["dataset"]["source"],
+        source=PromptSource(meta["dataset"]["source"]),
         out=root,
         n=sampling["n"],
         seed=run["seed"],
@@ -80,7 +80,7 @@ def add_features(root: Path) -> None:
     job, model = reference_job(root)
     checkpoint = resolve_checkpoint(job.generation.model)
     print(f"model {checkpoint.path} sha256 {file_sha256(checkpoint.path)}")
-    source = OracleSource(load_prompt_source(job.prompts), model, JobSampler(job, checkpoint))
+    source = OracleSource(job.source.load(), model, JobSampler(job, checkpoint))
     report = run_oracle(job, source=source)
     after = rollouts_digest(root)
     if report.parts_written or after != before:
