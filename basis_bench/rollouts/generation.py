@@ -116,7 +116,7 @@ class Generation:
         was=("vllm_kv_cache_gib",),
         min_val=0,
         help="vllm backend: GiB of KV cache (0: on the CPU a quarter of the free memory, at "
-        "most 4; on GPUs gpu_memory_utilization of the GPU's memory for the engine).",
+        "most 4; on GPUs what the engine's share of the GPU's memory leaves).",
     )
     tensor_parallel_size: int = setting(
         1, min_val=1, help="vllm backend: GPUs one model is split over."
