@@ -14,12 +14,19 @@ metadata holds the help text and the checks, so
   raising :class:`~basis_bench.errors.InputError`): NaN, bools posing as numbers and
   infinities (unless allowed) are refused, whatever the bounds;
 - a renamed setting lists its old names (``was``): :func:`renamed_keys` and the CLI accept
-  them for one release, each use a one-line :class:`RenamedSetting` notice.
+  them for one release, each use a one-line :class:`RenamedSetting` notice;
+- a concern that several commands share (generation, grading) is one frozen dataclass of
+  settings, a *section*, that each command's config holds whole in a :func:`section` field:
+  it is declared once and passed inward whole. Users still give its settings as flat TOML
+  keys and flags of the command (:func:`flat_keys`); :func:`made` nests them, :func:`flat`
+  flattens a config back (config.json), :func:`replaced` changes some by their flat names.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import numbers
 import sys
@@ -132,10 +139,165 @@ def setting(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _field(cls: type, name: str) -> dataclasses.Field[Any]:
+@dataclasses.dataclass(frozen=True)
+class _Section:
+    """The metadata of a :func:`section` field."""
+
+    cls: type
+    defaults: Mapping[str, Any]
+    keys: Mapping[str, str]
+    omit: frozenset[str]
+
+
+def section(
+    cls: type,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    keys: Mapping[str, str] | None = None,
+    omit: Sequence[str] = (),
+) -> Any:
+    """A dataclass field holding the settings section ``cls`` (a dataclass of :func:`setting`
+    fields) whole. Its settings are flat keys and flags of the holder, each by its own name;
+    ``keys``: the name this command's users know a setting by where it is another (kept so
+    that no user sees a rename); ``defaults``: this command's own defaults for some (help
+    and range stay the section's); ``omit``: settings this command does not offer (they keep
+    their default). Without a default for each of ``cls``'s required settings the field is
+    required too. The holder checks the section's settings (:func:`check_settings`), naming
+    each by its flat key."""
+    spec = _Section(cls, dict(defaults or {}), dict(keys or {}), frozenset(omit))
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = (set(spec.defaults) | set(spec.keys) | spec.omit) - names
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no setting(s) {', '.join(sorted(unknown))}")
+    metadata = {"section": spec}
+    if _missing(spec, {}):
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(
+        default_factory=functools.partial(cls, **spec.defaults), metadata=metadata
+    )
+
+
+def _missing(spec: _Section, given: Mapping[str, Any]) -> list[str]:
+    """The required settings of a section that neither ``given`` nor the holder's defaults set."""
+    return [
+        f.name
+        for f in dataclasses.fields(spec.cls)
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in spec.defaults
+        and f.name not in given
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One setting of a config as users give it: a TOML key, a flag."""
+
+    name: str  # the key
+    owner: type  # the class that declares the setting: the config, or a section of it
+    field: str  # the setting's field in ``owner``
+    section: str | None = None  # the config's field that holds the section; None: its own
+
+
+_FLAT_KEYS: dict[type, dict[str, Key]] = {}
+
+
+def flat_keys(cls: type) -> dict[str, Key]:
+    """Every setting of config ``cls`` by its flat key, in declaration order, each section's
+    settings in its place (less those it omits, under the names its ``keys`` give)."""
+    if cls in _FLAT_KEYS:
+        return _FLAT_KEYS[cls]
+    found: dict[str, Key] = {}
     for f in dataclasses.fields(cls):
-        if f.name == name:
-            return f
+        spec = f.metadata.get("section")
+        inner = (
+            [Key(f.name, cls, f.name)]
+            if spec is None
+            else [
+                Key(spec.keys.get(g.name, g.name), spec.cls, g.name, f.name)
+                for g in dataclasses.fields(spec.cls)
+                if g.name not in spec.omit
+            ]
+        )
+        for key in inner:
+            if key.name in found:
+                raise TypeError(f"{cls.__name__}: two settings are given as {key.name!r}")
+            found[key.name] = key
+    _FLAT_KEYS[cls] = found
+    return found
+
+
+def _section_spec(cls: type, name: str) -> _Section:
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["section"]
+
+
+def nest(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of config ``cls`` from flat ``values``: each section's settings
+    made into the section (the holder's defaults for the rest). A key that is no setting
+    passes through as it is (``cls`` refuses it)."""
+    keys = flat_keys(cls)
+    own: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        key = keys.get(name)
+        if key is None or key.section is None:
+            own[name] = value
+        else:
+            parts.setdefault(key.section, {})[key.field] = value
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get("section")
+        if spec is None or f.name in own:  # absent, or given whole
+            if spec is not None and f.name in parts:
+                raise TypeError(f"{f.name} is given whole and by its settings; give one")
+            continue
+        given = parts.get(f.name, {})
+        missing = _missing(spec, given)
+        if missing:
+            raise InputError(f"{', '.join(missing)} must be given")
+        if given or f.default_factory is dataclasses.MISSING:
+            own[f.name] = spec.cls(**{**spec.defaults, **given})
+    return own
+
+
+def made(cls: type[T], values: Mapping[str, Any]) -> T:
+    """Config ``cls`` from flat ``values`` (its own settings and its sections', by key)."""
+    return cls(**nest(cls, values))
+
+
+def setting_value(config: Any, name: str) -> Any:
+    """The value of a config's setting by its flat key."""
+    key = flat_keys(type(config))[name]
+    holder = config if key.section is None else getattr(config, key.section)
+    return getattr(holder, key.field)
+
+
+def flat(config: Any) -> dict[str, Any]:
+    """A config's settings by flat key (copies), as config.json and trainer state hold them."""
+    return {name: copy.deepcopy(setting_value(config, name)) for name in flat_keys(type(config))}
+
+
+def replaced(config: T, **changes: Any) -> T:
+    """``config`` with some settings changed, named by their flat keys."""
+    keys = flat_keys(type(config))
+    own: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    for name, value in changes.items():
+        key = keys[name]
+        if key.section is None:
+            own[name] = value
+        else:
+            parts.setdefault(key.section, {})[key.field] = value
+    for name, part in parts.items():
+        own[name] = dataclasses.replace(getattr(config, name), **part)
+    return dataclasses.replace(config, **own)  # type: ignore[type-var]
+
+
+def _field(cls: type, name: str) -> dataclasses.Field[Any]:
+    key = flat_keys(cls).get(name) if dataclasses.is_dataclass(cls) else None
+    if key is not None:
+        for f in dataclasses.fields(key.owner):
+            if f.name == key.field:
+                return f
     raise KeyError(f"{cls.__name__} has no setting {name!r}")
 
 
@@ -145,7 +307,13 @@ def setting_help(cls: type, name: str) -> str:
 
 
 def setting_default(cls: type, name: str) -> Any:
-    """The default of one setting (a default factory is called)."""
+    """The default of one setting (a default factory is called), in a section the holder's
+    own default where it gives one."""
+    key = flat_keys(cls)[name]
+    if key.section is not None:
+        spec = _section_spec(cls, key.section)
+        if key.field in spec.defaults:
+            return spec.defaults[key.field]
     f = _field(cls, name)
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
@@ -212,10 +380,10 @@ def renamed(old: str, new: str) -> None:
 
 def current_name(cls: type, key: str, label: Callable[[str], str] = str) -> str:
     """``key``, or the current name of the setting of ``cls`` it is an old name of (a notice)."""
-    for f in dataclasses.fields(cls):
-        if key in f.metadata.get("was", ()):
-            renamed(label(key), label(f.name))
-            return f.name
+    for name in flat_keys(cls):
+        if key in setting_old_names(cls, name):
+            renamed(label(key), label(name))
+            return name
     return key
 
 
@@ -224,7 +392,7 @@ def renamed_keys(
 ) -> dict[str, Any]:
     """``values`` with every old key of ``cls``'s settings turned into its current name (a
     notice for each); the old and the new name together is an InputError."""
-    new_of = {old: f.name for f in dataclasses.fields(cls) for old in f.metadata.get("was", ())}
+    new_of = {old: name for name in flat_keys(cls) for old in setting_old_names(cls, name)}
     for key in values:
         new = new_of.get(key)
         if new is not None and new in values:
@@ -267,9 +435,9 @@ def check_setting(cls: type, name: str, value: Any, label: str | None = None) ->
 
 
 def check_settings(config: Any, label: Callable[[str], str] | None = None) -> None:
-    """Check every field of a config made by :func:`setting` (call from ``__post_init__``)."""
-    for f in dataclasses.fields(config):
-        if "help" in f.metadata:
-            check_setting(
-                type(config), f.name, getattr(config, f.name), label(f.name) if label else None
-            )
+    """Check every setting of a config made by :func:`setting`, its sections' too, each
+    named by its flat key (call from ``__post_init__``)."""
+    cls = type(config)
+    for name in flat_keys(cls):
+        if "help" in _field(cls, name).metadata:
+            check_setting(cls, name, setting_value(config, name), label(name) if label else None)

@@ -80,7 +80,7 @@ def test_stored_hidden_states_are_smollm2s_own(one_torch_thread):
     from features import reference_job  # the script that stored them
 
     job, _ = reference_job(default_dataset())
-    sampler = HFSampler.load(resolve_checkpoint(job.model), "cpu", job.template)
+    sampler = HFSampler.load(resolve_checkpoint(job.generation.model), "cpu", job.template)
     prompts = pl.read_parquet(default_dataset() / "prompts.parquet").head(3)
     direct = sampler.prompt_hidden_states(prompts["problem"].to_list())
     np.testing.assert_allclose(np.asarray(prompts["features"].to_list()), direct, atol=1e-4)

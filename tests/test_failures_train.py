@@ -69,11 +69,12 @@ def test_resume_refuses_truncated_garbage_and_partial_checkpoints(monkeypatch, c
 
     from basis_bench.train import make_config
     from basis_bench.train.checkpoint import TRAINER_STATE, load_trainer_state
+    from basis_bench.train.config import config_dict
 
     ckpt = tmp_path / "run" / "checkpoints" / "step-000001"
     ckpt.mkdir(parents=True)
     state = {"step": 1, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
-    torch.save({**state, "config": vars(make_config({}))}, ckpt / TRAINER_STATE)
+    torch.save({**state, "config": config_dict(make_config({}))}, ckpt / TRAINER_STATE)
     whole = (ckpt / TRAINER_STATE).read_bytes()
     assert load_trainer_state(ckpt)["step"] == 1
     cases = {
@@ -94,7 +95,7 @@ def test_resume_refuses_truncated_garbage_and_partial_checkpoints(monkeypatch, c
     assert_one_line_error(
         run_main(monkeypatch, capsys, "train", "--resume", str(partial)), "unfinished checkpoint"
     )
-    torch.save({**state, "config": vars(make_config({}))}, ckpt / TRAINER_STATE)
+    torch.save({**state, "config": config_dict(make_config({}))}, ckpt / TRAINER_STATE)
     for wrong in (ckpt.with_name("step-1"), tmp_path / "run"):  # a short name; the run itself
         result = run_main(monkeypatch, capsys, "train", "--resume", str(wrong))
         assert_one_line_error(result, f"no {TRAINER_STATE} there", f"found: {ckpt}")
@@ -127,6 +128,7 @@ def test_resume_checks_the_whole_trainer_state_before_writing(monkeypatch, capsy
     import basis_bench.train.setup as setup
     from basis_bench.train import make_config
     from basis_bench.train.checkpoint import TRAINER_STATE
+    from basis_bench.train.config import config_dict
 
     monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
     ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
@@ -134,7 +136,7 @@ def test_resume_checks_the_whole_trainer_state_before_writing(monkeypatch, capsy
     log = tmp_path / "run" / "log.jsonl"
     log.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n')
     state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
-    torch.save({**state, "config": vars(make_config({})), **edit}, ckpt / TRAINER_STATE)
+    torch.save({**state, "config": config_dict(make_config({})), **edit}, ckpt / TRAINER_STATE)
     before = snapshot(tmp_path / "run")
     result = run_main(monkeypatch, capsys, "train", "--resume", str(ckpt))
     assert_one_line_error(result, TRAINER_STATE, f"{next(iter(edit))} = ")
@@ -197,12 +199,13 @@ def test_resume_cannot_move_the_run_elsewhere(monkeypatch, capsys, tmp_path):
     import basis_bench.train.setup as setup
     from basis_bench.train import make_config
     from basis_bench.train.checkpoint import TRAINER_STATE
+    from basis_bench.train.config import config_dict
 
     monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
     ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
     ckpt.mkdir(parents=True)
     state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
-    torch.save({**state, "config": vars(make_config({}))}, ckpt / TRAINER_STATE)
+    torch.save({**state, "config": config_dict(make_config({}))}, ckpt / TRAINER_STATE)
     result = run_main(
         monkeypatch, capsys, "train", "--resume", str(ckpt), "--set", f'run_dir="{tmp_path / "b"}"'
     )

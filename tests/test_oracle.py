@@ -32,7 +32,6 @@ from basis_bench.rollouts.prompts import (
     DEFAULT_INSTRUCTION,
     FAMILY_INSTRUCTIONS,
     arithmetic_prompts,
-    load_prompt_source,
 )
 from basis_bench.rollouts.store import (
     dataset_metadata,
@@ -47,9 +46,15 @@ from basis_bench.rollouts.training_record import (
     training_record,
 )
 from basis_bench.schema import OPTIONAL_ROLLOUT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
+from basis_bench.settings import made, replaced
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def job_of(**values) -> OracleJob:
+    """A job from its settings by flat key, as the command line gives them."""
+    return made(OracleJob, values)
 
 
 def parts(out: Path, policy: str) -> list[Path]:
@@ -115,9 +120,9 @@ def test_chunk_seed_depends_on_base_seed_and_chunk_content():
 def test_policy_and_chunk_size_are_checked():
     job = {"model": "m", "prompts": "arithmetic:n=2", "out": Path("o"), "n": 2}
     with pytest.raises(InputError, match="--policy"):
-        OracleJob(policy="../up", **job)
+        job_of(policy="../up", **job)
     with pytest.raises(InputError, match="--chunk-size"):
-        OracleJob(policy="ok", **job, chunk_size=0)
+        job_of(policy="ok", **job, chunk_size=0)
 
 
 # --------------------------------------------------------------------------- prompts table
@@ -269,7 +274,7 @@ def test_shards_fill_the_same_dataset_as_one_job_and_reruns_skip(tiny_model, tmp
 
 def test_resuming_with_other_settings_is_refused(tmp_path):
     prompts = arithmetic_prompts(2, digits=2, steps=1, seed=0)
-    job = OracleJob(
+    job = job_of(
         model="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, n=2, chunk_size=1,
         instruction="i",
     )  # fmt: skip
@@ -290,9 +295,9 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
     # a part that records another training step for the policy: resuming would mix two
     write_parquet_atomic(pl.DataFrame({"x": [1]}), path, {**meta, STEPS_KEY: {"p": 5}})
     with pytest.raises(InputError, match=r"different settings \(--step 5\)"):
-        pending_chunks(prompts, dataclasses.replace(job, step=6), identity)
+        pending_chunks(prompts, replaced(job, step=6), identity)
     for step in (5, None):  # the same step, or none given: resumes
-        assert len(pending_chunks(prompts, dataclasses.replace(job, step=step), identity)[1]) == 1
+        assert len(pending_chunks(prompts, replaced(job, step=step), identity)[1]) == 1
 
 
 # --------------------------------------------------------------------------- defaults
@@ -300,7 +305,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
 
 def test_each_prompt_family_has_a_default_instruction_the_run_records():
     job = {"model": "m", "policy": "p", "out": Path("o"), "n": 2}
-    arithmetic = OracleJob(prompts="arithmetic:n=2", **job)
+    arithmetic = job_of(prompts="arithmetic:n=2", **job)
     assert arithmetic.template.instruction == FAMILY_INSTRUCTIONS["arithmetic"]
     assert arithmetic.sampling.max_new_tokens == 48
     assert arithmetic.reward.answer_format == "number"
@@ -308,24 +313,24 @@ def test_each_prompt_family_has_a_default_instruction_the_run_records():
     assert identity["template"]["instruction"] == FAMILY_INSTRUCTIONS["arithmetic"]
     assert identity["sampling"]["max_new_tokens"] == 48
 
-    own = OracleJob(prompts="arithmetic:n=2", instruction="Think step by step.", **job)
+    own = job_of(prompts="arithmetic:n=2", instruction="Think step by step.", **job)
     assert own.template.instruction == "Think step by step."
     assert own.sampling.max_new_tokens == 256  # room for the working it asks for
-    assert OracleJob(prompts="arithmetic:n=2", instruction="", **job).template.instruction == ""
+    assert job_of(prompts="arithmetic:n=2", instruction="", **job).template.instruction == ""
 
-    math = OracleJob(prompts=str(SAMPLE), **job)
+    math = job_of(prompts=str(SAMPLE), **job)
     assert math.template.instruction == DEFAULT_INSTRUCTION
     assert math.sampling.max_new_tokens == 3072
 
 
 def test_auto_workers_use_the_free_cores_and_never_exceed_the_chunks(tmp_path):
-    job = OracleJob(model="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, device="cpu")
+    job = job_of(model="m", policy="p", prompts="arithmetic:n=2", out=tmp_path, device="cpu")
     assert 1 <= free_cores() <= len(os.sched_getaffinity(0))
     assert 1 <= auto_workers(job, 100) <= len(os.sched_getaffinity(0))
     assert auto_workers(job, 1) == 1
-    assert auto_workers(dataclasses.replace(job, workers=3), 2) == 2
-    assert auto_workers(dataclasses.replace(job, workers=3), 5) == 3
-    assert auto_workers(dataclasses.replace(job, backend="vllm", device="auto"), 100) == 1
+    assert auto_workers(replaced(job, workers=3), 2) == 2
+    assert auto_workers(replaced(job, workers=3), 5) == 3
+    assert auto_workers(replaced(job, backend="vllm", device="auto"), 100) == 1
 
 
 def test_workers_write_the_same_dataset_as_one_process(tiny_model, tmp_path):
@@ -402,7 +407,7 @@ def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, t
     assert prompts is not None and prompts.schema["features"] == pl.List(pl.Float32)
     stored = np.asarray(prompts["features"].to_list())
 
-    job = OracleJob(
+    job = job_of(
         model=str(tiny_model),
         policy="tiny",
         prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
@@ -417,7 +422,7 @@ def test_hidden_features_are_stored_once_beside_unchanged_rollouts(tiny_model, t
     assert stored.shape == (6, 32) and np.allclose(stored, direct, atol=1e-5)
     assert np.linalg.matrix_rank(stored) == 6  # one distinct vector per prompt
 
-    job = dataclasses.replace(job, store_features="hidden")
+    job = replaced(job, store_features="hidden")
     own = open_source(job, print)
     source = OracleSource(own.prompts, own.model, lambda: 1 / 0)
     run_oracle(job, source=source)  # every part and every feature there: no model loaded
@@ -452,7 +457,7 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
 
     from basis_bench.rollouts.oracle import JobHiddenStates, JobSampler, open_source, run_oracle
 
-    hf = OracleJob(
+    hf = job_of(
         model=str(tiny_model), policy="tiny", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5",
         out=tmp_path / "hf", n=2, max_new_tokens=8, chunk_size=3, device="cpu", workers=1,
         store_features="hidden",
@@ -460,7 +465,7 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
     run_oracle(hf)
     expected = np.asarray(load_prompts(hf.out)["features"].to_list())  # type: ignore[index]
     assert expected.shape == (6, 32)
-    vllm = dataclasses.replace(hf, backend="vllm", out=tmp_path / "vllm")
+    vllm = replaced(hf, backend="vllm", out=tmp_path / "vllm")
     assert open_source(hf, print).hidden_states is None
     own = open_source(vllm, print)
     checkpoint = resolve_checkpoint(str(tiny_model))
@@ -469,7 +474,7 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
 
     def features(problems):  # the vllm job's pass, less its check that vllm runs here
         events.append("features")
-        return JobHiddenStates(dataclasses.replace(vllm, backend="hf"), checkpoint)(problems)
+        return JobHiddenStates(replaced(vllm, backend="hf"), checkpoint)(problems)
 
     def sampler():  # the hf sampler in the vllm engine's place: vllm is not needed here
         events.append("sampler")
@@ -481,8 +486,8 @@ def test_features_of_a_backend_without_hidden_states_come_first_from_transformer
     run_oracle(vllm, source=dataclasses.replace(source, sampler=lambda: 1 / 0))  # all there
 
     # A finished run without them gets them without a sampler; its parts stay as they were.
-    later = dataclasses.replace(vllm, out=tmp_path / "later")
-    run_oracle(dataclasses.replace(later, store_features="none"), source=source)
+    later = replaced(vllm, out=tmp_path / "later")
+    run_oracle(replaced(later, store_features="none"), source=source)
     before = {f: f.read_bytes() for f in parts(later.out, "tiny")}
     run_oracle(later, source=dataclasses.replace(source, sampler=lambda: 1 / 0))
     assert {f: f.read_bytes() for f in parts(later.out, "tiny")} == before
@@ -509,13 +514,13 @@ def test_features_of_another_model_size_are_refused_not_mixed(tiny_model, tmp_pa
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tiny_model / name).exists():
             (wider / name).write_bytes((tiny_model / name).read_bytes())
-    job = OracleJob(
+    job = job_of(
         model=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,digits=1-2,steps=1-2,seed=5",
         out=tmp_path / "ds", n=1, max_new_tokens=2, device="cpu", workers=1, store_features="hidden",
     )  # fmt: skip
     run_oracle(job)
     before = (job.out / PROMPTS_FILE).read_bytes()
-    more = dataclasses.replace(
+    more = replaced(
         job, model=str(wider), policy="wide", prompts="arithmetic:n=6,digits=1-2,steps=1-2,seed=5"
     )
     with pytest.raises(InputError, match=r"features of 32 numbers.*this model's have 48"):
@@ -544,8 +549,11 @@ def test_training_reference_cache_is_an_oracle_run_built_once(tmp_path):
         def describe(self):
             return {"backend": "boxed"}
 
-    config = TrainConfig(train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_n=4)
-    prompts = load_prompt_source(config.train_prompts)
+    config = made(
+        TrainConfig, dict(train_prompts="arithmetic:n=20,seed=1", cache_dir=str(tmp_path), ref_n=4)
+    )
+    assert config.grading.answer_format == "auto"  # number for these arithmetic prompts
+    prompts = config.train.load()
     rewards, features = reference_cache(config, prompts, Boxed)
     assert rewards.shape == (20, 4) and features is None  # basis: no features
     (cache,) = tmp_path.iterdir()
@@ -561,17 +569,16 @@ def test_training_reference_cache_stores_the_prompt_features_basis_context_uses(
     import numpy as np
 
     from basis_bench.rollouts.models import load_policy
-    from basis_bench.rollouts.prompts import PromptTemplate
     from basis_bench.rollouts.sampling.hf import HFSampler
     from basis_bench.train.config import TrainConfig
     from basis_bench.train.setup import reference_cache
 
-    config = TrainConfig(
+    config = made(TrainConfig, dict(
         model=str(tiny_model), estimator="basis_context", train_prompts="arithmetic:n=6,seed=1",
         cache_dir=str(tmp_path), ref_n=2, max_new_tokens=8,
-    )  # fmt: skip
-    prompts = load_prompt_source(config.train_prompts)
-    template = PromptTemplate(config.instruction, config.system_prompt or None)
+    ))  # fmt: skip
+    prompts = config.train.load()
+    template = config.generation.template(config.train.prompts)
     sampler = HFSampler(*load_policy(str(tiny_model), "cpu"), template)
     rewards, features = reference_cache(config, prompts, lambda: sampler)
     assert rewards.shape == (6, 2) and features is not None
@@ -667,15 +674,15 @@ def test_auto_backend_samples_with_a_preferred_backend_that_serves_the_device(ti
         backend = "preferred"
         capabilities = dataclasses.replace(HFSampler.capabilities, cpu_workers=False)
 
-    job = OracleJob(
+    job = job_of(
         model=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,seed=2", n=2,
         max_new_tokens=8, chunk_size=2, device="cpu", workers=1, out=tmp_path / "hf",
     )  # fmt: skip
-    assert job.backend == "auto"
+    assert job.generation.backend == "auto"
     run_oracle(job)
     with registry.temporary():
         register_sampler(Preferred, preferred=True)
-        run_oracle(dataclasses.replace(job, out=tmp_path / "preferred"))
+        run_oracle(replaced(job, out=tmp_path / "preferred"))
 
     def backends(out: Path) -> set[str]:
         return {

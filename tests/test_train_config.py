@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from basis_bench.errors import InputError
+from basis_bench.settings import _field, flat_keys, setting_help
 from basis_bench.train import make_config, make_estimator, parse_override, read_config_file, train
 from basis_bench.train.checkpoint import estimator_state, load_estimator_state
 from basis_bench.train.config import TrainConfig, config_dict
-from basis_bench.train.loop import normalise_advantages, step_prompt_indices
+from basis_bench.train.loop import normalise_advantages
+from basis_bench.train.sample import step_prompt_indices
 
 # ---------------------------------------------------------------- configuration
 
@@ -65,12 +67,13 @@ def test_config_files_overrides_and_errors(tmp_path):
 
 
 def test_every_float_setting_is_validated():
-    hints = typing.get_type_hints(TrainConfig)
-    floats = {f.name for f in dataclasses.fields(TrainConfig) if hints[f.name] is float}
+    keys = flat_keys(TrainConfig)  # the sections' settings too, by their keys
+    floats = {k for k, key in keys.items() if typing.get_type_hints(key.owner)[key.field] is float}
     ranged = {
-        f.name
-        for f in dataclasses.fields(TrainConfig)
-        if f.metadata["min_val"] is not None or f.metadata["max_val"] is not None
+        k
+        for k in keys
+        if _field(TrainConfig, k).metadata["min_val"] is not None
+        or _field(TrainConfig, k).metadata["max_val"] is not None
     }
     assert floats <= ranged, "a float setting without a range would skip validation"
     for key in floats:
@@ -82,7 +85,7 @@ def test_every_float_setting_is_validated():
     for override in ("lr=0", "temperature=-1", "top_p=1.5", "clip_low=1", "kl_coef=-0.1"):
         with pytest.raises(InputError):
             make_config({}, [override])
-    assert make_config({}, ["top_p=1", "clip_low=0", "kl_coef=0"]).top_p == 1.0
+    assert make_config({}, ["top_p=1", "clip_low=0", "kl_coef=0"]).generation.top_p == 1.0
 
 
 def test_settings_that_depend_on_the_estimator_are_refused_before_loading():
@@ -254,7 +257,7 @@ def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tm
 
     ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
     ckpt.mkdir(parents=True)
-    config = dataclasses.asdict(make_config({}, ["steps=5"]))
+    config = config_dict(make_config({}, ["steps=5"]))
     state = {"step": 2, "rng": {"torch": torch.get_rng_state()}, "config": config}
     torch.save(state, ckpt / TRAINER_STATE)
     assert load_trainer_state(ckpt)["step"] == 2
@@ -388,10 +391,10 @@ def test_counts_and_seeds_are_checked_where_the_config_is_made():
 
 def test_the_training_docs_name_every_setting():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
-    missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{f.name}`" not in doc]
+    missing = [key for key in flat_keys(TrainConfig) if f"`{key}`" not in doc]
     assert not missing, f"docs/training.md does not name {missing}"
 
 
 def test_every_setting_carries_its_help():
-    for f in dataclasses.fields(TrainConfig):
-        assert f.metadata["help"].endswith("."), f.name
+    for key in flat_keys(TrainConfig):
+        assert setting_help(TrainConfig, key).endswith("."), key

@@ -98,7 +98,7 @@ def test_token_logprobs_mask_prompt_and_padding_and_sampling_follows_the_seed(sm
     from basis_bench.rollouts.prompts import PromptTemplate
     from basis_bench.rollouts.sampling import SamplingConfig
     from basis_bench.rollouts.sampling.hf import HFSampler
-    from basis_bench.train.loop import sample_rollouts
+    from basis_bench.train.sample import sample_rollouts
     from basis_bench.train.update import token_logprobs
 
     model, tok = load_policy(smol_dir, device="cpu")

@@ -13,7 +13,8 @@ import pytest
 from basis_bench.errors import InputError
 from basis_bench.estimators import make_step_estimator
 from basis_bench.train import make_config
-from basis_bench.train.probe import check_probe, probe_baselines, probe_rows, value_error
+from basis_bench.train.config import check_probe
+from basis_bench.train.probe import probe_baselines, probe_rows, value_error
 
 
 @pytest.mark.parametrize("m", [2, 3, 5])

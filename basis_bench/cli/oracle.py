@@ -168,7 +168,7 @@ class ConsoleProgress:
 
     def planned(self, job: OracleJob, n_prompts: int, todo: int, done: int, workers: int) -> None:
         self.console.print(
-            f"{n_prompts} prompts from {shown(job.prompts)}; shard {job.shard}: "
+            f"{n_prompts} prompts from {shown(job.source.prompts)}; shard {job.shard}: "
             f"{todo + done} chunk(s), {done} already complete; "
             f"at most {job.sampling.max_new_tokens} new tokens per response; "
             f"instruction {shown(repr(job.template.instruction))}"
@@ -184,7 +184,7 @@ class ConsoleProgress:
     def sampling(
         self, job: OracleJob, samples: int, n_prompts: int
     ) -> Iterator[_ProgressSink | _LogSink]:
-        label = shown(f"{job.policy} on {job.backend}")
+        label = shown(f"{job.policy} on {job.generation.backend}")
         if not self.console.is_terminal:  # a batch job's log: plain lines, no live bar
             sink = _LogSink(self.console, label, samples, n_prompts, LOG_INTERVAL_S)
             yield sink
@@ -207,7 +207,7 @@ class ConsoleProgress:
     def features(self, job: OracleJob, n_prompts: int) -> Iterator[None]:
         """A line before and after (a spinner between, on a terminal): the pass has no
         per-sample progress to draw, but at paper scale it takes minutes."""
-        what = f"hidden states of {n_prompts} prompts (--device {job.device})"
+        what = f"hidden states of {n_prompts} prompts (--device {job.generation.device})"
         start = time.monotonic()
         if self.console.is_terminal:
             with self.console.status(f"computing the {what}"):

@@ -126,7 +126,7 @@ def train(
     def announce(run: Any, state: str = "new") -> None:
         what = {"new": "training", "resume": "resuming", "finished": "finished, skipping"}
         console.print(
-            f"{what[state]} {shown(run.model)} with {run.estimator} + {run.loss}, "
+            f"{what[state]} {shown(run.generation.model)} with {run.estimator} + {run.loss}, "
             f"{run.rollouts_per_step} rollouts/step, {run.steps} steps -> {shown(run.run_dir)}",
             highlight=False,
         )

@@ -67,7 +67,6 @@ from basis_bench.evaluation.trajectory import (
     replay_trajectory,
     shared_prompts,
 )
-from basis_bench.fingerprint import dataset_sha256
 from basis_bench.outputs import (
     METADATA_KEY,
     atomic_write,
@@ -77,6 +76,7 @@ from basis_bench.outputs import (
     write_text_atomic,
 )
 from basis_bench.rollouts.features import check_feature_kind
+from basis_bench.rollouts.fingerprint import dataset_sha256
 from basis_bench.rollouts.store import load_prompts
 from basis_bench.rollouts.training_record import TRAINING_FILE, checkpoint_steps, training_record
 from basis_bench.version import __version__

@@ -37,8 +37,8 @@ from basis_bench.evaluation.tables import (
     summary_table,
     write_csv,
 )
-from basis_bench.fingerprint import dataset_sha256
 from basis_bench.outputs import file_sha256, holds_output_locks, write_text_atomic
+from basis_bench.rollouts.fingerprint import dataset_sha256
 
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and
 the dataset, so `figures` knows the table is whole and which data it came from."""

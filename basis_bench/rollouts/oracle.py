@@ -24,7 +24,6 @@ cannot leave a torn file.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,7 +37,6 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
-from basis_bench import fingerprint
 from basis_bench.errors import InputError
 from basis_bench.outputs import (
     claim_output_dir,
@@ -46,6 +44,7 @@ from basis_bench.outputs import (
     provenance,
     read_metadata,
 )
+from basis_bench.rollouts import fingerprint
 from basis_bench.rollouts.features import FEATURE_COLUMN
 from basis_bench.rollouts.models import Checkpoint, resolve_checkpoint
 from basis_bench.rollouts.oracle_chunks import (
@@ -65,7 +64,6 @@ from basis_bench.rollouts.oracle_workers import (
     uses_cpu_workers,
 )
 from basis_bench.rollouts.prompts import (
-    load_prompt_source,
     parse_levels,
 )
 from basis_bench.rollouts.rewards import scoring_pool
@@ -79,6 +77,7 @@ from basis_bench.rollouts.store import (
 )
 from basis_bench.rollouts.training_record import STEPS_KEY
 from basis_bench.schema import PROMPTS_FILE
+from basis_bench.settings import replaced
 from basis_bench.version import __version__
 
 
@@ -142,9 +141,9 @@ def oracle_metadata(job: OracleJob, n_prompts: int) -> dict[str, Any]:
         "kind": "oracle",
         "simulated": False,
         "dataset": {
-            "source": job.prompts,
-            "levels": parse_levels(job.levels) if job.levels is not None else None,
-            "limit": job.limit,
+            "source": job.source.prompts,
+            "levels": parse_levels(job.source.levels) if job.source.levels is not None else None,
+            "limit": job.source.limit or None,
             "n_prompts": n_prompts,
         },
         "package_version": __version__,
@@ -187,14 +186,14 @@ class JobSampler:
         from basis_bench.rollouts import sampling
 
         job = self.job
-        backend = sampler_class(job.backend, job.device)
+        backend = sampler_class(job.generation.backend, job.generation.device)
         return sampling.make_sampler(
             backend.backend,
             self.checkpoint,
             job.template,
-            job.device,
-            job.dtype,
-            backend.settings_from(vars(job)),  # --batch-size, --kv-cache-gib, ...
+            job.generation.device,
+            job.generation.dtype,
+            job.generation.sampler_settings(backend),  # --batch-size, --kv-cache-gib, ...
         )
 
 
@@ -212,19 +211,20 @@ class JobHiddenStates:
 
         job = self.job
         # a backend that cannot run here is refused before this pass
-        sampler_class(job.backend, job.device).check_device(job.device)
+        sampler_class(job.generation.backend, job.generation.device).check_device(
+            job.generation.device
+        )
         return transformers_hidden_states(
-            self.checkpoint, job.template, problems, job.device, job.dtype
+            self.checkpoint, job.template, problems, job.generation.device, job.generation.dtype
         )
 
 
 def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
     """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``)."""
-    checkpoint = resolve_checkpoint(job.model)
-    levels = parse_levels(job.levels) if job.levels is not None else None
+    checkpoint = resolve_checkpoint(job.generation.model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prompts = load_prompt_source(job.prompts, levels, job.limit)
+        prompts = job.source.load()
     for w in caught:
         warn(str(w.message))
     return OracleSource(
@@ -236,7 +236,7 @@ def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
         },
         JobSampler(job, checkpoint),
         hidden_states=None
-        if sampler_class(job.backend, job.device).capabilities.hidden_states
+        if sampler_class(job.generation.backend, job.generation.device).capabilities.hidden_states
         else JobHiddenStates(job, checkpoint),
     )
 
@@ -299,12 +299,14 @@ def run_oracle(
     grades and writes each missing chunk: in ``job.workers`` processes (0: one per free core
     on the CPU, see :mod:`.oracle_workers`) when ``source`` is the job's own, in this process
     otherwise. ``source`` defaults to :func:`open_source`; ``pool`` to
-    ``job.reward_workers`` grading processes started for this run (None: grade here).
+    ``job.grading.reward_workers`` grading processes started for this run (None: grade here).
     """
     progress = progress or _Quiet()
     own_source = source is None
     if own_source:  # --backend auto: the one that samples, for the plan and the progress
-        job = dataclasses.replace(job, backend=sampler_class(job.backend, job.device).backend)
+        job = replaced(
+            job, backend=sampler_class(job.generation.backend, job.generation.device).backend
+        )
     source = source or open_source(job, progress.warning)
     identity = run_identity(job, source.model)
     out = claim_output_dir(  # shared: the shards of one run write disjoint parts side by side
@@ -417,11 +419,11 @@ def _run_here(
     pool: ProcessPoolExecutor | None,
     sink: PartProgress,
 ) -> OracleReport:
-    """:func:`run_chunks` in this process, with ``job.reward_workers`` grading processes
+    """:func:`run_chunks` in this process, with ``job.grading.reward_workers`` grading processes
     when no ``pool`` is given."""
-    own_pool = pool is None and job.reward_workers > 0
+    own_pool = pool is None and job.grading.reward_workers > 0
     if own_pool:
-        pool = scoring_pool(job.reward_workers)
+        pool = scoring_pool(job.grading.reward_workers)
     try:
         return run_chunks(todo, sampler, job, identity, metadata, pool, sink, sink.part_written)
     finally:

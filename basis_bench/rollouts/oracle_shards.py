@@ -24,16 +24,17 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from basis_bench import bounded_json, fingerprint
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.folders import inside_claim
+from basis_bench.rollouts import fingerprint
 
 SHARD_PREFIX, SHARD_SUFFIX = ".oracle-shard.", ".json"
 
 
 def run_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """The settings two run identities differ in (the model by its weights where both
-    record them: :func:`~basis_bench.fingerprint.model_difference`)."""
+    record them: :func:`~basis_bench.rollouts.fingerprint.model_difference`)."""
     differs = [k for k in (set(old) | set(new)) - {"model"} if old.get(k) != new.get(k)]
     model = fingerprint.model_difference(old.get("model"), new.get("model"))
     return sorted(differs + ([model] if model else []))

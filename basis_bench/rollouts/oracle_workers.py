@@ -38,13 +38,13 @@ def free_cores() -> int:
 def uses_cpu_workers(job: OracleJob) -> bool:
     """Whether the job's sampler runs on the CPU in processes of one thread each (a backend
     with ``cpu_workers``, e.g. hf, without a GPU)."""
-    if not sampler_class(job.backend, job.device).capabilities.cpu_workers:
+    if not sampler_class(job.generation.backend, job.generation.device).capabilities.cpu_workers:
         return False
-    if job.device == "auto":
+    if job.generation.device == "auto":
         import torch
 
         return not torch.cuda.is_available()
-    return job.device == "cpu"
+    return job.generation.device == "cpu"
 
 
 def auto_workers(job: OracleJob, pending: int) -> int:
@@ -109,7 +109,11 @@ def _work(task: WorkerTask, messages: Any) -> None:
     try:
         sampler = task.sampler()
         messages.put(("loaded",))
-        pool = scoring_pool(task.job.reward_workers) if task.job.reward_workers else None
+        pool = (
+            scoring_pool(task.job.grading.reward_workers)
+            if task.job.grading.reward_workers
+            else None
+        )
         try:
             report = run_chunks(
                 task.chunks,

@@ -1,8 +1,10 @@
 """A compact RLVR training loop with the advantage estimator as a plug-in.
 
 config      TrainConfig, TOML files with ``extends``, ``--set`` overrides, validation
+            (the probe's settings against the run's too: ``check_probe``)
 setup       data, models, sampler, reference cache, ``make_estimator``: all before step 1
 loop        ``train``: sample -> score -> baselines -> update -> record, top to bottom
+sample      a step's prompts (seeded), samples and rewards, for the loop and the probe
 update      token log-probs and the AdamW steps of one training step
 losses      the policy-loss registry (gpg, grpo, gspo) and the k3 KL
 checkpoint  save, load (weights-only) and resume

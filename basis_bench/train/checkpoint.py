@@ -113,7 +113,7 @@ def save_run_checkpoint(run: Run, step: int) -> Path:
     """Step ``step``'s checkpoint of a run: policy, optimizer, RNG, estimator state, config."""
     extra = {
         "config": config_dict(run.config),
-        "reference_weights": reference_weights(run.config.model),
+        "reference_weights": reference_weights(run.config.generation.model),
         **estimator_state(run.estimator),
     }
     models = run.models
@@ -128,9 +128,9 @@ def save_run_checkpoint(run: Run, step: int) -> Path:
 
 
 def reference_weights(model: str) -> str | None:
-    """The reference model's fingerprint (:mod:`basis_bench.fingerprint`), which a
+    """The reference model's fingerprint (:mod:`basis_bench.rollouts.fingerprint`), which a
     checkpoint records: resume refuses a reference whose weights changed since."""
-    from basis_bench.fingerprint import weights_sha256
+    from basis_bench.rollouts.fingerprint import weights_sha256
     from basis_bench.rollouts.models import resolve_checkpoint
 
     return weights_sha256(resolve_checkpoint(model).path)
@@ -239,9 +239,9 @@ def resume_config(checkpoint: str | os.PathLike[str], overrides: Sequence[str] =
     values["run_dir"] = str(run_dir)
     config = make_config(values, overrides)
     recorded = state.get("reference_weights")  # None in checkpoints written before it
-    if recorded and reference_weights(config.model) not in (recorded, None):
+    if recorded and reference_weights(config.generation.model) not in (recorded, None):
         raise InputError(
-            f"--resume {checkpoint}: the reference model {config.model} holds other weights "
+            f"--resume {checkpoint}: the reference model {config.generation.model} holds other weights "
             "than when the run started (its reference cache and KL term would change mid-run); "
             "restore them, or start a new run"
         )

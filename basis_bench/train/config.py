@@ -9,7 +9,6 @@ size, its options) is checked when the run is set up.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tomllib
 import typing
@@ -20,9 +19,21 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.folders import regular_file
+from basis_bench.rollouts.generation import Generation
+from basis_bench.rollouts.grading import Grading
+from basis_bench.rollouts.prompt_source import PromptSource
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
-from basis_bench.settings import check_settings, current_name, renamed_keys, setting
+from basis_bench.settings import (
+    check_settings,
+    current_name,
+    flat,
+    flat_keys,
+    made,
+    renamed_keys,
+    section,
+    setting,
+)
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 AUTOCASTS = ("none", "bfloat16", "float16")
@@ -39,13 +50,6 @@ def _policy_losses() -> tuple[str, ...]:
     return tuple(POLICY_LOSSES)
 
 
-def _backends() -> tuple[str, ...]:
-    """The registered sampling backends and ``auto``."""
-    from basis_bench.rollouts.sampling import backend_names
-
-    return backend_names()
-
-
 def _aggregations() -> tuple[str, ...]:
     from basis_bench.train.losses import AGGREGATIONS
 
@@ -58,15 +62,12 @@ def _reporters() -> tuple[str, ...]:
     return REPORTERS
 
 
-def _answer_formats() -> tuple[str, ...]:
-    from basis_bench.rollouts.rewards import ANSWER_FORMATS
-
-    return tuple(ANSWER_FORMATS)
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a run. TOML files set these keys (flat); ``--set key=value`` overrides.
+
+    Its sections (``generation``, ``grading``, ``train``: the training prompts) are given by
+    their settings' keys, flat like the rest (:func:`~basis_bench.settings.section`).
 
     0 or "" means "not set" where TOML has no null: ``train_limit``/``heldout_limit`` 0 = all
     prompts, ``heldout_max_new_tokens`` 0 = ``max_new_tokens``, ``kv_cache_gib`` 0 = the
@@ -82,56 +83,39 @@ class TrainConfig:
         0, help="Random seed of prompts, sampling and the model's initial RNG.", min_val=0
     )
     steps: int = setting(20, help="Training steps (one batch of rollouts each).", min_val=1)
-    # policy (the reference is the same checkpoint, frozen)
-    model: str = setting(
-        "smollm2-135m",
-        help="Policy checkpoint: a Hugging Face directory, a .gguf file, a Hub name org/name "
-        "(from the local Hugging Face cache) or smollm2-135m; the frozen reference is the "
-        "same checkpoint.",
+    # the policy and its sampling (the reference is the same checkpoint, frozen): the
+    # section's keys, three by training's own names
+    generation: Generation = section(
+        Generation,
+        defaults={
+            "model": "smollm2-135m",
+            "dtype": "float32",
+            "instruction": DEFAULT_INSTRUCTION,
+            "max_new_tokens": 64,
+            "gpu_memory_utilization": 0.3,
+        },
+        keys={
+            "batch_size": "sample_batch_size",
+            "max_model_len": "vllm_max_model_len",
+            "gpu_memory_utilization": "vllm_gpu_memory_utilization",
+        },
+        omit=("tensor_parallel_size",),
     )
-    device: str = setting("auto", help="auto, cpu, cuda or cuda:N.")
     cpu_threads: int = setting(0, help="torch threads (0: torch's default).", min_val=0)
-    dtype: str = setting(
-        "float32", help="Parameter dtype; keep float32 master weights for small updates."
-    )
     autocast: str = setting(
         "none", help="Forward-pass precision: none, bfloat16 or float16.", choices=AUTOCASTS
     )
     gradient_checkpointing: bool = setting(
         False, help="Recompute activations in the backward pass (less memory, more time)."
     )
-    backend: str = setting(
-        "auto",
-        help="Sampling backend: hf or vllm; auto: vllm where it imports and serves the "
-        "device, else hf (config.json records the one used).",
-        choices=_backends,
+    # the training prompts, the section the oracle reads its prompts by (flat keys
+    # train_prompts, train_limit); the default draws 128 of 200 distinct sums and differences
+    train: PromptSource = section(
+        PromptSource,
+        defaults={"prompts": "arithmetic:n=128,digits=1,steps=1,ops=+-,seed=0"},
+        keys={"prompts": "train_prompts", "limit": "train_limit"},
+        omit=("levels",),
     )
-    sample_batch_size: int = setting(64, help="hf backend: sequences per generate call.", min_val=1)
-    vllm_gpu_memory_utilization: float = setting(
-        0.3,
-        help="vllm backend on GPUs: share of the GPU's memory the engine may take "
-        "(weights and KV cache), unless kv_cache_gib is set.",
-        min_val=0,
-        max_val=1,
-        include_boundaries="right",
-    )
-    kv_cache_gib: float = setting(
-        0.0,
-        was=("vllm_kv_cache_gib",),
-        help="vllm backend: GiB of KV cache (0: on the CPU a quarter of the available "
-        "memory, at most 4; on GPUs vllm_gpu_memory_utilization of the GPU's memory).",
-        min_val=0,
-    )
-    vllm_max_model_len: int = setting(
-        0, help="vllm backend: context length of the engine (0: the model's).", min_val=0
-    )
-    # data
-    train_prompts: str = setting(
-        "arithmetic:n=128,digits=1,steps=1,ops=+-,seed=0",
-        help="Training prompts, a source as in `basis-bench oracle --prompts` (the default "
-        "draws 128 of 200 distinct sums and differences).",
-    )
-    train_limit: int = setting(0, help="Keep the first N training prompts (0: all).", min_val=0)
     heldout_prompts: str = setting(
         "arithmetic:n=64,digits=1,steps=1,ops=+-,seed=1",
         was=("eval_prompts",),
@@ -144,27 +128,8 @@ class TrainConfig:
         min_val=0,
         was=("eval_limit",),
     )
-    instruction: str = setting(
-        DEFAULT_INSTRUCTION, help="Instruction appended to every problem in the user turn."
-    )
-    system_prompt: str = setting(
-        "", help='System message ("": the chat template\'s own system message).'
-    )
-    answer_format: str = setting(
-        "any",
-        help="Which answers math-verify reads: any, boxed or number "
-        "(see basis_bench.rollouts.rewards).",
-        choices=_answer_formats,
-    )
-    verify_timeout: float = setting(
-        5.0,
-        help="Seconds math-verify may take per response.",
-        min_val=0,
-        include_boundaries="neither",
-    )
-    reward_workers: int = setting(
-        0, help="Processes grading responses (0: in this process).", min_val=0
-    )
+    # grading
+    grading: Grading = section(Grading)
     # rollouts
     rollouts_per_step: int = setting(
         16, help="Rollouts sampled per step (prompts per step x group size).", min_val=1
@@ -174,15 +139,6 @@ class TrainConfig:
         help="Rollouts per prompt (G) for group estimators; single-rollout ones always sample 1.",
         min_val=1,
     )
-    temperature: float = setting(1.0, help="Sampling temperature.", min_val=MIN_TEMPERATURE)
-    top_p: float = setting(
-        1.0,
-        help="Nucleus sampling: the smallest token set of this probability.",
-        min_val=0,
-        max_val=1,
-        include_boundaries="right",
-    )
-    max_new_tokens: int = setting(64, help="Tokens sampled per response at most.", min_val=1)
     # reference cache (only for estimators that use it)
     ref_n: int = setting(
         64,
@@ -282,17 +238,38 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.generation.temperature < MIN_TEMPERATURE:  # 0 is greedy: no distribution
+            raise InputError(
+                f"temperature must be at least {MIN_TEMPERATURE:g} in training: the loss "
+                f"scores the samples at that temperature; got {self.generation.temperature:g}"
+            )
         for name in ("run_dir", "cache_dir"):  # "" was the current folder, claimed as a run
             if not getattr(self, name).strip():
                 raise InputError(f"{name} is empty; give a folder (. for the current one)")
 
 
+def check_probe(config: TrainConfig, group: int, n_train: int) -> None:
+    """The probe's settings against the run's G' and training set (before models load)."""
+    if not config.probe_every:
+        return
+    if config.probe_samples - group < 2:
+        raise InputError(
+            f"probe_samples = {config.probe_samples} leaves {config.probe_samples - group} "
+            f"Monte Carlo samples after the estimator's {group} per prompt; the probe needs at "
+            f"least 2: set probe_samples >= {group + 2}"
+        )
+    if config.probe_prompts > n_train:
+        raise InputError(
+            f"probe_prompts = {config.probe_prompts} exceeds the {n_train} training prompts"
+        )
+
+
 def _coerce(key: str, value: Any) -> Any:
-    """``value`` as the type of config field ``key`` (ints widen to floats); else InputError."""
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    if key not in fields:
-        raise InputError(f"unknown config key {key!r}; known keys: {', '.join(fields)}")
-    kind = typing.get_type_hints(TrainConfig)[key]
+    """``value`` as the type of config key ``key`` (ints widen to floats); else InputError."""
+    keys = flat_keys(TrainConfig)
+    if key not in keys:
+        raise InputError(f"unknown config key {key!r}; known keys: {', '.join(keys)}")
+    kind = typing.get_type_hints(keys[key].owner)[keys[key].field]
     if typing.get_origin(kind) is tuple:  # a list of names; one string may list them, a,b
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
@@ -365,9 +342,10 @@ def make_config(
             if key == "estimator_options":
                 options = dict(_coerce(key, value))
     settings["estimator_options"] = options
-    return TrainConfig(**{k: _coerce(k, v) for k, v in settings.items()})
+    return made(TrainConfig, {k: _coerce(k, v) for k, v in settings.items()})
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:
-    """The settings as plain data (config.json, trainer state)."""
-    return dataclasses.asdict(config)
+    """The settings as plain data by their keys, the sections' flat (config.json, trainer
+    state)."""
+    return flat(config)

@@ -44,7 +44,6 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,14 @@ from basis_bench.estimators import StepOutput
 from basis_bench.folders import appended_inside
 from basis_bench.outputs import holds_output_locks
 from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
-from basis_bench.train.setup import LOG_FILE, Data, Run
+from basis_bench.train.sample import (
+    Rollouts,
+    derive_seed,
+    sample_rollouts,
+    score_rollouts,
+    step_prompt_indices,
+)
+from basis_bench.train.setup import LOG_FILE, Run
 from basis_bench.train.tracking import check_reporters, open_trackers
 
 Record = dict[str, Any]
@@ -91,7 +97,6 @@ def train(
     ``progress`` shows the reference cache's build (see :func:`~basis_bench.train.setup.setup`).
     ``force`` lets ``run_dir`` be a folder that holds something other than a training run.
     """
-    from basis_bench.rollouts.sampling import SamplingConfig
     from basis_bench.train.checkpoint import restore
     from basis_bench.train.setup import setup, sync_sampler
     from basis_bench.train.update import update_policy
@@ -104,12 +109,7 @@ def train(
     trackers = open_trackers(config.report_to, run.run_dir, config_dict(config), start)
     log = open_run(run, start, on_record, trackers)
     train_set, policy = run.data.train_set, run.models.policy
-    sampling = SamplingConfig(
-        n=run.group,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_new_tokens=config.max_new_tokens,
-    )
+    sampling = config.generation.sampling(run.group, config.train.prompts)
     try:
         if start == 1 and (config.heldout_every or config.probe_every):
             log(initial_record(run))
@@ -185,28 +185,7 @@ def when_due(run: Run, step: int, record: Record, timer: Timer) -> None:
             save_run_checkpoint(run, step)
 
 
-# --------------------------------------------------------------------------- prompts and seeds
-
-
-def derive_seed(*keys: int) -> int:
-    """A 31-bit seed from integer keys, e.g. (run seed, step): independent streams per use."""
-    return int(np.random.SeedSequence(list(keys)).generate_state(1)[0] & 0x7FFFFFFF)
-
-
-def step_prompt_indices(n_prompts: int, per_step: int, step: int, seed: int) -> np.ndarray:
-    """Training-set rows of step ``step``'s prompts (steps count from 1).
-
-    Positions (step-1)*per_step .. step*per_step-1 of an endless sequence of epochs, each a
-    permutation of the training set seeded by (seed, epoch): no prompt repeats within an
-    epoch, and any step's batch is known without replaying the ones before (resume).
-    """
-    pos = np.arange((step - 1) * per_step, step * per_step)
-    epoch, offset = np.divmod(pos, n_prompts)
-    rows = np.empty_like(pos)
-    for e in np.unique(epoch):
-        chosen = epoch == e
-        rows[chosen] = np.random.default_rng([seed, int(e)]).permutation(n_prompts)[offset[chosen]]
-    return rows
+# --------------------------------------------------------------------------- schedule
 
 
 def due(step: int, every: int, last: int) -> bool:
@@ -215,37 +194,7 @@ def due(step: int, every: int, last: int) -> bool:
     return bool(every) and (step % every == 0 or step == last)
 
 
-# --------------------------------------------------------------------------- sample and score
-
-
-@dataclass
-class Rollouts:
-    """One step's samples, prompt-major: rollout p * G + k is sample k of prompt p."""
-
-    prompt_tokens: list[list[int]]  # per prompt
-    response_tokens: list[np.ndarray]  # per rollout, cut after the first stop token
-    responses: list[str]
-    finish_reasons: list[str]
-
-
-def sample_rollouts(sampler: Any, problems: Sequence[str], config: Any, seed: int) -> Rollouts:
-    """The step's rollouts, keeping the sampled token ids that the loss scores."""
-    tokens = sampler.sample_tokens(problems, config, seed)
-    texts = list(sampler.tokenizer.batch_decode(tokens.response_ids, skip_special_tokens=True))
-    return Rollouts(tokens.prompt_ids, tokens.response_ids, texts, tokens.finish_reasons)
-
-
-def score_rollouts(
-    responses: Sequence[str], answers: Sequence[str], data: Data
-) -> tuple[np.ndarray, list[str]]:
-    """Rewards (B_p, G') of prompt-major responses against the prompts' answers, and the
-    grader's status of each response (flat)."""
-    from basis_bench.rollouts.rewards import score_many
-
-    group = len(responses) // len(answers)
-    groups = [responses[p * group : (p + 1) * group] for p in range(len(answers))]
-    scored = score_many(groups, answers, data.reward, data.pool)
-    return np.stack([r for r, _ in scored]), [s for _, st in scored for s in st]
+# --------------------------------------------------------------------------- advantages and held-out accuracy
 
 
 def normalise_advantages(advantages: np.ndarray, rewards: np.ndarray, mode: str) -> np.ndarray:
@@ -275,9 +224,11 @@ def heldout_accuracy(run: Run, step: int) -> float:
     from basis_bench.rollouts.sampling import SamplingConfig
 
     config, heldout_set = run.config, run.data.heldout_set
-    greedy = SamplingConfig(
-        n=1, temperature=0.0, max_new_tokens=config.heldout_max_new_tokens or config.max_new_tokens
+    tokens = (
+        config.heldout_max_new_tokens
+        or config.generation.sampling(1, config.heldout_prompts).max_new_tokens
     )
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=tokens)
     samples = run.sampler.sample(heldout_set["problem"].to_list(), greedy, seed=0)
     rewards, statuses = score_rollouts(samples.responses, heldout_set["answer"].to_list(), run.data)
     frame = rollout_frame(

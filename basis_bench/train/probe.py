@@ -38,28 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
-from basis_bench.train.config import TrainConfig
+from basis_bench.train.sample import derive_seed, sample_rollouts, score_rollouts
 
 PROBE_STREAM = 0x9B0BE  # first key of the probe's sampling seeds: a stream no step uses
 PROBE_SET_SEED = 0  # the probe set's draw, the same for every run
-
-
-def check_probe(config: TrainConfig, group: int, n_train: int) -> None:
-    """The probe's settings against the run's G' and training set (before models load)."""
-    if not config.probe_every:
-        return
-    if config.probe_samples - group < 2:
-        raise InputError(
-            f"probe_samples = {config.probe_samples} leaves {config.probe_samples - group} "
-            f"Monte Carlo samples after the estimator's {group} per prompt; the probe needs at "
-            f"least 2: set probe_samples >= {group + 2}"
-        )
-    if config.probe_prompts > n_train:
-        raise InputError(
-            f"probe_prompts = {config.probe_prompts} exceeds the {n_train} training prompts"
-        )
 
 
 def probe_rows(n_train: int, n_probe: int) -> np.ndarray:
@@ -100,17 +83,9 @@ def value_probe(run: Any, step: int) -> dict[str, float]:
     """The probe after step ``step`` (0: before the first) of a run (:class:`Run`)."""
     import torch
 
-    from basis_bench.rollouts.sampling import SamplingConfig
-    from basis_bench.train.loop import derive_seed, sample_rollouts, score_rollouts
-
     config = run.config
     prompts = run.data.train_set[probe_rows(run.data.train_set.height, config.probe_prompts)]
-    sampling = SamplingConfig(
-        n=config.probe_samples,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_new_tokens=config.max_new_tokens,
-    )
+    sampling = config.generation.sampling(config.probe_samples, config.train.prompts)
     run.models.policy.eval()
     with torch.random.fork_rng():  # hf's generate engine seeds torch's global RNG
         seed = derive_seed(PROBE_STREAM, config.seed, step)

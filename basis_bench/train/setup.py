@@ -23,7 +23,8 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.train.config import TrainConfig
+from basis_bench.settings import replaced
+from basis_bench.train.config import TrainConfig, check_probe
 
 if TYPE_CHECKING:
     from basis_bench.estimators import StepEstimator
@@ -42,7 +43,7 @@ def torch_runtime(config: TrainConfig) -> str:
 
     from basis_bench.rollouts.models import resolve_device
 
-    device = resolve_device(config.device)
+    device = resolve_device(config.generation.device)
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
     torch.manual_seed(config.seed)
@@ -64,11 +65,11 @@ def engine_dtype(config: TrainConfig) -> str:
 
 
 def training_backend(config: TrainConfig, device: str) -> type[Sampler]:
-    """The sampling backend of ``config.backend`` (``auto`` resolved for the policy's
+    """The sampling backend of ``config.generation.backend`` (``auto`` resolved for the policy's
     ``device``), checked before any model loads."""
     from basis_bench.rollouts.sampling import sampler_class
 
-    backend = sampler_class(config.backend, device)
+    backend = sampler_class(config.generation.backend, device)
     backend.check_training(device)
     return backend
 
@@ -91,10 +92,10 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     """Training prompts and held-out prompts: the held-out source minus any training prompt
     (``note`` says how many were left out), then its first ``heldout_limit``, so the limit
     counts prompts that are really held out."""
-    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
-    from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
+    from basis_bench.rollouts.prompts import load_prompt_source
+    from basis_bench.rollouts.rewards import scoring_pool
 
-    train_set = load_prompt_source(config.train_prompts, limit=config.train_limit or None)
+    train_set = config.train.load()
     asked = load_prompt_source(config.heldout_prompts)
     outside = asked.filter(~pl.col("prompt_id").is_in(train_set["prompt_id"].implode()))
     if outside.height == 0:
@@ -112,9 +113,9 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     return Data(
         train_set,
         heldout_set,
-        PromptTemplate(config.instruction, config.system_prompt or None),
-        RewardConfig(config.answer_format, config.verify_timeout),  # type: ignore[arg-type]
-        scoring_pool(config.reward_workers) if config.reward_workers else None,
+        config.generation.template(config.train.prompts),
+        config.grading.reward(config.train.prompts),  # answer_format auto: by the training prompts
+        scoring_pool(config.grading.reward_workers) if config.grading.reward_workers else None,
     )
 
 
@@ -152,9 +153,9 @@ def load_models(
 
     from basis_bench.rollouts.models import load_model, load_tokenizer, resolve_checkpoint
 
-    reference_ckpt = resolve_checkpoint(config.model)
+    reference_ckpt = resolve_checkpoint(config.generation.model)
     policy_ckpt = resolve_checkpoint(resume) if resume is not None else reference_ckpt
-    policy = trainable(load_model(policy_ckpt, device, config.dtype))
+    policy = trainable(load_model(policy_ckpt, device, config.generation.dtype))
     tokenizer = load_tokenizer(policy_ckpt)
     if config.gradient_checkpointing:
         # transformers 5.2x renamed it (the old name warns); older versions have only the old one.
@@ -162,7 +163,9 @@ def load_models(
         (enable or policy.gradient_checkpointing_enable)()
     reference = None
     if config.kl_coef > 0:
-        reference = load_model(reference_ckpt, device, config.dtype).requires_grad_(False)
+        reference = load_model(reference_ckpt, device, config.generation.dtype).requires_grad_(
+            False
+        )
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
@@ -172,23 +175,13 @@ def load_models(
 # --------------------------------------------------------------------------- samplers
 
 
-def sampler_options(config: TrainConfig) -> dict[str, Any]:
-    """The sampler settings a run sets, by the samplers' own names (0 in TOML: unset)."""
-    return {
-        "batch_size": config.sample_batch_size,
-        "kv_cache_gib": config.kv_cache_gib or None,
-        "max_model_len": config.vllm_max_model_len or None,
-        "gpu_memory_utilization": config.vllm_gpu_memory_utilization,
-    }
-
-
 def make_training_sampler(
     backend: type[Sampler], config: TrainConfig, models: Models, template: Any
 ) -> Sampler:
     """The live policy (a backend without weight sync: hf), or an engine of the backend's own
     (vLLM) started from the reference checkpoint, on the policy's device, that gets the
     policy's weights after every update (:func:`sync_sampler`)."""
-    settings = backend.settings_from(sampler_options(config))
+    settings = config.generation.sampler_settings(backend)
     if backend.capabilities.weight_sync:
         return backend.start(
             models.reference_ckpt, template, models.device, engine_dtype(config), settings
@@ -221,9 +214,10 @@ def reference_hf_sampler(config: TrainConfig, models: Models, template: Any, res
     from basis_bench.rollouts.sampling.hf import HFSampler
 
     if not resumed:
-        return HFSampler(models.policy, models.tokenizer, template, config.sample_batch_size)
-    ref = models.reference or load_model(models.reference_ckpt, models.device, config.dtype)
-    return HFSampler(ref, load_tokenizer(models.reference_ckpt), template, config.sample_batch_size)
+        return HFSampler(models.policy, models.tokenizer, template, config.generation.batch_size)
+    generation = config.generation
+    ref = models.reference or load_model(models.reference_ckpt, models.device, generation.dtype)
+    return HFSampler(ref, load_tokenizer(models.reference_ckpt), template, generation.batch_size)
 
 
 def reference_hidden_states(
@@ -252,15 +246,15 @@ def reference_cache(
 
     The cache is an oracle run (:func:`~basis_bench.rollouts.oracle.run_oracle`, policy
     ``reference``) into ``cache_dir/ref-<hash>``, the hash covering the model by its
-    weights' bytes and the prompts by their text (:mod:`basis_bench.fingerprint`), template,
+    weights' bytes and the prompts by their text (:mod:`basis_bench.rollouts.fingerprint`), template,
     sampling and grading settings, so any run that shares them reuses it and a
     killed build resumes; the features are stored in its prompts.parquet, so a resumed run
     reads the same ones. ``sampler_of_reference`` is only called when something is missing;
     ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the build.
     """
     from basis_bench import estimators as E
-    from basis_bench.fingerprint import weights_sha256
     from basis_bench.rollouts.features import prompt_features
+    from basis_bench.rollouts.fingerprint import weights_sha256
     from basis_bench.rollouts.models import resolve_checkpoint
     from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
     from basis_bench.rollouts.oracle_job import OracleJob
@@ -268,25 +262,18 @@ def reference_cache(
 
     hidden = E.get(config.estimator).uses_features
 
-    job = OracleJob(
-        model=config.model,
+    job = OracleJob(  # the run's own sections: generation (backend resolved), grading, prompts
+        generation=config.generation,
+        grading=config.grading,
         policy="reference",
-        prompts=config.train_prompts,
+        source=config.train,
         out=Path(config.cache_dir),
         n=config.ref_n,
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        limit=config.train_limit or None,
-        instruction=config.instruction,
-        system_prompt=config.system_prompt or None,
-        answer_format=config.answer_format,
-        verify_timeout=config.verify_timeout,
         store_features="hidden" if hidden else "none",
-        backend=config.backend,  # resolved by setup: the progress line names it
     )
     # by content: the reference's weights and the prompts' text, not their path or ids
-    model = {"name": config.model, "weights": weights_sha256(resolve_checkpoint(config.model).path)}
+    name = config.generation.model
+    model = {"name": name, "weights": weights_sha256(resolve_checkpoint(name).path)}
     texts = prompts.select("prompt_id", "problem", "answer").write_csv()
     key = json.dumps({**run_identity(job, model), "prompts": texts}, sort_keys=True)
     job = dataclasses.replace(
@@ -389,7 +376,6 @@ def setup(
     from basis_bench import estimators as E
     from basis_bench.folders import appended_inside, refuse_long_names
     from basis_bench.outputs import claim_output_dir
-    from basis_bench.train.probe import check_probe
 
     run_dir = Path(config.run_dir)
     refuse_long_names(run_dir, "run_dir")  # before the log check looks into it
@@ -404,7 +390,7 @@ def setup(
     claim_output_dir(run_dir, "train-run", force=force, option="run_dir")
     device = torch_runtime(config)
     backend = training_backend(config, device)
-    config = dataclasses.replace(config, backend=backend.backend)  # recorded: auto resolved
+    config = replaced(config, backend=backend.backend)  # recorded: auto resolved
     data = load_data(config, progress.warning if progress is not None else warnings.warn)
     check_probe(config, group, data.train_set.height)
     models = load_models(config, device, resume)

@@ -86,7 +86,7 @@ def frozen_logprobs(
                 [prompt_tokens[i] for i in idx],
                 [responses[i] for i in idx],
                 pad_id,
-                config.temperature,
+                config.generation.temperature,
                 config.autocast,
             )
             out[idx, : logp.shape[1]] = logp
@@ -155,7 +155,7 @@ def _minibatch_step(
             [batch.prompt_tokens[i] for i in part],
             [batch.responses[i] for i in part],
             batch.pad_id,
-            config.temperature,
+            config.generation.temperature,
             config.autocast,
         )
         width = logp.shape[1]

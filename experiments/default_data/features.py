@@ -21,12 +21,15 @@ import tempfile
 from pathlib import Path
 
 from basis_bench.outputs import file_sha256, read_metadata
+from basis_bench.rollouts.generation import Generation
+from basis_bench.rollouts.grading import Grading
 from basis_bench.rollouts.models import resolve_checkpoint
 from basis_bench.rollouts.oracle import JobSampler, OracleSource, run_oracle
 from basis_bench.rollouts.oracle_job import OracleJob
-from basis_bench.rollouts.prompts import load_prompt_source
+from basis_bench.rollouts.prompt_source import PromptSource
 from basis_bench.rollouts.store import load_prompts, rollout_files
 from basis_bench.schema import PROMPTS_FILE
+from basis_bench.settings import replaced
 
 
 def rollouts_digest(root: Path) -> str:
@@ -39,24 +42,27 @@ def reference_job(root: Path) -> tuple[OracleJob, dict[str, str]]:
     """The reference run's job (features: hidden) and model identity, from its parts."""
     meta = read_metadata(sorted((root / "rollouts" / "reference").glob("*.parquet"))[0])
     run, sampling = meta["run"], meta["run"]["sampling"]
-    job = OracleJob(
+    generation = Generation(
         model=run["model"]["name"],
-        policy=run["policy"],
-        prompts=meta["dataset"]["source"],
-        out=root,
-        n=sampling["n"],
+        device="cpu",
+        instruction=run["template"]["instruction"],
+        system_prompt=run["template"]["system"] or "",
         max_new_tokens=sampling["max_new_tokens"],
         temperature=sampling["temperature"],
         top_p=sampling["top_p"],
+    )
+    grading = Grading(run["reward"]["answer_format"], run["reward"]["timeout_s"])
+    job = OracleJob(
+        generation=generation,
+        grading=grading,
+        policy=run["policy"],
+        source=PromptSource(meta["dataset"]["source"]),
+        out=root,
+        n=sampling["n"],
         seed=run["seed"],
         chunk_size=run["chunk_size"],
-        instruction=run["template"]["instruction"],
-        system_prompt=run["template"]["system"],
-        answer_format=run["reward"]["answer_format"],
-        verify_timeout=run["reward"]["timeout_s"],
-        device="cpu",
-        store_features="hidden",
     )
+    job = replaced(job, store_features="hidden")
     return job, run["model"]
 
 
@@ -72,9 +78,9 @@ def main(dataset: Path) -> None:
 def add_features(root: Path) -> None:
     before = rollouts_digest(root)
     job, model = reference_job(root)
-    checkpoint = resolve_checkpoint(job.model)
+    checkpoint = resolve_checkpoint(job.generation.model)
     print(f"model {checkpoint.path} sha256 {file_sha256(checkpoint.path)}")
-    source = OracleSource(load_prompt_source(job.prompts), model, JobSampler(job, checkpoint))
+    source = OracleSource(job.source.load(), model, JobSampler(job, checkpoint))
     report = run_oracle(job, source=source)
     after = rollouts_digest(root)
     if report.parts_written or after != before:

@@ -19,7 +19,7 @@ import numpy as np
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import PromptTemplate, build_prompt
-from basis_bench.settings import check_settings, setting
+from basis_bench.settings import check_scalar
 
 if TYPE_CHECKING:
     from basis_bench.rollouts.models import Checkpoint
@@ -41,15 +41,16 @@ class SamplingConfig:
     needs ``n=1``.
     """
 
-    n: int = setting(min_val=1, help="Samples per prompt.")
-    temperature: float = setting(1.0, min_val=0, help="Sampling temperature (0 = greedy).")
-    top_p: float = setting(
-        1.0, min_val=0, max_val=1, include_boundaries="right", help="Nucleus sampling mass."
-    )
-    max_new_tokens: int = setting(1024, min_val=1, help="Most tokens per response.")
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 1024
 
-    def __post_init__(self) -> None:
-        check_settings(self)
+    def __post_init__(self) -> None:  # made from a Generation's settings, checked there too
+        check_scalar(self.n, "n", int, min_val=1)
+        check_scalar(self.temperature, "temperature", float, min_val=0)
+        check_scalar(self.top_p, "top_p", float, min_val=0, max_val=1, include_boundaries="right")
+        check_scalar(self.max_new_tokens, "max_new_tokens", int, min_val=1)
         if 0 < self.temperature < MIN_TEMPERATURE:  # 1e-320: logits / T overflowed to inf
             raise InputError(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}; got "

@@ -1,0 +1,55 @@
+"""How responses are graded: :class:`Grading`, one settings section that the oracle and
+training both hold whole; it builds the :class:`~basis_bench.rollouts.rewards.RewardConfig`.
+Kept free of math-verify: a command reads these options at startup without loading it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from basis_bench.settings import setting
+
+if TYPE_CHECKING:
+    from basis_bench.rollouts.rewards import RewardConfig
+
+
+def _answer_formats() -> tuple[str, ...]:
+    from basis_bench.rollouts.rewards import ANSWER_FORMATS
+
+    return ("auto", *ANSWER_FORMATS)
+
+
+@dataclass(frozen=True)
+class Grading:
+    """What is graded, how long grading may take, and where it runs. The config holding it
+    checks these settings, naming each by its key."""
+
+    answer_format: str = setting(
+        "auto",
+        choices=_answer_formats,
+        help="What is graded. any: the last \\boxed{} if present, else the last expression "
+        "(math-verify's default); boxed: only a \\boxed{} answer counts; number: the last "
+        "number literal (in the last \\boxed{} if any); auto: number for arithmetic prompts, "
+        "any otherwise.",
+    )
+    verify_timeout: float = setting(
+        5.0,
+        min_val=0,
+        include_boundaries="neither",
+        help="Seconds allowed to parse and verify one response.",
+    )
+    reward_workers: int = setting(
+        0,
+        was=("score_workers",),
+        min_val=0,
+        help="Processes grading responses in parallel (0: in this process).",
+    )
+
+    def reward(self, prompts: str) -> RewardConfig:
+        """The grading of responses to the ``prompts`` source (``auto`` resolved by it)."""
+        from basis_bench.rollouts.rewards import RewardConfig
+
+        fmt = self.answer_format
+        if fmt == "auto":
+            fmt = "number" if prompts.partition(":")[0] == "arithmetic" else "any"
+        return RewardConfig(fmt, self.verify_timeout)  # type: ignore[arg-type]
