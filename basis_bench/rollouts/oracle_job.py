@@ -132,7 +132,8 @@ class OracleJob:
         check_settings(self, label=lambda name: setting_flag(OracleJob, name))
         check_policy_name(self.policy)
         _ = self.sampling  # built once here: SamplingConfig refuses greedy with n > 1
-        if self.store_scores and (self.top_p < 1 or self.temperature == 0):
+        generation = self.generation
+        if self.store_scores and (generation.top_p < 1 or generation.temperature == 0):
             raise InputError(
                 "--store-scores sketches the score of the distribution that sampled, "
                 "softmax(logits / T): it needs --top-p 1 and a temperature above 0"
