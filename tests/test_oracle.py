@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from conftest import CLI, ONE_THREAD, assert_one_line_error, run_cli
@@ -692,3 +693,29 @@ def test_auto_backend_samples_with_a_preferred_backend_that_serves_the_device(ti
     assert backends(tmp_path / "hf") == {"hf"}
     assert backends(tmp_path / "preferred") == {"preferred"}
     assert load_rollouts(tmp_path / "preferred").equals(load_rollouts(tmp_path / "hf"))
+
+
+# --------------------------------------------------------------------------- score sketches
+
+
+def test_store_scores_writes_one_sketch_a_rollout_named_in_the_metadata(tiny_model, tmp_path):
+    """--store-scores K: a K-wide score_sketch column, finite, the run identity naming K, the
+    seed and the parameters (a resumed run with another K is refused); a sketch is the
+    sampled tokens' own, so the same seed twice gives the same sketches."""
+    from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
+
+    runner = CliRunner()
+    done = runner.invoke(app, tiny_args(tiny_model, tmp_path / "o", "--store-scores", "8"))
+    assert done.exit_code == 0, done.output
+    files = parts(tmp_path / "o", "tiny")
+    df = pl.concat(pl.read_parquet(f) for f in files)
+    sketch = np.stack(df[SKETCH_COLUMN].to_numpy()).astype(float)
+    assert sketch.shape == (18, 8) and np.isfinite(sketch).all() and np.abs(sketch).max() > 0
+    entry = read_metadata(files[0])["run"]["score_sketch"]
+    assert entry["k"] == 8 and entry["seed"] == 0 and "output layer" in entry["parameters"]
+    again = runner.invoke(app, tiny_args(tiny_model, tmp_path / "p", "--store-scores", "8"))
+    assert again.exit_code == 0, again.output
+    other = pl.concat(pl.read_parquet(f) for f in parts(tmp_path / "p", "tiny"))
+    np.testing.assert_array_equal(np.stack(other[SKETCH_COLUMN].to_numpy()), sketch)
+    clash = runner.invoke(app, tiny_args(tiny_model, tmp_path / "o", "--store-scores", "16"))
+    assert isinstance(clash.exception, InputError) and "score_sketch" in str(clash.exception)

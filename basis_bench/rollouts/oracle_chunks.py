@@ -72,10 +72,14 @@ def sample_chunk(
 ) -> pl.DataFrame:
     """The chunk's rollouts: ``n`` scored samples per prompt, ``sample_idx`` 0..n-1."""
     n = job.sampling.n
-    tokens = sampler.sample_tokens(
-        chunk.prompts["problem"].to_list(), job.sampling, chunk.seed(job.seed), on_progress
-    )
-    samples = sampler.decode(tokens)
+    problems, seed = chunk.prompts["problem"].to_list(), chunk.seed(job.seed)
+    sketch = None
+    if job.store_scores:  # the sketch needs the token ids, which decoded text would not give
+        tokens = sampler.sample_tokens(problems, job.sampling, seed, on_progress)
+        samples = sampler.decode(tokens)
+        sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
+    else:
+        samples = sampler.sample(problems, job.sampling, seed, on_progress)
     groups = [samples.responses[p * n : (p + 1) * n] for p in range(chunk.prompts.height)]
     scored = score_many(groups, chunk.prompts["answer"].to_list(), job.reward, pool)
     columns: dict[str, Any] = {
@@ -89,8 +93,7 @@ def sample_chunk(
     }
     if job.keep_responses:
         columns["response"] = samples.responses
-    if job.store_scores:
-        sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
+    if sketch is not None:
         columns[SKETCH_COLUMN] = pl.Series(sketch.astype(np.float16)).cast(
             pl.Array(pl.Float16, job.store_scores)
         )
