@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from basis_bench.errors import InputError
-from basis_bench.settings import check_settings, setting, setting_flag
+from basis_bench.settings import MAX_SEED, check_settings, setting, setting_flag
 
 if TYPE_CHECKING:
     from basis_bench.rollouts.prompts import PromptTemplate
@@ -141,7 +141,10 @@ class OracleJob:
         help="Nucleus sampling mass in (0, 1].",
     )
     seed: int = setting(
-        0, help="Base seed; each chunk's seed is derived from it and the chunk's prompts."
+        0,
+        help="Base seed; each chunk's seed is derived from it and the chunk's prompts.",
+        min_val=0,
+        max_val=MAX_SEED,
     )
     batch_size: int = setting(
         64,

@@ -98,7 +98,10 @@ class SimulationConfig:
         help="The reference values' Beta mixture: (weight, a, b) per component, all positive.",
     )
     seed: int = settings.setting(
-        0, help="Random seed: the same seed writes the same files.", min_val=0
+        0,
+        help="Random seed: the same seed writes the same files.",
+        min_val=0,
+        max_val=settings.MAX_SEED,
     )
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ from basis_bench.errors import InputError
 from basis_bench.folders import regular_file
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
-from basis_bench.settings import check_settings, current_name, renamed_keys, setting
+from basis_bench.settings import MAX_SEED, check_settings, current_name, renamed_keys, setting
 
 ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 AUTOCASTS = ("none", "bfloat16", "float16")
@@ -79,7 +79,10 @@ class TrainConfig:
         "runs/train", help="Directory of the run: config, log, rollouts, checkpoints."
     )
     seed: int = setting(
-        0, help="Random seed of prompts, sampling and the model's initial RNG.", min_val=0
+        0,
+        help="Random seed of prompts, sampling and the model's initial RNG.",
+        min_val=0,
+        max_val=MAX_SEED,
     )
     steps: int = setting(20, help="Training steps (one batch of rollouts each).", min_val=1)
     # policy (the reference is the same checkpoint, frozen)

@@ -362,6 +362,34 @@ def batch_shape(config: TrainConfig) -> tuple[int, int]:
 # --------------------------------------------------------------------------- the run
 
 
+# What one sampled rollout holds while it is generated, graded and stored, per new token
+# (its token ids, int64, kept with their text) and besides (the text's object, the reward
+# row, the per-sample Parquet row): loose from above, as memory_check's are.
+ROLLOUT_TOKEN_BYTES = 16
+ROLLOUT_BYTES = 512
+ORACLE_CHUNK_PROMPTS = 16  # the reference cache's oracle samples 16 prompts a part
+
+
+def check_train_sizes(config: TrainConfig, prompts_per_step: int, n_train: int) -> None:
+    """The run's allocation-sized settings against the memory budget, before a model loads
+    (:func:`~basis_bench.memory_check.check_sizes`): rollouts a step, the value probe's
+    probe_prompts x probe_samples and the reference cache's ref_n samples of every training
+    prompt (a part of 16 prompts sampled at once, then the whole cache read as a matrix).
+    probe_samples=2000000 and ref_n=50000000 ended in a MemoryError after the model had
+    loaded."""
+    from basis_bench import estimators as E
+    from basis_bench.memory_check import Size, check_sizes
+
+    rollout = ROLLOUT_BYTES + ROLLOUT_TOKEN_BYTES * config.max_new_tokens
+    sizes = [Size("rollouts_per_step", config.rollouts_per_step, rollout)]
+    if config.probe_every:
+        sizes.append(Size("probe_samples", config.probe_samples, rollout * config.probe_prompts))
+    if E.get(config.estimator).uses_cache:
+        chunk = min(ORACLE_CHUNK_PROMPTS, n_train)
+        sizes.append(Size("ref_n", config.ref_n, rollout * chunk + 72 * n_train))
+    check_sizes("this training run", sizes)
+
+
 @dataclass
 class Run:
     """Everything the loop touches: settings, directory, data, models, sampler, estimator."""
@@ -407,6 +435,7 @@ def setup(
     config = dataclasses.replace(config, backend=backend.backend)  # recorded: auto resolved
     data = load_data(config, progress.warning if progress is not None else warnings.warn)
     check_probe(config, group, data.train_set.height)
+    check_train_sizes(config, prompts_per_step, data.train_set.height)
     models = load_models(config, device, resume)
     sampler = make_training_sampler(backend, config, models, data.template)
     ref_rewards = features = None
