@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
-from basis_bench.folders import claimed, inside_claim, real_path, walk
+from basis_bench.folders import claimed, inside_claim, read_small, real_path, walk
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 from basis_bench.version import __version__
 
@@ -174,11 +174,12 @@ def read_output_marker(
     """The marker of an output folder, None when it has none; an unreadable marker is an
     :class:`InputError` (suggesting --force only where the command has it: ``force_flag``)."""
     marker = Path(path) / OUTPUT_MARKER
-    if not marker.is_file():
+    raw = read_small(marker)  # a FIFO or folder by the name is refused, not "no marker"
+    if raw is None:
         return None
     fix = "delete it, or pass --force" if force_flag else "delete it"
     try:
-        data = bounded_json.loads(marker.read_text(encoding="utf-8"))
+        data = bounded_json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{marker} is not a valid marker ({err}); {fix}") from err
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,7 +52,7 @@ def last_logged_step(run_dir: Path) -> int:
     """The last step of the run's log (-1 without one)."""
     from basis_bench.train.loop import read_log
 
-    if not (run_dir / LOG_FILE).is_file():
+    if not os.path.lexists(run_dir / LOG_FILE):  # a FIFO there is read, and refused
         return -1
     return max((int(r.get("step", -1)) for r in read_log(run_dir)), default=-1)
 
@@ -79,7 +80,7 @@ def run_state(config: TrainConfig) -> tuple[str, Path | None]:
     if found:
         _check_same_settings(config, load_trainer_state(found[-1])["config"], found[-1])
     if last_logged_step(run_dir) >= config.steps:
-        recorded = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        recorded = read_run_config(run_dir / "config.json")
         _check_same_settings(config, recorded, run_dir / "config.json")
         return "finished", None
     return ("resume", found[-1]) if found else ("new", None)
@@ -129,3 +130,20 @@ def train_seeds(
             train(one, resume=checkpoint, on_record=record, force=force)
         done.append(Path(one.run_dir))
     return done
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """A finished run's config.json through the package's one small-file reader: missing,
+    not a regular file (a FIFO), not UTF-8 or not a JSON object is one line (it was a
+    ``json.loads`` traceback, or a wait on a FIFO)."""
+    from basis_bench import bounded_json
+    from basis_bench.folders import read_small
+
+    raw = read_small(path)
+    try:
+        data = bounded_json.loads(raw.decode("utf-8")) if raw is not None else None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"{path}: not a readable run configuration ({err})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a run configuration (a JSON object); rerun this seed")
+    return data

@@ -415,7 +415,7 @@ def setup(
     cache. ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the
     reference cache's build and notes on the data; None: Python warnings only."""
     from basis_bench import estimators as E
-    from basis_bench.folders import appended_inside, refuse_long_names
+    from basis_bench.folders import appended_inside, read_small, refuse_long_names
     from basis_bench.outputs import claim_output_dir
     from basis_bench.train.probe import check_probe
 
@@ -424,6 +424,8 @@ def setup(
     group, prompts_per_step = batch_shape(config)
     check_estimator_options(config)
     log = appended_inside(run_dir / LOG_FILE, run_dir)  # appended in place: never elsewhere
+    if os.path.lexists(log) and not log.is_file():  # a FIFO: appending would wait for good
+        read_small(log)
     if resume is None and log.is_file() and log.stat().st_size:
         raise InputError(
             f"{run_dir} already holds a run; continue it with --resume "
