@@ -105,3 +105,52 @@ def test_errors_name_the_argument_not_the_flag(data, monkeypatch, capsys):
     # the command line still names its flags
     run = run_main(monkeypatch, capsys, "evaluate", "--rollouts", str(data), "--batch-size", "1")
     assert_one_line_error(run, "--batch-size must be >= 2")
+
+
+# --------------------------------------------------------------------------- issue 44, class 7
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda: basis_bench.load_rollouts(""), "rollouts is empty"),
+        (lambda: basis_bench.evaluate(""), "rollouts is empty"),
+        (lambda: basis_bench.evaluate(rollouts="  "), "rollouts is empty"),
+        (lambda: basis_bench.sensitivity(""), "rollouts is empty"),
+        (lambda: basis_bench.simulate(""), "out is empty"),
+        (lambda: basis_bench.evaluate(out=""), "out is empty"),
+        (lambda: basis_bench.evaluate(pl.DataFrame({"a": [1]})), "rollouts must be a path"),
+        (lambda: basis_bench.load_rollouts(pl.DataFrame({"a": [1]})), "rollouts must be a path"),
+        (lambda: basis_bench.simulate(pl.DataFrame({"a": [1]})), "out must be a path"),
+        (lambda: basis_bench.evaluate(estimators=5), "estimators must be a comma-separated"),
+        (lambda: basis_bench.evaluate(estimators=[1, 2]), "estimators must hold names"),
+        (lambda: basis_bench.evaluate(checkpoints={"a": 1}), "checkpoints must be a comma"),
+    ],
+)
+def test_the_api_refuses_what_the_cli_refuses_naming_the_argument(
+    call, needle, tmp_path, monkeypatch
+):
+    """load_rollouts("") returned the shipped dataset, evaluate("") and simulate("") used the
+    current folder, a polars frame as the dataset became a file name."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=needle):
+        call()
+    assert not any(tmp_path.iterdir())
+
+
+def test_policies_are_names_never_letters_and_must_be_held(data):
+    """policies="late" was read letter by letter and gave an empty frame, as did ["nope"]."""
+    late = basis_bench.load_rollouts(data, "late")
+    assert late.height > 0 and late["policy"].unique().to_list() == ["late"]
+    both = basis_bench.load_rollouts(data, "late,early")
+    assert set(both["policy"].unique()) == {"early", "late"}
+    with pytest.raises(InputError, match=r"policies 'nope' not in .* its policies: early, late"):
+        basis_bench.load_rollouts(data, ["nope"])
+
+
+def test_estimators_may_be_a_numpy_array(data):
+    """np.array([...]) raised numpy's "ambiguous truth value"."""
+    import numpy as np
+
+    result = basis_bench.evaluate(data, np.array(["basis", "grpo"]), trajectory=False, **SETTINGS)
+    assert set(result.summary["estimator"]) == {"basis", "grpo"}
