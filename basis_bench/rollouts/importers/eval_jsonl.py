@@ -13,7 +13,12 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.importers.checks import add_prompt_ids, prompts_from, report_duplicates
+from basis_bench.rollouts.importers.checks import (
+    add_prompt_ids,
+    one_problem_per_id,
+    prompts_from,
+    report_duplicates,
+)
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
@@ -226,6 +231,7 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
     # within one file a repeated id is an error.
     report_duplicates(table, sources, ["prompt_id", FILE_INDEX], problems, "problem id in one file")
     problems.raise_if_any(sources_label(paths))
+    one_problem_per_id(table, (id_col, problem_col, answer_col), sources)  # not by id alone
     table = table.sort(FILE_INDEX, LOC)
     has_resp = table[opt.response_field].is_not_null().any()
     # a line without responses, beside lines with them: its samples' responses are null

@@ -32,7 +32,12 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.importers.checks import add_prompt_ids, prompts_from, report_duplicates
+from basis_bench.rollouts.importers.checks import (
+    add_prompt_ids,
+    one_problem_per_id,
+    prompts_from,
+    report_duplicates,
+)
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
@@ -210,6 +215,7 @@ def import_lm_eval(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Im
     table = stack_sources(frames)
     report_duplicates(table, sources, ["prompt_id", FILE_INDEX], problems, "doc_id in one file")
     problems.raise_if_any(files)
+    one_problem_per_id(table, ("doc_id", "problem", "answer"), sources)  # not by doc id alone
     return Imported(
         "lm-eval",
         _samples(table.sort(FILE_INDEX, LOC), policy),
