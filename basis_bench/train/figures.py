@@ -84,9 +84,20 @@ def arm_names(arms: Sequence[Arm], label: Labeller = plain_label) -> list[str]:
     with_loss = len({a.config["loss"] for a in arms}) > 1
     names = [run_label(a.config, with_loss, label) for a in arms]
     return [
-        n if names.count(n) == 1 else f"{n} ({plain_math(a.path.name)})"
+        n if names.count(n) == 1 else f"{n} ({plain_math(_distinct_tail(a.path, arms))})"
         for n, a in zip(names, arms, strict=True)
     ]
+
+
+def _distinct_tail(path: Path, arms: Sequence[Arm]) -> str:
+    """The fewest trailing parts of ``path`` that no other arm's path ends in: its folder's
+    name, or more (``a/run`` and ``b/run`` were two rows labelled alike)."""
+    parts = Path(os.path.realpath(path)).parts
+    others = [Path(os.path.realpath(a.path)).parts for a in arms if a.path != path]
+    for k in range(1, len(parts) + 1):
+        if all(o[-k:] != parts[-k:] for o in others):
+            return str(Path(*parts[-k:]))
+    return str(path)
 
 
 @holds_output_locks
@@ -116,7 +127,11 @@ def plot_training(
     twice = next((d for i, d in enumerate(arm_dirs) if given[i] in given[:i]), None)
     if twice is not None:  # its curves would be drawn twice, under two labels
         raise InputError(f"run {str(twice)!r} is given twice; give each run once")
+    from basis_bench.train.seeds import check_arm_seeds
+
     arms = [load_arm(d) for d in arm_dirs]
+    for arm in arms:  # a run folder proves what it holds: no seed drawn twice
+        check_arm_seeds(arm.path, [(run[0], run[1]) for run in arm.runs])
     names = arm_names(arms, label)
     estimators = [a.config["estimator"] for a in arms]
     unique = len(set(estimators)) == len(estimators)

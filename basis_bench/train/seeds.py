@@ -73,14 +73,47 @@ def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Pa
         )
 
 
+def check_run_holds(run_dir: Path, written: dict[str, Any], seed: int | None = None) -> None:
+    """A run folder proves what it holds: the seed its config records against the seed
+    its name says (``seed-S``) and, when given, the seed the command asks for. After
+    ``cp -a run/seed-0 run/seed-1``, ``train --seeds 0,1`` said "finished, skipping" for
+    both and train-figures drew two seeds of one run."""
+    recorded = written.get("seed")
+    named = run_dir.name[len(SEED_PREFIX) :] if run_dir.name.startswith(SEED_PREFIX) else ""
+    for what, wanted in (("its name", int(named) if named.isdigit() else None), ("--seeds", seed)):
+        if wanted is not None and recorded != wanted:
+            raise InputError(
+                f"{run_dir} holds a run of seed {recorded!r} (its config), not seed {wanted} "
+                f"as {what} says: a copied or renamed run folder; move it away, or rerun that "
+                "seed into a new folder"
+            )
+
+
+def check_arm_seeds(arm_dir: Path, runs: Sequence[tuple[Path, dict[str, Any]]]) -> None:
+    """Each run of an arm is its own seed: its config's seed matches its folder's name, and
+    no two runs record one seed."""
+    seen: dict[Any, Path] = {}
+    for run_dir, config in runs:
+        check_run_holds(run_dir, config)
+        other = seen.setdefault(config.get("seed"), run_dir)
+        if other != run_dir:
+            raise InputError(
+                f"{arm_dir}: runs {other.name} and {run_dir.name} are both seed "
+                f"{config.get('seed')!r} (their configs): one run copied; remove one"
+            )
+
+
 def run_state(config: TrainConfig) -> tuple[str, Path | None]:
     """("finished", None), ("resume", latest checkpoint) or ("new", None) for one seed's run."""
     run_dir = Path(config.run_dir)
     found = checkpoints(run_dir)
     if found:
-        _check_same_settings(config, load_trainer_state(found[-1])["config"], found[-1])
+        state_config = load_trainer_state(found[-1])["config"]
+        check_run_holds(run_dir, state_config, config.seed)
+        _check_same_settings(config, state_config, found[-1])
     if last_logged_step(run_dir) >= config.steps:
         recorded = read_run_config(run_dir / "config.json")
+        check_run_holds(run_dir, recorded, config.seed)
         _check_same_settings(config, recorded, run_dir / "config.json")
         return "finished", None
     return ("resume", found[-1]) if found else ("new", None)
