@@ -241,3 +241,47 @@ def test_eval_jsonl_files_merge_only_the_same_problem(tmp_path):
         import_sources("eval-jsonl", [a, b], "p", ImportOptions())
     b.write_text('{"idx": 0, "question": "1+1", "gt": "2", "score": [false]}\n')
     assert import_sources("eval-jsonl", [a, b], "p", ImportOptions()).rollouts.height == 2
+
+
+# --------------------------------------------------------------------------- issue 44, class 5
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        ({"doc": {"problem": "", "answer": "4"}}, "doc's 'problem' is empty"),
+        ({"doc": {"problem": "   ", "answer": "4"}}, "doc's 'problem' is empty"),
+        ({"target": 4.0}, "'target' is 4.0, not text or an integer"),
+        ({"target": None}, "'target' is null, not text or an integer"),
+        ({"target": ["4"]}, "'target' is [\"4\"], not text or an integer"),
+        ({"exact_match": 10**400}, "'exact_match' is 1000"),
+        ({"metrics": ["doc_id"]}, "the lines hold metrics none"),
+    ],
+)
+def test_values_the_docs_promise_to_refuse_are_refused_at_their_line(tmp_path, edit, needle):
+    """An empty question was stored; a float, null or list target became the answer '';
+    a 400-digit metric raised OverflowError; "metrics": ["doc_id"] made doc ids rewards."""
+    path = math_run(tmp_path / "samples_math.jsonl")
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[0]) | edit
+    if "metrics" in edit:
+        rows = [json.loads(line) | edit for line in lines]
+        for r in rows:
+            del r["exact_match"]
+        lines = [json.dumps(r) for r in rows]
+    else:
+        lines[0] = json.dumps(row)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as err:
+        import_sources("lm-eval", [path], "p", ImportOptions())
+    assert needle in str(err.value)
+    if "metrics" not in edit:
+        assert "samples_math.jsonl:1:" in str(err.value)
+
+
+def test_a_400_digit_eval_jsonl_score_is_refused_at_its_line(tmp_path):
+    """float(10**400) raised OverflowError, a traceback (found beside class 5's lm-eval case)."""
+    path = tmp_path / "e.jsonl"
+    path.write_text(f'{{"idx": 0, "question": "1+1", "gt": "2", "score": [{10**400}]}}\n')
+    with pytest.raises(InputError, match=r"e\.jsonl:1: 'score' must be a list of booleans"):
+        import_sources("eval-jsonl", [path], "p", ImportOptions())

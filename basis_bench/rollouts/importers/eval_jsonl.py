@@ -29,6 +29,7 @@ from basis_bench.rollouts.importers.reading import (
     check_exists,
     describe_source,
     diagnose_jsonl,
+    finite_number,
     json_id_kinds,
     kind_column,
     nonblank_lines,
@@ -113,7 +114,8 @@ def _texts_as_written(
 
 def _scores(value: Any, name: str, where: str, problems: Problems) -> list[float] | None:
     if value is not None and not (
-        isinstance(value, list) and all(isinstance(v, bool | int | float) for v in value)
+        isinstance(value, list)
+        and all(isinstance(v, bool | int | float) and finite_number(v) for v in value)
     ):
         problems.add(
             where, f"{name!r} must be a list of booleans or 0/1, got {json.dumps(value)[:60]}"
