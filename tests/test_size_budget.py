@@ -99,7 +99,7 @@ def test_the_library_replay_passes_the_same_budget(monkeypatch):
 
     ds = open_dataset(str(DENSE))
     monkeypatch.setattr(memory_check, "available_memory", lambda: 2**30)
-    settings = TrajectorySettings(16, 2, group_size=4, standing_steps=10**9)
+    settings = TrajectorySettings(16, 2, group_size=4, standing_steps=10**12)
     with pytest.raises(InputError, match=r"standing.steps at most"):
         replay_steps(ds.rewards, ds.reference, ds.checkpoints[:2], [3, 6], ["grpo"], settings)
 
