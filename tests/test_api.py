@@ -154,3 +154,41 @@ def test_estimators_may_be_a_numpy_array(data):
 
     result = basis_bench.evaluate(data, np.array(["basis", "grpo"]), trajectory=False, **SETTINGS)
     assert set(result.summary["estimator"]) == {"basis", "grpo"}
+
+
+def test_two_threads_writing_one_out_are_one_writer(data, tmp_path, monkeypatch):
+    """Both were accepted: the POSIX lock is the process's, so a second thread got it too."""
+    import threading
+
+    import basis_bench.evaluation.run as run_module
+
+    out = tmp_path / "out"
+    inside, release = threading.Event(), threading.Event()
+    real = run_module._write_run
+
+    def slow(*args, **kwargs):
+        inside.set()
+        release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "_write_run", slow)
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)
+        except BaseException as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    assert inside.wait(60)
+    try:
+        with pytest.raises(InputError, match="being written by another basis-bench command"):
+            basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)
+    finally:
+        release.set()
+        worker.join(60)
+    assert not errors and (out / "summary.csv").is_file()
+    # the lock is let go when the call returns: this thread may write there now
+    basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)

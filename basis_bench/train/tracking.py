@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -153,7 +153,7 @@ def open_trackers(
     """The trackers named in ``report_to`` ("none" and an empty list: none), for a run
     that writes its records from step ``start`` on (1: a new run, else a resumed one)."""
     opened: list[Tracker] = []
-    makers = {
+    makers: dict[str, Callable[[], Tracker]] = {
         "tensorboard": lambda: _TensorBoard(run_dir, start),
         "wandb": lambda: _WandB(run_dir, settings),
         "trackio": lambda: _Trackio(run_dir, settings),
