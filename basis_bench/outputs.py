@@ -458,7 +458,8 @@ def _unused_and_ours(folder: Path) -> bool:
     except OSError:
         return False
     try:
-        return _output_files(folder) == [folder / OUTPUT_MARKER]
+        # the marker alone, or nothing (a full disk refused the marker; its lock file is made)
+        return _output_files(folder) in ([], [folder / OUTPUT_MARKER])
     except InputError:  # something there cannot be read: not known to be unused
         return False
 

@@ -192,3 +192,22 @@ def test_two_threads_writing_one_out_are_one_writer(data, tmp_path, monkeypatch)
     assert not errors and (out / "summary.csv").is_file()
     # the lock is let go when the call returns: this thread may write there now
     basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)
+
+
+def test_a_full_disk_leaves_no_folder_holding_only_the_lock(data, tmp_path):
+    """evaluate(out=...) on a full disk left a folder holding only the lock file."""
+    from conftest import mounted_tmpfs
+
+    disk = tmp_path / "disk"
+    with mounted_tmpfs(disk, "size=4k") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here")
+        filler = disk / "filler"
+        with open(filler, "wb") as fh:  # every block taken; inodes left for the lock file
+            try:
+                fh.write(b"x" * 65536)
+            except OSError:
+                pass
+        with pytest.raises(OSError, match="No space left"):
+            basis_bench.evaluate(data, "grpo", out=disk / "out", trajectory=False, **SETTINGS)
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]
