@@ -53,6 +53,7 @@ def _dense_with(tmp_path: Path, **record: object) -> Path:
         (["--standing-steps", "1000000000"], "--standing-steps at most"),
         (["--standing-steps", str(10**30)], "--standing-steps at most"),
         (["--rollouts-per-step", "1000000000"], "--rollouts-per-step at most"),
+        (["--folds", "1000000000"], "--folds at most"),
     ],
 )
 def test_step_replay_flags_are_sized_before_they_allocate(tmp_path, extra, needle):
@@ -61,6 +62,16 @@ def test_step_replay_flags_are_sized_before_they_allocate(tmp_path, extra, needl
     out = tmp_path / "out"
     result = run_limited(["evaluate", "--rollouts", str(DENSE), *extra, "--out", str(out)])
     assert_one_line_error(result, "this step replay needs about", "free to this process", needle)
+    assert not out.exists()
+
+
+def test_the_epoch_replays_epochs_are_sized_before_they_allocate(tmp_path):
+    """--trajectory-epochs 10^9 asked numpy for 14.6 TiB: a MemoryError traceback (found
+    beside class 1's step replay cases)."""
+    out = tmp_path / "out"
+    args = ["--trajectory-schedule", "epochs", "--trajectory-epochs", "1000000000"]
+    result = run_limited(["evaluate", "--rollouts", str(DENSE), *args, "--out", str(out)])
+    assert_one_line_error(result, "this trajectory replay needs", "--trajectory-epochs at most")
     assert not out.exists()
 
 

@@ -58,6 +58,7 @@ from basis_bench.evaluation.tables import (
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
     check_blend,
+    check_epoch_sizes,
     replay_trajectory,
     shared_prompts,
 )
@@ -308,6 +309,12 @@ def trajectory_schedule(
         )
     cfg.check_schedule(schedule)
     if schedule != "steps" or steps is None:
+        p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])
+        epochs = TrajectorySettings(
+            cfg.batch_size or DEFAULT_BATCH, min(cfg.repeats, TRAJECTORY_REPEATS),
+            cfg.trajectory_epochs,
+        )  # fmt: skip
+        check_epoch_sizes(epochs, len(ds.checkpoints), max(len(estimators), 1), p)
         return Schedule(schedule, [])
     rate = record.visit_rate() if record is not None else None
     p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])

@@ -234,12 +234,16 @@ def check_step_sizes(
         batch = Size(name, value, per_visit * scale, advice)
     else:
         batch = Size(named("batch_size"), s.batch_size, per_visit)
+    # a fold: each repeat's count of pool samples taken and, per checkpoint, its oracle,
+    # noise and pool size (the pools themselves are the checkpoint's samples, split)
+    per_fold = 8 * together * p + 24 * p * max(len(ckpt_steps), 1)
     sizes = [
         Size(steps_name, max(last - first + 1, 0), per_step),
         Size(named("standing_steps"), s.standing_steps, per_step),
         batch,
+        Size(named("folds"), s.folds, per_fold),
     ]
-    return check_sizes("this step replay", sizes, base=8 * together * p * s.folds + draws)
+    return check_sizes("this step replay", sizes, base=draws)
 
 
 def replay_steps(
