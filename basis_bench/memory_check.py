@@ -26,6 +26,17 @@ IMPORT_BYTES_PER_ROLLOUT = 64
 # cast, filter, concatenation and sort copies of the store's full reader; the import's 64.
 READ_BYTES_PER_ROW = IMPORT_BYTES_PER_ROLLOUT
 SIMULATE_BYTES_PER_ROLLOUT = 160
+# What one sampled rollout holds while it is generated, graded and stored: per new token
+# its id (int64) kept with its text, and besides the text's object, the reward row and the
+# Parquet row; loose from above. A part of the oracle (a chunk of prompts x --n) and a
+# training step's rollouts are held at once.
+SAMPLED_ROLLOUT_BYTES = 512
+SAMPLED_TOKEN_BYTES = 16
+
+
+def sampled_rollout_bytes(max_new_tokens: int) -> int:
+    """Peak bytes of one sampled rollout of at most ``max_new_tokens`` tokens."""
+    return SAMPLED_ROLLOUT_BYTES + SAMPLED_TOKEN_BYTES * max_new_tokens
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -215,3 +215,18 @@ def test_an_integer_bound_is_exact():
     assert check_scalar(MAX_SEED, "seed", int, min_val=0, max_val=MAX_SEED) == MAX_SEED
     with pytest.raises(InputError, match="seed must be in"):
         check_scalar(MAX_SEED + 1, "seed", int, min_val=0, max_val=MAX_SEED)
+
+
+def test_an_oracle_part_is_sized_before_the_claim_or_a_model(monkeypatch, capsys, tmp_path):
+    """--n of 5 * 10^7 reached the sampler (found beside train's ref_n: the reference
+    cache is an oracle run too)."""
+    import basis_bench.memory_check as memory_check
+    import basis_bench.rollouts.oracle as oracle
+
+    monkeypatch.setattr(memory_check, "available_memory", lambda: LIMIT_KB * 1024)
+    monkeypatch.setattr(oracle, "open_source", lambda *a, **k: pytest.fail("opened the model"))
+    out = tmp_path / "o"
+    args = ["oracle", "--model", "smollm2-135m", "--policy", "p", "--prompts", "arithmetic:n=4"]
+    result = run_main(monkeypatch, capsys, *args, "--n", "50000000", "--out", str(out))
+    assert_one_line_error(result, "one part of this oracle run needs", "--n at most")
+    assert not out.exists()

@@ -362,11 +362,6 @@ def batch_shape(config: TrainConfig) -> tuple[int, int]:
 # --------------------------------------------------------------------------- the run
 
 
-# What one sampled rollout holds while it is generated, graded and stored, per new token
-# (its token ids, int64, kept with their text) and besides (the text's object, the reward
-# row, the per-sample Parquet row): loose from above, as memory_check's are.
-ROLLOUT_TOKEN_BYTES = 16
-ROLLOUT_BYTES = 512
 ORACLE_CHUNK_PROMPTS = 16  # the reference cache's oracle samples 16 prompts a part
 
 
@@ -378,9 +373,9 @@ def check_train_sizes(config: TrainConfig, prompts_per_step: int, n_train: int) 
     probe_samples=2000000 and ref_n=50000000 ended in a MemoryError after the model had
     loaded."""
     from basis_bench import estimators as E
-    from basis_bench.memory_check import Size, check_sizes
+    from basis_bench.memory_check import Size, check_sizes, sampled_rollout_bytes
 
-    rollout = ROLLOUT_BYTES + ROLLOUT_TOKEN_BYTES * config.max_new_tokens
+    rollout = sampled_rollout_bytes(config.max_new_tokens)
     sizes = [Size("rollouts_per_step", config.rollouts_per_step, rollout)]
     if config.probe_every:
         sizes.append(Size("probe_samples", config.probe_samples, rollout * config.probe_prompts))
