@@ -4,6 +4,7 @@ commands' frames without their files, the same numbers as the files, errors in i
 from __future__ import annotations
 
 import os
+import re
 
 import polars as pl
 import pytest
@@ -211,3 +212,18 @@ def test_a_full_disk_leaves_no_folder_holding_only_the_lock(data, tmp_path):
         with pytest.raises(OSError, match="No space left"):
             basis_bench.evaluate(data, "grpo", out=disk / "out", trajectory=False, **SETTINGS)
         assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"stages": "early"}, "stages must map checkpoint names"),
+        ({"stages": ["early"]}, "stages must map checkpoint names"),
+        ({"mixture": (1.0, 2.0, 2.0)}, "mixture must be (weight, a, b) triples"),
+    ],
+)
+def test_simulate_refuses_settings_of_the_wrong_shape_by_name(tmp_path, settings, needle):
+    """stages="early" was an AttributeError traceback (found beside class 7)."""
+    with pytest.raises(InputError, match=re.escape(needle)):
+        basis_bench.simulate(tmp_path / "s", **settings)
+    assert not (tmp_path / "s").exists()
