@@ -281,7 +281,6 @@ class _Quiet:
         pass
 
 
-@holds_output_locks
 def check_part_size(job: OracleJob) -> None:
     """A part (``--chunk-size`` prompts x ``--n`` samples) is held whole while it is sampled
     and written: its size passes the one size budget before the claim or a model load."""
@@ -293,6 +292,7 @@ def check_part_size(job: OracleJob) -> None:
     )
 
 
+@holds_output_locks
 def run_oracle(
     job: OracleJob,
     progress: OracleProgress | None = None,
