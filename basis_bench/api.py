@@ -15,7 +15,7 @@ commands, and write files only when ``out`` is given. Errors name the arguments
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,45 @@ Progress = Callable[[str, int, int], None]
 _LISTS = ("checkpoints", "estimators", "parameters")  # a comma-separated string or a sequence
 
 
+def path_argument(value: Any, name: str) -> str | None:
+    """A path argument as the command line takes it: None (the default) or a non-empty
+    ``str``/``os.PathLike``. ``""`` was the current folder (the CLI refuses ``--out ''``
+    with the same line), and a frame passed as the dataset became a file name."""
+    if value is None:
+        return None
+    if isinstance(value, bytes) or not isinstance(value, str | os.PathLike):
+        raise InputError(
+            f"{name} must be a path (a str or os.PathLike); got {type(value).__name__}"
+        )
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"{name} is empty; give a path (. for the current folder)")
+    return text
+
+
+def names_argument(value: Any, name: str) -> tuple[str, ...]:
+    """Names as the command line takes them: one comma-separated string, or a sequence of
+    names (a list, tuple or numpy array of strings); each a non-empty string. A string is
+    never iterated letter by letter (``policies="late"`` read l, a, t, e); a numpy array
+    raised numpy's "ambiguous truth value"."""
+    if isinstance(value, str):
+        return tuple(x.strip() for x in value.split(",") if x.strip())
+    if hasattr(value, "tolist") and not isinstance(value, pl.Series | pl.DataFrame):
+        value = value.tolist()  # a numpy array of names
+    if isinstance(value, pl.Series):
+        value = value.to_list()
+    if isinstance(value, Mapping | set | frozenset | bytes) or not isinstance(value, Iterable):
+        raise InputError(
+            f"{name} must be a comma-separated string or a list of names; got "
+            f"{type(value).__name__}"
+        )
+    items = list(value)
+    bad = [x for x in items if not isinstance(x, str) or not x.strip()]
+    if bad:
+        raise InputError(f"{name} must hold names (non-empty strings); got {bad[0]!r}")
+    return tuple(x.strip() for x in items)
+
+
 def _config(cls: type, command: str, settings: dict[str, Any]) -> Any:
     """``cls`` made from keyword ``settings`` (an old name of a setting with a notice); an
     unknown name is an InputError listing them."""
@@ -45,12 +84,10 @@ def _config(cls: type, command: str, settings: dict[str, Any]) -> Any:
         )
     values = dict(settings)
     for name in _LISTS:
-        if isinstance(values.get(name), str):
-            values[name] = tuple(x.strip() for x in values[name].split(",") if x.strip())
-        elif values.get(name) is not None:
-            values[name] = tuple(values[name])
-    if values.get("rollouts") is not None:
-        values["rollouts"] = str(values["rollouts"])
+        if values.get(name) is not None:
+            values[name] = names_argument(values[name], name)
+    if "rollouts" in values:
+        values["rollouts"] = path_argument(values["rollouts"], "rollouts")
     return cls(**values)
 
 
@@ -77,7 +114,9 @@ def evaluate(
     from basis_bench.evaluation.run import evaluate as run_evaluate
 
     load_plugins()
-    names = () if estimators == "all" else estimators
+    names = names_argument(estimators, "estimators")
+    names = () if names == ("all",) else names
+    out = path_argument(out, "out")
     with naming("field"):
         cfg = _config(
             EvaluateConfig,
@@ -103,6 +142,7 @@ def sensitivity(
     from basis_bench.evaluation.sensitivity import sensitivity as run_sensitivity
 
     load_plugins()
+    out = path_argument(out, "out")
     with naming("field"):
         cfg = _config(
             SensitivityConfig,
@@ -113,13 +153,26 @@ def sensitivity(
 
 
 def load_rollouts(
-    rollouts: str | os.PathLike[str] | None = None, policies: Sequence[str] | None = None
+    rollouts: str | os.PathLike[str] | None = None, policies: str | Sequence[str] | None = None
 ) -> pl.DataFrame:
     """A dataset's rollouts (default: the shipped one), validated, one row per sample, sorted
-    by (policy, prompt_id, sample_idx); ``policies`` reads only those."""
+    by (policy, prompt_id, sample_idx); ``policies`` (names, or one comma-separated string)
+    reads only those, each of which the dataset must hold."""
     from basis_bench.rollouts import store
 
-    return store.load_rollouts(rollouts or store.default_dataset(), policies)
+    root = path_argument(rollouts, "rollouts") or store.default_dataset()
+    if policies is None:
+        return store.load_rollouts(root)
+    wanted = names_argument(policies, "policies")
+    df = store.load_rollouts(root, wanted)
+    missing = [p for p in wanted if p not in set(df["policy"].unique().to_list())]
+    if missing:  # was an empty frame, silently
+        held = sorted({p for f in store.rollout_files(root) for p in store.file_policies(f)})
+        raise InputError(
+            f"policies {', '.join(map(repr, missing))} not in {root}; its policies: "
+            f"{', '.join(held) or 'none'}"
+        )
+    return df
 
 
 def simulate(out: str | os.PathLike[str], *, force: bool = False, **settings: Any) -> Path:
@@ -128,9 +181,12 @@ def simulate(out: str | os.PathLike[str], *, force: bool = False, **settings: An
     (``n_prompts=600, setting="tilt", stages={"early": 0.5}, seed=0, ...``)."""
     from basis_bench.rollouts.simulate import simulate as run_simulation
 
+    where = path_argument(out, "out")
+    if where is None:
+        raise InputError("out is None; give the folder to write the simulated dataset to")
     with naming("field"):
         return run_simulation(
-            _config(SimulationConfig, "simulate", settings), Path(out), force=force
+            _config(SimulationConfig, "simulate", settings), Path(where), force=force
         )
 
 

@@ -54,6 +54,56 @@ def regular_file(path: Path) -> Path:
     return path
 
 
+SMALL_FILE_BYTES = 1 << 30  # a record, marker, config or log of this package is smaller
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def read_small(path: Path, limit: int = SMALL_FILE_BYTES) -> bytes | None:
+    """The bytes of one of the package's own small files (a dataset's training.json, a
+    results folder's run.json and sensitivity.json, an output marker, a training run's
+    config.json and log.jsonl, the hash cache): None where nothing has the name; anything
+    else than a regular file there (a FIFO, socket, device or folder) is an
+    :class:`InputError` naming what it is, as is a file over ``limit`` bytes or one that
+    cannot be read. A ``training.json`` FIFO was read as absent and evaluate switched the
+    dense data from the step schedule to the epoch schedule, exit 0; opening one would
+    wait for a writer that never comes, so the file is opened non-blocking and checked
+    again on its handle."""
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from err
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{path} is {_kind(info.st_mode)}, not a regular file; remove it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from err
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # swapped for a FIFO since the stat
+            raise InputError(f"{path} is {_kind(mode)}, not a regular file; remove it")
+        try:
+            data = fh.read(limit + 1)
+        except OSError as err:
+            raise InputError(f"{path}: cannot read it ({err.strerror or err})") from err
+    if len(data) > limit:
+        raise InputError(f"{path} is larger than {limit:,} bytes: not a file this package wrote")
+    return data
+
+
 _CLAIMED: set[Path] = set()  # the real folders this process claimed
 
 

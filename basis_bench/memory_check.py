@@ -4,6 +4,10 @@ count of 10^12 samples, a simulation of 10^9 prompts) is one line, not a numpy
 
 from __future__ import annotations
 
+import math
+import resource
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from basis_bench.errors import InputError
@@ -22,6 +26,17 @@ IMPORT_BYTES_PER_ROLLOUT = 64
 # cast, filter, concatenation and sort copies of the store's full reader; the import's 64.
 READ_BYTES_PER_ROW = IMPORT_BYTES_PER_ROLLOUT
 SIMULATE_BYTES_PER_ROLLOUT = 160
+# What one sampled rollout holds while it is generated, graded and stored: per new token
+# its id (int64) kept with its text, and besides the text's object, the reward row and the
+# Parquet row; loose from above. A part of the oracle (a chunk of prompts x --n) and a
+# training step's rollouts are held at once.
+SAMPLED_ROLLOUT_BYTES = 512
+SAMPLED_TOKEN_BYTES = 16
+
+
+def sampled_rollout_bytes(max_new_tokens: int) -> int:
+    """Peak bytes of one sampled rollout of at most ``max_new_tokens`` tokens."""
+    return SAMPLED_ROLLOUT_BYTES + SAMPLED_TOKEN_BYTES * max_new_tokens
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -37,8 +52,41 @@ def available_memory() -> int | None:
     (less reclaimable page cache) of its cgroup and of every cgroup above it. A 1.5 GB
     cgroup on a host with 100 GB free passed the check and was killed without a word. None
     where the system says nothing."""
-    found = [room for room in (_meminfo_available(), *_cgroup_rooms()) if room is not None]
+    rooms = (_meminfo_available(), *_cgroup_rooms(), *_rlimit_rooms())
+    found = [room for room in rooms if room is not None]
     return min(found) if found else None
+
+
+# A process's own limits (``ulimit -v``: RLIMIT_AS, ``ulimit -d``: RLIMIT_DATA) and the
+# /proc/self/status line of what they count. Under ``ulimit -v 4000000`` MemAvailable said
+# 20 GB and numpy's 7.45 GiB array was a MemoryError traceback: the limit is free memory too.
+_RLIMITS = (("RLIMIT_AS", "VmSize:"), ("RLIMIT_DATA", "VmData:"))
+
+
+def _rlimit_rooms() -> list[int]:
+    """Each soft resource limit on this process's memory minus what it already counts."""
+    rooms = []
+    for name, line in _RLIMITS:
+        try:
+            soft, _ = resource.getrlimit(getattr(resource, name))
+        except (AttributeError, OSError, ValueError):
+            continue
+        if soft == resource.RLIM_INFINITY or soft < 0:
+            continue
+        used = _status_bytes(line)
+        rooms.append(max(soft - (used or 0), 0))
+    return rooms
+
+
+def _status_bytes(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _meminfo_available() -> int | None:
@@ -93,6 +141,65 @@ def check_rollouts_fit(rows: int, bytes_per_row: int, what: str, advice: str) ->
     need, free = rows * bytes_per_row, available_memory()
     if free is not None and need > free:
         raise InputError(
-            f"{what} makes {rows:,} rollouts at once, about {need / 2**30:,.1f} GiB; only "
-            f"{free / 2**30:,.1f} GiB of memory is free (to this process's cgroup); {advice}"
+            f"{what} makes {rows:,} rollouts at once, about {_gib(need)} GiB; only "
+            f"{_gib(free)} GiB of memory is free (to this process's cgroup); {advice}"
         )
+
+
+@dataclass(frozen=True)
+class Size:
+    """One allocation-sized number of a command: its ``value``, how the user gave it
+    (``name``: a flag, an API argument, a field of a file, as the refusal names it) and the
+    bytes each unit of it costs, the other sizes held (a float: a fraction of a byte a unit
+    is fine)."""
+
+    name: str
+    value: int
+    bytes_each: float
+    advice: str = ""  # another way out, said after the value that fits
+
+
+# Beyond any machine's memory: a larger value is counted as this many units (10**400 times
+# a float overflowed), so the budget's arithmetic never raises.
+_HUGE = 2**80
+
+
+def _gib(n: float) -> str:
+    return f"{min(n, _HUGE) / 2**30:,.1f}"
+
+
+def _shown(value: int) -> str:
+    text = f"{value:,}"
+    return text if len(text) <= 40 else f"about 10^{len(str(value)) - 1}"
+
+
+def _bytes(size: Size) -> int:
+    return math.ceil(min(max(size.value, 0), _HUGE) * size.bytes_each)
+
+
+def size_budget(sizes: Sequence[Size], base: int = 0) -> int:
+    """Bytes that ``sizes`` (and ``base``) make: Python's integers, so a value of 10**30
+    is counted, never wrapped or overflowed."""
+    return base + sum(_bytes(s) for s in sizes)
+
+
+def check_sizes(what: str, sizes: Sequence[Size], base: int = 0) -> int:
+    """The one size budget: refuse, before anything is allocated, a work whose sizes make
+    more than this process may allocate (:func:`available_memory`: free memory, its
+    cgroups' and its ``ulimit``'s room), naming the size that costs most and the value of it
+    that fits. Every allocation-sized number a user or a file gives (a flag, a field of a
+    dataset's training.json, a training setting) passes here; returns the bytes needed."""
+    need, free = size_budget(sizes, base), available_memory()
+    if free is None or need <= free:
+        return need
+    worst = max(sizes, key=_bytes)
+    rest = need - _bytes(worst)
+    fits = int((free - rest) // worst.bytes_each) if worst.bytes_each > 0 else 0
+    if fits >= 1:
+        fix = f"{worst.name} at most {fits:,} fits{worst.advice}"
+    else:
+        fix = f"lower {', '.join(s.name for s in sizes)} or free memory"
+    raise InputError(
+        f"{what} needs about {_gib(need)} GiB ({worst.name} {_shown(worst.value)}); only "
+        f"{_gib(free)} GiB of memory is free to this process; {fix}"
+    )

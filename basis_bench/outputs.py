@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from importlib import resources as importlib_resources
@@ -36,7 +37,7 @@ import pyarrow.parquet as pq
 
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
-from basis_bench.folders import claimed, inside_claim, real_path, walk
+from basis_bench.folders import claimed, inside_claim, read_small, real_path, walk
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 from basis_bench.version import __version__
 
@@ -174,11 +175,12 @@ def read_output_marker(
     """The marker of an output folder, None when it has none; an unreadable marker is an
     :class:`InputError` (suggesting --force only where the command has it: ``force_flag``)."""
     marker = Path(path) / OUTPUT_MARKER
-    if not marker.is_file():
+    raw = read_small(marker)  # a FIFO or folder by the name is refused, not "no marker"
+    if raw is None:
         return None
     fix = "delete it, or pass --force" if force_flag else "delete it"
     try:
-        data = bounded_json.loads(marker.read_text(encoding="utf-8"))
+        data = bounded_json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{marker} is not a valid marker ({err}); {fix}") from err
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
@@ -300,8 +302,9 @@ def claim_output_dir(
         _check_claim(path, kind, simulated, found, option, force_flag)
     lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
     claimed(path)
-    if _SCOPE and found is None:  # new or empty, and ours: a failed command leaves it so
-        (_SCOPE[-1].emptied if existed else _SCOPE[-1].created).append(path)
+    scope = _SCOPES.stack
+    if scope and found is None:  # new or empty, and ours: a failed command leaves it so
+        (scope[-1].emptied if existed else scope[-1].created).append(path)
     marker: dict[str, Any] = {"kind": kind}
     if kind == "rollouts":
         before = found.get("simulated") if found and found.get("kind") == kind else simulated
@@ -368,7 +371,22 @@ def _writable_folder(path: Path, option: str) -> Path:
 
 _HELD_LOCKS: dict[Path, int] = {}  # lock file -> open descriptor, for this process's life
 _WRITERS, _PUBLISH = 0, 1  # the lock file's bytes: who writes, and who swaps files in
-_SCOPE: list[_Claims] = []  # what each running holds_output_locks call has claimed
+
+
+class _ThreadScopes(threading.local):
+    """What each running holds_output_locks call has claimed, per thread: two threads of a
+    notebook each have their own calls (one shared stack mixed their claims)."""
+
+    def __init__(self) -> None:
+        self.stack: list[_Claims] = []
+
+
+_SCOPES = _ThreadScopes()
+# The thread of this process that holds each writer lock (by its descriptor): a POSIX lock
+# is the process's, so a second thread writing one out= was let in; now it is refused as a
+# second process is.
+_LOCK_THREADS: dict[int, int] = {}
+_LOCK_THREADS_GUARD = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -391,18 +409,19 @@ def holds_output_locks(fn: F) -> F:
 
     @functools.wraps(fn)
     def scoped(*args: Any, **kwargs: Any) -> Any:
-        _SCOPE.append(_Claims())
+        scope = _SCOPES.stack
+        scope.append(_Claims())
         failed = True
         try:
             result = fn(*args, **kwargs)
             failed = False
             return result
         finally:
-            claims = _SCOPE.pop()
-            if _SCOPE:
-                _SCOPE[-1].locks += claims.locks
-                _SCOPE[-1].created += claims.created
-                _SCOPE[-1].emptied += claims.emptied
+            claims = scope.pop()
+            if scope:
+                scope[-1].locks += claims.locks
+                scope[-1].created += claims.created
+                scope[-1].emptied += claims.emptied
             else:
                 _release(claims, failed)
 
@@ -425,6 +444,8 @@ def _release(claims: _Claims, failed: bool) -> None:
     for fd in claims.locks:
         if fd in held:
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
+        with _LOCK_THREADS_GUARD:
+            _LOCK_THREADS.pop(fd, None)
 
 
 def _unused_and_ours(folder: Path) -> bool:
@@ -437,7 +458,8 @@ def _unused_and_ours(folder: Path) -> bool:
     except OSError:
         return False
     try:
-        return _output_files(folder) == [folder / OUTPUT_MARKER]
+        # the marker alone, or nothing (a full disk refused the marker; its lock file is made)
+        return _output_files(folder) in ([], [folder / OUTPUT_MARKER])
     except InputError:  # something there cannot be read: not known to be unused
         return False
 
@@ -447,6 +469,8 @@ def forget_lock(folder: Path) -> None:
     before the file is removed: a later claim of the folder opens the new one."""
     fd = _HELD_LOCKS.pop(folder / LOCK_FILE, None)
     if fd is not None:
+        with _LOCK_THREADS_GUARD:  # the number may name another lock file next
+            _LOCK_THREADS.pop(fd, None)
         os.close(fd)
 
 
@@ -482,15 +506,23 @@ def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") ->
     if fd is None:
         return
     kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    try:
-        fcntl.lockf(fd, kind | fcntl.LOCK_NB, 1, _WRITERS)
-    except OSError as err:
-        raise InputError(
-            f"{option} {folder} is being written by another basis-bench command right now; "
-            "wait for it to finish (two writers of one folder would mix or lose outputs)"
-        ) from err
-    if _SCOPE:
-        _SCOPE[-1].locks.append(fd)
+    busy = (
+        f"{option} {folder} is being written by another basis-bench command right now; "
+        "wait for it to finish (two writers of one folder would mix or lose outputs)"
+    )
+    me = threading.get_ident()
+    with _LOCK_THREADS_GUARD:
+        owner = _LOCK_THREADS.get(fd, me)
+        if owner != me and not shared:  # another thread of this process writes it
+            raise InputError(busy)
+        try:
+            fcntl.lockf(fd, kind | fcntl.LOCK_NB, 1, _WRITERS)
+        except OSError as err:
+            raise InputError(busy) from err
+        if not shared:
+            _LOCK_THREADS[fd] = owner
+    if _SCOPES.stack:
+        _SCOPES.stack[-1].locks.append(fd)
 
 
 def held_by_a_writer(folder: Path) -> bool:

@@ -30,7 +30,6 @@ import functools
 import math
 import numbers
 import sys
-import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -40,6 +39,9 @@ from typing import Any, Literal, TypeVar
 from basis_bench.errors import InputError
 
 T = TypeVar("T")
+# The largest seed of every command: torch.manual_seed takes at most 2**64 - 1 (a seed above
+# ended in its overflow traceback after the model had loaded), numpy's counters an int64.
+MAX_SEED = 2**63 - 1
 _ABSTRACT: dict[type, type] = {int: numbers.Integral, float: numbers.Real}
 Boundaries = Literal["both", "left", "right", "neither"]
 _UNSET: Any = dataclasses.MISSING
@@ -71,15 +73,18 @@ def check_scalar(
         raise InputError(f"{name} must be {_article(wanted)}; got {value!r}")
     if not numeric:
         return value
-    x = float(typing.cast(float, value))
-    if math.isnan(x):
-        raise InputError(f"{name} must be a number, not NaN")
-    if math.isinf(x) and not allow_inf:
-        raise InputError(f"{name} must be finite; got {value}")
-    if 0 < abs(x) < sys.float_info.min:  # subnormal: 1 / x overflows, x * y underflows
-        raise InputError(
-            f"{name} must be 0 or at least {sys.float_info.min:g} in size; got {value}"
-        )
+    # an integer compares exactly: float(10**400) overflowed, and float(2**63) equals
+    # float(2**63 - 1), so 2**63 passed a bound of 2**63 - 1
+    x: float = int(value) if isinstance(value, numbers.Integral) else float(value)  # type: ignore[arg-type]
+    if isinstance(x, float):
+        if math.isnan(x):
+            raise InputError(f"{name} must be a number, not NaN")
+        if math.isinf(x) and not allow_inf:
+            raise InputError(f"{name} must be finite; got {value}")
+        if 0 < abs(x) < sys.float_info.min:  # subnormal: 1 / x overflows, x * y underflows
+            raise InputError(
+                f"{name} must be 0 or at least {sys.float_info.min:g} in size; got {value}"
+            )
     low_closed = include_boundaries in ("both", "left")
     high_closed = include_boundaries in ("both", "right")
     too_low = min_val is not None and (x < min_val or (x == min_val and not low_closed))

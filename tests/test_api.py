@@ -4,6 +4,7 @@ commands' frames without their files, the same numbers as the files, errors in i
 from __future__ import annotations
 
 import os
+import re
 
 import polars as pl
 import pytest
@@ -105,3 +106,124 @@ def test_errors_name_the_argument_not_the_flag(data, monkeypatch, capsys):
     # the command line still names its flags
     run = run_main(monkeypatch, capsys, "evaluate", "--rollouts", str(data), "--batch-size", "1")
     assert_one_line_error(run, "--batch-size must be >= 2")
+
+
+# --------------------------------------------------------------------------- issue 44, class 7
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda: basis_bench.load_rollouts(""), "rollouts is empty"),
+        (lambda: basis_bench.evaluate(""), "rollouts is empty"),
+        (lambda: basis_bench.evaluate(rollouts="  "), "rollouts is empty"),
+        (lambda: basis_bench.sensitivity(""), "rollouts is empty"),
+        (lambda: basis_bench.simulate(""), "out is empty"),
+        (lambda: basis_bench.evaluate(out=""), "out is empty"),
+        (lambda: basis_bench.evaluate(pl.DataFrame({"a": [1]})), "rollouts must be a path"),
+        (lambda: basis_bench.load_rollouts(pl.DataFrame({"a": [1]})), "rollouts must be a path"),
+        (lambda: basis_bench.simulate(pl.DataFrame({"a": [1]})), "out must be a path"),
+        (lambda: basis_bench.evaluate(estimators=5), "estimators must be a comma-separated"),
+        (lambda: basis_bench.evaluate(estimators=[1, 2]), "estimators must hold names"),
+        (lambda: basis_bench.evaluate(checkpoints={"a": 1}), "checkpoints must be a comma"),
+    ],
+)
+def test_the_api_refuses_what_the_cli_refuses_naming_the_argument(
+    call, needle, tmp_path, monkeypatch
+):
+    """load_rollouts("") returned the shipped dataset, evaluate("") and simulate("") used the
+    current folder, a polars frame as the dataset became a file name."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=needle):
+        call()
+    assert not any(tmp_path.iterdir())
+
+
+def test_policies_are_names_never_letters_and_must_be_held(data):
+    """policies="late" was read letter by letter and gave an empty frame, as did ["nope"]."""
+    late = basis_bench.load_rollouts(data, "late")
+    assert late.height > 0 and late["policy"].unique().to_list() == ["late"]
+    both = basis_bench.load_rollouts(data, "late,early")
+    assert set(both["policy"].unique()) == {"early", "late"}
+    with pytest.raises(InputError, match=r"policies 'nope' not in .* its policies: early, late"):
+        basis_bench.load_rollouts(data, ["nope"])
+
+
+def test_estimators_may_be_a_numpy_array(data):
+    """np.array([...]) raised numpy's "ambiguous truth value"."""
+    import numpy as np
+
+    result = basis_bench.evaluate(data, np.array(["basis", "grpo"]), trajectory=False, **SETTINGS)
+    assert set(result.summary["estimator"]) == {"basis", "grpo"}
+
+
+def test_two_threads_writing_one_out_are_one_writer(data, tmp_path, monkeypatch):
+    """Both were accepted: the POSIX lock is the process's, so a second thread got it too."""
+    import threading
+
+    import basis_bench.evaluation.run as run_module
+
+    out = tmp_path / "out"
+    inside, release = threading.Event(), threading.Event()
+    real = run_module._write_run
+
+    def slow(*args, **kwargs):
+        inside.set()
+        release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "_write_run", slow)
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)
+        except BaseException as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    assert inside.wait(60)
+    try:
+        with pytest.raises(InputError, match="being written by another basis-bench command"):
+            basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)
+    finally:
+        release.set()
+        worker.join(60)
+    assert not errors and (out / "summary.csv").is_file()
+    # the lock is let go when the call returns: this thread may write there now
+    basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)
+
+
+def test_a_full_disk_leaves_no_folder_holding_only_the_lock(data, tmp_path):
+    """evaluate(out=...) on a full disk left a folder holding only the lock file."""
+    from conftest import mounted_tmpfs
+
+    disk = tmp_path / "disk"
+    with mounted_tmpfs(disk, "size=4k") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here")
+        filler = disk / "filler"
+        with open(filler, "wb") as fh:  # every block taken; inodes left for the lock file
+            try:
+                fh.write(b"x" * 65536)
+            except OSError:
+                pass
+        with pytest.raises(OSError, match="No space left"):
+            basis_bench.evaluate(data, "grpo", out=disk / "out", trajectory=False, **SETTINGS)
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"stages": "early"}, "stages must map checkpoint names"),
+        ({"stages": ["early"]}, "stages must map checkpoint names"),
+        ({"mixture": (1.0, 2.0, 2.0)}, "mixture must be (weight, a, b) triples"),
+    ],
+)
+def test_simulate_refuses_settings_of_the_wrong_shape_by_name(tmp_path, settings, needle):
+    """stages="early" was an AttributeError traceback (found beside class 7)."""
+    with pytest.raises(InputError, match=re.escape(needle)):
+        basis_bench.simulate(tmp_path / "s", **settings)
+    assert not (tmp_path / "s").exists()

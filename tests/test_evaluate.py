@@ -535,7 +535,7 @@ def test_stateful_estimators_run_through_the_trajectory_only(tilt_data, tilt_res
         (EvaluateConfig, {"batch_size": 1}, "--batch-size must be >= 2; got 1"),
         (EvaluateConfig, {"oracle_n": 1}, "--oracle-n must be >= 2"),
         (EvaluateConfig, {"repeats": 0}, "--repeats must be >= 1"),
-        (EvaluateConfig, {"seed": -1}, "--seed must be >= 0"),
+        (EvaluateConfig, {"seed": -1}, "--seed must be in [0, 9223372036854775807]"),
         (EvaluateConfig, {"trajectory_epochs": 0}, "--trajectory-epochs must be >= 1"),
         (EvaluateConfig, {"ref_n": 2.5}, "--ref-n must be an integer"),
         (SensitivityConfig, {"eps": float("nan")}, "--eps must be a number, not NaN"),

@@ -365,7 +365,7 @@ def test_a_negative_seed_is_one_line_and_writes_nothing(
     before = snapshot(earlier)
     for out in (new, earlier):
         result = run_main(monkeypatch, capsys, *args, str(out), "--seed", "-1")
-        assert_one_line_error(result, "--seed must be >= 0; got -1")
+        assert_one_line_error(result, "--seed must be in [0, 9223372036854775807]; got -1")
     assert not new.exists()
     assert snapshot(earlier) == before
 

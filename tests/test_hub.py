@@ -86,3 +86,48 @@ def test_a_hub_name_not_in_the_cache_is_one_line_naming_the_download(
     done = basis_bench(hf_home, *oracle_args(ckpt, prompts, tmp_path / "o"))
     assert_one_line_error(done, "not in the local Hugging Face cache", "HF_HUB_OFFLINE", download)
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- issue 44, class 6
+
+BAD_MODELS = ["a/b--c", "a/-b", "a/b.", "a/" + "b" * 97, "a/b.git"]
+
+
+@pytest.mark.parametrize("name", BAD_MODELS)
+def test_a_model_name_the_hub_library_refuses_is_one_line(monkeypatch, name):
+    """a/b--c, a/-b, a/b. and names over 96 characters passed our rule and raised
+    huggingface_hub's HFValidationError, a traceback."""
+    from basis_bench.errors import InputError
+    from basis_bench.rollouts.hub import hub_snapshot, is_hub_name
+    from basis_bench.rollouts.models import resolve_checkpoint
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert not is_hub_name(name)
+    with pytest.raises(InputError, match="not a Hub name"):
+        resolve_checkpoint(name)
+    with pytest.raises(InputError, match="not a Hugging Face Hub name"):
+        hub_snapshot(name, "model", f"--model {name}")
+
+
+@pytest.mark.parametrize("spec", ["hf:../../etc", "hf:", "hf:/etc", "hf:a/b--c", "hf:a/b/c"])
+def test_a_hub_dataset_name_is_checked_before_use(monkeypatch, spec):
+    """--prompts hf:NAME was never checked: hf:../../etc, hf:, hf:/etc."""
+    from basis_bench.errors import InputError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(InputError, match=r"not a Hugging Face dataset name"):
+        load_prompt_source(spec)
+
+
+def test_good_hub_names_pass_both_rules():
+    from basis_bench.rollouts.hub import hub_name_problem
+
+    for name in (
+        "acme/tiny-llama",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "a/b_c.d",
+        "a/" + "b" * 96,
+    ):
+        assert hub_name_problem(name) is None, name
+    assert hub_name_problem("gsm8k", org=False) is None
+    assert hub_name_problem("gsm8k") == "a Hub name is org/name"

@@ -166,3 +166,122 @@ def test_bad_lines_are_reported_with_file_and_line(tmp_path):
     assert "samples_fixed.jsonl:2: 'exact_match' is \"yes\", not a number" in message
     assert "samples_fixed.jsonl:3: 3 'exact_match' values but 2 responses" in message
     assert "samples_fixed.jsonl:4: duplicate doc_id in one file" in message
+
+
+# --------------------------------------------------------------------------- issue 44, class 2
+
+MATH = [("What is $2+2$?", "4"), ("Solve $x+1=3$.", "2"), ("Compute $3 \\cdot 3$.", "9")]
+
+
+def math_run(path: Path, rows=MATH, ids=(0, 1, 2)) -> Path:
+    lines = [
+        sample_line(i, {"problem": q, "answer": a}, a, [f"so {a}"], a, "none", exact_match=1.0)
+        for i, (q, a) in zip(ids, rows, strict=True)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_two_tasks_with_the_same_doc_ids_are_refused_not_merged(tmp_path, monkeypatch, capsys):
+    """samples_gsm8k.jsonl and samples_math.jsonl were merged by doc id: each gsm8k sample
+    and the MATH sample of the same id under one prompt with the gsm8k text, exit 0."""
+    gsm = gsm8k_run(tmp_path / "samples_gsm8k.jsonl", ["5", "12", "70"])
+    lines = [ln for ln in gsm.read_text().splitlines() if '"flexible-extract"' in ln]
+    gsm.write_text("\n".join(ln.replace("flexible-extract", "none") for ln in lines) + "\n")
+    math = math_run(tmp_path / "samples_math.jsonl")
+    out = tmp_path / "ds"
+    args = ["import", "lm-eval", str(gsm), str(math), "--policy", "p", "--out", str(out)]
+    result = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(
+        result, "prompt id '0' names two problems", "samples_gsm8k.jsonl:1", "samples_math.jsonl:1"
+    )
+    assert not out.exists()
+    # the same task twice (one file per seed) is more samples of one prompt, as before
+    again = math_run(tmp_path / "samples_math_seed1.jsonl")
+    assert import_sources("lm-eval", [math, again], "p", ImportOptions()).rollouts.height == 6
+
+
+@pytest.mark.parametrize("change", ["answer", "id kind"])
+def test_one_doc_id_with_another_answer_or_id_kind_is_refused(tmp_path, change):
+    """The same doc id with answers 4 and 5 merged and kept 4; ids "0" and 0 merged."""
+    first = math_run(tmp_path / "samples_a.jsonl")
+    if change == "answer":
+        second = math_run(tmp_path / "samples_b.jsonl", [("What is $2+2$?", "5"), *MATH[1:]])
+        needle = "'What is $2+2$?' with answer '4'"
+    else:
+        second = math_run(tmp_path / "samples_b.jsonl", ids=("0", "1", "2"))
+        needle = "an integer id at"
+    with pytest.raises(InputError) as err:
+        import_sources("lm-eval", [first, second], "p", ImportOptions())
+    assert "prompt id '0' names two problems" in str(err.value)
+    assert needle in str(err.value)
+
+
+def test_a_second_import_compares_the_problem_not_only_the_answer(tmp_path, monkeypatch, capsys):
+    """It compared answers but never the problem: another task's doc 0 with the same answer
+    was merged into the first's."""
+    out = tmp_path / "ds"
+    math = math_run(tmp_path / "samples_math.jsonl")
+    args = ["import", "lm-eval", str(math), "--out", str(out), "--policy"]
+    assert run_main(monkeypatch, capsys, *args, "a").code == 0
+    other = math_run(tmp_path / "samples_other.jsonl", [("What is 1+3?", "4"), *MATH[1:]])
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = run_main(
+        monkeypatch, capsys, "import", "lm-eval", str(other), "--out", str(out), "--policy", "b"
+    )
+    assert_one_line_error(result, "already holds prompt 0 as the problem 'What is $2+2$?'")
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_eval_jsonl_files_merge_only_the_same_problem(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"idx": 0, "question": "1+1", "gt": "2", "score": [true]}\n')
+    b.write_text('{"idx": 0, "question": "2+3", "gt": "5", "score": [false]}\n')
+    with pytest.raises(InputError, match=r"prompt id '0' names two problems: '1\+1' with"):
+        import_sources("eval-jsonl", [a, b], "p", ImportOptions())
+    b.write_text('{"idx": 0, "question": "1+1", "gt": "2", "score": [false]}\n')
+    assert import_sources("eval-jsonl", [a, b], "p", ImportOptions()).rollouts.height == 2
+
+
+# --------------------------------------------------------------------------- issue 44, class 5
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        ({"doc": {"problem": "", "answer": "4"}}, "doc's 'problem' is empty"),
+        ({"doc": {"problem": "   ", "answer": "4"}}, "doc's 'problem' is empty"),
+        ({"target": 4.0}, "'target' is 4.0, not text or an integer"),
+        ({"target": None}, "'target' is null, not text or an integer"),
+        ({"target": ["4"]}, "'target' is [\"4\"], not text or an integer"),
+        ({"exact_match": 10**400}, "'exact_match' is 1000"),
+        ({"metrics": ["doc_id"]}, "the lines hold metrics none"),
+    ],
+)
+def test_values_the_docs_promise_to_refuse_are_refused_at_their_line(tmp_path, edit, needle):
+    """An empty question was stored; a float, null or list target became the answer '';
+    a 400-digit metric raised OverflowError; "metrics": ["doc_id"] made doc ids rewards."""
+    path = math_run(tmp_path / "samples_math.jsonl")
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[0]) | edit
+    if "metrics" in edit:
+        rows = [json.loads(line) | edit for line in lines]
+        for r in rows:
+            del r["exact_match"]
+        lines = [json.dumps(r) for r in rows]
+    else:
+        lines[0] = json.dumps(row)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as err:
+        import_sources("lm-eval", [path], "p", ImportOptions())
+    assert needle in str(err.value)
+    if "metrics" not in edit:
+        assert "samples_math.jsonl:1:" in str(err.value)
+
+
+def test_a_400_digit_eval_jsonl_score_is_refused_at_its_line(tmp_path):
+    """float(10**400) raised OverflowError, a traceback (found beside class 5's lm-eval case)."""
+    path = tmp_path / "e.jsonl"
+    path.write_text(f'{{"idx": 0, "question": "1+1", "gt": "2", "score": [{10**400}]}}\n')
+    with pytest.raises(InputError, match=r"e\.jsonl:1: 'score' must be a list of booleans"):
+        import_sources("eval-jsonl", [path], "p", ImportOptions())

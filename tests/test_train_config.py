@@ -379,7 +379,7 @@ def test_shipped_experiment_configs_are_valid_and_share_the_budget():
 def test_counts_and_seeds_are_checked_where_the_config_is_made():
     for override, message in (
         ("steps=0", "steps must be >= 1; got 0"),
-        ("seed=-1", "seed must be >= 0; got -1"),
+        ("seed=-1", r"seed must be in \[0, 9223372036854775807\]; got -1"),
         ("heldout_every=-1", "heldout_every must be >= 0"),
         ("backend=tpu", "backend must be one of auto, hf, vllm; got 'tpu'"),
     ):

@@ -123,3 +123,48 @@ def test_report_to_reads_as_trl_spells_it():
     assert make_config({}).report_to == ("none",)
     with pytest.raises(ValueError, match="report_to must be one of tensorboard, wandb, trackio"):
         make_config({"report_to": ["tensorbord"]})
+
+
+# --------------------------------------------------------------------------- issue 44, class 8
+
+
+def test_a_broken_tracker_package_is_one_line_before_a_model_loads(monkeypatch):
+    """A broken tensorboard passed find_spec and raised ImportError after the model loaded."""
+    import sys
+
+    from basis_bench.errors import InputError
+    from basis_bench.train.tracking import check_reporters
+
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed")
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import fails
+    with pytest.raises(InputError, match="report_to = tensorboard: the 'tensorboard' package"):
+        check_reporters(["tensorboard"])
+
+
+def test_wandb_starts_offline_and_a_failing_init_is_one_line(monkeypatch, tmp_path):
+    """wandb.init without a login or a network was a traceback, and nothing set offline
+    mode though the docs say no tracker needs a network."""
+    import sys
+
+    from basis_bench.errors import InputError
+    from basis_bench.train.tracking import check_reporters, open_trackers
+
+    fake = tmp_path / "site"
+    fake.mkdir()
+    (fake / "wandb.py").write_text(
+        "import os\n"
+        "def init(**kw):\n"
+        "    if os.environ.get('WANDB_MODE') != 'offline':\n"
+        "        raise RuntimeError('api_key not configured (no-tty)\\ncall wandb login')\n"
+        "    raise OSError('disk says no')\n"
+    )
+    monkeypatch.syspath_prepend(str(fake))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    check_reporters(["wandb"])
+    with pytest.raises(InputError, match=r"report_to = wandb could not start \(OSError: disk"):
+        open_trackers(["wandb"], tmp_path / "run", {}, 1)
+    monkeypatch.setenv("WANDB_MODE", "online")  # the user's choice stands
+    with pytest.raises(InputError, match="api_key not configured \\(no-tty\\)\\); fix it"):
+        open_trackers(["wandb"], tmp_path / "run", {}, 1)

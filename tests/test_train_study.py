@@ -254,3 +254,52 @@ def test_value_error_band_table_and_figure_with_and_without_probe_records(tmp_pa
     written = {p.name for p in plot_training([plain], tmp_path / "figs")}
     assert not any(n.startswith("value_error") for n in written)
     assert not (tmp_path / "figs" / "value_error.png").exists(), "no stale figure kept"
+
+
+# --------------------------------------------------------------------------- issue 44, class 4
+
+
+def test_a_copied_seed_run_is_refused_not_skipped(tmp_path):
+    """cp -a run/seed-0 run/seed-1, then train --seeds 0,1: "finished, skipping" for both."""
+    import shutil
+
+    config = make_config({"run_dir": str(tmp_path / "arm"), "steps": 4, "lr": 1e-5})
+    first, second = seed_config(config, 0), seed_config(config, 1)
+    _run(Path(first.run_dir), 0, {0: 0.1, 4: 0.3}, lr=1e-5)
+    (Path(first.run_dir) / "config.json").write_text(
+        json.dumps(dataclasses.asdict(first) | {"provenance": {}})
+    )
+    assert run_state(first) == ("finished", None)
+    shutil.copytree(first.run_dir, second.run_dir)
+    with pytest.raises(
+        InputError, match=r"seed-1 holds a run of seed 0 \(its config\), not seed 1"
+    ):
+        run_state(second)
+
+
+def test_train_figures_refuses_two_seeds_of_one_run(monkeypatch, capsys, tmp_path):
+    """train-figures reported the copy as a second seed."""
+    import shutil
+
+    arm = tmp_path / "arm"
+    _run(arm / "seed-0", 0, {0: 0.1, 4: 0.3})
+    shutil.copytree(arm / "seed-0", arm / "seed-1")
+    out = tmp_path / "figs"
+    result = run_main(monkeypatch, capsys, "train-figures", str(arm), "--out", str(out))
+    assert_one_line_error(result, "seed-1 holds a run of seed 0", "not seed 1 as its name says")
+    assert not out.exists()
+    (arm / "seed-1").rename(arm / "seed-x")  # not named by seed: two runs of one seed
+    _run(arm / "seed-2", 0, {0: 0.2, 4: 0.4})
+    result = run_main(monkeypatch, capsys, "train-figures", str(arm), "--out", str(out))
+    assert_one_line_error(result, "seed-2 holds a run of seed 0")
+
+
+def test_two_arms_of_one_folder_name_get_distinct_labels(monkeypatch, capsys, tmp_path):
+    """train-figures a/run b/run gave two rows with the same label."""
+    a = _run(tmp_path / "a" / "run", 0, {0: 0.1, 4: 0.3})
+    b = _run(tmp_path / "b" / "run", 0, {0: 0.2, 4: 0.5})
+    out = tmp_path / "figs"
+    result = run_main(monkeypatch, capsys, "train-figures", str(a), str(b), "--out", str(out))
+    assert result.code == 0, result.message
+    labels = pl.read_csv(out / "training_summary.csv")["label"].unique().sort().to_list()
+    assert len(labels) == 2 and labels[0].endswith("(a/run)") and labels[1].endswith("(b/run)")

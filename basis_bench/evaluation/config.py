@@ -20,6 +20,7 @@ from basis_bench.estimators.options import (
     TableOptions,
 )
 from basis_bench.settings import (
+    MAX_SEED,
     check_settings,
     renamed,
     setting,
@@ -85,7 +86,9 @@ def _ref_n() -> Any:
 
 
 def _seed() -> Any:
-    return setting(0, help="Random seed: the same seed writes the same files.", min_val=0)
+    return setting(
+        0, help="Random seed: the same seed writes the same files.", min_val=0, max_val=MAX_SEED
+    )
 
 
 def _grid_size() -> Any:

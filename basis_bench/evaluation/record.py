@@ -19,6 +19,7 @@ from typing import Any
 
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.folders import read_small
 
 RUN_FILE = "run.json"
 SENSITIVITY_FILE = "sensitivity.json"
@@ -37,8 +38,11 @@ def _to_json(record: Any) -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    raw = read_small(path)  # a FIFO is one line, never a wait for a writer
+    if raw is None:
+        raise InputError(f"{path} does not exist; rerun the command")
     try:
-        data = bounded_json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise InputError(f"{path} is not a readable run record ({err}); rerun the command") from err
     if not isinstance(data, dict):
@@ -162,7 +166,7 @@ def check_one_run(results: str | os.PathLike[str]) -> RunRecord:
             f"no evaluate results: {results} {where}; run `basis-bench evaluate --out "
             f"{results}` first"
         )
-    if not (results / RUN_FILE).is_file():
+    if not (results / RUN_FILE).exists():
         raise InputError(
             f"{results} has tables but no run.json (an interrupted or foreign run); rerun "
             f"`basis-bench evaluate --out {results}`"
@@ -178,8 +182,8 @@ def sensitivity_mismatch(results: Path, run: RunRecord) -> str | None:
     if not (results / "sensitivity.csv").exists():
         return None
     path = results / SENSITIVITY_FILE
-    if not path.is_file():
-        return None  # written before sensitivity kept a record
+    if not path.exists() and not path.is_symlink():
+        return None  # written before sensitivity kept a record (a FIFO is read, and refused)
     record = SensitivityRecord.read(path)
     check_tables(results, record, ["sensitivity.csv"], SENSITIVITY_FILE)
     fingerprints = (record.dataset_sha256, run.dataset_sha256)

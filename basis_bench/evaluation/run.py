@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import BasisOptions, Estimator, TiltTable, available, default_betas, get
 from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.table import grid_beta_index
-from basis_bench.evaluation.config import EvaluateConfig, given, named
+from basis_bench.evaluation.config import DEFAULT_BATCH, EvaluateConfig, given, named
 from basis_bench.evaluation.cost import check_memory, held_bytes
 from basis_bench.evaluation.dataset import (
     CheckpointData,
@@ -48,7 +48,7 @@ from basis_bench.evaluation.gradient import (
 )
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
-from basis_bench.evaluation.step_replay import replay_steps
+from basis_bench.evaluation.step_replay import check_step_sizes, replay_steps
 from basis_bench.evaluation.tables import (
     beta_table,
     claim_results_dir,
@@ -64,6 +64,7 @@ from basis_bench.evaluation.tables import (
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
     check_blend,
+    check_epoch_sizes,
     replay_trajectory,
     shared_prompts,
 )
@@ -340,7 +341,9 @@ def _gradient(
     return pl.concat(frames)
 
 
-def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> Schedule:
+def trajectory_schedule(
+    cfg: EvaluateConfig, ds: Dataset, estimators: Sequence[Estimator] = ()
+) -> Schedule:
     """The trajectory replay's :class:`Schedule`, read once per run (before any replay);
     options the schedule would not use are refused. The step schedule without
     ``batch_size`` visits prompts at the training run's own rate when the record has it:
@@ -361,12 +364,36 @@ def trajectory_schedule(cfg: EvaluateConfig, ds: Dataset) -> Schedule:
         )
     cfg.check_schedule(schedule)
     if schedule != "steps" or steps is None:
+        p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])
+        epochs = TrajectorySettings(
+            cfg.batch_size or DEFAULT_BATCH, min(cfg.repeats, TRAJECTORY_REPEATS),
+            cfg.trajectory_epochs,
+        )  # fmt: skip
+        check_epoch_sizes(epochs, len(ds.checkpoints), max(len(estimators), 1), p)
         return Schedule(schedule, [])
     rate = record.visit_rate() if record is not None else None
-    if cfg.batch_size is not None or rate is None:
-        return Schedule(schedule, steps)
     p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])
-    return Schedule(schedule, steps, max(2, round(rate * p)))
+    if cfg.batch_size is not None or rate is None or record is None:
+        chosen = Schedule(schedule, steps)
+        batch_from = None
+    else:
+        chosen = Schedule(schedule, steps, max(2, round(rate * p)))
+        batch_from = (
+            f"prompts_per_step of {Path(ds.root) / TRAINING_FILE}",
+            record.prompts_per_step or 0,
+            p / (record.train_prompts or 1),
+            f", or give {named('batch_size')}",
+        )
+    settings = TrajectorySettings(
+        chosen.batch or cfg.batch_size or DEFAULT_BATCH, min(cfg.repeats, TRAJECTORY_REPEATS),
+        group_size=cfg.group_size, rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
+        standing_steps=cfg.standing_steps,
+    )  # fmt: skip
+    check_step_sizes(
+        steps, settings, estimators, p,
+        f"the steps spanned by {Path(ds.root) / TRAINING_FILE}", batch_from,
+    )  # fmt: skip
+    return chosen
 
 
 def check_reward_bounds(ds: Dataset, estimators: list[Estimator]) -> None:
@@ -404,7 +431,7 @@ def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> tuple[Datase
     schedule = Schedule("epochs", [])
     if cfg.trajectory:
         check_feature_kind(load_prompts(ds.root), cfg.features)
-        schedule = trajectory_schedule(cfg, ds)
+        schedule = trajectory_schedule(cfg, ds, estimators)
     check_reward_bounds(ds, [e for e in estimators if cfg.trajectory or not e.stateful])
     chosen = bool(cfg.estimators) and "all" not in cfg.estimators  # "all" drops them quietly
     stateful = [e.name for e in estimators if e.stateful]

@@ -73,6 +73,7 @@ from basis_bench.evaluation.trajectory import (
     stream_group,
     summarise,
 )
+from basis_bench.memory_check import Size, check_sizes
 from basis_bench.rollouts.features import prompt_features
 
 FOLD, ORDER, MIX, POOL = tag("fold"), tag("order"), tag("mix"), tag("pool")
@@ -208,6 +209,60 @@ def _runs(
     return list(runs.values())
 
 
+# What the step replay allocates for each size it is given (check_step_sizes), measured
+# loosely from above: per replayed step, its timeline (t, k, next, span, w, masks) and its
+# rows of the table (a dict of 20 values per estimator and scope, then polars); per batch of
+# a step, the schedule's (key, columns) pair; per drawn rollout of a batch, the draw's
+# arrays (rewards, masks, positions, uniforms, the order and the gathered pool values).
+STEP_BYTES = 64
+ROW_BYTES = 4096
+BATCH_BYTES = 256
+DRAW_BYTES = 160
+
+
+def check_step_sizes(
+    ckpt_steps: Sequence[int],
+    settings: TrajectorySettings,
+    estimators: Sequence[Estimator],
+    prompts: int,
+    steps_name: str = "the checkpoints' training steps",
+    batch_from: tuple[str, int, float, str] | None = None,
+) -> int:
+    """The step replay's sizes against the memory budget before anything is allocated:
+    the steps it replays (the checkpoints' span, from the dataset's training.json, and
+    ``standing_steps``) and the prompts a step visits (``rollouts_per_step`` / G, or the
+    batch). ``batch_from`` = (name, value, B per unit of it, advice) names where a batch that is not
+    a setting came from (training.json's prompts_per_step). 10^9 standing steps grew to
+    23.7 GB before; 10^9 rollouts a step ended in a MemoryError."""
+    s = settings
+    first, last = (min(ckpt_steps), max(ckpt_steps)) if len(ckpt_steps) else (0, 0)
+    groups = [e.rollouts_per_prompt(s.group_size) for e in estimators] or [1]
+    p = max(prompts, 1)
+    per_step = STEP_BYTES + (ROW_BYTES + 8 * (s.repeats + 4)) * len(estimators)
+    together = stream_group(s.repeats, stream_bytes(p, []) + 4 * p * s.folds)
+    # a step's batches (B / P of them beyond P) are listed at once, each (key, columns);
+    # they are drawn one at a time, so the draws of one batch, at most P prompts, are fixed
+    per_visit = BATCH_BYTES / p
+    draws = together * p * max(groups) * DRAW_BYTES
+    if s.rollouts_per_step:  # B = R / G: the smallest G visits most
+        batch = Size(named("rollouts_per_step"), s.rollouts_per_step, per_visit / min(groups))
+    elif batch_from is not None:
+        name, value, scale, advice = batch_from
+        batch = Size(name, value, per_visit * scale, advice)
+    else:
+        batch = Size(named("batch_size"), s.batch_size, per_visit)
+    # a fold: each repeat's count of pool samples taken and, per checkpoint, its oracle,
+    # noise and pool size (the pools themselves are the checkpoint's samples, split)
+    per_fold = 8 * together * p + 24 * p * max(len(ckpt_steps), 1)
+    sizes = [
+        Size(steps_name, max(last - first + 1, 0), per_step),
+        Size(named("standing_steps"), s.standing_steps, per_step),
+        batch,
+        Size(named("folds"), s.folds, per_fold),
+    ]
+    return check_sizes("this step replay", sizes, base=draws)
+
+
 def replay_steps(
     rollouts: pl.DataFrame | Rewards,
     reference: str,
@@ -231,6 +286,7 @@ def replay_steps(
     ids, _ = shared_prompts(rewards, reference, checkpoints)
     if len(steps) != len(checkpoints):
         raise InputError(f"{len(checkpoints)} checkpoints but {len(steps)} steps")
+    check_step_sizes(steps, s, ests, len(ids))
     timeline = Timeline.build(steps, s.standing_steps)
     p = len(ids)
     cache = rewards[reference].rows(ids)[:, : s.ref_n].copy()

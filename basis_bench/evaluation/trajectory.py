@@ -48,9 +48,11 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
 from basis_bench.estimators.kernel import StepKernel
 from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.evaluation.config import named
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.evaluation.gradient import closed_form_scale
 from basis_bench.evaluation.replay import pick_rollouts
+from basis_bench.memory_check import Size, check_sizes
 from basis_bench.rollouts.features import prompt_features
 
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
@@ -244,6 +246,28 @@ def _check(
     return s.group_size if has_group else 1
 
 
+# Per epoch, estimator and repeat the summed squared error (float64); per epoch and
+# estimator its table rows (a dict per scope, then polars); per replayed step of an epoch
+# and estimator a point of its curve (a Python float in a list).
+EPOCH_ROW_BYTES = 4096
+CURVE_POINT_BYTES = 40
+
+
+def check_epoch_sizes(
+    settings: TrajectorySettings, checkpoints: int, estimators: int, prompts: int
+) -> int:
+    """The epoch replay's ``epochs_per_checkpoint`` against the memory budget before
+    anything is allocated (``--trajectory-epochs 10^9`` asked numpy for 14.6 TiB, a
+    MemoryError traceback)."""
+    s = settings
+    steps = max(prompts // max(s.batch_size, 1), 1)
+    per_epoch = checkpoints * (
+        16 + estimators * (8 * s.repeats + 8 + EPOCH_ROW_BYTES + CURVE_POINT_BYTES * steps)
+    )
+    epochs = Size(named("trajectory_epochs"), s.epochs_per_checkpoint, per_epoch)
+    return check_sizes("this trajectory replay", [epochs])
+
+
 def replay_trajectory(
     rollouts: pl.DataFrame | Rewards,
     reference: str,
@@ -269,6 +293,7 @@ def replay_trajectory(
     ids, _ = shared_prompts(rewards, reference, checkpoints)
     p = len(ids)
     g_max = _check(s, ests, p, len(checkpoints))
+    check_epoch_sizes(s, len(checkpoints), len(ests), p)
     cache = rewards[reference].rows(ids)[:, : s.ref_n].copy()  # not a view of every column
 
     betas = default_betas(s.grid_size) if s.grid_size is not None else None

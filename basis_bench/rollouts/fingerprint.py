@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from basis_bench import bounded_json, outputs
+from basis_bench.errors import InputError
+from basis_bench.folders import read_small
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 NOT_WEIGHTS = ("trainer_state.pt",)  # a training checkpoint's optimizer and RNG state
@@ -36,9 +38,9 @@ def _key(path: Path) -> str:
 
 
 def _load_cache() -> dict[str, str]:
-    try:
-        data = bounded_json.loads(_cache_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a FIFO by the cache's name was opened and waited on for good; now: no cache
+        data = bounded_json.loads((read_small(_cache_file()) or b"{}").decode("utf-8"))
+    except (InputError, OSError, ValueError):
         return {}
     return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
 

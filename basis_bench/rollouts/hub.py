@@ -23,9 +23,45 @@ MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tikt
 other formats many repositories also hold: ONNX, GGUF, TensorFlow, original checkpoints)."""
 
 
+MAX_HUB_PART = 96  # huggingface_hub's validate_repo_id: each part 1 to 96 characters
+_HUB_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def hub_name_problem(text: str, *, org: bool = True) -> str | None:
+    """Why ``text`` is not a Hub repository name, None when it is one: ``org/name`` (or
+    ``name`` alone where ``org`` is False: a dataset such as gsm8k), each part 1 to 96
+    letters, digits, ``-``, ``_``, ``.``, neither starting nor ending with ``-`` or ``.``,
+    no ``--`` or ``..``, not ending in ``.git``: huggingface_hub's own rule
+    (``validate_repo_id``), which is asked too. ``--model a/b--c`` passed the old rule and
+    raised the library's HFValidationError, a traceback."""
+    parts = text.split("/")
+    if len(parts) > 2 or (org and len(parts) != 2):
+        return "a Hub name is org/name" if org else "a Hub name is org/name or name"
+    for part in parts:
+        if not part:
+            return "a part is empty"
+        if len(part) > MAX_HUB_PART:
+            return f"a part is longer than {MAX_HUB_PART} characters"
+        if not _HUB_PART.fullmatch(part):
+            return "letters, digits, -, _ and . only, not starting or ending with - or ."
+    if "--" in text or ".." in text:
+        return "-- and .. are not allowed"
+    if text.endswith(".git"):
+        return "it may not end in .git"
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:  # the library checks its own names; without it, ours stand
+        return None
+    try:
+        validate_repo_id(text)
+    except HFValidationError as err:
+        return first_line(err)
+    return None
+
+
 def is_hub_name(text: str) -> bool:
-    """Whether ``text`` is spelled like a Hub repository name, ``org/name``."""
-    return HUB_NAME.fullmatch(text) is not None and ".." not in text
+    """Whether ``text`` is a Hub repository name ``org/name`` by our rule and the library's."""
+    return hub_name_problem(text) is None
 
 
 def hub_snapshot(name: str, repo_type: str, what: str) -> Path:
@@ -39,6 +75,9 @@ def hub_snapshot(name: str, repo_type: str, what: str) -> Path:
         RepositoryNotFoundError,
     )
 
+    problem = hub_name_problem(name, org=repo_type == "model")
+    if problem is not None:  # the library's HFValidationError was a traceback
+        raise InputError(f"{what}: not a Hugging Face Hub name ({problem})")
     offline = constants.is_offline_mode()
     download = f"hf download {name}" + ("" if repo_type == "model" else f" --repo-type {repo_type}")
     try:

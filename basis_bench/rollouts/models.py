@@ -29,7 +29,7 @@ from typing import Any
 from basis_bench.errors import InputError, first_line
 from basis_bench.memory_check import available_memory
 from basis_bench.outputs import file_sha256
-from basis_bench.rollouts.hub import hub_snapshot, is_hub_name
+from basis_bench.rollouts.hub import hub_name_problem, hub_snapshot, is_hub_name
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -83,8 +83,9 @@ def resolve_checkpoint(ckpt: str | os.PathLike[str]) -> Checkpoint:
         if not (snapshot / "config.json").is_file():
             raise InputError(f"--model {text}: the Hub snapshot {snapshot} has no config.json")
         return Checkpoint(text, snapshot)
+    hub = f" (not a Hub name: {hub_name_problem(text)})" if text.count("/") == 1 else ""
     raise InputError(
-        f"--model {text!r}: no such model; pass a local Hugging Face model directory, "
+        f"--model {text!r}: no such model{hub}; pass a local Hugging Face model directory, "
         f"a .gguf file, a Hub name org/name, or the alias {SMOLLM2_ALIAS}"
     )
 

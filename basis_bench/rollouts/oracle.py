@@ -283,6 +283,17 @@ class _Quiet:
         pass
 
 
+def check_part_size(job: OracleJob) -> None:
+    """A part (``--chunk-size`` prompts x ``--n`` samples) is held whole while it is sampled
+    and written: its size passes the one size budget before the claim or a model load."""
+    from basis_bench.memory_check import Size, check_sizes, sampled_rollout_bytes
+
+    per = sampled_rollout_bytes(job.sampling.max_new_tokens) * job.chunk_size
+    check_sizes(
+        "one part of this oracle run", [Size("--n", job.n, per, " (or lower --chunk-size)")]
+    )
+
+
 @holds_output_locks
 def run_oracle(
     job: OracleJob,
@@ -302,6 +313,7 @@ def run_oracle(
     ``job.grading.reward_workers`` grading processes started for this run (None: grade here).
     """
     progress = progress or _Quiet()
+    check_part_size(job)
     own_source = source is None
     if own_source:  # --backend auto: the one that samples, for the plan and the progress
         job = replaced(

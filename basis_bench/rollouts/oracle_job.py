@@ -17,7 +17,7 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.grading import Grading
 from basis_bench.rollouts.prompt_source import PromptSource
-from basis_bench.settings import check_settings, section, setting, setting_flag
+from basis_bench.settings import MAX_SEED, check_settings, section, setting, setting_flag
 
 if TYPE_CHECKING:
     from basis_bench.rollouts.prompts import PromptTemplate
@@ -77,7 +77,10 @@ class OracleJob:
         help="Prompts per Parquet part; the unit of resumption. Keep it the same across reruns.",
     )
     seed: int = setting(
-        0, help="Base seed; each chunk's seed is derived from it and the chunk's prompts."
+        0,
+        help="Base seed; each chunk's seed is derived from it and the chunk's prompts.",
+        min_val=0,
+        max_val=MAX_SEED,
     )
     grading: Grading = section(Grading)
     workers: int = setting(

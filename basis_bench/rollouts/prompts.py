@@ -234,9 +234,12 @@ def _records_to_prompts(df: pl.DataFrame, what: str) -> pl.DataFrame:
 def _hub_records(spec: str) -> pl.DataFrame:
     """Rows of ``NAME[@SPLIT]``, a Hub dataset's snapshot (:mod:`.hub`) read by the optional
     ``datasets`` package (its data files, splits and configs as the Hub shows them)."""
-    from basis_bench.rollouts.hub import hub_snapshot
+    from basis_bench.rollouts.hub import hub_name_problem, hub_snapshot
 
     name, _, split = spec.partition("@")
+    problem = hub_name_problem(name, org=False)  # hf:../../etc, hf:, hf:/etc went unchecked
+    if problem is not None:
+        raise InputError(f"--prompts hf:{spec}: not a Hugging Face dataset name ({problem})")
     try:
         import datasets
     except ImportError as err:

@@ -6,9 +6,10 @@ Light to import (the CLI reads its options here); the model itself, and what ``t
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from basis_bench import settings
@@ -98,12 +99,30 @@ class SimulationConfig:
         help="The reference values' Beta mixture: (weight, a, b) per component, all positive.",
     )
     seed: int = settings.setting(
-        0, help="Random seed: the same seed writes the same files.", min_val=0
+        0,
+        help="Random seed: the same seed writes the same files.",
+        min_val=0,
+        max_val=settings.MAX_SEED,
     )
 
     def __post_init__(self) -> None:
         """An InputError for any impossible size, name or mixture."""
-        settings.check_settings(self, lambda name: settings.setting_label(SimulationConfig, name))
+        label = functools.partial(settings.setting_label, SimulationConfig)
+        settings.check_settings(self, label)
+        # the notebook API passes these as given: stages="early" was an AttributeError, a
+        # traceback; a mixture of numbers, not of (weight, a, b) triples, a TypeError
+        if not isinstance(self.stages, Mapping) or not all(isinstance(k, str) for k in self.stages):
+            raise InputError(
+                f"{label('stages')} must map checkpoint names to log-odds shifts "
+                f"({{'early': 0.5}}); got {type(self.stages).__name__}"
+            )
+        triples = isinstance(self.mixture, Sequence) and all(
+            isinstance(c, Sequence) and not isinstance(c, str) and len(c) == 3 for c in self.mixture
+        )
+        if not triples or not self.mixture:
+            raise InputError(
+                f"{label('mixture')} must be (weight, a, b) triples, e.g. ((1.0, 2.0, 2.0),)"
+            )
         if not self.stages:
             raise InputError("give at least one checkpoint stage")
         if REFERENCE_POLICY in self.stages:

@@ -163,7 +163,9 @@ def merged_prompts(prompts: pl.DataFrame, out: str | os.PathLike[str]) -> pl.Dat
     existing = load_prompts(out)
     if existing is None:
         return prompts
-    shared = existing.join(prompts.select("prompt_id", "answer"), on="prompt_id", suffix="_new")
+    shared = existing.join(
+        prompts.select("prompt_id", "problem", "answer"), on="prompt_id", suffix="_new"
+    )
     clash = shared.filter(pl.col("answer") != pl.col("answer_new"))
     if clash.height:
         row = clash.row(0, named=True)
@@ -171,11 +173,26 @@ def merged_prompts(prompts: pl.DataFrame, out: str | os.PathLike[str]) -> pl.Dat
             f"{path} already holds prompt {row['prompt_id']} with answer {row['answer']!r}, "
             f"this run has {row['answer_new']!r}; use another --out"
         )
+    # a prompt is its problem too: a second import of another task's doc 0 (same answer)
+    # was merged into the first's; an empty problem (a source without text) says nothing
+    said = (pl.col("problem") != "") & (pl.col("problem_new") != "")
+    other = shared.filter(said & (pl.col("problem") != pl.col("problem_new")))
+    if other.height:
+        row = other.row(0, named=True)
+        raise InputError(
+            f"{path} already holds prompt {row['prompt_id']} as the problem "
+            f"{_short(row['problem'])}, this run has {_short(row['problem_new'])}; one id is "
+            "one problem: give the new ids a prefix (--id-format), or use another --out"
+        )
     new = prompts.filter(~pl.col("prompt_id").is_in(existing["prompt_id"].implode()))
     filled = _fill_columns(existing, prompts)
     if new.height == 0 and filled.equals(existing):
         return None
     return pl.concat([filled, new], how="diagonal_relaxed")
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
 def write_prompts_table(

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.folders import read_small
 from basis_bench.outputs import read_metadata, write_text_atomic
 from basis_bench.rollouts.store import rollout_files
 
@@ -66,12 +68,11 @@ def _count(value: Any, what: str, path: Path, low: int) -> int:
 def read_training_record(root: str | os.PathLike[str]) -> TrainingRecord | None:
     """The dataset's training record, None without one; a malformed file is a one-line error."""
     path = Path(root) / TRAINING_FILE
-    if not path.is_file():
+    raw = read_small(path, MAX_BYTES)  # a FIFO was read as absent: the epoch schedule
+    if raw is None:
         return None
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise ValueError(f"larger than {MAX_BYTES} bytes")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable training record ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("steps", {}), dict):

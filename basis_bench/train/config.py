@@ -25,6 +25,7 @@ from basis_bench.rollouts.prompt_source import PromptSource
 from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
 from basis_bench.settings import (
+    MAX_SEED,
     check_settings,
     current_name,
     flat,
@@ -80,7 +81,10 @@ class TrainConfig:
         "runs/train", help="Directory of the run: config, log, rollouts, checkpoints."
     )
     seed: int = setting(
-        0, help="Random seed of prompts, sampling and the model's initial RNG.", min_val=0
+        0,
+        help="Random seed of prompts, sampling and the model's initial RNG.",
+        min_val=0,
+        max_val=MAX_SEED,
     )
     steps: int = setting(20, help="Training steps (one batch of rollouts each).", min_val=1)
     # the policy and its sampling (the reference is the same checkpoint, frozen): the

@@ -46,7 +46,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.outputs import claim_output_dir, holds_output_locks
-from basis_bench.quoting import plain_math
+from basis_bench.quoting import plain_math, printable
 from basis_bench.settings import check_scalar
 from basis_bench.train.findings import write_findings
 from basis_bench.train.summary import (
@@ -85,10 +85,27 @@ def arm_names(arms: Sequence[Arm], label: Labeller = plain_label) -> list[str]:
     (``BASIS (basis_n64)``, a sweep of one estimator's settings)."""
     with_loss = len({a.config["loss"] for a in arms}) > 1
     names = [run_label(a.config, with_loss, label) for a in arms]
-    return [
-        n if names.count(n) == 1 else f"{n} ({plain_math(a.path.name)})"
+    return [  # a folder's name with control characters escaped (an ESC reached the tables)
+        n if names.count(n) == 1 else f"{n} ({plain_math(printable(_distinct_tail(a.path, arms)))})"
         for n, a in zip(names, arms, strict=True)
     ]
+
+
+def table_cell(text: str) -> str:
+    """A label as a Markdown table cell: ``|`` escaped (a folder named ``a|b`` split its
+    row of training_table.md), control characters too."""
+    return printable(text).replace("|", "\\|")
+
+
+def _distinct_tail(path: Path, arms: Sequence[Arm]) -> str:
+    """The fewest trailing parts of ``path`` that no other arm's path ends in: its folder's
+    name, or more (``a/run`` and ``b/run`` were two rows labelled alike)."""
+    parts = Path(os.path.realpath(path)).parts
+    others = [Path(os.path.realpath(a.path)).parts for a in arms if a.path != path]
+    for k in range(1, len(parts) + 1):
+        if all(o[-k:] != parts[-k:] for o in others):
+            return str(Path(*parts[-k:]))
+    return str(path)
 
 
 @holds_output_locks
@@ -118,7 +135,11 @@ def plot_training(
     twice = next((d for i, d in enumerate(arm_dirs) if given[i] in given[:i]), None)
     if twice is not None:  # its curves would be drawn twice, under two labels
         raise InputError(f"run {str(twice)!r} is given twice; give each run once")
+    from basis_bench.train.seeds import check_arm_seeds
+
     arms = [load_arm(d) for d in arm_dirs]
+    for arm in arms:  # a run folder proves what it holds: no seed drawn twice
+        check_arm_seeds(arm.path, [(run[0], run[1]) for run in arm.runs])
     names = arm_names(arms, label)
     estimators = [a.config["estimator"] for a in arms]
     unique = len(set(estimators)) == len(estimators)
@@ -135,8 +156,9 @@ def plot_training(
     errors = _value_error_figure(arms, names, styles, out)
     written += _only_if_drawn(errors, out, "value_error")
     written.append(_summary(arms, names, out / "training_summary.csv"))
-    written += write_tables(arms, names, out)
-    findings = write_findings(arms, names, out)
+    cells = [table_cell(n) for n in names]  # the tables and findings are Markdown
+    written += write_tables(arms, cells, out)
+    findings = write_findings(arms, cells, out)
     return written + _only_if_drawn(findings, out, "training_findings", ("csv", "md"))
 
 

@@ -373,10 +373,12 @@ def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
 
 def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
     """The step records of a run's ``log.jsonl`` (beta "inf" read back as a float)."""
+    from basis_bench.folders import read_small
+
     path = Path(run_dir) / LOG_FILE
-    if not path.is_file():
+    raw = read_small(path)  # a FIFO named so is refused, never waited on
+    if raw is None:
         raise InputError(f"{run_dir}: no {LOG_FILE}; is this a training run directory?")
-    raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

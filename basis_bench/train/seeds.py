@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,7 +52,7 @@ def last_logged_step(run_dir: Path) -> int:
     """The last step of the run's log (-1 without one)."""
     from basis_bench.train.loop import read_log
 
-    if not (run_dir / LOG_FILE).is_file():
+    if not os.path.lexists(run_dir / LOG_FILE):  # a FIFO there is read, and refused
         return -1
     return max((int(r.get("step", -1)) for r in read_log(run_dir)), default=-1)
 
@@ -72,14 +73,47 @@ def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Pa
         )
 
 
+def check_run_holds(run_dir: Path, written: dict[str, Any], seed: int | None = None) -> None:
+    """A run folder proves what it holds: the seed its config records against the seed
+    its name says (``seed-S``) and, when given, the seed the command asks for. After
+    ``cp -a run/seed-0 run/seed-1``, ``train --seeds 0,1`` said "finished, skipping" for
+    both and train-figures drew two seeds of one run."""
+    recorded = written.get("seed")
+    named = run_dir.name[len(SEED_PREFIX) :] if run_dir.name.startswith(SEED_PREFIX) else ""
+    for what, wanted in (("its name", int(named) if named.isdigit() else None), ("--seeds", seed)):
+        if wanted is not None and recorded != wanted:
+            raise InputError(
+                f"{run_dir} holds a run of seed {recorded!r} (its config), not seed {wanted} "
+                f"as {what} says: a copied or renamed run folder; move it away, or rerun that "
+                "seed into a new folder"
+            )
+
+
+def check_arm_seeds(arm_dir: Path, runs: Sequence[tuple[Path, dict[str, Any]]]) -> None:
+    """Each run of an arm is its own seed: its config's seed matches its folder's name, and
+    no two runs record one seed."""
+    seen: dict[Any, Path] = {}
+    for run_dir, config in runs:
+        check_run_holds(run_dir, config)
+        other = seen.setdefault(config.get("seed"), run_dir)
+        if other != run_dir:
+            raise InputError(
+                f"{arm_dir}: runs {other.name} and {run_dir.name} are both seed "
+                f"{config.get('seed')!r} (their configs): one run copied; remove one"
+            )
+
+
 def run_state(config: TrainConfig) -> tuple[str, Path | None]:
     """("finished", None), ("resume", latest checkpoint) or ("new", None) for one seed's run."""
     run_dir = Path(config.run_dir)
     found = checkpoints(run_dir)
     if found:
-        _check_same_settings(config, load_trainer_state(found[-1])["config"], found[-1])
+        state_config = load_trainer_state(found[-1])["config"]
+        check_run_holds(run_dir, state_config, config.seed)
+        _check_same_settings(config, state_config, found[-1])
     if last_logged_step(run_dir) >= config.steps:
-        recorded = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        recorded = read_run_config(run_dir / "config.json")
+        check_run_holds(run_dir, recorded, config.seed)
         _check_same_settings(config, recorded, run_dir / "config.json")
         return "finished", None
     return ("resume", found[-1]) if found else ("new", None)
@@ -129,3 +163,20 @@ def train_seeds(
             train(one, resume=checkpoint, on_record=record, force=force)
         done.append(Path(one.run_dir))
     return done
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """A finished run's config.json through the package's one small-file reader: missing,
+    not a regular file (a FIFO), not UTF-8 or not a JSON object is one line (it was a
+    ``json.loads`` traceback, or a wait on a FIFO)."""
+    from basis_bench import bounded_json
+    from basis_bench.folders import read_small
+
+    raw = read_small(path)
+    try:
+        data = bounded_json.loads(raw.decode("utf-8")) if raw is not None else None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"{path}: not a readable run configuration ({err})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a run configuration (a JSON object); rerun this seed")
+    return data

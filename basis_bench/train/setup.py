@@ -349,6 +349,31 @@ def batch_shape(config: TrainConfig) -> tuple[int, int]:
 # --------------------------------------------------------------------------- the run
 
 
+ORACLE_CHUNK_PROMPTS = 16  # the reference cache's oracle samples 16 prompts a part
+
+
+def check_train_sizes(config: TrainConfig, prompts_per_step: int, n_train: int) -> None:
+    """The run's allocation-sized settings against the memory budget, before a model loads
+    (:func:`~basis_bench.memory_check.check_sizes`): rollouts a step, the value probe's
+    probe_prompts x probe_samples and the reference cache's ref_n samples of every training
+    prompt (a part of 16 prompts sampled at once, then the whole cache read as a matrix).
+    probe_samples=2000000 and ref_n=50000000 ended in a MemoryError after the model had
+    loaded."""
+    from basis_bench import estimators as E
+    from basis_bench.memory_check import Size, check_sizes, sampled_rollout_bytes
+
+    rollout = sampled_rollout_bytes(
+        config.generation.sampling(1, config.train.prompts).max_new_tokens
+    )
+    sizes = [Size("rollouts_per_step", config.rollouts_per_step, rollout)]
+    if config.probe_every:
+        sizes.append(Size("probe_samples", config.probe_samples, rollout * config.probe_prompts))
+    if E.get(config.estimator).uses_cache:
+        chunk = min(ORACLE_CHUNK_PROMPTS, n_train)
+        sizes.append(Size("ref_n", config.ref_n, rollout * chunk + 72 * n_train))
+    check_sizes("this training run", sizes)
+
+
 @dataclass
 class Run:
     """Everything the loop touches: settings, directory, data, models, sampler, estimator."""
@@ -374,7 +399,7 @@ def setup(
     cache. ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the
     reference cache's build and notes on the data; None: Python warnings only."""
     from basis_bench import estimators as E
-    from basis_bench.folders import appended_inside, refuse_long_names
+    from basis_bench.folders import appended_inside, read_small, refuse_long_names
     from basis_bench.outputs import claim_output_dir
 
     run_dir = Path(config.run_dir)
@@ -382,6 +407,8 @@ def setup(
     group, prompts_per_step = batch_shape(config)
     check_estimator_options(config)
     log = appended_inside(run_dir / LOG_FILE, run_dir)  # appended in place: never elsewhere
+    if os.path.lexists(log) and not log.is_file():  # a FIFO: appending would wait for good
+        read_small(log)
     if resume is None and log.is_file() and log.stat().st_size:
         raise InputError(
             f"{run_dir} already holds a run; continue it with --resume "
@@ -393,6 +420,7 @@ def setup(
     config = replaced(config, backend=backend.backend)  # recorded: auto resolved
     data = load_data(config, progress.warning if progress is not None else warnings.warn)
     check_probe(config, group, data.train_set.height)
+    check_train_sizes(config, prompts_per_step, data.train_set.height)
     models = load_models(config, device, resume)
     sampler = make_training_sampler(backend, config, models, data.template)
     ref_rewards = features = None

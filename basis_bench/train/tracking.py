@@ -21,11 +21,11 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, first_line
 
 REPORTERS = ("tensorboard", "wandb", "trackio", "none")
 PROJECT = "basis-bench"
@@ -49,15 +49,30 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+# What each tracker imports when it opens (tensorboard's writer is torch's).
+_IMPORTS = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
 def check_reporters(report_to: Sequence[str]) -> None:
-    """Each tracker's package imports, checked before any model loads."""
+    """Each tracker's package imports, checked before any model loads: imported, not only
+    found (a broken tensorboard passed ``find_spec`` and raised ImportError once the model
+    had loaded)."""
     for name in report_to:
         module = _MODULES.get(name)
-        if module is not None and importlib.util.find_spec(module) is None:
+        if module is None:
+            continue
+        if importlib.util.find_spec(module) is None:
             raise InputError(
                 f"report_to = {name} needs the {module!r} package: "
                 f"pip install 'basis-bench[{name}]'"
             )
+        try:
+            importlib.import_module(_IMPORTS[name])
+        except Exception as err:  # a broken install fails here, in one line
+            raise InputError(
+                f"report_to = {name}: the {module!r} package does not import "
+                f"({type(err).__name__}: {first_line(err)}); reinstall it, or drop {name}"
+            ) from err
 
 
 class _TensorBoard:
@@ -80,6 +95,9 @@ class _WandB:
     def __init__(self, run_dir: Path, settings: Mapping[str, Any]) -> None:
         import wandb
 
+        # no tracker needs a network: offline unless the user chose a mode (wandb sync
+        # uploads an offline run later); a login or network failure was a traceback
+        os.environ.setdefault("WANDB_MODE", "offline")
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", PROJECT),
             name=run_dir.name,
@@ -135,14 +153,22 @@ def open_trackers(
     """The trackers named in ``report_to`` ("none" and an empty list: none), for a run
     that writes its records from step ``start`` on (1: a new run, else a resumed one)."""
     opened: list[Tracker] = []
+    makers: dict[str, Callable[[], Tracker]] = {
+        "tensorboard": lambda: _TensorBoard(run_dir, start),
+        "wandb": lambda: _WandB(run_dir, settings),
+        "trackio": lambda: _Trackio(run_dir, settings),
+    }
     try:
         for name in dict.fromkeys(report_to):
-            if name == "tensorboard":
-                opened.append(_TensorBoard(run_dir, start))
-            elif name == "wandb":
-                opened.append(_WandB(run_dir, settings))
-            elif name == "trackio":
-                opened.append(_Trackio(run_dir, settings))
+            if name not in makers:
+                continue
+            try:
+                opened.append(makers[name]())
+            except Exception as err:  # wandb.init without login or network: one line
+                raise InputError(
+                    f"report_to = {name} could not start ({type(err).__name__}: "
+                    f"{first_line(err)}); fix it, or drop {name} from report_to"
+                ) from err
     except BaseException:
         Trackers(opened).close()
         raise

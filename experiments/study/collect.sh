@@ -8,20 +8,42 @@
 #   experiments/study/collect.sh runs/study experiments/study/logs
 #   PARTIAL=1 experiments/study/collect.sh runs/study/pilot experiments/study/pilot
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 src=${1:?runs folder, e.g. runs/study}
 dest=${2:?destination, e.g. experiments/study/logs}
+# relative to where the command is run, not to the repository root it then works in
+src=$(realpath -m -- "$src")
+dest=$(realpath -m -- "$dest")
+cd "$(dirname "$0")/../.."
 ORDER=${ORDER:-vanilla reinforce_pp grpo_g8 basis basis_track}
 for run in "$src"/*/seed-*; do
-    [[ -f "$run/log.jsonl" ]] || continue
+    [[ -e "$run/log.jsonl" ]] || continue
     if [[ -z "${PARTIAL:-}" ]]; then
-        python - "$run" <<'EOF' || continue
-import json, sys
-run = sys.argv[1]
-steps = json.load(open(f"{run}/config.json"))["steps"]
-last = max((json.loads(line)["step"] for line in open(f"{run}/log.jsonl") if line.strip()), default=0)
-sys.exit(0 if last >= steps else 1)
+        # finished (0), still going (1), or a log or config that cannot be read (2: one
+        # line, and collect.sh stops; it printed a traceback, skipped the seed and exited 0)
+        status=0
+        python - "$run" <<'EOF' || status=$?
+import sys
+from pathlib import Path
+
+from basis_bench.errors import InputError
+from basis_bench.train.loop import read_log
+from basis_bench.train.seeds import read_run_config
+
+run = Path(sys.argv[1])
+try:
+    steps = read_run_config(run / "config.json").get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise InputError(f"{run / 'config.json'}: 'steps' is {steps!r}, not an integer")
+    logged = [r.get("step") for r in read_log(run)]
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in logged):
+        raise InputError(f"{run / 'log.jsonl'}: a record's step is not an integer")
+except InputError as err:
+    print(f"collect.sh: error: {err}", file=sys.stderr)
+    sys.exit(2)
+sys.exit(0 if max(logged, default=0) >= steps else 1)
 EOF
+        (( status == 1 )) && continue
+        (( status == 0 )) || exit 2
     fi
     copy="$dest/$(basename "$(dirname "$run")")/$(basename "$run")"
     mkdir -p "$copy"

@@ -17,6 +17,13 @@ for seed in ${SEEDS//,/ }; do
             --keep-checkpoints 1
     done
 done
-arms=()  # each arm's runs folder, as its config names it
-for arm in $ARMS; do arms+=("$(sed -n 's/^run_dir = "\(.*\)"$/\1/p' "experiments/study/$arm.toml")"); done
+arms=()  # each arm's runs folder, as its config resolves it (an inherited run_dir too)
+for arm in $ARMS; do
+    dir=$(python -c 'import sys
+from basis_bench.train import make_config
+from basis_bench.train.config import read_config_file
+print(make_config(read_config_file(sys.argv[1])).run_dir)' "experiments/study/$arm.toml")
+    [[ -n "$dir" ]] || { echo "run.sh: error: $arm.toml resolves no run_dir" >&2; exit 2; }
+    arms+=("$dir")
+done
 basis-bench train-figures "${arms[@]}" --out "figures/$(dirname "${arms[0]}" | sed 's|^runs/||')"

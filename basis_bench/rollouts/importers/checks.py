@@ -297,3 +297,52 @@ def prompts_from(df: pl.DataFrame, problem_col: str, answer_col: str) -> pl.Data
     return conform_prompts(
         df.select(cols).unique("prompt_id", keep="first", maintain_order=True), "prompts"
     )
+
+
+def _shown_text(value: object) -> str:
+    text = "" if value is None else str(value)
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def one_problem_per_id(
+    table: pl.DataFrame,
+    columns: tuple[str, str | None, str | None],
+    sources: Sequence[Source],
+) -> None:
+    """An imported prompt is its content: rows of one ``prompt_id`` (several files of one
+    task, one file per seed) are one prompt only where their problem and gold answer agree
+    (nulls alike), and their ids are of one kind (7 and "7" are one id only as one kind);
+    else an InputError naming both places. ``columns``: the id's, the problem's and the
+    answer's columns of ``table``. ``import lm-eval samples_gsm8k.jsonl
+    samples_math.jsonl`` put each gsm8k sample and the MATH sample of the same doc id under
+    one prompt, keeping the gsm8k text, exit 0."""
+    id_col, problem_col, answer_col = columns
+    cols = [c for c in (problem_col, answer_col) if c is not None and c in table.columns]
+    kind = kind_column(id_col) if kind_column(id_col) in table.columns else None
+    if not cols and kind is None:
+        return
+    keys = [pl.col(c).cast(pl.String).alias(f"_content{i}") for i, c in enumerate(cols)]
+    keys += [pl.col(kind).alias("_kind")] if kind is not None else []
+    rows = table.select("prompt_id", FILE_INDEX, LOC, *keys)
+    content = [c for c in rows.columns if c.startswith("_content") or c == "_kind"]
+    distinct = rows.unique(["prompt_id", *content], keep="first", maintain_order=True)
+    twice = distinct.filter(pl.len().over("prompt_id") > 1)
+    if twice.height == 0:
+        return
+    first, second = (
+        twice.filter(pl.col("prompt_id") == twice["prompt_id"][0]).head(2).rows(named=True)
+    )
+    at = [sources[r[FILE_INDEX]].where(r[LOC]) for r in (first, second)]
+    if kind is not None and first["_kind"] != second["_kind"]:
+        what = f"an {first['_kind']} id at {at[0]} and a {second['_kind']} id at {at[1]}"
+    else:
+        shown = [
+            " with answer ".join(_shown_text(r[f"_content{i}"]) for i in range(len(cols)))
+            for r in (first, second)
+        ]
+        what = f"{shown[0]} at {at[0]} and {shown[1]} at {at[1]}"
+    raise InputError(
+        f"prompt id {first['prompt_id']!r} names two problems: {what}; one id is one problem "
+        "(its problem and answer): give each file's ids a prefix of their own (--id-format "
+        "gsm8k_{}), or import the files separately"
+    )

@@ -13,7 +13,12 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.importers.checks import add_prompt_ids, prompts_from, report_duplicates
+from basis_bench.rollouts.importers.checks import (
+    add_prompt_ids,
+    one_problem_per_id,
+    prompts_from,
+    report_duplicates,
+)
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
@@ -24,6 +29,7 @@ from basis_bench.rollouts.importers.reading import (
     check_exists,
     describe_source,
     diagnose_jsonl,
+    finite_number,
     json_id_kinds,
     kind_column,
     nonblank_lines,
@@ -108,7 +114,8 @@ def _texts_as_written(
 
 def _scores(value: Any, name: str, where: str, problems: Problems) -> list[float] | None:
     if value is not None and not (
-        isinstance(value, list) and all(isinstance(v, bool | int | float) for v in value)
+        isinstance(value, list)
+        and all(isinstance(v, bool | int | float) and finite_number(v) for v in value)
     ):
         problems.add(
             where, f"{name!r} must be a list of booleans or 0/1, got {json.dumps(value)[:60]}"
@@ -226,6 +233,7 @@ def import_eval_jsonl(paths: Sequence[Path], policy: str, opt: ImportOptions) ->
     # within one file a repeated id is an error.
     report_duplicates(table, sources, ["prompt_id", FILE_INDEX], problems, "problem id in one file")
     problems.raise_if_any(sources_label(paths))
+    one_problem_per_id(table, (id_col, problem_col, answer_col), sources)  # not by id alone
     table = table.sort(FILE_INDEX, LOC)
     has_resp = table[opt.response_field].is_not_null().any()
     # a line without responses, beside lines with them: its samples' responses are null

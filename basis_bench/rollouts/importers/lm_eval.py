@@ -18,13 +18,13 @@ Several files of one task (one run per seed) are more samples of each document, 
 file order, as ``eval-jsonl`` does; within one file a document is on one line per filter.
 Prompt ids are the ``doc_id`` (``--id-format`` as elsewhere); the problem is the document's
 ``--problem-col`` (default: the first of problem, question, Problem, Question it has) and
-the answer its ``--answer-col``, else lm-eval's ``target`` when it is text or an integer.
+the answer its ``--answer-col``, else lm-eval's ``target``: text or an integer (its digits);
+anything else there (a float, null, a list) is refused at its line, as is an empty problem.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,12 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.importers.checks import add_prompt_ids, prompts_from, report_duplicates
+from basis_bench.rollouts.importers.checks import (
+    add_prompt_ids,
+    one_problem_per_id,
+    prompts_from,
+    report_duplicates,
+)
 from basis_bench.rollouts.importers.options import ImportOptions
 from basis_bench.rollouts.importers.reading import (
     FILE_INDEX,
@@ -43,6 +48,7 @@ from basis_bench.rollouts.importers.reading import (
     check_exists,
     describe_source,
     diagnose_jsonl,
+    finite_number,
     kind_column,
     nonblank_lines,
     python_id_kind,
@@ -92,15 +98,19 @@ def _metric_names(lines: Sequence[Line]) -> list[str]:
     names: dict[str, None] = {}
     for _, row in lines:
         listed = row.get("metrics")
-        keys = listed if isinstance(listed, list) else [k for k in row if k not in LOGGED_FIELDS]
-        names.update(dict.fromkeys(k for k in keys if isinstance(k, str)))
+        keys = listed if isinstance(listed, list) else list(row)
+        # a field lm-eval always writes is never a metric: "metrics": ["doc_id"] made the
+        # doc ids rewards
+        names.update(
+            dict.fromkeys(k for k in keys if isinstance(k, str) and k not in LOGGED_FIELDS)
+        )
     return list(names)
 
 
 def _scores(value: Any) -> list[float] | None:
     """A metric's value as the line's samples: a number is one, a list one per element."""
     values = value if isinstance(value, list) and value else [value]
-    if not all(isinstance(v, bool | int | float) and math.isfinite(v) for v in values):
+    if not all(isinstance(v, bool | int | float) and finite_number(v) for v in values):
         return None
     return [float(v) for v in values]
 
@@ -149,6 +159,13 @@ def _line_record(
     problem = doc.get(problem_col) if problem_col is not None else None
     if problem is not None and _text(problem) is None:
         problems.add(where, f"doc's {problem_col!r} is {json.dumps(problem)[:60]}, not text")
+    elif problem is not None and not str(problem).strip():  # sampled on the instruction alone
+        problems.add(where, f"doc's {problem_col!r} is empty")
+    if _text(answer) is None:  # a float, null or list target was stored as the answer ''
+        field = f"doc's {answer_col!r}" if answer_col is not None else "'target'"
+        problems.add(
+            where, f"{field} is {json.dumps(answer)[:60]}, not text or an integer (the answer)"
+        )
     ident = row.get(id_col)
     return {
         "doc_id": ident if isinstance(ident, str) or ident is None else json.dumps(ident),
@@ -210,6 +227,7 @@ def import_lm_eval(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Im
     table = stack_sources(frames)
     report_duplicates(table, sources, ["prompt_id", FILE_INDEX], problems, "doc_id in one file")
     problems.raise_if_any(files)
+    one_problem_per_id(table, ("doc_id", "problem", "answer"), sources)  # not by doc id alone
     return Imported(
         "lm-eval",
         _samples(table.sort(FILE_INDEX, LOC), policy),

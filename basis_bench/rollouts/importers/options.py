@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from basis_bench.settings import check_settings, setting, setting_flag
+from basis_bench.settings import MAX_SEED, check_settings, setting, setting_flag
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,12 @@ class ImportOptions:
         help="Turn source ids into prompt ids: fixed text around {} or {:0Nd}, e.g. "
         "math500_{:03d} maps 7 to math500_007.",
     )
-    seed: int = setting(0, help="counts, acc-history: seed of the synthetic order of the rewards.")
+    seed: int = setting(
+        0,
+        help="counts, acc-history: seed of the synthetic order of the rewards.",
+        min_val=0,
+        max_val=MAX_SEED,
+    )
     metric: str | None = setting(
         None,
         help="lm-eval: the metric to read as the reward (exact_match, acc, ...). Default: the "

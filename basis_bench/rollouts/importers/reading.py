@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,6 +296,16 @@ def json_id_kinds(data: bytes, id_col: str) -> pl.Series:
     text, integer = only(pl.Binary()), only(pl.Int128())
     kind = pl.when(text).then(pl.lit("text")).when(integer).then(pl.lit("integer"))
     return pl.select(kind.otherwise(pl.lit("other")).alias(kind_column(id_col))).to_series()
+
+
+def finite_number(value: float) -> bool:
+    """Whether a parsed JSON number is a finite float: a 400-digit integer overflowed
+    ``float()`` / ``math.isfinite`` with a traceback (lm-eval's metrics, eval-jsonl's
+    scores); it is no score, and its line is refused."""
+    try:
+        return math.isfinite(float(value))
+    except (OverflowError, TypeError, ValueError):
+        return False
 
 
 def python_id_kind(value: Any) -> str:
