@@ -341,6 +341,13 @@ def _gradient(
     return pl.concat(frames)
 
 
+def _shared_count(ds: Dataset) -> int:
+    """How many prompts the reference and every checkpoint share (0 is refused later, by the
+    check that names the checkpoint without any)."""
+    held = [set(ds.rewards[p].prompt_ids.tolist()) for p in (ds.reference, *ds.checkpoints)]
+    return len(set.intersection(*held))
+
+
 def trajectory_schedule(
     cfg: EvaluateConfig, ds: Dataset, estimators: Sequence[Estimator] = ()
 ) -> Schedule:
@@ -364,7 +371,7 @@ def trajectory_schedule(
         )
     cfg.check_schedule(schedule)
     if schedule != "steps" or steps is None:
-        p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])
+        p = _shared_count(ds)
         epochs = TrajectorySettings(
             cfg.batch_size or DEFAULT_BATCH, min(cfg.repeats, TRAJECTORY_REPEATS),
             cfg.trajectory_epochs,
@@ -372,7 +379,7 @@ def trajectory_schedule(
         check_epoch_sizes(epochs, len(ds.checkpoints), max(len(estimators), 1), p)
         return Schedule(schedule, [])
     rate = record.visit_rate() if record is not None else None
-    p = len(shared_prompts(ds.rewards, ds.reference, ds.checkpoints)[0])
+    p = _shared_count(ds)
     if cfg.batch_size is not None or rate is None or record is None:
         chosen = Schedule(schedule, steps)
         batch_from = None
