@@ -584,20 +584,24 @@ def test_the_commands_read_default_and_help_from_the_configs():
 
 
 def test_the_defaults_left_to_the_data_fit_it_and_given_values_stay():
-    """B = 64 or every prompt; the oracle 256 samples or all but a pool of 16; a value given
-    is never changed (too large for the data, it is refused as before)."""
+    """B = 64 or every prompt; the oracle 256 samples or all but a pool of 16; the cache 64
+    reference samples or all; a value given is never changed (too large for the data, it is
+    refused as before)."""
     from basis_bench.evaluation.config import EvaluateConfig
 
-    def fitted(cfg, prompts, samples):
-        cfg = cfg.fit(prompts, samples)
-        return cfg.batch, cfg.oracle
+    def fitted(cfg, prompts, samples, reference=64):
+        cfg = cfg.fit(prompts, samples, reference)
+        return cfg.batch, cfg.oracle, cfg.cache_n
 
-    assert fitted(EvaluateConfig(), 128, 272) == (64, 256)  # the default data: as before
-    assert fitted(EvaluateConfig(), 48, 128) == (48, 112)  # the dense trajectory
-    assert fitted(EvaluateConfig(), 500, 1000) == (64, 256)
-    assert fitted(EvaluateConfig(batch_size=8, oracle_n=200), 48, 128) == (8, 200)
+    assert fitted(EvaluateConfig(), 128, 272) == (64, 256, 64)  # the default data: as before
+    assert fitted(EvaluateConfig(), 48, 128) == (48, 112, 64)  # the dense trajectory
+    assert fitted(EvaluateConfig(), 500, 1000, 100) == (64, 256, 64)
+    assert fitted(EvaluateConfig(), 256, 32, 32) == (64, 16, 32)  # the gradient set: all 32
+    assert fitted(EvaluateConfig(batch_size=8, oracle_n=200, ref_n=8), 48, 128) == (8, 200, 8)
     with pytest.raises(RuntimeError, match="fit"):
         _ = EvaluateConfig().batch
+    with pytest.raises(RuntimeError, match="fit"):
+        _ = EvaluateConfig().cache_n
 
 
 def test_grpo_advantage_noise_is_rloos_on_rloo_scale():

@@ -81,8 +81,17 @@ def _oracle_n() -> Any:
     )
 
 
+DEFAULT_REF_N = 64
+
+
 def _ref_n() -> Any:
-    return setting(64, help="Reference samples per prompt in BASIS's offline cache (n).", min_val=1)
+    return setting(
+        None,
+        optional=True,
+        min_val=1,
+        help=f"Reference samples per prompt in BASIS's offline cache (n). Unset: "
+        f"{DEFAULT_REF_N}, or every sample the reference has where it has fewer.",
+    )
 
 
 def _seed() -> Any:
@@ -248,14 +257,21 @@ class EvaluateConfig:
             )
         return values
 
-    def fit(self, prompts: int, samples: int) -> EvaluateConfig:
+    def fit(self, prompts: int, samples: int, reference: int) -> EvaluateConfig:
         """The config with the data-derived defaults set, for data whose smallest checkpoint
-        has ``prompts`` prompts and ``samples`` samples of its thinnest prompt: B = 64 or
-        every prompt, the oracle 256 samples or all but a pool of 16 (the shipped default
-        data's split, 256 + 16; 112 + 16 on the dense trajectory's 128)."""
+        has ``prompts`` prompts and ``samples`` samples of its thinnest prompt, and whose
+        reference has at most ``reference`` samples a prompt: B = 64 or every prompt, the
+        oracle 256 samples or all but a pool of 16 (the shipped default data's split,
+        256 + 16; 112 + 16 on the dense trajectory's 128), the cache 64 samples or all."""
         batch = self.batch_size or max(2, min(DEFAULT_BATCH, prompts))
         oracle = self.oracle_n or max(2, min(DEFAULT_ORACLE_N, samples - POOL_SAMPLES))
-        return replace(self, batch_size=batch, oracle_n=oracle)
+        ref_n = self.ref_n or max(1, min(DEFAULT_REF_N, reference))
+        return replace(self, batch_size=batch, oracle_n=oracle, ref_n=ref_n)
+
+    @property
+    def cache_n(self) -> int:
+        """The cache's samples per prompt (n), once :meth:`fit` has set them."""
+        return _fitted(self.ref_n, "ref_n")
 
     @property
     def batch(self) -> int:

@@ -264,7 +264,7 @@ def _trajectory_settings(
     """The trajectory replay's settings from the run's (at most TRAJECTORY_REPEATS streams)."""
     return TrajectorySettings(
         schedule.batch or cfg.batch, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
-        cfg.group_size, cfg.oracle, cfg.ref_n, cfg.seed, cfg.grid_size, options=options,
+        cfg.group_size, cfg.oracle, cfg.cache_n, cfg.seed, cfg.grid_size, options=options,
         blend=cfg.trajectory_blend, features=cfg.features,
         rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
         standing_steps=cfg.standing_steps,
@@ -470,7 +470,9 @@ def evaluate(
     estimators = resolve_estimators(cfg.estimators)
     options, beta_options = resolve_options(estimators, cfg.basis_options, cfg.estimator_options)
     ds, schedule = _check_run(cfg, estimators)
-    cfg = cfg.fit(*smallest_checkpoint(ds))  # the defaults left to the data, as run.json has them
+    cfg = cfg.fit(
+        *smallest_checkpoint(ds), ds.rewards[ds.reference].matrix.shape[1]
+    )  # the defaults left to the data, as run.json has them
     if out is not None:
         out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
@@ -479,7 +481,7 @@ def evaluate(
         cfg.batch, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
     )
     min_pool = cfg.group_size if has_group else 1
-    datas = [checkpoint_data(ds, c, cfg.oracle, cfg.ref_n, min_pool) for c in ds.checkpoints]
+    datas = [checkpoint_data(ds, c, cfg.oracle, cfg.cache_n, min_pool) for c in ds.checkpoints]
     streams = min(cfg.repeats, TRAJECTORY_REPEATS) if cfg.trajectory else 0
     check_memory(max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams)
     run = _run_record(cfg, ds, one_step, options, default_betas(cfg.grid_size), datas)

@@ -26,7 +26,13 @@ import polars as pl
 from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, TiltTable, default_betas
 from basis_bench.estimators.table import grid_beta_index
-from basis_bench.evaluation.config import DEFAULT_VALUES, SensitivityConfig, given, named
+from basis_bench.evaluation.config import (
+    DEFAULT_REF_N,
+    DEFAULT_VALUES,
+    SensitivityConfig,
+    given,
+    named,
+)
 from basis_bench.evaluation.dataset import CheckpointData, checkpoint_data, open_dataset
 from basis_bench.evaluation.record import SENSITIVITY_FILE, SensitivityRecord
 from basis_bench.evaluation.replay import ReplaySettings, replay
@@ -88,7 +94,7 @@ def _point(
     value: float,
 ) -> pl.DataFrame | None:
     """summary.csv rows of one point of the sweep, or None where the data cannot support it."""
-    n = int(value) if param == "ref_n" else cfg.ref_n
+    n = int(value) if param == "ref_n" else cfg.ref_n or min(DEFAULT_REF_N, full.cache.shape[1])
     b = int(value) if param == "batch_size" else cfg.batch_size
     k = int(value) if param == "grid_size" else cfg.grid_size
     eps = float(value) if param == "eps" else cfg.eps
@@ -155,7 +161,7 @@ def sensitivity(
                 f"checkpoint {name}: dropped {full.dropped_no_reference} prompt(s) missing "
                 "from the reference cache"
             )
-        if cfg.ref_n > full.cache.shape[1]:
+        if cfg.ref_n is not None and cfg.ref_n > full.cache.shape[1]:
             raise InputError(
                 f"{named('ref_n')} {cfg.ref_n} exceeds the {full.cache.shape[1]} cached reference samples"
             )
