@@ -223,8 +223,8 @@ def print_gradient(gradient: pl.DataFrame, console: Console) -> None:
     budgets = sorted(rows["rollouts_per_step"].unique().to_list())
     table = Table(
         title="policy-gradient variance at an equal rollout budget, ratio to RLOO(8)'s",
-        caption="GRPO on RLOO's scale; oracle_baseline: b = v, the one-rollout limit; "
-        "every column in gradient.csv",
+        caption="GRPO on RLOO's scale; oracle_baseline: b = v, the prompt's value (not the "
+        "least-variance baseline, which weighs rollouts by ||s||^2); every column in gradient.csv",
         box=box.SIMPLE_HEAD,
     )
     table.add_column("estimator", no_wrap=True)

@@ -26,9 +26,12 @@ over the projection. Per checkpoint, over the replay's independent repeats:
 * **the split** of V: the prompt-sampling part (the variance of the mean of the step's
   prompts' own gradients g_p, in closed form from the g_p with the finite-population
   correction of prompts drawn without replacement, noise-corrected) and the rest, the
-  rollout noise given the prompts, of which the oracle baseline (b = v, the prompt's value
-  from the oracle folds, whose own noise Var(v_hat) ||s||^2 is taken out) leaves the least: ``oracle_baseline`` is that arm, the one-rollout
-  limit, and an estimator's excess over the oracle arm at its G is its baseline's part.
+  rollout noise given the prompts under the value baseline (b = v, the prompt's value from
+  the oracle folds, whose own noise Var(v_hat) ||s||^2 is taken out: ``oracle_baseline``), and
+  an estimator's excess over that arm at its G, its baseline's part. b = v is not the
+  least-variance baseline, E[r ||s||^2] / E[||s||^2], which differs where ||s|| depends on
+  the reward (a long wrong answer has a larger score), so an estimator may come in under it
+  (a negative ``var_baseline``).
 """
 
 from __future__ import annotations
