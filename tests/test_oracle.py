@@ -719,3 +719,23 @@ def test_store_scores_writes_one_sketch_a_rollout_named_in_the_metadata(tiny_mod
     np.testing.assert_array_equal(np.stack(other[SKETCH_COLUMN].to_numpy()), sketch)
     clash = runner.invoke(app, tiny_args(tiny_model, tmp_path / "o", "--store-scores", "16"))
     assert isinstance(clash.exception, InputError) and "score_sketch" in str(clash.exception)
+
+
+def test_store_scores_with_a_backend_that_cannot_score_is_refused_before_a_model_loads(
+    tmp_path, monkeypatch
+):
+    """A backend without score_sketches (vllm's engine gives no hidden states) is refused
+    by name before anything loads or is written, not after its first part."""
+    from basis_bench.rollouts import oracle
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    class Engine(HFSampler):
+        backend = "vllm"
+        score_sketches = oracle.Sampler.score_sketches  # the base's: cannot
+
+    monkeypatch.setattr(oracle, "sampler_class", lambda backend, device: Engine)
+    job = made(OracleJob, {"model": "smollm2-135m", "policy": "p", "prompts": "arithmetic:n=2",
+                           "n": 2, "out": tmp_path / "o", "store_scores": 8})  # fmt: skip
+    with pytest.raises(InputError, match="vllm backend cannot sketch scores"):
+        oracle.run_oracle(job)
+    assert not (tmp_path / "o").exists()

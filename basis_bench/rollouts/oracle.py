@@ -294,6 +294,17 @@ def check_part_size(job: OracleJob) -> None:
     )
 
 
+def check_sketches(job: OracleJob) -> None:
+    """``--store-scores`` needs a backend that scores its own samples (the hf backend's model);
+    refused before any model loads, not after the first part is sampled."""
+    backend = sampler_class(job.generation.backend, job.generation.device)
+    if job.store_scores and backend.score_sketches is Sampler.score_sketches:
+        raise InputError(
+            f"--store-scores: the {backend.backend} backend cannot sketch scores (its engine "
+            "gives no hidden states); use --backend hf"
+        )
+
+
 @holds_output_locks
 def run_oracle(
     job: OracleJob,
@@ -319,6 +330,7 @@ def run_oracle(
         job = replaced(
             job, backend=sampler_class(job.generation.backend, job.generation.device).backend
         )
+        check_sketches(job)
     source = source or open_source(job, progress.warning)
     identity = run_identity(job, source.model)
     out = claim_output_dir(  # shared: the shards of one run write disjoint parts side by side
