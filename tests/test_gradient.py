@@ -181,3 +181,21 @@ def test_target_matches_the_simulated_truth(gradient_run: tuple[pl.DataFrame, di
     for row in rows.iter_rows(named=True):
         want = float((truth[row["checkpoint"]] ** 2).sum())
         assert abs(row["grad_norm2"] - want) < 4 * row["grad_norm2_se"] + 1e-12
+
+
+def test_fig_gradient_draws_one_line_per_arm_against_r(
+    gradient_run: tuple[pl.DataFrame, dict],
+) -> None:
+    """fig_gradient: one line per (arm, G) over the budgets, the RLOO(8) level marked."""
+    import matplotlib.pyplot as plt
+
+    from basis_bench.evaluation.gradient_figure import fig_gradient
+
+    table, _ = gradient_run
+    fig = fig_gradient(table)
+    (ax,) = fig.axes
+    arms = table.filter(pl.col("checkpoint") == "all").select("estimator", "rollouts_per_prompt")
+    assert len(ax.get_legend().get_texts()) == arms.unique().height
+    assert len(ax.containers) == arms.unique().height  # one errorbar line per arm
+    assert any(set(line.get_ydata()) == {1.0} for line in ax.get_lines())  # RLOO(8) itself
+    plt.close(fig)

@@ -119,7 +119,7 @@ def test_a_finished_seeds_config_fifo_or_garbage_is_one_line(tmp_path):
 
 
 def test_a_hash_cache_fifo_is_no_cache_not_a_wait(monkeypatch, tmp_path):
-    from basis_bench import fingerprint
+    from basis_bench.rollouts import fingerprint
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     (tmp_path / "basis-bench").mkdir()

@@ -267,7 +267,7 @@ def test_a_copied_seed_run_is_refused_not_skipped(tmp_path):
     first, second = seed_config(config, 0), seed_config(config, 1)
     _run(Path(first.run_dir), 0, {0: 0.1, 4: 0.3}, lr=1e-5)
     (Path(first.run_dir) / "config.json").write_text(
-        json.dumps(dataclasses.asdict(first) | {"provenance": {}})
+        json.dumps(config_dict(first) | {"provenance": {}}, default=str)
     )
     assert run_state(first) == ("finished", None)
     shutil.copytree(first.run_dir, second.run_dir)
