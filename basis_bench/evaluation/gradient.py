@@ -46,7 +46,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
-from basis_bench.rollouts.store import rollout_files
+from basis_bench.rollouts.store import rollout_files, sample_cells
 
 ORACLE_ARM = "oracle_baseline"
 """The arm whose baseline is the prompt's value from the oracle folds (b = v)."""
@@ -71,27 +71,22 @@ def has_sketches(root: Path) -> bool:
 
 
 def load_sketches(
-    root: Path, policies: Sequence[str], prompt_ids: Sequence[str], width: Mapping[str, int]
+    root: Path, policies: Sequence[str], prompt_ids: Sequence[str]
 ) -> dict[str, np.ndarray]:
-    """Each policy's sketches as (P, S, K) float32, laid out as its reward matrix (row p for
-    ``prompt_ids[p]``, columns in sample_idx order, zeros where a sample is missing)."""
+    """Each policy's sketches as (P, S, K) float32, laid out as its reward matrix
+    (:func:`~basis_bench.rollouts.store.sample_cells`; zeros where a sample is missing)."""
     frames = []
     for f in rollout_files(root):
         df = pl.read_parquet(f, columns=["prompt_id", "policy", "sample_idx", SKETCH_COLUMN])
         frames.append(df.filter(pl.col("policy").is_in(list(policies))))
     df = pl.concat(frames)
-    index = {pid: i for i, pid in enumerate(prompt_ids)}
     out = {}
     for policy in policies:
-        sub = df.filter(pl.col("policy") == policy).sort(["prompt_id", "sample_idx"])
-        sub = sub.with_columns(
-            (pl.col("sample_idx").rank("ordinal").over("prompt_id").cast(pl.Int64) - 1).alias("_c")
-        )
+        sub, rows, cols, width = sample_cells(df, policy, prompt_ids)
         vecs = np.asarray(sub[SKETCH_COLUMN].to_numpy(), dtype=np.float32)
-        rows = np.fromiter((index.get(p, -1) for p in sub["prompt_id"]), np.int64, sub.height)
         keep = rows >= 0
-        arr = np.zeros((len(prompt_ids), width[policy], vecs.shape[1]), np.float32)
-        arr[rows[keep], sub["_c"].to_numpy()[keep]] = vecs[keep]
+        arr = np.zeros((len(prompt_ids), width, vecs.shape[1]), np.float32)
+        arr[rows[keep], cols[keep]] = vecs[keep]
         if not np.isfinite(arr).all():
             raise InputError(f"policy {policy!r}: a score sketch is not finite")
         out[policy] = arr
@@ -254,8 +249,9 @@ def gradient_table(
         scopes = [(checkpoints[k], [k]) for k in sorted(by_k)] + [("all", sorted(by_k))]
         for label, ks in scopes:
             pick = {m: np.mean([by_k[k][m] for k in ks], axis=0) for m in by_k[ks[0]]}
-            norm2 = float(np.mean([targets[k].norm2()[0] for k in ks]))
-            norm2_se = float(np.sqrt(np.mean([targets[k].norm2()[1] ** 2 for k in ks]) / len(ks)))
+            norms = np.array([targets[k].norm2() for k in ks])  # (estimate, standard error)
+            norm2 = float(norms[:, 0].mean())
+            norm2_se = float(np.sqrt((norms[:, 1] ** 2).mean() / len(ks)))
             ratio, lo, hi = (
                 _ratio_ci(pick["dev"], np.mean([ref[k]["dev"] for k in ks], axis=0))
                 if ref is not None and all(k in ref for k in ks)

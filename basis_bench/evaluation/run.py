@@ -321,8 +321,7 @@ def _gradient(
     order = sorted(range(len(schedule.steps)), key=schedule.steps.__getitem__)
     checkpoints = [ds.checkpoints[i] for i in order]
     ids, _ = shared_prompts(ds.rewards, ds.reference, checkpoints)
-    widths = {c: ds.rewards[c].rows(ids[:1]).shape[1] for c in checkpoints}
-    sketches = load_sketches(ds.root, checkpoints, list(ids), widths)
+    sketches = load_sketches(ds.root, checkpoints, list(ids))
     names = [e.name for e in estimators]
     names += [REFERENCE_ARM] if REFERENCE_ARM not in names else []
     prompts = load_prompts(ds.root)

@@ -26,7 +26,6 @@ gradient that flows through the logits, not the embedding lookup's part.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,8 +150,9 @@ def _response_states(decoder: Any, prompt: Sequence[int], responses: Sequence[np
     tokens: the prompt's last state, then the response's own states but its last."""
     import torch
 
-    params = inspect.signature(decoder.forward).parameters
-    cache_arg = "cache" if "cache" in params else "past_key_values"
+    from basis_bench.rollouts.sampling.hf import cache_argument
+
+    cache_arg = cache_argument(decoder)
     device = next(decoder.parameters()).device
     from transformers import DynamicCache
 

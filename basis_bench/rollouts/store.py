@@ -415,6 +415,27 @@ def dataset_metadata(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return seen
 
 
+def sample_cells(
+    df: pl.DataFrame, policy: str, prompt_ids: Iterable[str]
+) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, int]:
+    """Where each row of one policy goes in its (P, S) matrix: the policy's rows (sorted), the
+    row p of each (``prompt_ids[p]``; -1 for a prompt not asked for), its column (the sample's
+    rank in sample_idx order within its prompt) and the width S (most samples of a prompt)."""
+    ids = list(prompt_ids)
+    sub = df.filter(pl.col("policy") == policy).sort(["prompt_id", "sample_idx"])
+    cols = (
+        sub.select(pl.col("sample_idx").rank("ordinal").over("prompt_id").cast(pl.Int64) - 1)
+        .to_series()
+        .to_numpy()
+    )
+    width = int(cols.max()) + 1 if sub.height else 0
+    index = {pid: i for i, pid in enumerate(ids)}
+    rows = np.fromiter(
+        (index.get(p, -1) for p in sub["prompt_id"]), dtype=np.int64, count=sub.height
+    )
+    return sub, rows, cols, width
+
+
 def reward_matrix(df: pl.DataFrame, policy: str, prompt_ids: Iterable[str]) -> np.ndarray:
     """Rewards of one policy as a (P, S) float64 array, row p for ``prompt_ids[p]``.
 
@@ -422,16 +443,8 @@ def reward_matrix(df: pl.DataFrame, policy: str, prompt_ids: Iterable[str]) -> n
     estimators' marker for a missing sample. A prompt with no rows is all NaN.
     """
     ids = list(prompt_ids)
-    sub = df.filter(pl.col("policy") == policy).sort(["prompt_id", "sample_idx"])
-    sub = sub.with_columns(
-        pl.col("sample_idx").rank("ordinal").over("prompt_id").cast(pl.Int64).alias("_col") - 1
-    )
-    width = int(sub["_col"].to_numpy().max()) + 1 if sub.height else 0
-    index = {pid: i for i, pid in enumerate(ids)}
+    sub, rows, cols, width = sample_cells(df, policy, ids)
     out = np.full((len(ids), width), np.nan)
-    rows = np.fromiter(
-        (index.get(p, -1) for p in sub["prompt_id"]), dtype=np.int64, count=sub.height
-    )
     keep = rows >= 0
-    out[rows[keep], sub["_col"].to_numpy()[keep]] = sub["reward"].to_numpy()[keep]
+    out[rows[keep], cols[keep]] = sub["reward"].to_numpy()[keep]
     return out

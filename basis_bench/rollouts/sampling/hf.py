@@ -42,6 +42,13 @@ from basis_bench.rollouts.sampling.continuous import DecodeStats, decode
 ENGINES = ("continuous", "generate")
 
 
+def cache_argument(module: Any) -> str:
+    """The name ``module.forward`` takes its KV cache by: transformers renamed
+    ``past_key_values`` to ``cache`` (5.x); whichever this one takes."""
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 @dataclass(frozen=True)
 class HFSettings:
     """The ``hf`` backend's settings: sequences decoded together, and the engine."""
@@ -192,9 +199,8 @@ class HFSampler(Sampler):
             tokenizer, stop_token_ids(tokenizer, model.config, model.generation_config), template
         )
         self.model = model
-        # transformers renamed past_key_values to cache (5.x); use whichever this one takes.
+        self._cache_name = cache_argument(model)
         params = inspect.signature(model.forward).parameters
-        self._cache_name = "cache" if "cache" in params else "past_key_values"
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.batch_size = batch_size
         self.name = name
