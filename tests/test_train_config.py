@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from basis_bench.errors import InputError
+from basis_bench.estimators.normalise import normalise_advantages
 from basis_bench.settings import _field, flat_keys, setting_help
 from basis_bench.train import make_config, make_estimator, parse_override, read_config_file, train
 from basis_bench.train.checkpoint import estimator_state, load_estimator_state
 from basis_bench.train.config import TrainConfig, config_dict
-from basis_bench.train.loop import normalise_advantages
 from basis_bench.train.sample import step_prompt_indices
 
 # ---------------------------------------------------------------- configuration

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
+from basis_bench.estimators.normalise import ADVANTAGE_NORMS
 from basis_bench.folders import regular_file
 from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.grading import Grading
@@ -36,7 +37,6 @@ from basis_bench.settings import (
     setting,
 )
 
-ADVANTAGE_NORMS = ("none", "group_std", "batch_std", "batch_whiten")
 AUTOCASTS = ("none", "bfloat16", "float16")
 # Settings that only observe a run (the value probe, the trackers), never change its rollouts
 # or weights: a run may be resumed, extended or compared with its arm's other seeds under

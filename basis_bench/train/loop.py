@@ -53,9 +53,10 @@ import polars as pl
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
+from basis_bench.estimators.normalise import normalise_advantages
 from basis_bench.folders import appended_inside
 from basis_bench.outputs import holds_output_locks
-from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
+from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.sample import (
     Rollouts,
     derive_seed,
@@ -195,27 +196,6 @@ def due(step: int, every: int, last: int) -> bool:
 
 
 # --------------------------------------------------------------------------- advantages and held-out accuracy
-
-
-def normalise_advantages(advantages: np.ndarray, rewards: np.ndarray, mode: str) -> np.ndarray:
-    """Optional rescaling of A (B_p, G), eps = 1e-6:
-
-    group_std:    A / (std_k r_ik + eps)       (GRPO; sample std over the prompt's G rewards)
-    batch_std:    A / (std A + eps)            (scale only, keeps each baseline's centring)
-    batch_whiten: (A - mean A) / (std A + eps) (REINFORCE++'s global whitening)
-    """
-    eps = 1e-6
-    if mode == "none":
-        return advantages
-    if mode == "group_std":
-        if rewards.shape[1] < 2:
-            raise InputError("advantage_norm = group_std needs G >= 2 rollouts per prompt")
-        return advantages / (rewards.std(axis=1, ddof=1, keepdims=True) + eps)
-    if mode == "batch_std":
-        return advantages / (advantages.std() + eps)
-    if mode == "batch_whiten":
-        return (advantages - advantages.mean()) / (advantages.std() + eps)
-    raise InputError(f"advantage_norm must be one of {ADVANTAGE_NORMS}, got {mode!r}")
 
 
 def heldout_accuracy(run: Run, step: int) -> float:
