@@ -15,6 +15,7 @@ torch and transformers are imported inside the functions, so importing this modu
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import pickle
 import shutil
@@ -286,3 +287,10 @@ def stop_token_ids(tokenizer: Any, *configs: Any) -> list[int]:
             "neither the tokenizer nor the model config names an end-of-sequence token"
         )
     return ids
+
+
+def cache_argument(module: Any) -> str:
+    """The name ``module.forward`` takes its KV cache by: transformers renamed
+    ``past_key_values`` to ``cache`` (5.x); whichever this one takes."""
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

@@ -150,7 +150,7 @@ def _response_states(decoder: Any, prompt: Sequence[int], responses: Sequence[np
     tokens: the prompt's last state, then the response's own states but its last."""
     import torch
 
-    from basis_bench.rollouts.sampling.hf import cache_argument
+    from basis_bench.rollouts.models import cache_argument
 
     cache_arg = cache_argument(decoder)
     device = next(decoder.parameters()).device

@@ -23,6 +23,7 @@ import numpy as np
 from basis_bench.errors import InputError
 from basis_bench.rollouts.models import (
     Checkpoint,
+    cache_argument,
     hf_format_directory,
     load_model,
     load_tokenizer,
@@ -40,13 +41,6 @@ from basis_bench.rollouts.sampling.base import (
 from basis_bench.rollouts.sampling.continuous import DecodeStats, decode
 
 ENGINES = ("continuous", "generate")
-
-
-def cache_argument(module: Any) -> str:
-    """The name ``module.forward`` takes its KV cache by: transformers renamed
-    ``past_key_values`` to ``cache`` (5.x); whichever this one takes."""
-    params = inspect.signature(module.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 @dataclass(frozen=True)
