@@ -21,19 +21,25 @@ from basis_bench.outputs import write_parquet_atomic
 def sketch_dataset(
     root: Path, prompts: int = 24, samples: int = 16, k: int = 8, ref_n: int = 16,
     steps: tuple[int, ...] = (2, 4, 6), noise: float = 1.0, seed: int = 0,
+    values: tuple[float, float] = (0.1, 0.9), equal_gradients: bool = False,
 ) -> dict[str, np.ndarray]:  # fmt: skip
-    """Write the dataset into ``root``; return each checkpoint's true G* (K,)."""
+    """Write the dataset into ``root`` (``equal_gradients``: every prompt's g_p of one
+    size); return each checkpoint's true G* (K,), and under
+    ``name/v`` and ``name/a`` its prompts' values (P,) and directions (P, K)."""
     rng = np.random.default_rng(seed)
     ids = [f"p{i:03d}" for i in range(prompts)]
-    base = rng.uniform(0.1, 0.9, prompts)
+    base = rng.uniform(*values, prompts)
     truth, frames = {}, []
     policies = [("reference", 0, ref_n)] + [(f"step-{s:03d}", s, samples) for s in steps]
     for name, step, n in policies:
-        v = np.clip(base + 0.03 * step * rng.uniform(-1, 1, prompts), 0.05, 0.95)
+        v = np.clip(base + 0.03 * step * rng.uniform(-1, 1, prompts), *values)
         a = rng.normal(size=(prompts, k))
+        if equal_gradients:  # g_p = v (1 - v) a_p alike in size whatever v_p
+            a /= (v * (1 - v))[:, None]
         r = (rng.uniform(size=(prompts, n)) < v[:, None]).astype(np.float64)
         s = (r - v[:, None])[..., None] * a[:, None, :] + noise * rng.normal(size=(prompts, n, k))
         truth[name] = ((v * (1 - v))[:, None] * a).mean(axis=0)
+        truth[f"{name}/v"], truth[f"{name}/a"] = v, a
         frames.append(pl.DataFrame({
             "prompt_id": np.repeat(ids, n), "policy": [name] * (prompts * n),
             "sample_idx": np.tile(np.arange(n, dtype=np.int32), prompts),

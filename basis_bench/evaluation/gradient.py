@@ -32,6 +32,17 @@ over the projection. Per checkpoint, over the replay's independent repeats:
   least-variance baseline, E[r ||s||^2] / E[||s||^2], which differs where ||s|| depends on
   the reward (a long wrong answer has a larger score), so an estimator may come in under it
   (a negative ``var_baseline``).
+* **the expected direction** of a normalised arm: E G_hat is G* for every estimator whose
+  baseline leaves out the rollout's own reward (E[b s | p] = 0), but GRPO's group std (the
+  ``grpo_std`` arm, A / (std_G r + eps), the training loop's ``group_std``) weights prompt
+  p by about 1 / sigma_p and turns it. ``direction_cosine`` is cos(E G_hat, E G_source)
+  against the arm's own estimator on the same draws (GRPO, whose E G_hat is G* up to its
+  scale): the repeats of fold f draw only from f's samples, so the means m_f, m'_h of two
+  folds are independent and <m_f, m'_h> (f != h) is unbiased for <E G_hat, E G'_hat>; the
+  interval is a jackknife over blocks of repeats (it covers the replay's draws, not the
+  sampling of the data's own samples, of which two folds give no replicate). Such an arm has no closed-form scale: its variance is
+  put on G*'s scale by the measured c = <E G_hat, G*> / ||G*||^2 (``scale`` = 1 / c, its
+  own noise left out of the interval).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.estimators.normalise import normalise_advantages
 from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
 from basis_bench.rollouts.store import rollout_files, sample_cells
 
@@ -55,6 +67,20 @@ REFERENCE_ARM = "rloo"
 """Variances are reported as ratios to this estimator's at the same group size."""
 
 Z_95 = 1.959963984540054
+
+NORMALISED_ARMS = {"grpo_std": "grpo"}
+"""Arms whose advantages are an estimator's own, std-normalised as its trainer does."""
+
+JACKKNIFE_BLOCKS = 10
+"""Blocks of repeats for the expected direction's jackknife interval."""
+
+
+def normalised_arms(name: str, advantages: np.ndarray, rewards: np.ndarray) -> list[tuple]:
+    """(arm, advantages) of the normalised arms made from estimator ``name``'s advantages
+    (..., B, G) on rewards (..., B, G): GRPO's group std (training's ``group_std``)."""
+    if name != NORMALISED_ARMS["grpo_std"] or rewards.shape[-1] < 2:
+        return []
+    return [("grpo_std", normalise_advantages(advantages, rewards, "group_std"))]
 
 
 def closed_form_scale(name: str, g: int) -> float:
@@ -237,7 +263,7 @@ def gradient_table(
             err = (est**2).sum(axis=1) - extra - 2 * (est * star).sum(axis=1)
             per_ckpt.setdefault(k, []).append({
                 "dev": dev, "err": err, "dot": (est * star).sum(axis=1),
-                "sq": (est**2).sum(axis=1) - extra,
+                "sq": (est**2).sum(axis=1) - extra, "est": est,
             })  # fmt: skip
         stats[key] = {
             k: {m: np.mean([d[m] for d in ds], axis=0) for m in ds[0]} for k, ds in per_ckpt.items()
@@ -277,16 +303,68 @@ def gradient_table(
                 float(pick["dot"].mean()) / math.sqrt(float(pick["sq"].mean()) * norm2)
                 if norm2 > 0 else math.nan
             )  # fmt: skip
+            source = stats.get((NORMALISED_ARMS.get(name, ""), g))
+            direction = (
+                _direction([by_k[k] for k in ks], [source[k] for k in ks], fold_of_repeat)
+                if source is not None and all(k in source for k in ks)
+                else (math.nan, math.nan, math.nan)
+            )
+            if name in NORMALISED_ARMS:  # on G*'s scale by the measured c
+                c = float(pick["dot"].mean()) / norm2 if norm2 > 0 else math.nan
+                pick["dev"] = pick["dev"] / c**2
+                var = float(pick["dev"].mean())
+                ratio, lo, hi = (
+                    _ratio_ci(pick["dev"], np.mean([ref[k]["dev"] for k in ks], axis=0))
+                    if ref is not None and all(k in ref for k in ks) and c > 0
+                    else (math.nan, math.nan, math.nan)
+                )
+                scale = 1 / c
+            else:
+                scale = closed_form_scale(name, g)
             rows.append({
                 "estimator": name, "rollouts_per_prompt": g,
                 "rollouts_per_step": probe.rollouts[(name, g)],
                 "prompts_per_step": probe.batches[(name, g)], "checkpoint": label,
-                "scale": closed_form_scale(name, g), "variance": var,
+                "scale": scale, "variance": var,
                 "variance_ratio_rloo8": ratio, "ci_low": lo, "ci_high": hi,
                 "relative_error": rel, "relative_error_ci_low": rel - Z_95 * rel_se,
                 "relative_error_ci_high": rel + Z_95 * rel_se, "cosine": cosine,
+                "direction_cosine": direction[0], "direction_ci_low": direction[1],
+                "direction_ci_high": direction[2],
                 "grad_norm2": norm2, "grad_norm2_se": norm2_se,
                 "var_prompt": var_prompt, "var_rollout": var_oracle - var_prompt,
                 "var_baseline": var - var_oracle, "repeats": int(err.size),
             })  # fmt: skip
     return pl.DataFrame(rows)
+
+
+def _direction(
+    arm: Sequence[Mapping[str, np.ndarray]], ref: Sequence[Mapping[str, np.ndarray]],
+    fold: np.ndarray,
+) -> tuple[float, float, float]:  # fmt: skip
+    """cos(E G_hat, E G_ref) over checkpoints (each: ``est`` (repeats, K)) from the folds'
+    independent means, <m_f, m'_h> for f != h (module docstring), with a jackknife interval
+    over blocks of repeats."""
+    folds = int(fold.max()) + 1
+    if folds < 2:
+        return math.nan, math.nan, math.nan
+    block = (np.arange(fold.size) // folds) % JACKKNIFE_BLOCKS
+    pairs = [(f, h) for f in range(folds) for h in range(folds) if f != h]
+
+    def cos(keep: np.ndarray) -> float:
+        sums = np.zeros(3)  # <a, r>, ||a||^2, ||r||^2
+        for a, r in zip(arm, ref, strict=True):
+            ma = [a["est"][keep & (fold == f)].mean(axis=0) for f in range(folds)]
+            mr = [r["est"][keep & (fold == f)].mean(axis=0) for f in range(folds)]
+            sums += np.mean(
+                [(ma[f] @ mr[h], ma[f] @ ma[h], mr[f] @ mr[h]) for f, h in pairs], axis=0
+            )
+        return float(sums[0] / math.sqrt(sums[1] * sums[2])) if min(sums[1:]) > 0 else math.nan
+
+    whole = cos(np.ones(fold.size, dtype=bool))
+    drops = np.array([cos(block != b) for b in range(JACKKNIFE_BLOCKS)])
+    if not np.isfinite(whole) or not np.isfinite(drops).all():
+        return whole, math.nan, math.nan
+    n = JACKKNIFE_BLOCKS
+    se = math.sqrt((n - 1) / n * ((drops - drops.mean()) ** 2).sum())
+    return whole, whole - Z_95 * se, whole + Z_95 * se

@@ -64,6 +64,7 @@ from basis_bench.evaluation.gradient import (
     Target,
     closed_form_scale,
     gradient_table,
+    normalised_arms,
 )
 from basis_bench.evaluation.trajectory import (
     TrajectorySettings,
@@ -387,6 +388,8 @@ def _replay_run(
                 if gauge is not None and drawn is not None:
                     adv = visit.rewards[..., :g] - base
                     gauge.add(e.name, g, u, rows, drawn[..., :g, :], adv, run.batch)
+                    for arm, a in normalised_arms(e.name, adv, visit.rewards[..., :g]):
+                        gauge.add(arm, g, u, rows, drawn[..., :g, :], a, run.batch)
             if gauge is not None and drawn is not None:
                 for g in sorted({g for *_, g in run.members}):
                     adv = visit.rewards[..., :g] - visit.oracle[..., None]  # b = v: the limit
