@@ -238,5 +238,6 @@ def test_only_previous_calibration_makes_basis_carry_state():
             "basis", {"calibration": calibration}, prompt_ids=ids, ref_rewards=ref, lead=(2,)
         )
 
-    assert basis("previous").stateful and not basis("current").stateful
-    assert make_step_estimator("spo_tracker", prompt_ids=ids, ref_rewards=ref, lead=(2,)).stateful
+    assert basis("previous").carries_state and not basis("current").carries_state
+    spo = make_step_estimator("spo_tracker", prompt_ids=ids, ref_rewards=ref, lead=(2,))
+    assert spo.carries_state

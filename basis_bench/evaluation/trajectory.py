@@ -407,12 +407,13 @@ def _pick(split: _Split, index: np.ndarray, keys: np.ndarray, g_max: int) -> np.
 
 def _block_baselines(t: _Track, index: np.ndarray, rewards: np.ndarray, b: int) -> list[np.ndarray]:
     """Each step's baselines (r, b, g) over a block of visits: index (r, k b), rewards
-    (r, k b, g_max). A stateless estimator takes up to STATELESS_VISITS of them in one call,
-    its steps as more streams (streams are independent rows: the numbers of one call a
-    step, with one call's overhead, so the trajectory's time stays linear in the prompts
-    however many passes of streams it takes); a stateful one steps through them in order."""
+    (r, k b, g_max). An estimator that carries no state takes up to STATELESS_VISITS of them
+    in one call, its steps as more streams (streams are independent rows: the numbers of one
+    call a step, with one call's overhead, so the trajectory's time stays linear in the
+    prompts however many passes of streams it takes); one that does steps through them in
+    order."""
     r, n = index.shape
-    if t.step.stateful:
+    if t.step.carries_state:
         return [
             np.asarray(
                 t.step.step_columns(
