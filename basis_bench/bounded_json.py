@@ -1,5 +1,6 @@
 """The one JSON reader for files the package did not just write (run.json, log.jsonl,
-config.json, the output marker, Parquet metadata, acc-history, eval-jsonl, prompt files).
+config.json, the output marker, Parquet metadata, acc-history, eval-jsonl, prompt files);
+:func:`records` reads JSONL files (prompt files, a training run's log) a record a line.
 
 ``json.loads`` recurses once per nesting level, so a hostile file of 10^5 ``[`` raised
 RecursionError, a traceback. :func:`loads` measures the nesting first (linear, no
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from basis_bench.errors import InputError
 
 MAX_DEPTH = 64  # every record the package writes is under 10 levels deep
 MAX_CHARS = 1 << 30  # one document; a larger one is not a record of this package
@@ -49,3 +52,32 @@ def loads(
             f"nested {depth} levels deep, more than the {MAX_DEPTH} a record may be", shown, 0
         )
     return json.loads(text, object_pairs_hook=object_pairs_hook)
+
+
+def records(data: bytes, where: str, *, cut_last: bool = False, hint: str = "") -> list[Any]:
+    """The JSON objects of JSONL ``data``, one a line, blank lines skipped: the one JSONL
+    record reader. A line that is not UTF-8, not JSON or not an object is an InputError
+    naming ``where``:line (``hint``: advice appended to the UTF-8 one). ``cut_last``: a last
+    line without its newline (an append cut short by a crash) is dropped."""
+    lines = data.split(b"\n")
+    if cut_last and not data.endswith(b"\n"):
+        lines.pop()
+    rows = []
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(
+                f"{where}:{number}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                f"{err.start + 1}){hint}"
+            ) from err
+        if not line.strip():
+            continue
+        try:
+            row = loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{where}:{number}: not a JSON record ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise InputError(f"{where}:{number}: not a JSON record (a {type(row).__name__})")
+        rows.append(row)
+    return rows

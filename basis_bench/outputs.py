@@ -129,6 +129,22 @@ def write_parquet_atomic(
     return Path(path)
 
 
+def save_figure(fig: Any, out: Path, stem: str) -> list[Path]:
+    """``stem``.png and ``stem``.pdf of a matplotlib figure, each written atomically (no
+    half-written file under the real name) and without a creation date in the PDF (the same
+    results give byte-identical files); the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for ext in ("png", "pdf"):
+        metadata = {"CreationDate": None} if ext == "pdf" else None
+        with atomic_write(out / f"{stem}.{ext}") as tmp:
+            fig.savefig(tmp, format=ext, dpi=200, metadata=metadata)
+        paths.append(out / f"{stem}.{ext}")
+    plt.close(fig)
+    return paths
+
+
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``basis_bench`` key-value metadata of one Parquet file ({} if absent)."""
     kv = pq.read_schema(path).metadata or {}

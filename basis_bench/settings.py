@@ -14,7 +14,8 @@ metadata holds the help text and the checks, so
   raising :class:`~basis_bench.errors.InputError`): NaN, bools posing as numbers and
   infinities (unless allowed) are refused, whatever the bounds;
 - a renamed setting lists its old names (``was``): :func:`renamed_keys` and the CLI accept
-  them for one release, each use a one-line :class:`RenamedSetting` notice;
+  them until :data:`OLD_NAMES_UNTIL` (then they are removed), each use a one-line
+  :class:`RenamedSetting` notice;
 - a concern that several commands share (generation, grading) is one frozen dataclass of
   settings, a *section*, that each command's config holds whole in a :func:`section` field:
   it is declared once and passed inward whole. Users still give its settings as flat TOML
@@ -42,6 +43,10 @@ T = TypeVar("T")
 # The largest seed of every command: torch.manual_seed takes at most 2**64 - 1 (a seed above
 # ended in its overflow traceback after the model had loaded), numpy's counters an int64.
 MAX_SEED = 2**63 - 1
+# The release that removes the old names of renamed settings (``setting(was=...)``): none
+# of them was ever released, and the first release keeps them for notebooks and run folders
+# made before the renames.
+OLD_NAMES_UNTIL = "0.2.0"
 _ABSTRACT: dict[type, type] = {int: numbers.Integral, float: numbers.Real}
 Boundaries = Literal["both", "left", "right", "neither"]
 _UNSET: Any = dataclasses.MISSING
@@ -126,7 +131,7 @@ def setting(
 
     ``choices`` may be a callable, read when a config is checked (for registries that
     fill in late). ``optional``: None is allowed besides the checked values. ``was``: the
-    setting's old names, still accepted (with a notice) for one release.
+    setting's old names, still accepted (with a notice) until :data:`OLD_NAMES_UNTIL`.
     """
     metadata = {
         "help": help,
@@ -371,13 +376,13 @@ def setting_given(cls: type, name: str, value: Any) -> str:
 
 
 class RenamedSetting(FutureWarning):
-    """An old name of a setting was used; it works for one more release."""
+    """An old name of a setting was used; it works until :data:`OLD_NAMES_UNTIL`."""
 
 
 def renamed(old: str, new: str) -> None:
     """The one-line notice for a setting given by its old name."""
     warnings.warn(
-        f"{old} is renamed {new}; the old name is accepted until the next release",
+        f"{old} is renamed {new}; the old name is removed in basis-bench {OLD_NAMES_UNTIL}",
         RenamedSetting,
         stacklevel=3,
     )

@@ -33,16 +33,18 @@ def child(data: str, names: str) -> dict[str, float]:
     """One trajectory replay in this process; its CPU seconds and this process's peak RSS."""
     from basis_bench.estimators import available
     from basis_bench.evaluation.dataset import open_dataset
-    from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
+    from basis_bench.evaluation.replay_plan import ReplayPlan
+    from basis_bench.evaluation.trajectory import EpochSchedule, replay_trajectory
     from basis_bench.rollouts.store import load_prompts
 
     ds = open_dataset(data)
     estimators = list(available()) if names == "all" else names.split(",")
-    settings = TrajectorySettings(batch_size=64, repeats=200, group_size=8, oracle_n=256)
+    plan, epochs = ReplayPlan(repeats=200, group_size=8), EpochSchedule(64, oracle_n=256)
     before = resource.getrusage(resource.RUSAGE_SELF)
     replay_trajectory(
-        ds.rewards, ds.reference, ds.checkpoints, estimators, settings, None, load_prompts(ds.root)
-    )
+        ds.rewards, ds.reference, ds.checkpoints, estimators, plan, epochs, None,
+        load_prompts(ds.root),
+    )  # fmt: skip
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "user_s": after.ru_utime - before.ru_utime,

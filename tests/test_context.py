@@ -318,15 +318,17 @@ def test_replay_hands_the_prompts_features_to_it():
     """Trajectory replay on the shipped data: the prompts table's features reach the
     estimator (kind none runs the lag alone, which differs), never a 0/1 baseline."""
     from basis_bench.evaluation.dataset import open_dataset
-    from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
+    from basis_bench.evaluation.replay_plan import ReplayPlan
+    from basis_bench.evaluation.trajectory import EpochSchedule, replay_trajectory
     from basis_bench.rollouts.store import load_prompts
 
     ds = open_dataset()
     rows = {}
     for kind in ("auto", "none"):
-        s = TrajectorySettings(batch_size=16, repeats=4, epochs_per_checkpoint=2, features=kind)
+        plan = ReplayPlan(repeats=4, features=kind)
+        s = EpochSchedule(batch_size=16, epochs_per_checkpoint=2)
         table, _ = replay_trajectory(
-            ds.rewards, ds.reference, ds.checkpoints[:2], ["basis_context"], s,
+            ds.rewards, ds.reference, ds.checkpoints[:2], ["basis_context"], plan, s,
             prompts=load_prompts(ds.root),
         )  # fmt: skip
         rows[kind] = table.filter(pl.col("scope") == "epoch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from basis_bench.errors import InputError
-from basis_bench.evaluation import cost, trajectory
+from basis_bench.evaluation import cost, replay_plan
 from basis_bench.evaluation.config import EvaluateConfig
 from basis_bench.evaluation.cost import check_memory, evaluate_memory
 from basis_bench.evaluation.run import evaluate
@@ -16,7 +16,7 @@ GIB = 2**30
 def test_the_trajectory_term_is_bounded_and_the_rest_a_few_numbers_per_prompt():
     small, large = evaluate_memory(2500, 0, 200), evaluate_memory(17398, 0, 200)
     assert small < large < 2 * small < GIB
-    assert large - evaluate_memory(17398, 0, 0) <= trajectory.STREAM_BYTES
+    assert large - evaluate_memory(17398, 0, 0) <= replay_plan.STREAM_BYTES
     per_prompt = cost.TRANSIENT_BYTES
     assert evaluate_memory(17398, 0, 0) - evaluate_memory(2500, 0, 0) == per_prompt * (17398 - 2500)
 

@@ -118,7 +118,7 @@ def test_simulate_takes_the_old_reference_n_and_writes_the_same_dataset(
     assert run(tmp_path / "new", "--ref-n") == ""
     notice = run(tmp_path / "old", "--reference-n")
     assert notice.strip().splitlines() == [
-        "warning: --reference-n is renamed --ref-n; the old name is accepted until the next release"
+        "warning: --reference-n is renamed --ref-n; the old name is removed in basis-bench 0.2.0"
     ]
     files = sorted(p.relative_to(tmp_path / "new") for p in (tmp_path / "new").rglob("*"))
     assert files == sorted(p.relative_to(tmp_path / "old") for p in (tmp_path / "old").rglob("*"))

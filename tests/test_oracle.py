@@ -177,7 +177,7 @@ def test_malformed_jsonl_line_is_reported_with_its_number(tmp_path):
     lines[2] = lines[2][:40]  # line 3 cut short
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
     result = bad_oracle_run("smollm2-135m", tmp_path / "bad.jsonl", tmp_path / "o")
-    assert_one_line_error(result, "bad.jsonl:3:", "malformed JSON line")
+    assert_one_line_error(result, "bad.jsonl:3:", "not a JSON record")
 
 
 def test_shard_out_of_range(tmp_path):

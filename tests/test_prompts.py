@@ -102,10 +102,10 @@ def test_math_rows_with_solution_only_level_strings_and_type(tmp_path):
 def test_malformed_jsonl_line_reports_its_line_number(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"problem": "a", "answer": "1"}\n\n{"problem": "b", "answer": \n')
-    with pytest.raises(InputError, match=r"bad\.jsonl:3: malformed JSON line"):
+    with pytest.raises(InputError, match=r"bad\.jsonl:3: not a JSON record"):
         load_prompt_source(str(path))
     path.write_text('{"problem": "a", "answer": "1"}\n[1, 2]\n')
-    with pytest.raises(InputError, match=r":2: expected a JSON object"):
+    with pytest.raises(InputError, match=r":2: not a JSON record \(a list\)"):
         load_prompt_source(str(path))
 
 

@@ -23,11 +23,8 @@ from basis_bench.estimators import (
     tilted_moments,
 )
 from basis_bench.estimators.related import hermite_weights
-from basis_bench.evaluation.trajectory import (
-    TrajectorySettings,
-    replay_trajectory,
-    shared_prompts,
-)
+from basis_bench.evaluation.replay_plan import ReplayPlan, shared_prompts
+from basis_bench.evaluation.trajectory import EpochSchedule, replay_trajectory
 
 RNG = np.random.default_rng(7)
 
@@ -239,9 +236,11 @@ def test_spo_prior_options_and_errors() -> None:
 def replay_tracker(
     df: pl.DataFrame, reference: str, checkpoints: list[str], **settings: int
 ) -> pl.DataFrame:
-    """The SPO tracker alone through trajectory replay: its rows per checkpoint."""
+    """The SPO tracker alone through trajectory replay: its rows per checkpoint; the
+    settings those of the plan (repeats, ref_n) and of the epoch schedule."""
+    plan = ReplayPlan(**{k: settings.pop(k) for k in ("repeats", "ref_n") if k in settings})
     table, _ = replay_trajectory(
-        df, reference, checkpoints, ["spo_tracker"], TrajectorySettings(**settings)
+        df, reference, checkpoints, ["spo_tracker"], plan, EpochSchedule(**settings)
     )
     return table.filter(pl.col("scope") == "checkpoint")
 

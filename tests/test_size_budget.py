@@ -105,14 +105,14 @@ def test_the_library_replay_passes_the_same_budget(monkeypatch):
     """replay_steps (the notebook's entry) checks before building its timeline."""
     import basis_bench.memory_check as memory_check
     from basis_bench.evaluation.dataset import open_dataset
-    from basis_bench.evaluation.step_replay import replay_steps
-    from basis_bench.evaluation.trajectory import TrajectorySettings
+    from basis_bench.evaluation.replay_plan import ReplayPlan
+    from basis_bench.evaluation.step_replay import StepSchedule, replay_steps
 
     ds = open_dataset(str(DENSE))
     monkeypatch.setattr(memory_check, "available_memory", lambda: 2**30)
-    settings = TrajectorySettings(16, 2, group_size=4, standing_steps=10**12)
+    plan, steps = ReplayPlan(2, group_size=4), StepSchedule(16, standing_steps=10**12)
     with pytest.raises(InputError, match=r"standing.steps at most"):
-        replay_steps(ds.rewards, ds.reference, ds.checkpoints[:2], [3, 6], ["grpo"], settings)
+        replay_steps(ds.rewards, ds.reference, ds.checkpoints[:2], [3, 6], ["grpo"], plan, steps)
 
 
 def test_the_budget_names_what_fits_and_never_overflows(monkeypatch):

@@ -12,16 +12,18 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from basis_bench.errors import InputError
-from basis_bench.evaluation import trajectory
+from basis_bench.evaluation import replay_plan
 from basis_bench.evaluation.counter_random import permute, uniforms
+from basis_bench.evaluation.replay_plan import ReplayPlan
 from basis_bench.evaluation.step_replay import (
+    StepSchedule,
     Timeline,
     VisitSchedule,
     cross_fit,
     mixture_weight,
     replay_steps,
 )
-from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
+from basis_bench.evaluation.trajectory import EpochSchedule, replay_trajectory
 from basis_bench.rollouts.training_record import (
     TRAINING_FILE,
     TrainingRecord,
@@ -119,15 +121,14 @@ def test_a_standing_policy_has_no_pool_floor() -> None:
     v = rng.uniform(0.2, 0.8, p)
     df = _frame({"reference": v, "c": v}, {"reference": 64, "c": 272}, seed=2)
     floor = float(np.mean(v * (1 - v)) / 16)
-    steps = TrajectorySettings(batch_size=p, repeats=8, ref_n=64, folds=2, standing_steps=63)
-    table, curves = replay_steps(df, "reference", ["c"], [0], ["basis_memory"], steps)
+    plan = ReplayPlan(repeats=8, ref_n=64)
+    steps = StepSchedule(batch_size=p, folds=2, standing_steps=63)
+    table, curves = replay_steps(df, "reference", ["c"], [0], ["basis_memory"], plan, steps)
     late = table.filter(pl.col("scope") == "step").tail(8)["mse_noise_corrected"].mean()
     assert late < floor
     assert curves["basis_memory"][-8:].mean() < curves["basis_memory"][:4].mean()
-    epochs = TrajectorySettings(
-        batch_size=p, repeats=8, epochs_per_checkpoint=64, oracle_n=256, ref_n=64
-    )
-    old, _ = replay_trajectory(df, "reference", ["c"], ["basis_memory"], epochs)
+    epochs = EpochSchedule(batch_size=p, epochs_per_checkpoint=64, oracle_n=256)
+    old, _ = replay_trajectory(df, "reference", ["c"], ["basis_memory"], plan, epochs)
     stuck = old.filter(pl.col("scope") == "epoch").tail(8)["mse_noise_corrected"].mean()
     assert stuck > floor / 2  # the 16-sample pool: about v(1-v)/16, never far below
 
@@ -139,8 +140,9 @@ def test_a_budget_makes_every_estimator_spend_the_same_rollouts() -> None:
         {"reference": v0, "a": np.clip(v0 + 0.2, 0, 1), "b": np.clip(v0 + 0.3, 0, 1)},
         {"reference": 16, "a": 64, "b": 64},
     )
-    s = TrajectorySettings(repeats=4, ref_n=16, group_size=8, rollouts_per_step=32)
-    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 10], ["grpo", "basis", "vanilla"], s)
+    plan, s = ReplayPlan(repeats=4, ref_n=16, group_size=8), StepSchedule(rollouts_per_step=32)
+    names = ["grpo", "basis", "vanilla"]
+    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 10], names, plan, s)
     whole = table.filter(pl.col("scope") == "trajectory")
     by = {r["estimator"]: r for r in whole.iter_rows(named=True)}
     assert by["grpo"]["prompts_per_step"] == 4 and by["basis"]["prompts_per_step"] == 32
@@ -149,7 +151,7 @@ def test_a_budget_makes_every_estimator_spend_the_same_rollouts() -> None:
     assert by["vanilla"]["mse"] > 0
     with pytest.raises(InputError, match="visits 0 prompt"):
         replay_steps(df, "reference", ["a", "b"], [0, 10], ["grpo"],
-                     TrajectorySettings(repeats=2, ref_n=16, rollouts_per_step=4))  # fmt: skip
+                     ReplayPlan(repeats=2, ref_n=16), StepSchedule(rollouts_per_step=4))  # fmt: skip
 
 
 def test_a_budget_beyond_the_prompts_is_several_batches_a_step() -> None:
@@ -178,9 +180,9 @@ def test_a_one_rollout_budget_beyond_the_prompts_spends_what_grpo_spends() -> No
     v0 = rng.uniform(0.1, 0.9, 24)
     df = _frame({"reference": v0, "a": v0, "b": np.clip(v0 + 0.2, 0, 1)},
                 {"reference": 16, "a": 64, "b": 64})  # fmt: skip
-    s = TrajectorySettings(repeats=3, ref_n=16, group_size=8, rollouts_per_step=64)
+    plan, s = ReplayPlan(repeats=3, ref_n=16, group_size=8), StepSchedule(rollouts_per_step=64)
     names = ["grpo", "basis_memory", "basis_track"]
-    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 4], names, s)
+    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 4], names, plan, s)
     whole = {
         r["estimator"]: r
         for r in table.filter(pl.col("scope") == "trajectory").iter_rows(named=True)
@@ -203,8 +205,9 @@ def test_draws_follow_the_mixture_policy() -> None:
         {"reference": np.full(p, 0.5), "a": np.zeros(p), "b": np.ones(p)},
         {"reference": 8, "a": 64, "b": 64},
     )
-    s = TrajectorySettings(batch_size=p, repeats=400, ref_n=8, folds=2)
-    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 2], ["vanilla", "reinforce_pp"], s)
+    plan, s = ReplayPlan(repeats=400, ref_n=8), StepSchedule(batch_size=p, folds=2)
+    names = ["vanilla", "reinforce_pp"]
+    table, _ = replay_steps(df, "reference", ["a", "b"], [0, 2], names, plan, s)
     mid = {
         r["estimator"]: r["mse"]
         for r in table.filter((pl.col("scope") == "step") & (pl.col("step") == 1)).iter_rows(
@@ -224,11 +227,11 @@ def test_memory_passes_change_no_number(monkeypatch: pytest.MonkeyPatch) -> None
     v = rng.uniform(0.1, 0.9, 24)
     df = _frame({"reference": v, "a": v, "b": np.clip(v + 0.2, 0, 1)},
                 {"reference": 16, "a": 40, "b": 40})  # fmt: skip
-    s = TrajectorySettings(batch_size=8, repeats=6, ref_n=16, group_size=4)
+    plan, s = ReplayPlan(repeats=6, ref_n=16, group_size=4), StepSchedule(batch_size=8)
     names = ["basis_memory", "grpo", "basis"]
-    whole, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, s)
-    monkeypatch.setattr(trajectory, "STREAM_BYTES", 1)  # one stream a pass
-    split, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, s)
+    whole, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, plan, s)
+    monkeypatch.setattr(replay_plan, "STREAM_BYTES", 1)  # one stream a pass
+    split, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, plan, s)
     assert_frame_equal(whole, split)
 
 

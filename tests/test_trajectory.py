@@ -10,12 +10,9 @@ from polars.testing import assert_frame_equal
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import EstimatorInput, SpoTracker, TiltTable, get, make_step_estimator
-from basis_bench.evaluation import trajectory
-from basis_bench.evaluation.trajectory import (
-    TrajectorySettings,
-    replay_trajectory,
-    shared_prompts,
-)
+from basis_bench.evaluation import replay_plan, trajectory
+from basis_bench.evaluation.replay_plan import ReplayPlan, shared_prompts
+from basis_bench.evaluation.trajectory import EpochSchedule, replay_trajectory
 from basis_bench.rollouts.store import reward_matrix
 
 
@@ -38,18 +35,17 @@ def _rollouts(p=20, ref_n=8, ck_n=12, seed=0) -> pl.DataFrame:
     return _frame(rows)
 
 
-SETTINGS = TrajectorySettings(
-    batch_size=6, repeats=3, epochs_per_checkpoint=2, group_size=2, oracle_n=4, ref_n=8, seed=1
-)
+PLAN = ReplayPlan(repeats=3, group_size=2, ref_n=8, seed=1)
+EPOCHS = EpochSchedule(batch_size=6, epochs_per_checkpoint=2, oracle_n=4)
 
 
-def _per_step_reference(df, name, settings):
+def _per_step_reference(df, name, plan, settings):
     """Redraw the replay's randomness and call the estimator step by step, repeat by repeat."""
     ids, _ = shared_prompts(df, "reference", ["a", "b"])
-    cache = reward_matrix(df, "reference", ids)[:, : settings.ref_n]
-    table = TiltTable.from_cache(cache, None, settings.prior, list(ids))
+    cache = reward_matrix(df, "reference", ids)[:, : plan.ref_n]
+    table = TiltTable.from_cache(cache, None, plan.prior, list(ids))
     est = get(name)
-    rng = np.random.default_rng(settings.seed)
+    rng = np.random.default_rng(plan.seed)
     p, b = len(ids), settings.batch_size
     per_epoch = (p // b) * b
     from basis_bench.evaluation.replay import draw_rollouts
@@ -61,14 +57,14 @@ def _per_step_reference(df, name, settings):
         pool = rewards_all[:, settings.oracle_n :]
         count = np.isfinite(pool).sum(axis=1)
         for _ in range(settings.epochs_per_checkpoint):
-            index = np.argsort(rng.random((settings.repeats, p)), axis=1)[:, :per_epoch]
-            cols = draw_rollouts(rng, count[index], settings.group_size, pool.shape[1])
+            index = np.argsort(rng.random((plan.repeats, p)), axis=1)[:, :per_epoch]
+            cols = draw_rollouts(rng, count[index], plan.group_size, pool.shape[1])
             rewards = pool[index[..., None], cols]
-            epoch = np.empty((settings.repeats, per_epoch))
-            for rep in range(settings.repeats):
+            epoch = np.empty((plan.repeats, per_epoch))
+            for rep in range(plan.repeats):
                 for start in range(0, per_epoch, b):
                     c = index[rep, start : start + b]
-                    g = est.rollouts_per_prompt(settings.group_size)
+                    g = est.rollouts_per_prompt(plan.group_size)
                     r = rewards[rep, start : start + b, :g]
                     v, var = table.gather(c)
                     base = est(EstimatorInput(r, v, var, table.betas))
@@ -81,10 +77,10 @@ def _per_step_reference(df, name, settings):
 def test_stateless_trajectory_equals_independent_per_step_calls(name):
     df = _rollouts()
     table, curves = replay_trajectory(
-        df, "reference", ["a", "b"], ["basis", "grpo", "reinforce_pp"], SETTINGS
+        df, "reference", ["a", "b"], ["basis", "grpo", "reinforce_pp"], PLAN, EPOCHS
     )
     rows = table.filter((pl.col("scope") == "epoch") & (pl.col("estimator") == name))
-    want = _per_step_reference(df, name, SETTINGS).mean(axis=1)
+    want = _per_step_reference(df, name, PLAN, EPOCHS).mean(axis=1)
     np.testing.assert_allclose(rows["mse"].to_numpy(), want, rtol=1e-12, atol=1e-15)
     assert rows["epoch"].to_list() == [1, 2, 3, 4]
     assert len(curves[name]) == 4 * (20 // 6)
@@ -93,8 +89,8 @@ def test_stateless_trajectory_equals_independent_per_step_calls(name):
 def test_spo_tracker_rows_are_the_tracker_replayed_step_by_step():
     """The tracker's trajectory rows equal a loop over SpoTracker step estimators."""
     df = _rollouts(seed=2)
-    settings = TrajectorySettings(batch_size=5, repeats=2, oracle_n=4, ref_n=8)
-    table, _ = replay_trajectory(df, "reference", ["a", "b"], ["spo_tracker"], settings)
+    plan, epochs = ReplayPlan(repeats=2, ref_n=8), EpochSchedule(batch_size=5, oracle_n=4)
+    table, _ = replay_trajectory(df, "reference", ["a", "b"], ["spo_tracker"], plan, epochs)
     got = table.filter(pl.col("scope") == "checkpoint")
     ids, _ = shared_prompts(df, "reference", ["a", "b"])
     cache = reward_matrix(df, "reference", ids)[:, :8]
@@ -121,10 +117,10 @@ def test_spo_tracker_rows_are_the_tracker_replayed_step_by_step():
 
 def test_stateful_estimators_carry_state_and_never_return_zero_or_one():
     df = _rollouts(seed=3)
-    settings = TrajectorySettings(
-        batch_size=5, repeats=4, epochs_per_checkpoint=3, oracle_n=4, ref_n=8, seed=0
-    )
-    table, _ = replay_trajectory(df, "reference", ["a", "b"], ["basis_memory", "offline"], settings)
+    plan = ReplayPlan(repeats=4, ref_n=8, seed=0)
+    epochs = EpochSchedule(batch_size=5, epochs_per_checkpoint=3, oracle_n=4)
+    names = ["basis_memory", "offline"]
+    table, _ = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
     mem = table.filter(pl.col("estimator") == "basis_memory")
     assert mem["extreme_rate"].max() == 0.0
     first = table.filter((pl.col("scope") == "epoch") & (pl.col("epoch") == 1))
@@ -177,11 +173,10 @@ def test_blend_is_the_mixture_policy_and_its_oracle():
     expectation (each rollout from b with probability w, independently)."""
     df = _switching_rollouts()
     epochs, g = 4, 4
-    settings = TrajectorySettings(
-        batch_size=5, repeats=3000, epochs_per_checkpoint=epochs, group_size=g, oracle_n=4,
-        ref_n=8, seed=2, blend=True,
-    )  # fmt: skip
-    table, _ = replay_trajectory(df, "reference", ["a", "b"], ["reference_mean", "grpo"], settings)
+    plan = ReplayPlan(repeats=3000, group_size=g, ref_n=8, seed=2)
+    settings = EpochSchedule(batch_size=5, epochs_per_checkpoint=epochs, oracle_n=4, blend=True)
+    names = ["reference_mean", "grpo"]
+    table, _ = replay_trajectory(df, "reference", ["a", "b"], names, plan, settings)
     rows = table.filter(pl.col("scope") == "epoch").sort("epoch")
     w = np.r_[np.arange(epochs) / epochs, np.zeros(epochs)]  # b is last: no next, it stays
     want_oracle = np.r_[w[:epochs], np.ones(epochs)]
@@ -203,11 +198,10 @@ def test_blend_is_the_mixture_policy_and_its_oracle():
 def test_blend_without_a_next_checkpoint_or_epochs_is_refused():
     df = _rollouts()
     for checkpoints, epochs in ((["a"], 3), (["a", "b"], 1)):
-        settings = TrajectorySettings(
-            batch_size=5, repeats=2, epochs_per_checkpoint=epochs, oracle_n=4, ref_n=8, blend=True
-        )
+        plan = ReplayPlan(repeats=2, ref_n=8)
+        settings = EpochSchedule(batch_size=5, epochs_per_checkpoint=epochs, oracle_n=4, blend=True)
         with pytest.raises(InputError, match="blending"):
-            replay_trajectory(df, "reference", checkpoints, ["grpo"], settings)
+            replay_trajectory(df, "reference", checkpoints, ["grpo"], plan, settings)
 
 
 @pytest.mark.parametrize(
@@ -222,14 +216,12 @@ def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
     pass (STREAM_BYTES), the draws, states and errors are those of one block and one pass
     (sums over repeats and steps up to rounding order); a stateless estimator called once
     a step (STATELESS_VISITS) gives what it gives called on a whole block of steps."""
-    settings = TrajectorySettings(
-        batch_size=3, repeats=4, epochs_per_checkpoint=2, group_size=2, oracle_n=4, ref_n=8,
-        seed=3, blend=blend,
-    )  # fmt: skip
+    plan = ReplayPlan(repeats=4, group_size=2, ref_n=8, seed=3)
+    epochs = EpochSchedule(batch_size=3, epochs_per_checkpoint=2, oracle_n=4, blend=blend)
     df = _rollouts()
-    whole, whole_curves = replay_trajectory(df, "reference", ["a", "b"], names, settings)
-    monkeypatch.setattr(trajectory, knob, 1)
-    parts, part_curves = replay_trajectory(df, "reference", ["a", "b"], names, settings)
+    whole, whole_curves = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
+    monkeypatch.setattr(replay_plan if knob == "STREAM_BYTES" else trajectory, knob, 1)
+    parts, part_curves = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
     assert_frame_equal(parts, whole, rtol=1e-12)
     for name in names:
         np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)
@@ -246,5 +238,6 @@ def test_only_previous_calibration_makes_basis_carry_state():
             "basis", {"calibration": calibration}, prompt_ids=ids, ref_rewards=ref, lead=(2,)
         )
 
-    assert basis("previous").stateful and not basis("current").stateful
-    assert make_step_estimator("spo_tracker", prompt_ids=ids, ref_rewards=ref, lead=(2,)).stateful
+    assert basis("previous").carries_state and not basis("current").carries_state
+    spo = make_step_estimator("spo_tracker", prompt_ids=ids, ref_rewards=ref, lead=(2,))
+    assert spo.carries_state

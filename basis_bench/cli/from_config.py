@@ -9,7 +9,7 @@ with one option per field of ``Config``: flag, help and default come from the fi
 another config's settings (``evaluate``'s BASIS options). A section the config holds whole
 (:func:`~basis_bench.settings.section`: ``oracle``'s generation and grading) gives one option
 per setting, by its flat key, and is made from them. A setting's old names
-(``setting(was=...)``) stay hidden flags for one release; each use prints a one-line notice.
+(``setting(was=...)``) stay hidden flags until basis-bench 0.2.0; each use prints a one-line notice.
 """
 
 from __future__ import annotations

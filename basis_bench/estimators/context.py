@@ -36,6 +36,7 @@ from basis_bench.estimators._array import RewardRange
 from basis_bench.estimators.memory import History, MemoryKernel, MemoryOptions
 from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
+from basis_bench.estimators.tilt import sigmoid
 from basis_bench.settings import setting
 
 FIT_MEMORY = 0.9
@@ -104,10 +105,6 @@ def _unit_variance(z: np.ndarray) -> np.ndarray:
     return np.divide(z, sd, out=np.zeros_like(z), where=sd > 1e-12 * max(1.0, sd.max(initial=0)))
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return np.exp(-np.logaddexp(0.0, -z))
-
-
 class ShiftFit(NamedTuple):
     """One step's fit: the batch's leave-one-out shifts and the batch terms of the update."""
 
@@ -167,7 +164,7 @@ class ContextKernel(MemoryKernel):
         curvature and the batch without prompt i, by Sherman-Morrison."""
         theta = state["coef"]
         xb = self.x[cols]  # (*lead, B, D)
-        sb = _sigmoid(self.offsets(state, history) + np.einsum("...bd,...d->...b", xb, theta))
+        sb = sigmoid(self.offsets(state, history) + np.einsum("...bd,...d->...b", xb, theta))
         e, c = r - sb, sb * (1.0 - sb)
         grad = np.einsum("...b,...bd->...d", e, xb) - self.penalty * theta
         hess = self.fit_memory * state["fit_curvature"] + np.diag(self.penalty)

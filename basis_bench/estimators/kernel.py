@@ -44,7 +44,11 @@ class EstimatorInput:
 
 
 class StepKernel(Protocol):
-    """One step's computation; the state is a dict of numpy arrays with leading axes ``lead``."""
+    """One step's computation; the state is a dict of numpy arrays with leading axes ``lead``.
+
+    A kernel whose options may leave its state unused says so with a ``carries_state``
+    property (BASIS: only ``previous`` calibration); without one, a kernel with a state
+    carries it (:attr:`~basis_bench.estimators.step.StepEstimator.carries_state`)."""
 
     def initial_state(self, lead: tuple[int, ...]) -> State: ...
 

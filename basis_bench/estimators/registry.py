@@ -78,7 +78,10 @@ class Estimator:
 
     @property
     def stateful(self) -> bool:
-        """Whether the estimator carries state across steps (it has no one-step call)."""
+        """Whether the estimator is its state across steps: registered with a step kernel
+        alone, it has no one-step call and runs only as a stream of steps (trajectory
+        replay, training). The one meaning of "stateful" in the package; whether a step
+        stream carries anything is :attr:`StepEstimator.carries_state`."""
         return self.fn is None
 
     @property

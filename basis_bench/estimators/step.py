@@ -62,9 +62,11 @@ class StepEstimator:
         self.state = kernel.initial_state(self.lead)
 
     @property
-    def stateful(self) -> bool:
-        """Whether anything is carried from one step to the next (a kernel may hold state
-        that its options leave unused: ``carries_state``)."""
+    def carries_state(self) -> bool:
+        """Whether anything is carried from one step to the next: a state, unless the
+        kernel says its options leave it unused (its own ``carries_state``, see
+        :class:`~basis_bench.estimators.kernel.StepKernel`). Not ``Estimator.stateful``
+        (no one-step call): BASIS with ``previous`` calibration carries state, yet has one."""
         return bool(self.state) and getattr(self.kernel, "carries_state", True)
 
     def reset(self, lead: tuple[int, ...] | None = None) -> None:

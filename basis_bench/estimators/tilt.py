@@ -77,10 +77,15 @@ def _binary_moments(ref_rewards: Array, betas: Array, prior: float) -> tuple[Arr
     p = (k + prior) / (n + 2 * prior)
     with np.errstate(divide="ignore"):  # p = 0 or 1 (prior 0) gives logit -inf / +inf on purpose
         logit = xp.log(p) - xp.log1p(-p)
-    z = logit[None, :] + 1.0 / betas[:, None]
-    # sigmoid(z) = exp(-softplus(-z)) stays exact at z = +-inf (p = 1 or 0 with prior 0).
-    v = xp.exp(-xp.logaddexp(xp.zeros_like(z), -z))
+    v = sigmoid(logit[None, :] + 1.0 / betas[:, None])
     return v, v * (1 - v)
+
+
+def sigmoid(z: Array) -> Array:
+    """The logistic function as exp(-softplus(-z)), exact at z = +-inf (p = 1 or 0 with
+    prior 0) and without overflow; any array-API array."""
+    xp = array_namespace(z)
+    return xp.exp(-xp.logaddexp(xp.zeros_like(z), -z))
 
 
 def _continuous_moments(ref_rewards: Array, betas: Array) -> tuple[Array, Array]:

@@ -67,6 +67,7 @@ from basis_bench.estimators._array import (
 from basis_bench.estimators.output import StepOutput
 from basis_bench.estimators.registry import register_estimator
 from basis_bench.estimators.table import TiltTable
+from basis_bench.estimators.tilt import sigmoid
 from basis_bench.settings import check_settings, setting
 
 GRID_POINTS = 64
@@ -123,10 +124,6 @@ class TrackOptions:
 def logit_grid(points: int = GRID_POINTS) -> np.ndarray:
     """The fixed log-odds grid theta_g (G,), evenly spaced on [-THETA_MAX, THETA_MAX]."""
     return np.linspace(-THETA_MAX, THETA_MAX, points)
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return np.exp(-np.logaddexp(0.0, -z))
 
 
 def prior_weights(ref_rewards: np.ndarray, theta: np.ndarray, a: float = JEFFREYS) -> np.ndarray:
@@ -335,7 +332,7 @@ class TrackKernel:
             raise InputError("basis_track needs the reference cache's rewards")
         self.options, self.reward_range = options, reward_range
         self.theta = logit_grid()
-        self.sig = _sigmoid(self.theta)
+        self.sig = sigmoid(self.theta)
         self.prior = prior_weights(to_numpy(ref_rewards, dtype=np.float64), self.theta)
         self.models = candidate_grid()  # (C, 4)
         self.regimes = np.array(REGIMES)[self.models[:, 3].astype(int)]  # (C, 2)

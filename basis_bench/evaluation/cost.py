@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from basis_bench.errors import InputError
 from basis_bench.evaluation.config import given
 from basis_bench.evaluation.dataset import CheckpointData, Rewards
-from basis_bench.evaluation.trajectory import SHUFFLE_BYTES, stream_group
+from basis_bench.evaluation.replay_plan import SHUFFLE_BYTES, stream_group
 from basis_bench.memory_check import available_memory
 
 BASE_BYTES = 375 * 2**20  # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws

@@ -62,10 +62,10 @@ from basis_bench.evaluation.record import (
     sensitivity_mismatch,
 )
 from basis_bench.outputs import (
-    atomic_write,
     claim_output_dir,
     holds_output_locks,
     read_output_marker,
+    save_figure,
 )
 from basis_bench.quoting import plain_math
 
@@ -114,21 +114,6 @@ def _read(path: Path) -> pl.DataFrame:
     if path.name in ("summary.csv", "sensitivity.csv") and df.null_count().sum_horizontal().item():
         raise InputError(f"{path} has empty fields (cut short?); rerun the command that wrote it")
     return df
-
-
-def _save(fig: Any, out: Path, stem: str) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for ext in ("png", "pdf"):
-        path = out / f"{stem}.{ext}"
-        # No creation date in the PDF: the same results give byte-identical figure files.
-        metadata = {"CreationDate": None} if ext == "pdf" else None
-        with atomic_write(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=200, metadata=metadata)
-        paths.append(path)
-    plt.close(fig)
-    return paths
 
 
 def _checkpoints(df: pl.DataFrame) -> list[str]:
@@ -548,7 +533,7 @@ def make_figures(
         elif table == "sensitivity.csv" and sensitivity_from is not None:
             skipped[name] = sensitivity_from
         else:
-            written += _save(draw(results), out, name)
+            written += save_figure(draw(results), out, name)
             continue
         skipped[name] += _drop_earlier(out, name)
     return written, skipped

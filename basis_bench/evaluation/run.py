@@ -48,7 +48,8 @@ from basis_bench.evaluation.gradient import (
 )
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
-from basis_bench.evaluation.step_replay import check_step_sizes, replay_steps
+from basis_bench.evaluation.replay_plan import ReplayPlan, shared_prompts
+from basis_bench.evaluation.step_replay import StepSchedule, check_step_sizes, replay_steps
 from basis_bench.evaluation.tables import (
     beta_table,
     claim_results_dir,
@@ -62,11 +63,10 @@ from basis_bench.evaluation.tables import (
     write_csv,
 )
 from basis_bench.evaluation.trajectory import (
-    TrajectorySettings,
+    EpochSchedule,
     check_blend,
     check_epoch_sizes,
     replay_trajectory,
-    shared_prompts,
 )
 from basis_bench.outputs import (
     METADATA_KEY,
@@ -258,17 +258,23 @@ class Schedule:
     batch: int | None = None
 
 
-def _trajectory_settings(
-    cfg: EvaluateConfig, schedule: Schedule, options: Mapping[str, Any]
-) -> TrajectorySettings:
-    """The trajectory replay's settings from the run's (at most TRAJECTORY_REPEATS streams)."""
-    return TrajectorySettings(
-        schedule.batch or cfg.batch, min(cfg.repeats, TRAJECTORY_REPEATS), cfg.trajectory_epochs,
-        cfg.group_size, cfg.oracle, cfg.cache_n, cfg.seed, cfg.grid_size, options=options,
-        blend=cfg.trajectory_blend, features=cfg.features,
-        rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
-        standing_steps=cfg.standing_steps,
+def _replay_plan(cfg: EvaluateConfig, options: Mapping[str, Any]) -> ReplayPlan:
+    """What the trajectory replay runs, from the run's settings (at most TRAJECTORY_REPEATS
+    streams)."""
+    return ReplayPlan(
+        min(cfg.repeats, TRAJECTORY_REPEATS), cfg.group_size, cfg.cache_n, cfg.seed,
+        cfg.grid_size, options=options, features=cfg.features,
     )  # fmt: skip
+
+
+def _epochs(cfg: EvaluateConfig, batch: int) -> EpochSchedule:
+    """The epoch schedule's settings of a run, once :meth:`EvaluateConfig.fit` has set its oracle."""
+    return EpochSchedule(batch, cfg.trajectory_epochs, cfg.oracle, cfg.trajectory_blend)
+
+
+def _steps(cfg: EvaluateConfig, batch: int) -> StepSchedule:
+    """The step schedule's settings of a run."""
+    return StepSchedule(batch, cfg.rollouts_per_step, cfg.folds, cfg.standing_steps)
 
 
 def _trajectory(
@@ -281,7 +287,7 @@ def _trajectory(
 ) -> pl.DataFrame:
     """Every estimator over the checkpoints in order."""
     names = [e.name for e in estimators]
-    settings = _trajectory_settings(cfg, schedule, options)
+    plan, batch = _replay_plan(cfg, options), schedule.batch or cfg.batch
     prompts = load_prompts(ds.root)
     steps = schedule.steps
     if schedule.kind == "steps":
@@ -293,7 +299,7 @@ def _trajectory(
 
         table, _ = replay_steps(
             ds.rewards, ds.reference, [ds.checkpoints[i] for i in order],
-            [steps[i] for i in order], names, settings, tick_run, prompts,
+            [steps[i] for i in order], names, plan, _steps(cfg, batch), tick_run, prompts,
         )  # fmt: skip
         return table
 
@@ -302,7 +308,7 @@ def _trajectory(
             progress(f"trajectory {checkpoint}", epoch, cfg.trajectory_epochs)
 
     table, _ = replay_trajectory(
-        ds.rewards, ds.reference, ds.checkpoints, names, settings, tick, prompts
+        ds.rewards, ds.reference, ds.checkpoints, names, plan, _epochs(cfg, batch), tick, prompts
     )
     return table.with_columns(pl.lit("epochs").alias("schedule"))
 
@@ -325,14 +331,13 @@ def _gradient(
     names = [e.name for e in estimators]
     names += [REFERENCE_ARM] if REFERENCE_ARM not in names else []
     prompts = load_prompts(ds.root)
-    base = _trajectory_settings(cfg, schedule, options)
+    plan, base = _replay_plan(cfg, options), _steps(cfg, schedule.batch or cfg.batch)
     frames = []
     for r in cfg.budgets:
-        settings = replace(base, rollouts_per_step=r)
-        probe = GradientProbe([sketches[c] for c in checkpoints], settings.repeats)
+        probe = GradientProbe([sketches[c] for c in checkpoints], plan.repeats)
         replay_steps(
             ds.rewards, ds.reference, checkpoints, [schedule.steps[i] for i in order], names,
-            settings, None, prompts, probe,
+            plan, replace(base, rollouts_per_step=r), None, prompts, probe,
         )  # fmt: skip
         frames.append(probe.table)
         if progress is not None:
@@ -371,11 +376,9 @@ def trajectory_schedule(
     cfg.check_schedule(schedule)
     if schedule != "steps" or steps is None:
         p = _shared_count(ds)
-        epochs = TrajectorySettings(
-            cfg.batch_size or DEFAULT_BATCH, min(cfg.repeats, TRAJECTORY_REPEATS),
-            cfg.trajectory_epochs,
-        )  # fmt: skip
-        check_epoch_sizes(epochs, len(ds.checkpoints), max(len(estimators), 1), p)
+        epochs = EpochSchedule(cfg.batch_size or DEFAULT_BATCH, cfg.trajectory_epochs)
+        repeats = min(cfg.repeats, TRAJECTORY_REPEATS)
+        check_epoch_sizes(epochs, repeats, len(ds.checkpoints), max(len(estimators), 1), p)
         return Schedule(schedule, [])
     rate = record.visit_rate() if record is not None else None
     p = _shared_count(ds)
@@ -390,14 +393,10 @@ def trajectory_schedule(
             p / (record.train_prompts or 1),
             f", or give {named('batch_size')}",
         )
-    settings = TrajectorySettings(
-        chosen.batch or cfg.batch_size or DEFAULT_BATCH, min(cfg.repeats, TRAJECTORY_REPEATS),
-        group_size=cfg.group_size, rollouts_per_step=cfg.rollouts_per_step, folds=cfg.folds,
-        standing_steps=cfg.standing_steps,
-    )  # fmt: skip
+    plan = ReplayPlan(min(cfg.repeats, TRAJECTORY_REPEATS), cfg.group_size)
     check_step_sizes(
-        steps, settings, estimators, p,
-        f"the steps spanned by {Path(ds.root) / TRAINING_FILE}", batch_from,
+        steps, plan, _steps(cfg, chosen.batch or cfg.batch_size or DEFAULT_BATCH), estimators,
+        p, f"the steps spanned by {Path(ds.root) / TRAINING_FILE}", batch_from,
     )  # fmt: skip
     return chosen
 

@@ -46,7 +46,7 @@ whole run would, so memory passes never change a result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -54,10 +54,10 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
+from basis_bench.estimators import Estimator
 from basis_bench.evaluation.config import named
 from basis_bench.evaluation.counter_random import permute, tag, uniforms
-from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
+from basis_bench.evaluation.dataset import Rewards
 from basis_bench.evaluation.gradient import (
     ORACLE_ARM,
     GradientProbe,
@@ -66,18 +66,30 @@ from basis_bench.evaluation.gradient import (
     gradient_table,
     normalised_arms,
 )
-from basis_bench.evaluation.trajectory import (
-    TrajectorySettings,
+from basis_bench.evaluation.replay_plan import (
+    ReplayPlan,
+    ReplayStart,
+    Stepper,
     reward_range,
-    shared_prompts,
     stream_bytes,
     stream_group,
     summarise,
 )
 from basis_bench.memory_check import Size, check_sizes
-from basis_bench.rollouts.features import prompt_features
 
 FOLD, ORDER, MIX, POOL = tag("fold"), tag("order"), tag("mix"), tag("pool")
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """The step schedule's settings: B prompts a step per visit (unless a budget), the
+    rollouts every estimator spends a step (None: B prompts per visit), the cross-fit's
+    folds, and the steps the last checkpoint stands after its own."""
+
+    batch_size: int = 64
+    rollouts_per_step: int | None = None
+    folds: int = 2
+    standing_steps: int = 0
 
 
 class Folds(NamedTuple):
@@ -191,13 +203,12 @@ class _Run:
     reuse: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,) reused draws
 
 
-def _runs(
-    ests: Sequence[Estimator], s: TrajectorySettings, p: int, kernels: Mapping[str, tuple]
-) -> list[_Run]:
+def _runs(steppers: Sequence[Stepper], group_size: int, s: StepSchedule, p: int) -> list[_Run]:
     """Group the estimators by prompts per step (R / G with a budget, else B)."""
     runs: dict[int, _Run] = {}
-    for e in ests:
-        g = e.rollouts_per_prompt(s.group_size)
+    for stepper in steppers:
+        e = stepper.estimator
+        g = e.rollouts_per_prompt(group_size)
         b = s.rollouts_per_step // g if s.rollouts_per_step else s.batch_size
         if b < 1:
             raise InputError(
@@ -206,7 +217,7 @@ def _runs(
             )
         run = runs.setdefault(b, _Run(b, p, g, []))
         run.draws = max(run.draws, g)
-        run.members.append((e, *kernels[e.name], g))
+        run.members.append((*stepper, g))
     return list(runs.values())
 
 
@@ -223,7 +234,8 @@ DRAW_BYTES = 160
 
 def check_step_sizes(
     ckpt_steps: Sequence[int],
-    settings: TrajectorySettings,
+    plan: ReplayPlan,
+    schedule: StepSchedule,
     estimators: Sequence[Estimator],
     prompts: int,
     steps_name: str = "the checkpoints' training steps",
@@ -235,12 +247,12 @@ def check_step_sizes(
     batch). ``batch_from`` = (name, value, B per unit of it, advice) names where a batch that is not
     a setting came from (training.json's prompts_per_step). 10^9 standing steps grew to
     23.7 GB before; 10^9 rollouts a step ended in a MemoryError."""
-    s = settings
+    s = schedule
     first, last = (min(ckpt_steps), max(ckpt_steps)) if len(ckpt_steps) else (0, 0)
-    groups = [e.rollouts_per_prompt(s.group_size) for e in estimators] or [1]
+    groups = [e.rollouts_per_prompt(plan.group_size) for e in estimators] or [1]
     p = max(prompts, 1)
-    per_step = STEP_BYTES + (ROW_BYTES + 8 * (s.repeats + 4)) * len(estimators)
-    together = stream_group(s.repeats, stream_bytes(p, []) + 4 * p * s.folds)
+    per_step = STEP_BYTES + (ROW_BYTES + 8 * (plan.repeats + 4)) * len(estimators)
+    together = stream_group(plan.repeats, stream_bytes(p, []) + 4 * p * s.folds)
     # a step's batches (B / P of them beyond P) are listed at once, each (key, columns);
     # they are drawn one at a time, so the draws of one batch, at most P prompts, are fixed
     per_visit = BATCH_BYTES / p
@@ -270,7 +282,8 @@ def replay_steps(
     checkpoints: Sequence[str],
     steps: Sequence[int],
     estimators: Sequence[str | Estimator],
-    settings: TrajectorySettings,
+    plan: ReplayPlan,
+    schedule: StepSchedule,
     progress: Callable[[str, int], None] | None = None,
     prompts: pl.DataFrame | None = None,
     probe: GradientProbe | None = None,
@@ -278,58 +291,51 @@ def replay_steps(
     """Replay ``estimators`` over ``checkpoints`` saved at training ``steps``; the table has
     one row per (step, estimator), per (checkpoint interval, estimator) and per estimator
     over the whole trajectory (scopes ``step``, ``checkpoint``, ``trajectory``); the curves
-    are each estimator's MSE per replayed step. With a ``probe`` (the checkpoints' score
-    sketches) every estimator's step gradients at the checkpoints' own steps are gathered
-    too, and ``probe.table`` holds :func:`~basis_bench.evaluation.gradient.gradient_table`."""
-    s = settings
-    ests = [get(e) if isinstance(e, str) else e for e in estimators]
-    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
-    ids, _ = shared_prompts(rewards, reference, checkpoints)
+    are each estimator's MSE per replayed step. ``plan`` is what every trajectory replay
+    runs (:class:`~basis_bench.evaluation.replay_plan.ReplayPlan`), ``schedule`` this one's
+    steps. With a ``probe`` (the checkpoints' score sketches) every estimator's step
+    gradients at the checkpoints' own steps are gathered too, and ``probe.table`` holds
+    :func:`~basis_bench.evaluation.gradient.gradient_table`."""
+    s = schedule
+    start = ReplayStart.build(plan, rollouts, (reference, checkpoints), estimators, prompts)
+    ids, p = start.ids, len(start.ids)
     if len(steps) != len(checkpoints):
         raise InputError(f"{len(checkpoints)} checkpoints but {len(steps)} steps")
-    check_step_sizes(steps, s, ests, len(ids))
+    check_step_sizes(steps, plan, s, start.estimators, p)
     timeline = Timeline.build(steps, s.standing_steps)
-    p = len(ids)
-    cache = rewards[reference].rows(ids)[:, : s.ref_n].copy()
-    betas = default_betas(s.grid_size) if s.grid_size is not None else None
-    features = prompt_features(prompts, list(ids), s.features)
-    table = TiltTable.from_cache(cache, betas, s.prior, list(ids), features)
     folds = [
-        cross_fit(rewards[c].rows(ids), s.folds, s.seed, k, c) for k, c in enumerate(checkpoints)
+        cross_fit(start.rewards[c].rows(ids), s.folds, plan.seed, k, c)
+        for k, c in enumerate(checkpoints)
     ]
-    rr = reward_range(cache, *(f.pool for f in folds))
-    kernels = {}
-    for e in ests:
-        opts = e.parse_options(s.options.get(e.name))
-        kernels[e.name] = (opts, e.kernel(e, opts, table if e.uses_cache else None, cache, rr))
-    runs = _runs(ests, s, p, kernels)
+    rr = reward_range(start.cache, *(f.pool for f in folds))
+    runs = _runs(start.steppers(rr), plan.group_size, s, p)
     _check_pools(runs, folds, checkpoints)
     n_t = len(timeline.steps)
     for run in runs:
-        run.sq = {e.name: np.zeros((n_t, s.repeats)) for e, *_ in run.members}
+        run.sq = {e.name: np.zeros((n_t, plan.repeats)) for e, *_ in run.members}
         run.extreme = {e.name: np.zeros(n_t) for e, *_ in run.members}
         run.noise, run.reuse, run.spread = np.zeros(n_t), np.zeros(n_t), np.zeros(n_t)
         per = stream_bytes(p, [k for _, _, k, _ in run.members]) + 4 * p * len(folds)
-        group = stream_group(s.repeats, per)
-        for lo in range(0, s.repeats, group):
-            span = (lo, min(lo + group, s.repeats))
-            _replay_run(run, span, timeline, folds, table, rr, s, probe)
+        group = stream_group(plan.repeats, per)
+        for lo in range(0, plan.repeats, group):
+            span = (lo, min(lo + group, plan.repeats))
+            _replay_run(run, span, timeline, folds, (start, rr), s.folds, probe)
         if progress is not None:
             progress(f"{run.batch} prompts a step", n_t)
     if probe is not None:
-        probe.table = _gradient(probe, folds, [rewards[c].rows(ids) for c in checkpoints],
-                                timeline, checkpoints, s)  # fmt: skip
-    return _table(runs, timeline, checkpoints, s), _curves(runs, s)
+        probe.table = _gradient(probe, folds, [start.rewards[c].rows(ids) for c in checkpoints],
+                                timeline, checkpoints, plan, s.folds)  # fmt: skip
+    return _table(runs, timeline, checkpoints, plan.repeats, s), _curves(runs, plan.repeats)
 
 
 def _gradient(
     probe: GradientProbe, folds: Sequence[Folds], rewards: Sequence[np.ndarray],
-    timeline: Timeline, checkpoints: Sequence[str], s: TrajectorySettings,
+    timeline: Timeline, checkpoints: Sequence[str], plan: ReplayPlan, n_folds: int,
 ) -> pl.DataFrame:  # fmt: skip
     """The gradient table: each checkpoint's target from the folds a repeat does not draw."""
     targets = []
     for f, r, sk in zip(folds, rewards, probe.sketches, strict=True):
-        rest = np.stack([(f.member != k) & np.isfinite(r) for k in range(s.folds)])
+        rest = np.stack([(f.member != k) & np.isfinite(r) for k in range(n_folds)])
         targets.append(Target.build(r, sk, rest))
     at = {
         u: int(k)
@@ -337,7 +343,7 @@ def _gradient(
         if w == 0
     }
     return gradient_table(
-        probe, targets, np.arange(s.repeats) % s.folds, at, checkpoints, s.group_size
+        probe, targets, np.arange(plan.repeats) % n_folds, at, checkpoints, plan.group_size
     )
 
 
@@ -354,25 +360,28 @@ def _check_pools(runs: Sequence[_Run], folds: Sequence[Folds], names: Sequence[s
 
 def _replay_run(
     run: _Run, rows: tuple[int, int], timeline: Timeline, folds: Sequence[Folds],
-    table: TiltTable, rr: tuple[float, float] | None, s: TrajectorySettings,
+    start: tuple[ReplayStart, tuple[float, float] | None], n_folds: int,
     probe: GradientProbe | None = None,
 ) -> None:  # fmt: skip
     """Repeats [lo, hi) of one estimator group over every step, into the run's totals (and
-    the probe's gradients at the steps whose policy is a checkpoint's own, w = 0)."""
+    the probe's gradients at the steps whose policy is a checkpoint's own, w = 0); ``start``
+    the replay's start and the rewards' range."""
     r_ids = np.arange(*rows)
     lead = (len(r_ids),)
     p = folds[0].oracle.shape[1]
+    built, rr = start
+    seed = built.plan.seed
     streams = {
-        e.name: StepEstimator(e, opts, kernel, table, rr or (0.0, 1.0), lead)
+        e.name: built.stream(Stepper(e, opts, kernel), rr or (0.0, 1.0), lead)
         for e, opts, kernel, _ in run.members
     }
     used = np.zeros((len(r_ids), p, len(folds)), dtype=np.int64)  # pool samples taken so far
-    rho = r_ids % s.folds  # each repeat's pool fold
-    schedule = VisitSchedule(run.batch, p, r_ids, s.seed)
+    rho = r_ids % n_folds  # each repeat's pool fold
+    schedule = VisitSchedule(run.batch, p, r_ids, seed)
     for u, (k, w) in enumerate(zip(timeline.interval, timeline.weight, strict=True)):
         nxt = min(int(k) + 1, len(folds) - 1)
         for key, cols in schedule.batches(u):  # cols (r, b): one batch of distinct prompts
-            visit = _draw(run, folds, (int(k), nxt, float(w)), cols, rho, r_ids, used, s.seed, key)
+            visit = _draw(run, folds, (int(k), nxt, float(w)), cols, rho, r_ids, used, seed, key)
             run.noise[u] += float(visit.noise.sum())
             run.spread[u] += float((visit.oracle * (1 - visit.oracle) + visit.noise).sum())
             run.reuse[u] += float(visit.reused.sum())
@@ -473,7 +482,7 @@ def _draw(
     return _Visit(rewards, oracle, noise, reused, samples)
 
 
-def schedule_label(s: TrajectorySettings) -> str:
+def schedule_label(s: StepSchedule) -> str:
     """How the replay spent its rollouts, for every table row."""
     if s.rollouts_per_step:
         return f"steps, budget {s.rollouts_per_step} rollouts a step"
@@ -491,7 +500,11 @@ def _scopes(timeline: Timeline, n_checkpoints: int) -> list[tuple[str, int, int]
 
 
 def _table(
-    runs: Sequence[_Run], timeline: Timeline, checkpoints: Sequence[str], s: TrajectorySettings
+    runs: Sequence[_Run],
+    timeline: Timeline,
+    checkpoints: Sequence[str],
+    repeats: int,
+    s: StepSchedule,
 ) -> pl.DataFrame:
     """Rows per (step, estimator), per (checkpoint interval, estimator), per estimator."""
     rows: list[dict[str, Any]] = []
@@ -510,15 +523,15 @@ def _table(
                                 float(run.noise[lo:hi].sum()),
                                 float(run.extreme[e.name][lo:hi].sum()),
                                 float(run.spread[lo:hi].sum()), closed_form_scale(e.name, g)),
-                    "pool_reuse": float(run.reuse[lo:hi].sum()) / (s.repeats * visits * run.draws),
+                    "pool_reuse": float(run.reuse[lo:hi].sum()) / (repeats * visits * run.draws),
                 })  # fmt: skip
     return pl.DataFrame(rows)
 
 
-def _curves(runs: Sequence[_Run], s: TrajectorySettings) -> dict[str, np.ndarray]:
+def _curves(runs: Sequence[_Run], repeats: int) -> dict[str, np.ndarray]:
     """Each estimator's MSE per replayed step."""
     return {
-        e.name: run.sq[e.name].sum(axis=1) / (s.repeats * run.batch)
+        e.name: run.sq[e.name].sum(axis=1) / (repeats * run.batch)
         for run in runs
         for e, *_ in run.members
     }

@@ -29,7 +29,7 @@ import polars as pl
 from basis_bench.errors import InputError
 from basis_bench.evaluation.gradient import closed_form_scale
 from basis_bench.evaluation.replay import KEPT_REPEATS, Moments, Replay, Series
-from basis_bench.evaluation.trajectory import advantage_noise
+from basis_bench.evaluation.replay_plan import advantage_noise
 from basis_bench.outputs import (
     LOCK_FILE,
     atomic_write,

@@ -1,4 +1,5 @@
-"""Trajectory replay: every estimator over the stored checkpoints in training order.
+"""The trajectory replay's epoch schedule: every estimator over the stored checkpoints in
+training order, each checkpoint a fixed number of epochs over the prompts.
 
 A one-step replay sees one checkpoint at a time; training is a sequence of checkpoints in
 which a prompt comes back once per epoch, and stateful estimators (the SPO tracker,
@@ -27,7 +28,8 @@ the two oracles' noise). The last checkpoint has no next and stays put. Column
 
 Oracle and pool follow ``basis-bench evaluate``: the oracle is the mean of a checkpoint's
 first ``oracle_n`` samples (by sample_idx), the pool the rest. Only prompts with a reference
-sample and rollouts at every checkpoint take part (:func:`shared_prompts`). Pool draws are
+sample and rollouts at every checkpoint take part
+(:func:`~basis_bench.evaluation.replay_plan.shared_prompts`). Pool draws are
 with replacement across visits. The result has one row per (checkpoint, epoch, estimator)
 (scope ``epoch``) and one per (checkpoint, estimator) over its epochs (scope
 ``checkpoint``): MSE, noise-corrected MSE (minus the oracle's own variance), a normal 95%
@@ -45,42 +47,23 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
-from basis_bench.estimators.kernel import StepKernel
-from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.estimators import Estimator, StepEstimator
 from basis_bench.evaluation.config import named
-from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
+from basis_bench.evaluation.dataset import Rewards
 from basis_bench.evaluation.gradient import closed_form_scale
 from basis_bench.evaluation.replay import pick_rollouts
+from basis_bench.evaluation.replay_plan import (
+    ReplayPlan,
+    ReplayStart,
+    reward_range,
+    stream_bytes,
+    stream_group,
+    summarise,
+)
 from basis_bench.memory_check import Size, check_sizes
-from basis_bench.rollouts.features import prompt_features
 
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
 STATELESS_VISITS = 1 << 14  # visits per call of a stateless estimator: a one-step replay chunk's
-SHUFFLE_BYTES = 16  # per stream and prompt: an epoch's sort keys and their order
-STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
-Z_95 = 1.959963984540054
-
-
-def shared_prompts(
-    rollouts: pl.DataFrame | Rewards, reference: str, checkpoints: Sequence[str]
-) -> tuple[np.ndarray, int]:
-    """Sorted prompt ids present in the reference and every checkpoint, and how many are dropped."""
-    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
-    policies = set(rewards)
-    missing = [p for p in (reference, *checkpoints) if p not in policies]
-    if missing:
-        raise InputError(
-            f"policy {missing[0]!r} has no rollouts; present: {', '.join(sorted(policies))}"
-        )
-    if len(set(checkpoints)) != len(checkpoints) or not checkpoints:
-        raise InputError("checkpoints must be a non-empty sequence of distinct policies, in order")
-    sets = [set(rewards[p].prompt_ids.tolist()) for p in (reference, *checkpoints)]
-    common = set.intersection(*sets)
-    everywhere = set.union(*sets)
-    if not common:
-        raise InputError("no prompt has rollouts from the reference and every checkpoint")
-    return np.array(sorted(common), dtype=object), len(everywhere) - len(common)
 
 
 class _Split(NamedTuple):
@@ -110,26 +93,15 @@ def _split(rewards: np.ndarray, oracle_n: int, checkpoint: str, need: int) -> _S
 
 
 @dataclass(frozen=True)
-class TrajectorySettings:
-    """The knobs of one trajectory replay."""
+class EpochSchedule:
+    """The epoch schedule's settings: B prompts a step, epochs per checkpoint, the
+    oracle's samples per prompt (the first ``oracle_n``; the pool is the rest) and whether
+    to blend each checkpoint into the next over its epochs."""
 
     batch_size: int = 64
-    repeats: int = 100
     epochs_per_checkpoint: int = 1
-    group_size: int = 8
     oracle_n: int = 256
-    ref_n: int = 64
-    seed: int = 0
-    grid_size: int | None = None  # finite betas of the tilt table; None: the default grid
-    prior: float = DEFAULT_PRIOR
-    options: Mapping[str, Any] = field(default_factory=dict)
-    blend: bool = False  # move from each checkpoint towards the next over its epochs
-    features: str = "auto"  # prompt features for basis_context (rollouts/features.py kinds)
-    # The step schedule (step_replay.py): rollouts a step (None: batch_size prompts a step,
-    # per visit), the cross-fit's folds, steps the last checkpoint stands after its own.
-    rollouts_per_step: int | None = None
-    folds: int = 2
-    standing_steps: int = 0
+    blend: bool = False
 
 
 @dataclass
@@ -140,19 +112,6 @@ class _Track:
     g: int
     extreme_last: float = 0.0  # 0/1 baselines of the latest epoch, per prompt (/ G)
     curve: list[float] = field(default_factory=list)  # summed squared error of each step
-
-
-def stream_group(repeats: int, stream_bytes: int) -> int:
-    """Streams run together in one pass: as many as STREAM_BYTES hold, ``stream_bytes`` each."""
-    return max(1, min(repeats, STREAM_BYTES // max(stream_bytes, 1)))
-
-
-def stream_bytes(prompts: int, kernels: Sequence[StepKernel]) -> int:
-    """One stream's memory: its epoch's shuffle and every estimator's state (what
-    ``initial_state`` allocates for one stream: basis_memory's and basis_context's
-    discounted histories, 64 bytes a prompt each, the SPO tracker's 16, ...)."""
-    state = sum(a.nbytes for k in kernels for a in k.initial_state((1,)).values())
-    return SHUFFLE_BYTES * prompts + state
 
 
 @dataclass
@@ -169,48 +128,6 @@ class _Totals:
     spread: np.ndarray  # V(1 - V) summed over the visits (noise-corrected)
 
 
-def summarise(
-    sq_sum: np.ndarray, per_repeat: int, noise_sum: float, extreme: float,
-    spread_sum: float, scale: float,
-) -> dict[str, float | int]:  # fmt: skip
-    """MSE, noise-corrected MSE, normal 95% CI over repeats, 0/1 share, count, and the
-    per-rollout advantage noise (:func:`advantage_noise`)."""
-    repeats = sq_sum.shape[0]
-    mse_r = sq_sum / per_repeat
-    n = repeats * per_repeat
-    mse = float(mse_r.mean())
-    half = Z_95 * float(mse_r.std(ddof=1)) / math.sqrt(repeats) if repeats > 1 else math.nan
-    return {
-        "mse": mse,
-        "mse_noise_corrected": mse - noise_sum / n,
-        "ci_low": mse - half,
-        "ci_high": mse + half,
-        "extreme_rate": extreme / n,
-        "n_estimates": n,
-        **advantage_noise(mse - noise_sum / n, spread_sum / n, scale),
-    }
-
-
-def advantage_noise(mse_corrected: float, spread: float, scale: float) -> dict[str, float]:
-    """Per rollout, what the baseline adds to the advantage's noise: ``adv_noise_excess`` =
-    E[(A' - (r - v))^2] = scale^2 E[(b' - v)^2] for the advantage A' = scale (r - b) on RLOO's
-    scale (GRPO: scale G / (G - 1), which makes its baseline the leave-one-out mean, whose
-    error is G / (G - 1) times GRPO's own MSE), and ``adv_noise_ratio`` = E[A'^2] / V(1 - V)
-    = 1 + excess / V(1 - V), the noise a rollout feeds the gradient against the oracle
-    baseline's (a baseline independent of the rollout's own reward; binary rewards)."""
-    excess = mse_corrected * scale
-    return {
-        "adv_noise_excess": excess,
-        "adv_noise_ratio": 1 + excess / spread if spread > 0 else math.nan,
-    }
-
-
-def reward_range(*arrays: np.ndarray) -> tuple[float, float] | None:
-    """(0, 1) when every finite reward lies in it (the bounds the estimators assume), else None."""
-    vals = np.concatenate([a[np.isfinite(a)] for a in arrays])
-    return (0.0, 1.0) if vals.size == 0 or (vals.min() >= 0 and vals.max() <= 1) else None
-
-
 def check_blend(epochs_per_checkpoint: int, n_checkpoints: int) -> None:
     """Blending moves from one checkpoint to the next over its epochs: it needs both."""
     if epochs_per_checkpoint < 2 or n_checkpoints < 2:
@@ -222,28 +139,28 @@ def check_blend(epochs_per_checkpoint: int, n_checkpoints: int) -> None:
 
 
 def _check(
-    settings: TrajectorySettings, estimators: Sequence[Estimator], p: int, n_checkpoints: int
-) -> int:
+    plan: ReplayPlan, sched: EpochSchedule, estimators: Sequence[Estimator], p: int,
+    n_checkpoints: int,
+) -> int:  # fmt: skip
     """Validate the settings; the number of rollouts drawn per visit (G_max)."""
-    s = settings
-    if s.oracle_n < 2:
+    if sched.oracle_n < 2:
         raise InputError(
-            f"oracle_n must be at least 2 (its noise estimate needs a variance); got {s.oracle_n}"
+            f"oracle_n must be at least 2 (its noise estimate needs a variance); got {sched.oracle_n}"
         )
-    if s.ref_n < 1 or s.repeats < 1 or s.epochs_per_checkpoint < 1:
+    if plan.ref_n < 1 or plan.repeats < 1 or sched.epochs_per_checkpoint < 1:
         raise InputError("ref_n, repeats and epochs_per_checkpoint must be at least 1")
-    if not 1 <= s.batch_size <= p:
+    if not 1 <= sched.batch_size <= p:
         raise InputError(
-            f"batch_size must be in [1, {p}] (the prompts every checkpoint shares); got {s.batch_size}"
+            f"batch_size must be in [1, {p}] (the prompts every checkpoint shares); got {sched.batch_size}"
         )
     if not estimators:
         raise InputError("trajectory replay needs at least one estimator")
-    if s.blend:
-        check_blend(s.epochs_per_checkpoint, n_checkpoints)
+    if sched.blend:
+        check_blend(sched.epochs_per_checkpoint, n_checkpoints)
     has_group = any(e.group for e in estimators)
-    if has_group and s.group_size < 2:
-        raise InputError(f"group estimators need group_size >= 2; got {s.group_size}")
-    return s.group_size if has_group else 1
+    if has_group and plan.group_size < 2:
+        raise InputError(f"group estimators need group_size >= 2; got {plan.group_size}")
+    return plan.group_size if has_group else 1
 
 
 # Per epoch, estimator and repeat the summed squared error (float64); per epoch and
@@ -254,17 +171,16 @@ CURVE_POINT_BYTES = 40
 
 
 def check_epoch_sizes(
-    settings: TrajectorySettings, checkpoints: int, estimators: int, prompts: int
+    sched: EpochSchedule, repeats: int, checkpoints: int, estimators: int, prompts: int
 ) -> int:
     """The epoch replay's ``epochs_per_checkpoint`` against the memory budget before
     anything is allocated (``--trajectory-epochs 10^9`` asked numpy for 14.6 TiB, a
     MemoryError traceback)."""
-    s = settings
-    steps = max(prompts // max(s.batch_size, 1), 1)
+    steps = max(prompts // max(sched.batch_size, 1), 1)
     per_epoch = checkpoints * (
-        16 + estimators * (8 * s.repeats + 8 + EPOCH_ROW_BYTES + CURVE_POINT_BYTES * steps)
+        16 + estimators * (8 * repeats + 8 + EPOCH_ROW_BYTES + CURVE_POINT_BYTES * steps)
     )
-    epochs = Size(named("trajectory_epochs"), s.epochs_per_checkpoint, per_epoch)
+    epochs = Size(named("trajectory_epochs"), sched.epochs_per_checkpoint, per_epoch)
     return check_sizes("this trajectory replay", [epochs])
 
 
@@ -273,7 +189,8 @@ def replay_trajectory(
     reference: str,
     checkpoints: Sequence[str],
     estimators: Sequence[str | Estimator],
-    settings: TrajectorySettings | None = None,
+    plan: ReplayPlan | None = None,
+    schedule: EpochSchedule | None = None,
     progress: Callable[[str, int], None] | None = None,
     prompts: pl.DataFrame | None = None,
 ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
@@ -282,67 +199,62 @@ def replay_trajectory(
     ``rollouts`` is a frame in the store's schema or a dataset's
     :class:`~basis_bench.evaluation.dataset.PolicyRewards` by policy. Returns the table (columns: scope,
     checkpoint, epoch, step, then evaluate's summary columns) and each estimator's per-step
-    MSE curve (steps,) keyed by its label. ``settings.options`` maps an estimator name to
-    its options (object or mapping). ``progress(checkpoint, epoch)`` after every epoch.
-    ``prompts``: the prompts table, whose features (``settings.features``) go to the tilt
-    table for the estimators that condition on the prompt.
+    MSE curve (steps,) keyed by its label. ``plan`` is what every trajectory replay runs
+    (:class:`~basis_bench.evaluation.replay_plan.ReplayPlan`), ``schedule`` this one's
+    epochs. ``progress(checkpoint, epoch)`` after every epoch. ``prompts``: the prompts
+    table, whose features (``plan.features``) go to the tilt table for the estimators that
+    condition on the prompt.
     """
-    s = settings or TrajectorySettings()
-    ests = [get(e) if isinstance(e, str) else e for e in estimators]
-    rewards = rewards_from_frame(rollouts) if isinstance(rollouts, pl.DataFrame) else rollouts
-    ids, _ = shared_prompts(rewards, reference, checkpoints)
-    p = len(ids)
-    g_max = _check(s, ests, p, len(checkpoints))
-    check_epoch_sizes(s, len(checkpoints), len(ests), p)
-    cache = rewards[reference].rows(ids)[:, : s.ref_n].copy()  # not a view of every column
-
-    betas = default_betas(s.grid_size) if s.grid_size is not None else None
-    features = prompt_features(prompts, list(ids), s.features)  # None: no prompts table
-    table = TiltTable.from_cache(cache, betas, s.prior, list(ids), features)
-    splits = [_split(rewards[c].rows(ids), s.oracle_n, c, g_max) for c in checkpoints]
-    rr = reward_range(cache, *(sp.pool for sp in splits))
-    steppers = []
-    for e in ests:
-        opts = e.parse_options(s.options.get(e.name))
-        kernel = e.kernel(e, opts, table if e.uses_cache else None, cache, rr)
-        steppers.append((e, opts, kernel))
-    b, n_epochs = s.batch_size, len(checkpoints) * s.epochs_per_checkpoint
+    plan, sched = plan or ReplayPlan(), schedule or EpochSchedule()
+    start = ReplayStart.build(plan, rollouts, (reference, checkpoints), estimators, prompts)
+    ests, p = start.estimators, len(start.ids)
+    g_max = _check(plan, sched, ests, p, len(checkpoints))
+    check_epoch_sizes(sched, plan.repeats, len(checkpoints), len(ests), p)
+    splits = [
+        _split(start.rewards[c].rows(start.ids), sched.oracle_n, c, g_max) for c in checkpoints
+    ]
+    rr = reward_range(start.cache, *(sp.pool for sp in splits))
+    steppers = start.steppers(rr)
+    b, n_epochs = sched.batch_size, len(checkpoints) * sched.epochs_per_checkpoint
     per_epoch = (p // b) * b
     names = [e.name for e in ests]
     totals = _Totals(
-        {n: np.zeros((n_epochs, s.repeats)) for n in names}, {n: np.zeros(n_epochs) for n in names},
-        np.zeros(n_epochs), np.zeros(n_epochs), dict.fromkeys(names, np.zeros(0)),
-        np.zeros(n_epochs),
+        {n: np.zeros((n_epochs, plan.repeats)) for n in names},
+        {n: np.zeros(n_epochs) for n in names}, np.zeros(n_epochs), np.zeros(n_epochs),
+        dict.fromkeys(names, np.zeros(0)), np.zeros(n_epochs),
     )  # fmt: skip
-    group = stream_group(s.repeats, stream_bytes(p, [kernel for _, _, kernel in steppers]))
-    for lo in range(0, s.repeats, group):
-        streams = (lo, min(lo + group, s.repeats))
+    group = stream_group(plan.repeats, stream_bytes(p, [s.kernel for s in steppers]))
+    for lo in range(0, plan.repeats, group):
+        streams = (lo, min(lo + group, plan.repeats))
         tracks = {
-            e.name: _Track(
-                StepEstimator(e, opts, kernel, table, rr, lead=(streams[1] - lo,)),
-                e.rollouts_per_prompt(s.group_size),
+            s.estimator.name: _Track(
+                start.stream(s, rr, (streams[1] - lo,)),
+                s.estimator.rollouts_per_prompt(plan.group_size),
             )
-            for e, opts, kernel in steppers
+            for s in steppers
         }
-        _replay_streams(s, checkpoints, splits, tracks, streams, g_max, totals, progress)
+        _replay_streams(
+            (plan, sched), checkpoints, splits, tracks, streams, g_max, totals, progress
+        )
         for name, t in tracks.items():
             curve = np.asarray(t.curve)
             totals.curve[name] = curve if lo == 0 else totals.curve[name] + curve
-    g = {e.name: e.rollouts_per_prompt(s.group_size) for e in ests}
-    table_rows = _rows(s, checkpoints, per_epoch, g, totals)
-    curves = {n: totals.curve[n] / (s.repeats * b * g[n]) for n in names}
+    g = {e.name: e.rollouts_per_prompt(plan.group_size) for e in ests}
+    table_rows = _rows((plan, sched), checkpoints, per_epoch, g, totals)
+    curves = {n: totals.curve[n] / (plan.repeats * b * g[n]) for n in names}
     return pl.DataFrame(table_rows, schema_overrides={"epoch": pl.Int64}), curves
 
 
 def _replay_streams(
-    s: TrajectorySettings, checkpoints: Sequence[str], splits: Sequence[_Split],
-    tracks: Mapping[str, _Track], streams: tuple[int, int], g_max: int, totals: _Totals,
-    progress: Callable[[str, int], None] | None,
+    settings: tuple[ReplayPlan, EpochSchedule], checkpoints: Sequence[str],
+    splits: Sequence[_Split], tracks: Mapping[str, _Track], streams: tuple[int, int],
+    g_max: int, totals: _Totals, progress: Callable[[str, int], None] | None,
 ) -> None:  # fmt: skip
     """Repeats [lo, hi) over every checkpoint and epoch, added into ``totals``. Each draw reads
     its rows of the seeded stream (:class:`_Uniforms`), so a pass of some repeats draws what
     one pass of all would for them."""
-    rng = np.random.default_rng(s.seed)
+    plan, s = settings
+    rng = np.random.default_rng(plan.seed)
     p, b = len(splits[0].oracle), s.batch_size
     per_epoch = (p // b) * b
     e = 0
@@ -350,10 +262,10 @@ def _replay_streams(
         following = splits[ck + 1] if s.blend and ck + 1 < len(splits) else None
         for epoch in range(s.epochs_per_checkpoint):
             share = 0.0 if following is None else epoch / s.epochs_per_checkpoint
-            keys = _Uniforms(rng, (s.repeats, p)).block(0, p, streams)
+            keys = _Uniforms(rng, (plan.repeats, p)).block(0, p, streams)
             index = np.argsort(keys, axis=1)[:, :per_epoch]
             mixing = following if share > 0 else None
-            draws = _EpochDraws(rng, index, g_max, split, mixing, share, (s.repeats, streams))
+            draws = _EpochDraws(rng, index, g_max, split, mixing, share, (plan.repeats, streams))
             oracle, noise = split.oracle, split.noise
             if mixing is not None:
                 # the mixture policy: each rollout is the next checkpoint's with probability share
@@ -372,14 +284,15 @@ def _replay_streams(
 
 
 def _rows(
-    s: TrajectorySettings, checkpoints: Sequence[str], per_epoch: int, g: Mapping[str, int],
-    totals: _Totals,
+    settings: tuple[ReplayPlan, EpochSchedule], checkpoints: Sequence[str], per_epoch: int,
+    g: Mapping[str, int], totals: _Totals,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The table: a row per (checkpoint, epoch, estimator), then per (checkpoint, estimator)."""
+    plan, s = settings
     rows: list[dict[str, Any]] = []
     step_count = e = 0
     for ck, checkpoint in enumerate(checkpoints):
-        sq_ckpt = {name: np.zeros(s.repeats) for name in g}
+        sq_ckpt = {name: np.zeros(plan.repeats) for name in g}
         extreme_ckpt = dict.fromkeys(g, 0.0)
         noise_ckpt = share_sum = spread_ckpt = 0.0
         for epoch in range(s.epochs_per_checkpoint):
@@ -494,12 +407,13 @@ def _pick(split: _Split, index: np.ndarray, keys: np.ndarray, g_max: int) -> np.
 
 def _block_baselines(t: _Track, index: np.ndarray, rewards: np.ndarray, b: int) -> list[np.ndarray]:
     """Each step's baselines (r, b, g) over a block of visits: index (r, k b), rewards
-    (r, k b, g_max). A stateless estimator takes up to STATELESS_VISITS of them in one call,
-    its steps as more streams (streams are independent rows: the numbers of one call a
-    step, with one call's overhead, so the trajectory's time stays linear in the prompts
-    however many passes of streams it takes); a stateful one steps through them in order."""
+    (r, k b, g_max). An estimator that carries no state takes up to STATELESS_VISITS of them
+    in one call, its steps as more streams (streams are independent rows: the numbers of one
+    call a step, with one call's overhead, so the trajectory's time stays linear in the
+    prompts however many passes of streams it takes); one that does steps through them in
+    order."""
     r, n = index.shape
-    if t.step.stateful:
+    if t.step.carries_state:
         return [
             np.asarray(
                 t.step.step_columns(

@@ -91,28 +91,7 @@ def _finish(df: pl.DataFrame, what: str) -> pl.DataFrame:
 
 def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
     """The objects of a JSONL file; a malformed line is an InputError naming its number."""
-    rows: list[dict[str, Any]] = []
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise InputError(
-                    f"{path}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
-                    f"{err.start + 1}); save the file as UTF-8"
-                ) from err
-            if not line.strip():
-                continue
-            try:
-                row = bounded_json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise InputError(
-                    f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
-                )
-            rows.append(row)
-    return rows
+    return bounded_json.records(path.read_bytes(), str(path), hint="; save the file as UTF-8")
 
 
 def read_records(path: str | Path) -> pl.DataFrame:

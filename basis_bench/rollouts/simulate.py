@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from basis_bench.estimators.tilt import sigmoid
 from basis_bench.folders import inside_claim
 from basis_bench.memory_check import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.outputs import (
@@ -61,10 +62,6 @@ ROLLOUTS_SUBDIR = "rollouts"
 
 def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return np.exp(-np.logaddexp(0.0, -z))
 
 
 def reference_values(cfg: SimulationConfig, rng: np.random.Generator) -> np.ndarray:
@@ -92,7 +89,7 @@ def checkpoint_values(
         slope = 1.0 + setting.kappa * abs(delta) / late
         stage_rng = np.random.default_rng(_stream(cfg.seed, f"noise:{name}"))
         noise = setting.tau * stage_rng.standard_normal(p_ref.shape)
-        out[name] = _sigmoid(slope * _logit(p_ref) + sign * delta + noise)
+        out[name] = sigmoid(slope * _logit(p_ref) + sign * delta + noise)
     return out
 
 

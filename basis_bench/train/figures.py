@@ -45,7 +45,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import claim_output_dir, holds_output_locks
+from basis_bench.outputs import claim_output_dir, holds_output_locks, save_figure
 from basis_bench.quoting import plain_math, printable
 from basis_bench.settings import check_scalar
 from basis_bench.train.findings import write_findings
@@ -188,7 +188,7 @@ def _learning_curves(
     acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     acc_ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    return _save(fig, out, "learning_curves")
+    return save_figure(fig, out, "learning_curves")
 
 
 def _only_if_drawn(
@@ -232,7 +232,7 @@ def _value_error_figure(
     ax.set(xlabel="step", ylabel="value error $(b - v)^2$\n(noise-corrected)")
     ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    return _save(fig, out, "value_error")
+    return save_figure(fig, out, "value_error")
 
 
 def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Path]:
@@ -274,7 +274,7 @@ def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Pat
     if len(labelled) > 1:
         ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    return _save(fig, out, "beta")
+    return save_figure(fig, out, "beta")
 
 
 def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
@@ -305,20 +305,3 @@ def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
 
 def _beta_text(beta: float) -> str:
     return "inf" if math.isinf(beta) else f"{beta:.6g}"
-
-
-def _save(fig: Any, out: Path, stem: str) -> list[Path]:
-    """``stem``.png and ``stem``.pdf through the store's atomic writer (no half-written file
-    under the real name; no creation date in the PDF, so the same logs give the same file)."""
-    import matplotlib.pyplot as plt
-
-    from basis_bench.outputs import atomic_write
-
-    paths = []
-    for ext in ("png", "pdf"):
-        metadata = {"CreationDate": None} if ext == "pdf" else None
-        with atomic_write(out / f"{stem}.{ext}") as tmp:
-            fig.savefig(tmp, format=ext, dpi=200, metadata=metadata)
-        paths.append(out / f"{stem}.{ext}")
-    plt.close(fig)
-    return paths

@@ -359,25 +359,9 @@ def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
     raw = read_small(path)  # a FIFO named so is refused, never waited on
     if raw is None:
         raise InputError(f"{run_dir}: no {LOG_FILE}; is this a training run directory?")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        where = raw.count(b"\n", 0, err.start) + 1
-        raise InputError(f"{path}:{where}: not UTF-8 text; is this a training run's log?") from err
-    lines = text.splitlines()
-    if lines and not text.endswith("\n"):
-        lines.pop()  # a record cut short by a crash mid-append: that step is redone on resume
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line:
-            continue
-        try:
-            record = bounded_json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path}:{number}: not a JSON record ({err.msg})") from err
-        if not isinstance(record, dict):
-            raise InputError(f"{path}:{number}: not a JSON record (a {type(record).__name__})")
-        records.append(record)
+    # a record cut short by a crash mid-append is dropped: that step is redone on resume
+    hint = "; is this a training run's log?"
+    records = bounded_json.records(raw, str(path), cut_last=True, hint=hint)
     for r in records:
         if r.get("beta") == "inf":
             r["beta"] = math.inf

@@ -13,7 +13,8 @@ import json
 import polars as pl
 
 from basis_bench.evaluation.dataset import open_dataset
-from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
+from basis_bench.evaluation.replay_plan import ReplayPlan
+from basis_bench.evaluation.trajectory import EpochSchedule, replay_trajectory
 from basis_bench.rollouts.store import load_prompts
 
 
@@ -28,12 +29,10 @@ def main() -> None:
     ds = open_dataset()
     prompts = load_prompts(ds.root)
     for kind in args.kinds:
-        s = TrajectorySettings(
-            batch_size=16, repeats=args.repeats, epochs_per_checkpoint=8, blend=args.blend,
-            options={"basis_context": options}, features=kind,
-        )  # fmt: skip
+        plan = ReplayPlan(repeats=args.repeats, options={"basis_context": options}, features=kind)
+        s = EpochSchedule(batch_size=16, epochs_per_checkpoint=8, blend=args.blend)
         table, _ = replay_trajectory(
-            ds.rewards, ds.reference, ds.checkpoints, ["basis_context"], s, prompts=prompts
+            ds.rewards, ds.reference, ds.checkpoints, ["basis_context"], plan, s, prompts=prompts
         )
         ck = table.filter(pl.col("scope") == "checkpoint")
         mse = ck["mse_noise_corrected"].to_list()

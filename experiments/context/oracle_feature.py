@@ -18,7 +18,8 @@ import numpy as np
 import polars as pl
 
 from basis_bench.evaluation.dataset import open_dataset
-from basis_bench.evaluation.trajectory import TrajectorySettings, replay_trajectory
+from basis_bench.evaluation.replay_plan import ReplayPlan
+from basis_bench.evaluation.trajectory import EpochSchedule, replay_trajectory
 from basis_bench.rollouts.features import FEATURE_COLUMN
 from basis_bench.rollouts.store import load_prompts
 
@@ -38,13 +39,13 @@ def main() -> None:
     logit = {p: np.log(x / (1 - x)) for p, x in v.items()}
     drift = np.stack([logit[b] - logit[a] for a, b in itertools.pairwise(policies)])
     table = prompts.with_columns(pl.Series(FEATURE_COLUMN, drift.T.tolist()))
-    s = TrajectorySettings(
-        batch_size=16, repeats=args.repeats, epochs_per_checkpoint=8, blend=args.blend,
-        features="stored",
+    plan = ReplayPlan(
+        repeats=args.repeats, features="stored",
         options={"basis_context": {"ridge": args.ridge}} if args.ridge is not None else {},
     )  # fmt: skip
+    s = EpochSchedule(batch_size=16, epochs_per_checkpoint=8, blend=args.blend)
     result, _ = replay_trajectory(
-        ds.rewards, ds.reference, ds.checkpoints, ["basis_context"], s, prompts=table
+        ds.rewards, ds.reference, ds.checkpoints, ["basis_context"], plan, s, prompts=table
     )
     mse = result.filter(pl.col("scope") == "checkpoint")["mse_noise_corrected"].to_list()
     cells = " | ".join(f"{x:.4f}" for x in mse)

@@ -20,8 +20,8 @@ import math
 import polars as pl
 
 from basis_bench.evaluation.dataset import DEFAULT_DATASET, open_dataset
-from basis_bench.evaluation.step_replay import replay_steps
-from basis_bench.evaluation.trajectory import TrajectorySettings
+from basis_bench.evaluation.replay_plan import ReplayPlan
+from basis_bench.evaluation.step_replay import StepSchedule, replay_steps
 from basis_bench.rollouts.store import load_prompts
 from basis_bench.rollouts.training_record import checkpoint_steps, training_record
 
@@ -83,12 +83,10 @@ def main() -> None:
     prompts = load_prompts(ds.root)
 
     def run(title: str, batch: int, budget: int | None, standing: int = 0) -> None:
-        s = TrajectorySettings(
-            batch_size=batch, repeats=args.repeats, ref_n=args.ref_n,
-            rollouts_per_step=budget, standing_steps=standing,
-        )  # fmt: skip
+        plan = ReplayPlan(repeats=args.repeats, ref_n=args.ref_n)
+        s = StepSchedule(batch_size=batch, rollouts_per_step=budget, standing_steps=standing)
         result, _ = replay_steps(
-            ds.rewards, ds.reference, checkpoints, steps, names, s, prompts=prompts
+            ds.rewards, ds.reference, checkpoints, steps, names, plan, s, prompts=prompts
         )
         print(table(result, title), flush=True)
 
