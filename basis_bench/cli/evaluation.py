@@ -223,8 +223,10 @@ def print_gradient(gradient: pl.DataFrame, console: Console) -> None:
     budgets = sorted(rows["rollouts_per_step"].unique().to_list())
     table = Table(
         title="policy-gradient variance at an equal rollout budget, ratio to RLOO(8)'s",
-        caption="GRPO on RLOO's scale; oracle_baseline: b = v, the prompt's value (not the "
-        "least-variance baseline, which weighs rollouts by ||s||^2); every column in gradient.csv",
+        caption="GRPO on RLOO's scale; grpo_std (GRPO over its group's std) on G*'s, measured, "
+        "its direction cos(E G, G*) in gradient.csv; oracle_baseline: b = v, the prompt's value "
+        "(not the least-variance baseline, which weighs rollouts by ||s||^2); every column in "
+        "gradient.csv",
         box=box.SIMPLE_HEAD,
     )
     table.add_column("estimator", no_wrap=True)

@@ -143,8 +143,8 @@ def compare(args: argparse.Namespace) -> None:
         sketches = full.select("prompt_id", "sample_idx", pl.col(column).alias(SKETCH_COLUMN))
         _subset(data, args.policy, ids, sketches)
         subprocess.run(
-            ["basis-bench", "evaluate", "--rollouts", str(data), "--estimators", "all",
-             "--gradient-budgets", args.budgets, "--out", str(results), "--seed", "0"],
+            [sys.executable, "-m", "basis_bench", "evaluate", "--rollouts", str(data), "--estimators", "all",
+             "--gradient-budgets", args.budgets, "--trajectory-schedule", "steps", "--standing-steps", "4", "--out", str(results), "--seed", "0"],
             check=True,
         )  # fmt: skip
         tables[kind] = pl.read_csv(results / "gradient.csv").filter(pl.col("checkpoint") == "all")
