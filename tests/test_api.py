@@ -227,3 +227,13 @@ def test_simulate_refuses_settings_of_the_wrong_shape_by_name(tmp_path, settings
     with pytest.raises(InputError, match=re.escape(needle)):
         basis_bench.simulate(tmp_path / "s", **settings)
     assert not (tmp_path / "s").exists()
+
+
+def test_evaluate_warns_where_the_oracle_noise_rivals_the_mse(data):
+    """A 2-sample oracle: the noise (up to 1/8 a prompt) rivals the MSEs; the notebook gets
+    the warning run.json keeps."""
+    with pytest.warns(UserWarning, match="the oracle's noise rivals the MSE") as caught:
+        result = basis_bench.evaluate(
+            data, ["basis", "grpo"], **{**SETTINGS, "oracle_n": 2}, trajectory=False
+        )
+    assert [str(w.message) for w in caught] == list(result.run.warnings)

@@ -17,6 +17,7 @@ from basis_bench.estimators import ESTIMATORS, available
 from basis_bench.evaluation import replay as replay_module
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
 from basis_bench.evaluation.dataset import open_dataset
+from basis_bench.evaluation.oracle_noise import noise_warning, rivalled
 from basis_bench.evaluation.record import RunRecord
 from basis_bench.evaluation.replay import Moments, Replay, Series, draw_batches, draw_rollouts
 from basis_bench.evaluation.run import evaluate
@@ -621,3 +622,41 @@ def test_grpo_advantage_noise_is_rloos_on_rloo_scale():
         assert grpo["adv_noise_excess"] > grpo["mse_noise_corrected"] * 1.1  # the 8/7 is there
         # E[A^2] / V(1 - V): one more than the excess over the prompts' reward variance
         assert rows["vanilla"]["adv_noise_ratio"] > rloo["adv_noise_ratio"] > 1
+
+
+def test_oracle_noise_rivals_the_mse_where_it_is_half_the_corrected_mse_or_more():
+    """The rule: noise (raw - corrected) at least the smallest corrected MSE, or a
+    corrected MSE below zero, flags the checkpoint; noise well below every MSE does not."""
+    rows = {
+        "checkpoint": ["a", "a", "b", "b", "c", "c"],
+        "estimator": ["x", "y"] * 3,
+        "mse_noise_corrected": [0.05, 0.011, 0.05, 0.0099, 0.05, -0.002],
+    }
+    table = pl.DataFrame(rows).with_columns((pl.col("mse_noise_corrected") + 0.01).alias("mse"))
+    flagged = rivalled(table)
+    assert flagged["checkpoint"].to_list() == ["b", "c"]
+    assert flagged["negative"].to_list() == [[], ["y"]]
+    np.testing.assert_allclose(flagged["noise"], [0.01, 0.01])
+    line = noise_warning(table, 4)
+    assert "checkpoint(s) b, c" in line and "oracle 4 samples" in line and "(y)" in line
+    assert noise_warning(table.filter(pl.col("checkpoint") == "a"), 4) is None
+
+
+def test_evaluate_on_a_four_sample_oracle_warns_in_one_line_and_in_run_json(
+    tilt_data, tilt_result, tmp_path, monkeypatch, capsys
+):
+    # a 64-sample oracle: its noise (0.002) below every corrected MSE (0.003 and more)
+    assert list(tilt_result.run.warnings) == []
+    code, _, out = run_main(
+        monkeypatch, capsys, "evaluate", "--rollouts", str(tilt_data), "--oracle-n", "4",
+        "--estimators", "basis,grpo,reinforce_pp", "--repeats", "20", "--no-trajectory",
+        "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert code == 0
+    warned = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "the oracle's noise rivals the MSE it corrects" in warned[0]
+    assert "(within the oracle's noise)" in " ".join(out.split())  # the tables' titles too
+    run = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert run["warnings"] == [warned[0].removeprefix("warning: ")]
+    summary = pl.read_csv(tmp_path / "o" / "summary.csv")
+    assert set(rivalled(summary)["checkpoint"]) == set(summary["checkpoint"])

@@ -12,7 +12,14 @@ import pytest
 
 from basis_bench.errors import InputError
 from basis_bench.evaluation.config import EvaluateConfig
-from basis_bench.evaluation.figures import FIGURES, make_figures, paper_style
+from basis_bench.evaluation.figure_style import CORRECTED_MSE, RAW_MSE
+from basis_bench.evaluation.figures import (
+    FIGURES,
+    LOG_SPAN,
+    THIN_BIN,
+    make_figures,
+    paper_style,
+)
 from basis_bench.evaluation.run import evaluate
 from basis_bench.evaluation.sensitivity import SensitivityConfig, sensitivity
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
@@ -224,8 +231,8 @@ def test_sensitivity_and_trajectory_draw_one_line_per_series(results, drawn):
     fig = drawn["fig5_sensitivity"]
     assert len(fig.axes) == sens["parameter"].n_unique()
     checkpoints = _checkpoints(results, "sensitivity.csv")
-    for ax in fig.axes:
-        assert [line.get_label() for line in ax.get_lines()] == checkpoints
+    for ax in fig.axes:  # one line with its error bars per checkpoint
+        assert [bars.get_label() for bars in ax.containers] == checkpoints
     assert _texts(fig.legends[0]) == checkpoints
     (ax,) = drawn["fig_trajectory"].axes
     epochs = pl.read_csv(results / "trajectory.csv").filter(pl.col("scope") == "epoch")
@@ -297,3 +304,130 @@ def test_bin_labels_are_distinct_and_upright(drawn):
             assert len(set(labels)) == len(labels) <= 6, labels
             assert all(len(t) <= 5 for t in labels), labels
             assert {t.get_rotation() for t in ax.get_xticklabels()} == {0.0}
+
+
+# ------------------------------------------------------------ what the figures warn of
+
+
+def _edited(results, tmp_path, table: str, edit) -> object:
+    """``results`` copied with ``table`` rewritten by ``edit`` (a polars frame function)."""
+    folder = tmp_path / "res"
+    shutil.copytree(results, folder)
+    edit(pl.read_csv(folder / table)).write_csv(folder / table)
+    return folder
+
+
+def test_every_bin_shows_its_count_and_thin_and_empty_bins_are_marked(results, tmp_path):
+    """fig3c's A*-PO dip was a bin of 13 estimates, with no count on the figure, and an empty
+    bin was dropped unsaid: each bin's count sits above it, red and shaded under THIN_BIN,
+    "empty" and hatched at 0."""
+    import matplotlib.pyplot as plt
+
+    def thin_and_empty(df):
+        early = pl.col("checkpoint") == "early"
+        return df.with_columns(
+            pl.when(early & (pl.col("bin") == 4)).then(0)
+            .when(early & (pl.col("bin") == 3)).then(THIN_BIN - 1)
+            .otherwise(pl.col("n_estimates")).alias("n_estimates"),
+            pl.when(early & (pl.col("bin") == 4)).then(None).otherwise(pl.col("mse")).alias("mse"),
+        )  # fmt: skip
+
+    folder = _edited(results, tmp_path, "by_difficulty.csv", thin_and_empty)
+    table = pl.read_csv(folder / "by_difficulty.csv").filter(pl.col("estimator") == "basis")
+    fig = FIGURES["fig3c_difficulty"][1](folder)
+    for ax, name in zip(fig.axes, _checkpoints(folder, "by_difficulty.csv"), strict=True):
+        counts = table.filter(pl.col("checkpoint") == name).sort("bin")["n_estimates"].to_list()
+        (top,) = ax.child_axes
+        labels = top.get_xticklabels()
+        assert [t.get_text() for t in labels] == [str(n) if n else "empty" for n in counts]
+        assert [t.get_color() == "tab:red" for t in labels] == [n < THIN_BIN for n in counts]
+        shaded = sorted(round(p.get_x(), 6) for p in ax.patches)  # one span per thin bin
+        assert shaded == [round(0.2 * i, 6) for i, n in enumerate(counts) if n < THIN_BIN]
+    early = fig.axes[0]
+    assert [p.get_hatch() for p in early.patches if p.get_x() > 0.7] == ["///"]  # the empty bin
+    assert "estimates per bin" in fig.get_suptitle()
+    plt.close(fig)
+
+
+def test_zero_bars_are_drawn_and_labelled(results, drawn):
+    """fig3d's 0% bars were invisible, as if missing: each is a stub on the axis, and each
+    estimator with one says 0%."""
+    summary = pl.read_csv(results / "summary.csv")
+    (ax,) = drawn["fig3d_extreme"].axes
+    stubs = [line for line in ax.get_lines() if list(line.get_ydata()) == [0, 0]]
+    assert len(stubs) == summary.filter(pl.col("extreme_rate") == 0).height > 0
+    zero = summary.group_by("estimator").agg((pl.col("extreme_rate") == 0).any().alias("z"))
+    assert sum(t.get_text().startswith("0%") for t in ax.texts) == zero["z"].sum()
+
+
+def test_mse_bars_go_on_a_log_axis_where_they_span_decades(results, tmp_path):
+    """fig3a's linear axis hid bars of 0.003 beside 0.44."""
+    import matplotlib.pyplot as plt
+
+    def scaled(factor):
+        def edit(df):
+            small = pl.col("estimator") == "grpo"
+            return df.with_columns(
+                pl.when(small).then(pl.col(c) * factor).otherwise(pl.col(c)).alias(c)
+                for c in ("mse", "ci_low", "ci_high")
+            )
+
+        return edit
+
+    summary = pl.read_csv(results / "summary.csv").filter(pl.col("estimator") != "vanilla")
+    span = summary["mse"].max() / summary["mse"].min()
+    for factor, scale in ((1.0, "log" if span >= LOG_SPAN else "linear"), (1e-3, "log")):
+        fig = FIGURES["fig3a_mse"][1](_edited(results, tmp_path / str(factor), "summary.csv",
+                                               scaled(factor)))  # fmt: skip
+        assert fig.axes[0].get_yscale() == scale
+        plt.close(fig)
+
+
+def test_sensitivity_draws_its_intervals_and_says_when_a_knob_never_binds(results, tmp_path):
+    """fig5's eps panel was flat because eps never binds on this data, and the figure did not
+    say so, nor draw the intervals sensitivity.csv has."""
+    import matplotlib.pyplot as plt
+
+    def eps_flat(df):
+        first = df.group_by("checkpoint", "parameter").agg(pl.col("mse").first().alias("m"))
+        df = df.join(first, on=["checkpoint", "parameter"])
+        eps = pl.col("parameter") == "eps"
+        return df.with_columns(
+            pl.when(eps).then(pl.col("m")).otherwise(pl.col("mse")).alias("mse")
+        ).drop("m")
+
+    def eps_moves(df):
+        eps = pl.col("parameter") == "eps"
+        return df.with_columns(
+            pl.when(eps)
+            .then(pl.col("mse") * (1 + pl.col("value")))
+            .otherwise(pl.col("mse"))
+            .alias("mse")
+        )
+
+    table = pl.read_csv(results / "sensitivity.csv")
+    for edit, binds in ((eps_flat, False), (eps_moves, True)):
+        fig = FIGURES["fig5_sensitivity"][1](
+            _edited(results, tmp_path / str(binds), "sensitivity.csv", edit)
+        )
+        eps_ax, n_ax = fig.axes[:2]
+        assert ("never binds" in eps_ax.get_xlabel()) is not binds
+        assert "never binds" not in n_ax.get_xlabel()  # the cache size does move the MSE
+        plt.close(fig)
+    fig = FIGURES["fig5_sensitivity"][1](results)
+    n_ax = fig.axes[1]
+    rows = table.filter((pl.col("parameter") == "ref_n") & (pl.col("checkpoint") == "late"))
+    bars = n_ax.containers[-1]  # the last checkpoint's error bars
+    (segments,) = bars.lines[2]
+    spans = sorted(float(end[1]) for segment in segments.get_segments() for end in segment)
+    expected = sorted([*rows["ci_low"].to_list(), *rows["ci_high"].to_list()])
+    assert spans == pytest.approx(expected)
+    plt.close(fig)
+
+
+def test_every_mse_axis_says_raw_or_noise_corrected(drawn):
+    """Some y labels said raw MSE, others the noise-corrected one, in different words."""
+    for name in ("fig2_fixed_beta", "fig3a_mse", "fig3b_heterogeneity", "fig3c_difficulty",
+                 "fig3_group_sweep", "fig5_sensitivity"):  # fmt: skip
+        assert drawn[name].axes[0].get_ylabel() == RAW_MSE, name
+    assert drawn["fig_trajectory"].axes[0].get_ylabel() == CORRECTED_MSE

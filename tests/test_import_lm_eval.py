@@ -285,3 +285,39 @@ def test_a_400_digit_eval_jsonl_score_is_refused_at_its_line(tmp_path):
     path.write_text(f'{{"idx": 0, "question": "1+1", "gt": "2", "score": [{10**400}]}}\n')
     with pytest.raises(InputError, match=r"e\.jsonl:1: 'score' must be a list of booleans"):
         import_sources("eval-jsonl", [path], "p", ImportOptions())
+
+
+def test_a_gsm8k_full_solution_target_is_stored_as_its_final_answer(tmp_path):
+    """lm-eval's gsm8k target is the document's whole answer, the worked solution ending in
+    '#### 42'; that became the stored answer, which math-verify cannot match a response
+    against. The final answer after '####' is stored; a plain target stays as it is."""
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
+    doc = {"question": "Natalia sold clips to 48 friends ...", "answer": solution}
+    path = tmp_path / "samples_gsm8k_full.jsonl"
+    lines = [
+        sample_line(0, doc, solution, ["... so 72."], "72", "flexible-extract", exact_match=1.0),
+        sample_line(
+            1,
+            {**doc, "question": "Other?"},
+            "#### 1,000 ",
+            ["1000"],
+            "1000",
+            "flexible-extract",
+            exact_match=1.0,
+        ),
+        sample_line(
+            2,
+            {**doc, "question": "Plain?"},
+            "12",
+            ["12"],
+            "12",
+            "flexible-extract",
+            exact_match=1.0,
+        ),
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = import_sources("lm-eval", [path], "p", ImportOptions())
+    assert result.prompts is not None
+    assert result.prompts.sort("prompt_id")["answer"].to_list() == ["72", "1,000", "12"]
+    from_doc = import_sources("lm-eval", [path], "p", ImportOptions(answer_col="answer"))
+    assert from_doc.prompts is not None and from_doc.prompts["answer"].to_list()[0] == "72"

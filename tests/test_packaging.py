@@ -1,6 +1,7 @@
 """The wheel carries the default dataset, so `pip install basis-bench` runs the main job, and
 its licence; the citation file names the version that is installed."""
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -57,3 +58,54 @@ def test_version_flag_prints_the_projects_version():
         timeout=60,
     )
     assert shown.returncode == 0 and shown.stdout == f"basis-bench {version}\n"
+
+
+NO_HF = """
+import sys
+
+
+class NoHf:
+    # an environment where the [hf] extra was never installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"torch", "transformers", "accelerate", "gguf"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
+
+
+sys.meta_path.insert(0, NoHf())
+from basis_bench.cli import main
+
+main()
+"""
+
+
+def test_oracle_without_the_hf_extra_is_one_line_naming_it(tmp_path):
+    """The README's oracle line without the [hf] extra was a 40-line traceback ending in
+    ``No module named 'torch'``; the main job needs no torch and still runs."""
+    oracle = [sys.executable, "-c", NO_HF, "oracle", "--model", "smollm2-135m", "--policy", "p",
+              "--prompts", "arithmetic:n=4", "--n", "2", "--out", str(tmp_path / "o")]  # fmt: skip
+    done = subprocess.run(oracle, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: this command needs 'torch', which the [hf] extra installs: "
+        "pip install 'basis-bench[hf]' (in a clone: pip install -e '.[hf]')"
+    ]
+    assert not (tmp_path / "o").exists()
+    evaluate = [sys.executable, "-c", NO_HF, "evaluate", "--estimators", "basis,grpo",
+                "--repeats", "3", "--no-trajectory", "--out", str(tmp_path / "r")]  # fmt: skip
+    done = subprocess.run(evaluate, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r" / "summary.csv").is_file()
+
+
+def test_each_extra_named_in_a_hint_installs_its_module():
+    """The hint's extra is the one in pyproject.toml that lists the module's package."""
+    import tomllib
+
+    from basis_bench.extras import EXTRA_OF
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for module, extra in EXTRA_OF.items():
+        names = {re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0] for req in extras[extra]}
+        assert module in names, (module, extra, names)

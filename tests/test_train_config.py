@@ -330,6 +330,38 @@ def test_train_figures_from_logs(tmp_path):
     }
 
 
+def test_no_line_joins_an_infinite_beta_and_accuracy_keeps_its_whole_range(tmp_path):
+    """beta.png drew a line from beta = inf (plotted on the top line) down to the next beta,
+    a slope made up by where that line sits; learning_curves.png zoomed 0.405 -> 0.432 (one
+    held-out prompt) into a steep rise."""
+    import matplotlib.pyplot as plt
+
+    from basis_bench.train.figures import beta_figure, learning_curves
+    from basis_bench.train.loop import append_jsonl
+    from basis_bench.train.summary import load_arm
+
+    run = tmp_path / "b"
+    run.mkdir()
+    config = {"estimator": "basis", "group_size": 1, "loss": "gpg"}
+    (run / "config.json").write_text(json.dumps(config))
+    append_jsonl(run / "log.jsonl", {"step": 0, "eval_accuracy": 0.405})
+    betas = [0.5, math.inf, math.inf, 0.3]
+    for t, beta in enumerate(betas, start=1):
+        record = {"step": t, "mean_reward": 0.4, "beta": beta, "truncated_share": 0.0}
+        append_jsonl(run / "log.jsonl", record | ({"eval_accuracy": 0.432} if t == 4 else {}))
+    arm = load_arm(run)
+    fig = beta_figure([(r, "BASIS", "C0") for r in arm.runs])
+    line, hollow = fig.axes[0].get_lines()[:2]
+    np.testing.assert_array_equal(line.get_ydata(), [0.5, np.nan, np.nan, 0.3])
+    assert list(hollow.get_xdata()) == [2, 3] and hollow.get_markerfacecolor() == "none"
+    top = fig.axes[0].get_yticks()[-1]  # the tick labelled infinity
+    assert list(hollow.get_ydata()) == [top, top]
+    curves = learning_curves([arm], ["BASIS"], ["C0"], 1)
+    assert [ax.get_ylim() for ax in curves.axes] == [(-0.02, 1.02)] * 2
+    plt.close(fig)
+    plt.close(curves)
+
+
 def test_shipped_experiment_configs_are_valid_and_share_the_budget():
     from basis_bench.estimators import get
 

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
+from basis_bench.extras import missing_extra
 from basis_bench.quoting import printable, shown
 from basis_bench.settings import RenamedSetting
 
@@ -121,7 +122,8 @@ def _path_flags(typer_app: typer.Typer) -> set[str]:
 
 
 def main() -> None:
-    """Console-script entry point: user mistakes become one clear line (exit code 2), a
+    """Console-script entry point: user mistakes become one clear line (exit code 2), as does
+    a module an optional extra installs (:mod:`basis_bench.extras`), a
     failed write (disk full, read-only, no permission) one line saying what is kept
     (exit code 1), Ctrl-C the same (exit code 130), SIGTERM too (exit code 143; the
     handler is armed by :mod:`basis_bench.__main__`)."""
@@ -136,6 +138,12 @@ def main() -> None:
         app()
     except InputError as err:
         console.print(f"[bold red]error:[/] {shown(err)}", highlight=False)
+        sys.exit(2)
+    except ModuleNotFoundError as err:
+        hint = missing_extra(err)
+        if hint is None:
+            raise
+        console.print(f"[bold red]error:[/] {shown(hint)}", highlight=False)
         sys.exit(2)
     except OSError as err:
         if err.errno not in WRITE_ERRNOS:

@@ -166,12 +166,16 @@ def evaluate(
         print_trajectory(result.trajectory, run.trajectory, console)
     if result.gradient is not None:
         print_gradient(result.gradient, console)
+    for warning in run.warnings:  # last, beside the tables it qualifies (and in run.json)
+        console.print(f"[yellow]warning:[/] {shown(warning)}", highlight=False, soft_wrap=True)
     console.print(f"wrote {shown(result.out)}/: {', '.join([*(run.tables or {}), RUN_FILE])}")
 
 
 def print_summary(summary: pl.DataFrame, console: Console) -> None:
-    """One rich table per checkpoint: rollouts per prompt (G), MSE, noise-corrected MSE, 95% CI
-    half-width, share of baselines exactly 0 or 1, the change in MSE against REINFORCE++ and
+    """One rich table per checkpoint: rollouts per prompt (G), raw MSE, noise-corrected MSE,
+    95% CI half-width, share of baselines exactly 0 or 1, the change in MSE against REINFORCE++
+    (the title and caption say so where the oracle's noise rivals the MSEs:
+    :mod:`~basis_bench.evaluation.oracle_noise`) and
     the advantage noise a rollout feeds the gradient beyond the oracle baseline's (b = v), on
     RLOO's scale (GRPO's (G - 1) / G taken out: GRPO(G)'s like-for-like target is RLOO(G))."""
     import polars as pl
@@ -179,6 +183,7 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
     from rich.table import Table
 
     from basis_bench.estimators.baselines import REINFORCE_PP_NAME
+    from basis_bench.evaluation.oracle_noise import rivalled
 
     if summary.is_empty():  # only stateful estimators (basis_memory): no one-step rows
         console.print(
@@ -186,15 +191,21 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
             "trajectory replay only (below, and trajectory.csv)"
         )
         return
+    noisy = set(rivalled(summary)["checkpoint"].to_list())
     for (name,), df in summary.group_by("checkpoint", maintain_order=True):
         base = df.filter(pl.col("estimator") == REINFORCE_PP_NAME)["mse"]
         ref = float(base[0]) if base.len() else None
+        within = " (within the oracle's noise)" if name in noisy else ""
         table = Table(
-            title=f"checkpoint {shown(name)}: value-estimation MSE against the oracle",
+            title=f"checkpoint {shown(name)}: value-estimation MSE against the oracle{within}",
+            caption="the oracle's noise rivals these MSEs: the corrected MSEs and the changes "
+            "vs R++ are within it (warning below)"
+            if within
+            else None,
             box=box.SIMPLE_HEAD,
         )
         table.add_column("estimator", no_wrap=True)
-        for col in ("G", "MSE", "MSE-noise", "±95%", "0/1 base", "vs R++", "noise\nvs b=v"):
+        for col in ("G", "raw MSE", "corrected", "±95%", "0/1 base", "vs R++", "noise\nvs b=v"):
             table.add_column(col, justify="right", no_wrap=True)
         for row in df.iter_rows(named=True):
             change = f"{100 * (row['mse'] / ref - 1):+.0f}%" if ref else ""
@@ -362,7 +373,7 @@ def sensitivity(
     from rich.table import Table
 
     table = Table(title="sensitivity: MSE as one knob moves")
-    for col in ("checkpoint", "estimator", "parameter", "value", "MSE", "95% CI"):
+    for col in ("checkpoint", "estimator", "parameter", "value", "raw MSE", "95% CI"):
         table.add_column(col)
     for row in df.iter_rows(named=True):
         table.add_row(

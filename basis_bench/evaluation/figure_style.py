@@ -24,6 +24,10 @@ from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.quoting import plain_math
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
+RAW_MSE = "MSE vs oracle\n(raw)"
+CORRECTED_MSE = "MSE vs oracle\n(noise-corrected)"
+"""The y labels: every figure says which MSE it draws, in these words (the raw MSE holds the
+oracle's own noise, Var(oracle); the corrected one has it taken out and may fall below 0)."""
 FAMILIES = ("cache", "group", "stateful", "batch")
 LINESTYLES = {"cache": "-", "group": "--", "stateful": (0, (1, 1)), "batch": "-."}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")

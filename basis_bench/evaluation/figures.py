@@ -5,18 +5,25 @@ file (PNG and PDF)         table                  what it shows
 =========================  =====================  ==========================================
 fig2_fixed_beta            fixed_beta.csv         initial V^_beta vs refined V~_beta MSE
                                                   against a fixed beta, one panel per checkpoint
-fig3a_mse                  summary.csv            MSE per estimator with 95% CI
-fig3b_heterogeneity        by_heterogeneity.csv   MSE by batch heterogeneity s_b
-fig3c_difficulty           by_difficulty.csv      MSE by prompt difficulty (oracle value)
-fig3d_extreme              summary.csv            share of baselines exactly 0 or 1
+fig3a_mse                  summary.csv            MSE per estimator with 95% CI (log axis where
+                                                  the bars span decades)
+fig3b_heterogeneity        by_heterogeneity.csv   MSE by batch heterogeneity s_b, batches per
+                                                  bin above (thin and empty bins marked)
+fig3c_difficulty           by_difficulty.csv      MSE by prompt difficulty (oracle value),
+                                                  estimates per bin above (likewise)
+fig3d_extreme              summary.csv            share of baselines exactly 0 or 1 (0% bars
+                                                  drawn as stubs, labelled)
 fig3_group_sweep           g_sweep.csv            GRPO/RLOO MSE against G, single-rollout lines
-fig5_sensitivity           sensitivity.csv        BASIS MSE against eps, n, B and grid size
+fig5_sensitivity           sensitivity.csv        BASIS MSE against eps, n, B and grid size with
+                                                  95% CIs; a knob that changes nothing says so
 fig_beta_choice            beta_choice.csv        how often calibration chose each beta
 =========================  =====================  ==========================================
 
 The zero baseline (``vanilla``) has an MSE an order of magnitude above the rest; panels
 (a)-(c) leave it out and say so, (d) keeps it. The line plots (b), (c) leave out the
 BASIS-VOP and BASIS-RVG variants so the lines stay readable; (a) and (d) show them. Sizes fit a two-column paper page (6.75 in).
+Every y label says which MSE it is: raw (with the oracle's noise) in the one-step figures,
+noise-corrected in the trajectory (``RAW_MSE``, ``CORRECTED_MSE``).
 Estimators are drawn in registration order, with the display name and colour each declared
 at registration, the line style of their family and a marker of their own
 (:mod:`~basis_bench.evaluation.figure_style`); lines that coincide are drawn apart
@@ -40,6 +47,8 @@ from basis_bench.estimators.baselines import REINFORCE_PP_NAME, ZERO_BASELINE_NA
 from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS, REFERENCE_MEAN_NAME
 from basis_bench.evaluation.config import SensitivityConfig
 from basis_bench.evaluation.figure_style import (
+    CORRECTED_MSE,
+    RAW_MSE,
     coinciding,
     colours,
     draw_lines,
@@ -154,7 +163,7 @@ def fig2_fixed_beta(results: Path) -> Figure:
         log_y(ax)
         ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("fixed $\\beta$")
-    axes[0].set_ylabel("MSE against oracle")
+    axes[0].set_ylabel(RAW_MSE)
     legend_below(fig, axes, ncol=4)
     return fig
 
@@ -166,13 +175,16 @@ def _grouped_bars(
     error: Callable[[dict[str, Any]], tuple[float, float]] | None = None,
 ) -> None:
     """One bar per (estimator, G) and checkpoint, the checkpoints side by side in stage
-    colours; a missing (estimator, G, checkpoint) is a gap."""
+    colours; a missing (estimator, G, checkpoint) is a gap. Without ``error`` (a share) a bar
+    of exactly 0 is drawn as a stub on the axis and its group says "0%" (an empty bar is
+    otherwise invisible, as if missing)."""
     import numpy as np
 
     names = _checkpoints(df)
     keys = df.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     width = 0.8 / len(names)
     shades = stage_colours(len(names))
+    zeros = np.zeros((len(names), len(keys)), dtype=bool)
     for i, name in enumerate(names):
         d = df.filter(pl.col("checkpoint") == name)
         lookup = {(r["estimator"], r["rollouts_per_prompt"]): r for r in d.iter_rows(named=True)}
@@ -181,6 +193,10 @@ def _grouped_bars(
         heights = [value(r) if r else np.nan for r in rows]
         if error is None:
             ax.bar(x, heights, width=width, color=shades[i], label=plain_math(name))
+            zeros[i] = np.asarray(heights) == 0
+            for at in x[zeros[i]]:
+                ax.plot([at - width / 2, at + width / 2], [0, 0], color=shades[i], lw=3,
+                        solid_capstyle="butt", clip_on=False, zorder=3)  # fmt: skip
             continue
         err = np.array([error(r) if r else (np.nan, np.nan) for r in rows]).T
         ax.bar(
@@ -188,6 +204,12 @@ def _grouped_bars(
             label=plain_math(name),
             error_kw={"lw": 0.8},
         )  # fmt: skip
+    for k in np.flatnonzero(zeros.any(axis=0)):
+        every = "" if zeros[:, k].all() else " (" + ", ".join(
+            plain_math(n) for n, z in zip(names, zeros[:, k], strict=True) if z
+        ) + ")"  # fmt: skip
+        ax.annotate(f"0%{every}", (k, 0), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=6, color="0.3", rotation=90)  # fmt: skip
     ax.set_xticks(np.arange(len(keys)), [label(e, g) for e, g in keys], rotation=25, ha="right")
     ax.legend(title="checkpoint", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
@@ -204,11 +226,19 @@ def fig3a_mse(results: Path) -> Figure:
         lambda r: r["mse"],
         lambda r: (r["mse"] - r["ci_low"], r["ci_high"] - r["mse"]),
     )
-    ax.set_ylabel("MSE against oracle")
+    ax.set_ylabel(RAW_MSE)
+    shown = df.filter(~pl.col("estimator").is_in(OMITTED) & (pl.col("mse") > 0))["mse"].to_numpy()
+    if shown.size and shown.max() / shown.min() >= LOG_SPAN:  # 0.003 beside 0.44
+        log_y(ax)
     note = ", ".join(f"{n}: {m:.3f}" for n, m in omitted.select("checkpoint", "mse").rows())
     title = "(a) value-estimation MSE (95% CI over repeats)"
     ax.set_title(title + (f"\nzero baseline omitted (MSE {note})" if note else ""), fontsize=9)
     return fig
+
+
+LOG_SPAN = 30.0
+"""Bars whose heights span this factor or more are drawn on a log axis: on a linear one the
+smallest are invisible."""
 
 
 def _bin_axis(ax: Any, bins: pl.DataFrame) -> None:
@@ -221,23 +251,55 @@ def _bin_axis(ax: Any, bins: pl.DataFrame) -> None:
     ax.set_xlim(edges[0], edges[-1])
 
 
+THIN_BIN = 30
+"""A bin with fewer estimates (or batches) than this is thin: its count is drawn in red over
+a shaded span, so a dip there is read as the handful of prompts it is."""
+
+
+def _bin_counts(ax: Any, bins: pl.DataFrame, count: str) -> None:
+    """Each bin's count on a top axis at its middle; thin bins (< ``THIN_BIN``) shaded with
+    the count in red, empty ones hatched and labelled "empty" (their line has no point)."""
+    middles = ((bins["bin_low"] + bins["bin_high"]) / 2).to_list()
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(middles, [str(n) if n else "empty" for n in bins[count].to_list()])
+    top.tick_params(axis="x", labelsize=5.5, length=0, pad=1)
+    for tick, row in zip(top.get_xticklabels(), bins.iter_rows(named=True), strict=True):
+        if row[count] < THIN_BIN:
+            tick.set_color("tab:red")
+            ax.axvspan(row["bin_low"], row["bin_high"], color="0.9", zorder=0, lw=0,
+                       hatch="///" if not row[count] else None, fill=bool(row[count]),
+                       ec="0.75")  # fmt: skip
+    top.grid(False)
+
+
 def _by_bin(results: Path, file: str, xlabel: str, title: str) -> Figure:
-    """MSE per bin (drawn at the bin's middle), one panel per checkpoint."""
+    """Raw MSE per bin (drawn at the bin's middle), one panel per checkpoint, each bin's count
+    above it (:func:`_bin_counts`)."""
     df = ordered(_read(results / file)).filter(~pl.col("estimator").is_in([*OMITTED, *VARIANTS]))
     df = df.with_columns(((pl.col("bin_low") + pl.col("bin_high")) / 2).alias("middle"))
+    count = "n_estimates" if "n_estimates" in df.columns else "n_batches"
     names = _checkpoints(df)
     twins = coinciding(df, ["checkpoint", "bin"], "mse")
-    fig, axes = panels(len(names), height=2.7)
+    fig, axes = panels(len(names), height=2.9)
     for ax, name in zip(axes, names, strict=True):
         d = df.filter(pl.col("checkpoint") == name).sort("bin", maintain_order=True)
         draw_lines(ax, d, "middle", "mse", twins)
-        _bin_axis(ax, d.select("bin_low", "bin_high").unique())
+        bins = d.group_by("bin", maintain_order=True).agg(
+            pl.col("bin_low").first(), pl.col("bin_high").first(), pl.col(count).min()
+        )
+        _bin_axis(ax, bins)
+        _bin_counts(ax, bins, count)
         ax.tick_params(axis="x", labelsize=7)
         log_y(ax)
         ax.set_title(f"checkpoint: {plain_math(name)}")
-    axes[0].set_ylabel("MSE against oracle")
+    axes[0].set_ylabel(RAW_MSE)
     axes[len(axes) // 2].set_xlabel(xlabel)
-    fig.suptitle(title, fontsize=9)
+    what = "estimates" if count == "n_estimates" else "batches"
+    fig.suptitle(
+        f"{title}\nnumbers above: {what} per bin (red, shaded: fewer than {THIN_BIN}; "
+        "hatched: empty)",
+        fontsize=9,
+    )
     legend_below(fig, axes, ncol=3)
     return fig
 
@@ -306,7 +368,7 @@ def fig3_group_sweep(results: Path) -> Figure:
         log_y(ax)
         ax.set_title(f"checkpoint: {plain_math(name)}")
         ax.set_xlabel("rollouts per prompt $G$")
-    axes[0].set_ylabel("MSE against oracle")
+    axes[0].set_ylabel(RAW_MSE)
     legend_below(fig, axes, ncol=3)
     return fig
 
@@ -339,17 +401,14 @@ def fig5_sensitivity(results: Path) -> Figure:
                     & (pl.col("estimator") == est)
                 ).sort("value")
                 text = name if len(estimators) == 1 else f"{name}, {label(est)}"
-                ax.plot(
-                    d["value"],
-                    d["mse"],
-                    marker="o",
-                    markersize=3,
-                    lw=1.2,
-                    ls=styles[j % 4],
-                    color=shades[i],
-                    label=text,
-                )
+                ax.errorbar(
+                    d["value"], d["mse"], yerr=[d["mse"] - d["ci_low"], d["ci_high"] - d["mse"]],
+                    marker="o", markersize=3, lw=1.2, capsize=2, elinewidth=0.8,
+                    ls=styles[j % 4], color=shades[i], label=text,
+                )  # fmt: skip
         xlabel, log = SENSITIVITY_AXES[param]
+        if _never_binds(df.filter(pl.col("parameter") == param)):
+            xlabel += "\n(never binds on this data)"
         if log:
             ax.set_xscale("log", base=10 if param == "eps" else 2)
         if param != "eps":
@@ -357,11 +416,28 @@ def fig5_sensitivity(results: Path) -> Figure:
             ax.set_xticks(values, [f"{v:g}" for v in values], rotation=45 if len(values) > 4 else 0)
         log_y(ax)
         ax.set_xlabel(xlabel)
-    axes[0].set_ylabel("MSE against oracle")
+    axes[0].set_ylabel(RAW_MSE)
     swept = " and ".join(label(e) for e in estimators)  # was always "BASIS": basis_vop alone too
-    fig.suptitle(f"{swept} sensitivity (others at {_held_fixed(results)})", fontsize=9)
+    fig.suptitle(
+        f"{swept} sensitivity (others at {_held_fixed(results)}; 95% CI over repeats)",
+        fontsize=9,
+    )
     legend_below(fig, axes)
     return fig
+
+
+def _never_binds(rows: pl.DataFrame) -> bool:
+    """Whether one knob's rows give every (checkpoint, estimator) the same MSE at each of its
+    values (to 1e-9): the knob changed nothing on this data, and its panel says so rather
+    than showing flat lines as a finding of robustness."""
+    import numpy as np
+
+    if rows["value"].n_unique() < 2:
+        return False
+    return all(
+        np.allclose(part["mse"].to_numpy(), part["mse"][0], rtol=1e-9, atol=0)
+        for _, part in rows.group_by("checkpoint", "estimator")
+    )
 
 
 def _held_fixed(results: Path) -> str:
@@ -437,7 +513,7 @@ def _trajectory_lines(ax: Any, df: pl.DataFrame, x_column: str) -> None:
                         alpha=0.12, lw=0)  # fmt: skip
     if (df["mse_noise_corrected"] > 0).all():
         log_y(ax)
-    ax.set_ylabel("MSE (noise-corrected)")
+    ax.set_ylabel(CORRECTED_MSE)
 
 
 def _checkpoint_marks(ax: Any, df: pl.DataFrame, moving: bool, at: str = "first") -> None:

@@ -66,7 +66,8 @@ class RunRecord:
 
     ``trajectory``: how the trajectory replay was run (None when it was not); ``run_id`` and
     ``tables`` ({file: sha256}) are set when the tables are written (None in records that
-    predate run ids). Keys of older records (``tracker``: the SPO tracker's summary rows,
+    predate run ids); ``warnings``: what the printed tables warned of (the oracle's noise
+    rivalling the MSE it corrects: :mod:`~basis_bench.evaluation.oracle_noise`). Keys of older records (``tracker``: the SPO tracker's summary rows,
     before it joined the trajectory replay) are ignored.
     """
 
@@ -88,6 +89,7 @@ class RunRecord:
     run_id: str | None = None
     tables: Mapping[str, str] | None = None
     dataset_sha256: str | None = None  # fingerprint.dataset_sha256; None before it existed
+    warnings: Sequence[str] = ()
 
     def to_json(self) -> str:
         return _to_json(self)

@@ -46,6 +46,7 @@ from basis_bench.evaluation.gradient import (
     has_sketches,
     load_sketches,
 )
+from basis_bench.evaluation.oracle_noise import noise_warning
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
 from basis_bench.evaluation.replay_plan import ReplayPlan, shared_prompts
@@ -556,7 +557,7 @@ class _Replayed:
                     **(run.trajectory or {}), "gradient_budgets": cfg.budgets,
                     "gradient_reference": f"{REFERENCE_ARM}({cfg.group_size})",
                 })  # fmt: skip
-        return frames, run
+        return frames, replace(run, warnings=_warnings(frames, cfg.oracle))
 
 
 def _write_run(
@@ -589,6 +590,19 @@ def _write_run(
     run = replace(run, run_id=new_run_id(), tables={f: file_sha256(stage / f) for f in files})
     write_text_atomic(stage / RUN_FILE, run.to_json())
     return frames
+
+
+def _warnings(frames: dict[str, pl.DataFrame], oracle_n: int) -> list[str]:
+    """The run's warnings (run.json's ``warnings``): the oracle's noise rivalling the MSE it
+    corrects, in the one-step tables or the trajectory replay's per-checkpoint rows."""
+    columns = ["checkpoint", "estimator", "mse", "mse_noise_corrected"]
+    parts = [frames["summary"].select(columns)] if frames["summary"].height else []
+    trajectory = frames.get("trajectory")
+    if trajectory is not None and trajectory.height:
+        rows = trajectory.filter(pl.col("scope") == "checkpoint").select(columns)
+        parts.append(rows.with_columns(pl.format("{} (trajectory)", "checkpoint")))
+    warning = noise_warning(pl.concat(parts), oracle_n) if parts else None
+    return [warning] if warning else []
 
 
 def _schedule_record(cfg: EvaluateConfig, ds: Dataset, schedule: Schedule) -> dict[str, Any]:

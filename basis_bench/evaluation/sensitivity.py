@@ -186,8 +186,9 @@ def sensitivity(
     df = pl.concat(rows).select(
         "checkpoint", "parameter", "value", pl.exclude("checkpoint", "parameter", "value")
     )
-    if out is not None:
-        _write(cfg, ds.root, ds.label, df, out)
+    if out is not None:  # the record holds the n the sweep held (left to the data: 64 or all)
+        held = replace(cfg, ref_n=cfg.ref_n or min(DEFAULT_REF_N, full.cache.shape[1]))
+        _write(held, ds.root, ds.label, df, out)
     return df
 
 

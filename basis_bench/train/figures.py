@@ -8,9 +8,10 @@ one run (:mod:`basis_bench.train.summary`). Reads each run's ``config.json`` and
 ==================  ==========================================================================
 learning_curves     held-out greedy accuracy (left) and training mean reward, rolling mean
                     (right), against step: per arm the mean over seeds and its 95% t-interval
-                    band (a line alone for one seed); PNG and PDF
+                    band (a line alone for one seed), on the whole [0, 1]; PNG and PDF
 beta                beta_t chosen by BASIS's calibration against step, one line per run (log
-                    scale; beta = inf, the reference policy, drawn on the top line); PNG, PDF
+                    scale; beta = inf, the reference policy, a hollow marker on the top line
+                    that no line joins); PNG, PDF
 value_error         the value probe's noise-corrected squared error of the baseline against
                     step (:mod:`basis_bench.train.probe`), per arm the mean over the seeds
                     that logged it and its 95% t-interval band, as the accuracy; only when
@@ -146,13 +147,14 @@ def plot_training(
     palette = colours or {}
     styles = [palette.get(e, f"C{i}") if unique else f"C{i % 10}" for i, e in enumerate(estimators)]
     out = claim_output_dir(out, "training-figures", force=force)
-    written = _learning_curves(arms, names, styles, smooth, out)
+    written = save_figure(learning_curves(arms, names, styles, smooth), out, "learning_curves")
     runs = [
         (run, name, colour)
         for a, name, colour in zip(arms, names, styles, strict=True)
         for run in a.runs
     ]
-    written += _only_if_drawn(_beta_figure(runs, out), out, "beta")
+    beta = beta_figure(runs)
+    written += _only_if_drawn(save_figure(beta, out, "beta") if beta else [], out, "beta")
     errors = _value_error_figure(arms, names, styles, out)
     written += _only_if_drawn(errors, out, "value_error")
     written.append(_summary(arms, names, out / "training_summary.csv"))
@@ -162,9 +164,9 @@ def plot_training(
     return written + _only_if_drawn(findings, out, "training_findings", ("csv", "md"))
 
 
-def _learning_curves(
-    arms: Sequence[Arm], names: Sequence[str], colours: Sequence[str], smooth: int, out: Path
-) -> list[Path]:
+def learning_curves(
+    arms: Sequence[Arm], names: Sequence[str], colours: Sequence[str], smooth: int
+) -> Any:
     """Held-out accuracy (left) and the rolling-mean training reward (right) against step:
     each arm's mean over its seeds, with the 95% t-interval as a band."""
     import matplotlib.pyplot as plt
@@ -183,12 +185,14 @@ def _learning_curves(
             half = band["ci95"].fill_null(0.0)  # accuracy and reward lie in [0, 1]
             low, high = (band["mean"] - half).clip(0, 1), (band["mean"] + half).clip(0, 1)
             ax.fill_between(band["step"], low, high, color=colour, alpha=0.2, lw=0)
+    for ax in (acc_ax, rew_ax):  # the whole range: 0.405 -> 0.432 (one prompt) was zoomed
+        ax.set_ylim(-0.02, 1.02)  # into a steep rise by an axis fitted to the data
     acc_ax.set(xlabel="step", ylabel="held-out greedy accuracy")
     rew_ax.set(xlabel="step", ylabel=f"training reward\n(rolling mean of {smooth})")
     acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     acc_ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    return save_figure(fig, out, "learning_curves")
+    return fig
 
 
 def _only_if_drawn(
@@ -235,9 +239,9 @@ def _value_error_figure(
     return save_figure(fig, out, "value_error")
 
 
-def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Path]:
-    """beta_t against step, one line per run that reports it, coloured by arm (nothing
-    when none does)."""
+def beta_figure(runs: Sequence[tuple[RunLog, str, str]]) -> Any:
+    """beta_t against step, one line per run that reports it, coloured by arm (None when
+    none does); an infinite beta is a hollow marker on the top line, joined by no line."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -245,7 +249,7 @@ def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Pat
         (log, name, colour) for (_, _, log), name, colour in runs if log["beta"].is_not_null().any()
     ]
     if not with_beta:
-        return []
+        return None
     fig, ax = plt.subplots(figsize=(3.4, 2.4))
     betas = np.concatenate([log["beta"].drop_nulls().to_numpy() for log, _, _ in with_beta])
     finite = betas[np.isfinite(betas)]
@@ -254,15 +258,14 @@ def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Pat
     labelled: set[str] = set()
     for log, name, colour in with_beta:
         rows = log.filter(pl.col("beta").is_not_null())
-        beta = rows["beta"].to_numpy()
-        ax.plot(
-            rows["step"],
-            np.where(np.isinf(beta), top, beta),
-            marker=".",
-            ms=4,
-            color=colour,
-            label=None if name in labelled else name,
-        )
+        beta, steps = rows["beta"].to_numpy(), rows["step"].to_numpy()
+        infinite = np.isinf(beta)
+        # the line joins finite betas only: a segment from inf, drawn at the top, would be a
+        # slope made up by where the top line happens to be
+        ax.plot(steps, np.where(infinite, np.nan, beta), marker=".", ms=4, color=colour,
+                label=None if name in labelled else name)  # fmt: skip
+        ax.plot(steps[infinite], np.full(infinite.sum(), top), ls="none", marker="^", ms=3.5,
+                mfc="none", color=colour)  # fmt: skip
         labelled.add(name)
     ax.set_yscale("log")
     ax.axhline(top, color="0.8", lw=0.8, zorder=0)
@@ -274,7 +277,7 @@ def _beta_figure(runs: Sequence[tuple[RunLog, str, str]], out: Path) -> list[Pat
     if len(labelled) > 1:
         ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    return save_figure(fig, out, "beta")
+    return fig
 
 
 def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:

@@ -20,11 +20,14 @@ Prompt ids are the ``doc_id`` (``--id-format`` as elsewhere); the problem is the
 ``--problem-col`` (default: the first of problem, question, Problem, Question it has) and
 the answer its ``--answer-col``, else lm-eval's ``target``: text or an integer (its digits);
 anything else there (a float, null, a list) is refused at its line, as is an empty problem.
+A GSM8K-style full solution (gsm8k's target is the whole ``answer`` field, ending in
+``#### 42``) is stored as its final answer, ``42``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -130,6 +133,17 @@ def _text(value: Any) -> str | None:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+FINAL_ANSWER = re.compile(r"####\s*([^\n]*?)\s*$")
+"""GSM8K's full-solution answer ends in ``#### 42``: the final answer follows the marks."""
+
+
+def _final_answer(text: str | None) -> str | None:
+    """The final answer of a GSM8K-style full solution (what follows its last ``####``, a
+    task's ``target`` when it is ``{{answer}}``), else ``text`` as it is."""
+    found = FINAL_ANSWER.search(text) if text is not None else None
+    return found.group(1) if found is not None and found.group(1) else text
+
+
 def _line_record(
     line: Line,
     src: Source,
@@ -173,7 +187,7 @@ def _line_record(
         "scores": scores,
         "responses": responses,
         "problem": _text(problem),
-        "answer": _text(answer),
+        "answer": _final_answer(_text(answer)),
         LOC: lineno,
     }
 
