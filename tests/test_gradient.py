@@ -23,8 +23,9 @@ def _tiny_model(tied: bool = False):  # type: ignore[no-untyped-def]
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _exact_scores(model, prompts, responses, of, temperature):  # type: ignore[no-untyped-def]
-    """d log pi(y | x) / d lm_head.weight by autograd, one response at a time."""
+def _exact_scores(model, prompts, responses, of, temperature, every=False):  # type: ignore[no-untyped-def]
+    """d log pi(y | x) / d lm_head.weight (``every``: / d of every parameter, concatenated)
+    by autograd, one response at a time."""
     import torch
 
     out = []
@@ -35,7 +36,8 @@ def _exact_scores(model, prompts, responses, of, temperature):  # type: ignore[n
         n, length = len(resp), seq.shape[1]
         logp = torch.log_softmax(logits[length - n - 1 : length - 1], -1)
         logp[torch.arange(n), torch.tensor(resp)].sum().backward()
-        out.append(model.lm_head.weight.grad.detach().double().numpy().ravel().copy())
+        params = list(model.parameters()) if every else [model.lm_head.weight]
+        out.append(np.concatenate([p.grad.detach().double().numpy().ravel() for p in params]))
     return np.stack(out)
 
 
@@ -245,23 +247,6 @@ def test_fig_gradient_draws_one_line_per_arm_against_r(
     plt.close(fig)
 
 
-def _exact_full_scores(model, prompts, responses, of, temperature):  # type: ignore[no-untyped-def]
-    """d log pi(y | x) / d theta over every parameter by autograd, one response at a time."""
-    import torch
-
-    out = []
-    for i, resp in enumerate(responses):
-        model.zero_grad()
-        seq = torch.tensor([prompts[of[i]] + list(resp)])
-        logits = model(seq).logits[0] / temperature
-        n, length = len(resp), seq.shape[1]
-        logp = torch.log_softmax(logits[length - n - 1 : length - 1], -1)
-        logp[torch.arange(n), torch.tensor(resp)].sum().backward()
-        grads = [p.grad.detach().double().numpy().ravel() for p in model.parameters()]
-        out.append(np.concatenate(grads))
-    return np.stack(out)
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_full_model_sketch_is_unbiased_for_every_parameters_score(tied: bool) -> None:
     """Averaged over seeds, <s_i, s_j> of the full-model sketch -> the inner products of
@@ -273,7 +258,7 @@ def test_full_model_sketch_is_unbiased_for_every_parameters_score(tied: bool) ->
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
     responses = [np.array([9, 10, 11]), np.array([12]), np.array([13, 14, 15, 16, 2])]
     of = [0, 0, 1]
-    exact = _exact_full_scores(model, prompts, responses, of, 0.7)
+    exact = _exact_scores(model, prompts, responses, of, 0.7, every=True)
     gram = exact @ exact.T
     draws = []
     for seed in range(300):
