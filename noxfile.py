@@ -70,6 +70,17 @@ def vllm(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def trainers(session: nox.Session) -> None:
+    """The verl and OpenRLHF plug-ins against the real trainers, in a venv of their own: the
+    [verl] extra, and OpenRLHF with --no-deps (it requires CUDA-only flash-attn; its advantage
+    code runs on the CPU) beside deepspeed, which it imports."""
+    install(session, extras="verl,dev")
+    session.install(*CONSTRAINTS, "deepspeed")
+    session.install("--no-deps", "openrlhf>=0.11.2,<0.12")
+    session.run("pytest", "-m", "", "tests/test_integrations.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check (with function-length and complexity limits) and format check."""
     session.install(*CONSTRAINTS, "ruff")

@@ -20,9 +20,12 @@ from basis_bench.estimators import Basis
 from basis_bench.integrations.keys import (
     basis_from_rollouts,
     keyed_reference_cache,
+    plugin_settings,
     prompt_key,
     prompt_text,
 )
+from basis_bench.integrations.openrlhf import check_estimator, split_arguments
+from basis_bench.integrations.openrlhf import main as openrlhf_main
 from basis_bench.integrations.trl import basis_advantages, total_rewards
 from basis_bench.integrations.verl import (
     BasisVerl,
@@ -241,42 +244,309 @@ def _real(module: str) -> None:
         pytest.skip(f"{module} does not import here: {type(exc).__name__}: {exc}")
 
 
-def test_real_verl_compute_advantage_uses_basis(rollouts: Path) -> None:
-    _real("verl.trainer.ppo.ray_trainer")
-    from verl import DataProto
-    from verl.trainer.config import AlgoConfig
-    from verl.trainer.ppo import core_algos, ray_trainer
+def _verl_plugin() -> object:
+    """The plug-in as verl loads it: imported with verl, or the test is skipped with why."""
+    _real("verl.trainer.ppo.v1.trainer_base")
+    return importlib.import_module("basis_bench.integrations.verl_plugin")
 
-    from basis_bench.integrations.keys import verl as adapter_module
 
-    adapter = BasisVerl.from_rollouts(rollouts)
-    adapter_module.install(adapter)
-    adapter_module.install(adapter)  # idempotent
-    assert (
-        core_algos.get_adv_estimator_fn("basis") is adapter_module.compute_basis_outcome_advantage
+def tiny_tokenizer() -> object:
+    """A real (word-level) fast tokenizer with a chat template, built here: no model needed."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "[PAD]", "[EOS]", "user", ":", "What", "is", "+", "?"]
+    vocab = {w: i for i, w in enumerate(words + [str(i) for i in range(30)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
     )
-    b = verl_batch(12, seed=3)
-    want = None
-    for perm in (np.arange(12), RNG.permutation(12)):
-        data = DataProto.from_single_dict(
-            {
-                "token_level_rewards": b["tlr"][perm],
-                "response_mask": b["mask"][perm],
-                "uid": b["uid"][perm],
-                "raw_prompt": b["raw"][perm],
-            }
+    out.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    return out
+
+
+def documented_verl_command() -> list[str]:
+    """docs/integrations.md's verl command, split as the shell splits it."""
+    import shlex
+
+    text = (Path(__file__).parents[1] / "docs" / "integrations.md").read_text()
+    block = next(b for b in text.split("```bash")[1:] if "verl.trainer.main_ppo" in b)
+    return shlex.split(block.split("```")[0].replace("\\\n", " "), comments=True)
+
+
+def verl_config(overrides: list[str]) -> object:
+    """verl's own ppo_trainer config composed by Hydra with ``overrides``."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+
+    with initialize_config_dir(str(Path(main_ppo.__file__).parent / "config"), version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+def test_documented_verl_command_parses_in_hydra(rollouts: Path) -> None:
+    _verl_plugin()
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from basis_bench.integrations.verl import PLUGIN_MODULE
+
+    words = documented_verl_command()
+    env, cmd = words[0], words[1:4]
+    assert env == f"VERL_USE_EXTERNAL_MODULES={PLUGIN_MODULE}"
+    assert cmd == ["python", "-m", "verl.trainer.main_ppo"]  # verl's own main, unchanged
+    overrides = words[4:]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    assert len(parsed) == len(overrides)
+    config = verl_config([*overrides, f"++basis.rollouts={rollouts}"])  # the real cache
+    assert config.algorithm.adv_estimator == "basis" and config.trainer.use_v1
+    opts = settings(config)
+    assert opts["prompt_format"] == "{problem}" and opts["ref_n"] == 64
+    BasisVerl.from_rollouts(**opts)
+
+
+def test_real_verl_v1_trainer_computes_basis_advantages(
+    rollouts: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plugin = _verl_plugin()
+    from verl import DataProto
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    assert core_algos.get_adv_estimator_fn("basis") is plugin.compute_basis_outcome_advantage
+    assert PPOTrainerSync._fetch_one_gen_batch.__module__ == plugin.__name__
+    legacy = [
+        k for k, v in vars(RayPPOTrainer).items() if getattr(v, "__module__", "") == plugin.__name__
+    ]
+    assert legacy == []  # the legacy trainer is left alone
+
+    n = 12
+    train = tmp_path_factory.mktemp("verl") / "train.parquet"  # outside the rollouts folder
+    pl.DataFrame(
+        {"prompt": [chat(p, system=i % 2 == 0) for i, p in enumerate(PROBLEMS)]}
+    ).write_parquet(train)
+    trainer = object.__new__(PPOTrainerSync)  # the real class; only its dataloader part is run
+    trainer.config = verl_config(
+        [
+            "algorithm.adv_estimator=basis",
+            f"+basis.rollouts={rollouts}",
+            f"data.train_files={train}",
+            f"data.val_files={train}",
+            f"data.train_batch_size={n}",
+            "data.dataloader_num_workers=0",
+            "data.shuffle=true",
+        ]
+    )
+    trainer.tokenizer, trainer.processor = tiny_tokenizer(), None
+    trainer.trainer_mode, trainer.parameter_sync_step = "sync", 1
+    trainer._init_dataloader()  # verl's own, then the plug-in builds the cache from +basis.*
+    batch = trainer._fetch_one_gen_batch()  # verl assigns the uids; the plug-in keys them
+    uids, raw = list(batch["uid"]), list(batch["raw_prompt"])
+    problems = [prompt_text(p) for p in raw]
+    assert sorted(problems) == sorted(PROBLEMS)
+
+    b = verl_batch(n, seed=3)
+    want = dict(
+        zip(
+            uids,
+            b["rewards"]
+            - Basis(*keyed_reference_cache(rollouts))(
+                [prompt_key(p) for p in problems], b["rewards"]
+            ).baselines,
+            strict=True,
         )
-        # The legacy trainer's hook point: uids and chat prompts are both in the batch here.
-        ray_trainer.RayPPOTrainer._get_gen_batch(None, data)
-        out = ray_trainer.compute_advantage(data, adv_estimator="basis", config=AlgoConfig())
-        adv = out.batch["advantages"].numpy()
-        got = adv.sum(axis=1) / np.maximum(b["mask"][perm].numpy().sum(axis=1), 1)
-        if want is None:
-            want = dict(zip(b["uid"], got, strict=True))
-        np.testing.assert_allclose(got, [want[u] for u in b["uid"][perm]], atol=1e-12)
-    keys = [prompt_key(p) for p in b["problems"]]
-    base = Basis(*keyed_reference_cache(rollouts))(keys, b["rewards"]).baselines
-    np.testing.assert_allclose([want[u] for u in b["uid"]], b["rewards"] - base, atol=1e-12)
+    )
+    perm = RNG.permutation(n)  # rows reach the advantage in another order than fetched
+    data = DataProto.from_single_dict(
+        {
+            "token_level_rewards": b["tlr"][perm],
+            "response_mask": b["mask"][perm],
+            "uid": np.array(uids, dtype=object)[perm],
+        }
+    )
+    out = compute_advantage_for_multi_trajectories(  # V1's path into verl's compute_advantage
+        data,
+        batch_keys=[f"{uids[i]}_0_0" for i in perm],
+        adv_estimator="basis",
+        config=trainer.config.algorithm,
+    )
+    adv = out.batch["advantages"].numpy()
+    mask = b["mask"][perm].numpy()
+    rewards_perm = b["rewards"][perm]
+    want_perm = np.array([want[uids[i]] for i in perm])
+    np.testing.assert_allclose(adv, want_perm[:, None] * mask, atol=1e-12)
+    assert not np.allclose(want_perm, rewards_perm - rewards_perm.mean())  # not the batch mean
+    with pytest.raises(InputError, match="no prompt key"):  # uids are used once
+        compute_advantage_for_multi_trajectories(
+            data, batch_keys=[f"{uids[i]}_0_0" for i in perm], adv_estimator="basis"
+        )
+
+
+# --------------------------------------------------------------------------- OpenRLHF
+
+
+def test_openrlhf_arguments_split_and_check() -> None:
+    block, rest = split_arguments(
+        [
+            "--basis.rollouts",
+            "d",
+            "--basis.ref_n=8",
+            "--x",
+            "1",
+            "--basis.prompt_format",
+            "{problem}?",
+        ]
+    )
+    assert block == {"rollouts": "d", "ref_n": 8, "prompt_format": "{problem}?"}
+    assert rest == ["--x", "1"]
+    check_estimator(
+        ["--algo.advantage.estimator=gae", "--algo.advantage.estimator", "flash_reinforce"]
+    )
+    with pytest.raises(InputError, match=r"flash_reinforce.*got rloo"):
+        check_estimator(["--algo.advantage.estimator", "rloo"])
+    with pytest.raises(InputError, match="default, gae"):
+        check_estimator([])
+    with pytest.raises(InputError, match="needs a value"):
+        split_arguments(["--basis.rollouts"])
+
+
+def test_openrlhf_launcher_stops_on_a_mistake_in_one_line(rollouts: Path) -> None:
+    with pytest.raises(SystemExit, match=r"^error: .*--basis\.rollouts VALUE"):
+        openrlhf_main(["--algo.advantage.estimator", "flash_reinforce"])
+    with pytest.raises(SystemExit, match=r"^error: unknown basis option"):
+        openrlhf_main(["--basis.rollouts", str(rollouts), "--basis.colour", "1"])
+    with pytest.raises(SystemExit, match=r"^error: pass --algo\.advantage\.estimator"):
+        openrlhf_main(["--basis.rollouts", str(rollouts)])
+
+
+def test_documented_openrlhf_command_is_accepted(rollouts: Path) -> None:
+    import shlex
+
+    text = (Path(__file__).parents[1] / "docs" / "integrations.md").read_text()
+    block = next(b for b in text.split("```bash")[1:] if "integrations.openrlhf" in b)
+    words = shlex.split(block.split("```")[0].replace("\\\n", " "), comments=True)
+    assert words[:3] == ["python", "-m", "basis_bench.integrations.openrlhf"]
+    options, rest = split_arguments(words[3:])
+    assert options["prompt_format"] == "{problem}" and options["ref_n"] == 64
+    check_estimator(rest)
+    assert not any(w.startswith("--basis") for w in rest)
+    basis_from_rollouts(**plugin_settings({**options, "rollouts": rollouts}, "--basis.{}"))
+
+
+def _absent_module(name: str) -> object:
+    """An empty stand-in for a package that does not install here: names resolve to None."""
+    import importlib.machinery
+    import types
+
+    module = types.ModuleType(name)
+    module.__path__ = []  # type: ignore[attr-defined]
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+
+    def attribute(attr: str) -> None:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+    module.__getattr__ = attribute  # type: ignore[method-assign]
+    return module
+
+
+def _openrlhf_experience_maker(monkeypatch: pytest.MonkeyPatch) -> object:
+    """OpenRLHF's real experience-maker module. Its imports of flash-attn and vLLM (CUDA-only
+    model and generation code, never called by the advantage computation) get empty modules
+    where those do not install; OpenRLHF itself and deepspeed are the real ones."""
+    import sys
+
+    if importlib.util.find_spec("openrlhf") is None:
+        pytest.skip("openrlhf is not installed here (pip install --no-deps openrlhf deepspeed)")
+    for name in ("flash_attn", "vllm"):
+        if importlib.util.find_spec(name) is None:
+            for sub in ("", ".bert_padding", ".utils", ".utils.distributed", ".inputs"):
+                monkeypatch.setitem(sys.modules, name + sub, _absent_module(name + sub))
+    _real("openrlhf.trainer.ppo_utils.experience_maker")
+    return importlib.import_module("openrlhf.trainer.ppo_utils.experience_maker")
+
+
+def openrlhf_batch(prompts: list[str], rewards: np.ndarray, length: int = 6) -> list:
+    """Two of OpenRLHF's Experience micro-batches: outcome rewards (B,), response masks, no KL."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    n = len(prompts)
+    lengths = np.random.default_rng(5).integers(1, length + 1, n)
+    mask = torch.tensor(np.arange(length)[None, :] < lengths[:, None])
+    parts = [list(range(n // 2)), list(range(n // 2, n))]
+    return [
+        Experience(
+            action_mask=mask[part],
+            kl=torch.zeros(len(part), length),
+            rewards=torch.tensor(rewards[part], dtype=torch.float32),
+            prompts=[prompts[i] for i in part],
+            index=part,
+            info={"reward": torch.tensor(rewards[part], dtype=torch.float32)},
+        )
+        for part in parts
+    ]
+
+
+def test_real_openrlhf_flash_reinforce_takes_the_basis_baseline(
+    rollouts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    em = _openrlhf_experience_maker(monkeypatch)
+    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+    from openrlhf.utils.config import hierarchize
+
+    from basis_bench.integrations import openrlhf as plugin
+
+    maker_class = em.RemoteExperienceMaker  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        maker_class, "compute_advantages_and_returns", maker_class.compute_advantages_and_returns
+    )
+    flat = {
+        "algo.advantage.estimator": "flash_reinforce",
+        "algo.advantage.gamma": 1.0,
+        "algo.advantage.lambd": 1.0,
+        "algo.advantage.no_std_norm": False,
+        "rollout.n_samples_per_prompt": 1,
+        "reward.clip_range": (-10.0, 10.0),
+        "reward.overlong_buffer_len": None,
+        "reward.stop_properly_penalty_coef": None,
+        "data.input_template": "Question: {} Answer:",
+        "data.apply_chat_template": False,
+    }
+    args = hierarchize(SimpleNamespace(**flat))
+    maker = maker_class(
+        None, None, None, None, FixedKLController(0.0), SimpleNamespace(args=args), None
+    )
+
+    idx = RNG.integers(0, 12, 16)
+    prompts = [f"Question: {PROBLEMS[i]} Answer:" for i in idx]  # as OpenRLHF renders them
+    rewards = (RNG.random(16) < 0.5).astype(float)
+    plain = maker.compute_advantages_and_returns(openrlhf_batch(prompts, rewards))
+    got = torch.cat([e.advantages[:, 0] for e in plain]).numpy()
+    np.testing.assert_allclose(got, rewards - rewards.mean(), atol=1e-6)  # OpenRLHF's own baseline
+
+    plugin.install({"rollouts": rollouts, "prompt_format": "{problem}"})
+    plugin.install({"rollouts": rollouts, "prompt_format": "{problem}"})  # wraps OpenRLHF's once
+    hooked = maker_class.compute_advantages_and_returns
+    assert hooked.__wrapped__.__module__ == em.__name__  # type: ignore[attr-defined]
+    fmt = "Question: {problem} Answer:"
+    want = (
+        rewards
+        - Basis(*keyed_reference_cache(rollouts, prompt_format=fmt))(
+            [prompt_key(p) for p in prompts], rewards
+        ).baselines
+    )
+    perm = RNG.permutation(16)
+    batch = openrlhf_batch([prompts[i] for i in perm], rewards[perm])
+    out = maker.compute_advantages_and_returns(batch)
+    adv = torch.cat([e.advantages for e in out]).numpy()
+    mask = torch.cat([e.action_mask for e in out]).numpy()
+    np.testing.assert_allclose(adv, want[perm][:, None] * mask, atol=1e-6)
+    assert args.algo.advantage.estimator == "flash_reinforce"
+    logged = torch.cat([e.info["reward"] for e in out]).numpy()
+    np.testing.assert_allclose(logged, rewards[perm], atol=1e-6)  # the log keeps the reward
 
 
 def test_real_trl_config_allows_one_generation() -> None:

@@ -1,18 +1,19 @@
-"""BASIS inside trainers: the pieces the verl and TRL adapters share.
+"""BASIS inside trainers: the pieces the verl, OpenRLHF and TRL adapters share.
 
-Both adapters key the reference cache by prompt content, never by a trainer's per-step ids:
+The adapters key the reference cache by prompt content, never by a trainer's per-step ids:
 the key of a prompt is a hash of its text (for a chat prompt, the last user message), so the
 cache built from a rollouts directory and a training batch meet on the same key however the
-batch is ordered, sharded or re-sampled. The trainers themselves are imported lazily by
-:mod:`basis_bench.integrations.verl` and :mod:`basis_bench.integrations.trl`; this module
-needs neither.
+batch is ordered, sharded or re-sampled. The trainers themselves are imported only by
+:mod:`basis_bench.integrations.verl_plugin` and inside the functions of
+:mod:`basis_bench.integrations.openrlhf` and :mod:`basis_bench.integrations.trl`; this
+module needs none of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,13 +21,23 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import StepEstimator, StepOutput, get, make_step_estimator
-from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.estimators import (
+    BasisOptions,
+    StepEstimator,
+    StepOutput,
+    get,
+    make_step_estimator,
+)
+from basis_bench.estimators.basis import BASIS_NAME
+from basis_bench.estimators.options import DEFAULT_PRIOR, field_names
 from basis_bench.rollouts.features import prompt_features
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
 from basis_bench.settings import check_scalar
 
 DEFAULT_PROMPT_FORMAT = "{problem}"
+# A format string over the prompts table's columns, or a function of a row (a dict of them)
+# for a trainer that renders further (OpenRLHF's input template or chat template).
+PromptFormat = str | Callable[[Mapping[str, Any]], str]
 
 
 def prompt_text(prompt: Any) -> str:
@@ -68,7 +79,7 @@ def prompt_key(prompt: Any) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
-def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: str) -> pl.DataFrame:
+def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: PromptFormat) -> pl.DataFrame:
     """The rollouts directory's prompts table with a ``key`` column: :func:`prompt_key` of each
     prompt rendered with ``prompt_format``."""
     prompts = load_prompts(rollouts)
@@ -76,18 +87,22 @@ def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: str) -> pl.Da
         raise InputError(
             f"{rollouts}: no prompts.parquet; the adapters key the cache by prompt text"
         )
-    try:
-        texts = [prompt_format.format(**row) for row in prompts.iter_rows(named=True)]
-    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
-        raise InputError(
-            f"prompt_format {prompt_format!r} does not render the prompts table "
-            f"(columns: {', '.join(prompts.columns)}): {exc}"
-        ) from None
+    rows = prompts.iter_rows(named=True)
+    if callable(prompt_format):
+        texts = [prompt_format(row) for row in rows]
+    else:
+        try:
+            texts = [prompt_format.format(**row) for row in rows]
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+            raise InputError(
+                f"prompt_format {prompt_format!r} does not render the prompts table "
+                f"(columns: {', '.join(prompts.columns)}): {exc}"
+            ) from None
     return prompts.with_columns(pl.Series("key", [prompt_key(t) for t in texts]))
 
 
 def keyed_features(
-    rollouts: str | os.PathLike[str], keys: Sequence[str], prompt_format: str, kind: str
+    rollouts: str | os.PathLike[str], keys: Sequence[str], prompt_format: PromptFormat, kind: str
 ) -> np.ndarray | None:
     """Features (P, d) of the prompts with ``keys``, in that order (:func:`prompt_features`'s
     ``kind``; ``auto``: the stored column, e.g. the reference model's prompt hidden states
@@ -102,7 +117,7 @@ def keyed_reference_cache(
     rollouts: str | os.PathLike[str],
     reference: str = "reference",
     ref_n: int | None = None,
-    prompt_format: str = DEFAULT_PROMPT_FORMAT,
+    prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
 ) -> tuple[list[str], np.ndarray]:
     """Prompt keys and the (P, n) reference rewards of a rollouts directory.
 
@@ -143,7 +158,7 @@ def basis_from_rollouts(
     rollouts: str | os.PathLike[str],
     reference: str = "reference",
     ref_n: int | None = None,
-    prompt_format: str = DEFAULT_PROMPT_FORMAT,
+    prompt_format: PromptFormat = DEFAULT_PROMPT_FORMAT,
     estimator: str = "basis",
     **basis_options: Any,
 ) -> StepEstimator:
@@ -172,13 +187,41 @@ def basis_from_rollouts(
     )
 
 
+CACHE_OPTIONS = ("rollouts", "reference", "ref_n", "prompt_format", "estimator")
+# Every field of BasisOptions, plus the tilt table's prior: the list is written once, there.
+BASIS_OPTIONS = (*field_names(BasisOptions), "prior")
+
+
+def plugin_settings(block: Mapping[str, Any], spelling: str) -> dict[str, Any]:
+    """Keyword arguments of :func:`basis_from_rollouts` from a trainer's ``basis`` options,
+    checked against the estimator's fields; ``spelling`` writes an option the trainer's way
+    in the errors (``"+basis.{}=VALUE"`` for verl)."""
+    if not block.get("rollouts"):
+        raise InputError(
+            f"the basis estimator needs its reference cache: add {spelling.format('rollouts')} "
+            "(a rollouts directory in basis-bench's schema, with prompts.parquet)"
+        )
+    estimator = block.get("estimator", BASIS_NAME)
+    known = {*CACHE_OPTIONS, *BASIS_OPTIONS}
+    if estimator != BASIS_NAME:  # another estimator: its own options
+        known = {*CACHE_OPTIONS, *field_names(get(estimator).options_class)}
+        if get(estimator).uses_features:
+            known.add("features")
+    unknown = sorted(set(block) - known)
+    if unknown:
+        raise InputError(f"unknown basis option(s) {unknown}; known: {sorted(known)}")
+    return dict(block)
+
+
 __all__ = [
     "DEFAULT_PROMPT_FORMAT",
+    "PromptFormat",
     "basis_from_rollouts",
     "keyed_features",
     "keyed_prompts",
     "keyed_reference_cache",
     "one_rollout_step",
+    "plugin_settings",
     "prompt_key",
     "prompt_text",
 ]
