@@ -15,6 +15,11 @@ class InputError(ValueError):
     """Bad input that the user can fix; the message says what and where."""
 
 
+class OneLineWarning(UserWarning):
+    """A warning whose message is whole in one line: the CLI shows it as one ``warning:``
+    line, without Python's file, line and source."""
+
+
 def first_line(err: BaseException) -> str:
     """The first line of ``err``'s message, or its type's name where it has none: what a
     one-line error quotes of a library's (often many-line) exception."""

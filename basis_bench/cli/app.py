@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
+from basis_bench.errors import InputError, OneLineWarning, interrupt_exit, swallowed_interrupt
 from basis_bench.quoting import printable, shown
 from basis_bench.settings import RenamedSetting
 
@@ -168,12 +168,12 @@ def main() -> None:
 def _show_warnings_quoted(console: Console) -> None:
     """Every warning with its control characters escaped, as errors are (a prompt file's
     name in "skipped 2 problem(s) with no answer" reached the terminal raw); a setting
-    given by its old name is one ``warning:`` line (Python's default shows the file, the
-    line and the source of the warning call too)."""
+    given by its old name, or any :class:`OneLineWarning`, is one ``warning:`` line (Python's
+    default shows the file, the line and the source of the warning call too)."""
     show = warnings.showwarning
 
     def showwarning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-        if issubclass(category, RenamedSetting):
+        if issubclass(category, (RenamedSetting, OneLineWarning)):
             console.print(f"[yellow]warning:[/] {shown(message)}", highlight=False)
         else:
             show(printable(message), category, *args, **kwargs)
