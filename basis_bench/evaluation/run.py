@@ -73,6 +73,7 @@ from basis_bench.outputs import (
     atomic_write,
     file_sha256,
     holds_output_locks,
+    naming_failed_writes,
     provenance,
     write_text_atomic,
 )
@@ -166,6 +167,7 @@ class _EstimatesWriter:
     """Streams chunks of estimates into one Parquet file, renamed into place when closed."""
 
     def __init__(self, path: Path, metadata: dict[str, Any]) -> None:
+        self.path = path
         self._atomic = atomic_write(path)
         tmp = self._atomic.__enter__()
         schema = ESTIMATES_SCHEMA.with_metadata(
@@ -174,15 +176,24 @@ class _EstimatesWriter:
         self.writer = pq.ParquetWriter(tmp, schema, compression="zstd")
 
     def __call__(self, table: pa.Table) -> None:
-        self.writer.write_table(table.replace_schema_metadata(self.writer.schema.metadata))
+        with naming_failed_writes(self.path):  # arrow's full disk names no file
+            self.writer.write_table(table.replace_schema_metadata(self.writer.schema.metadata))
 
     def close(self, error: BaseException | None = None) -> None:
-        """Finish the file (or, after ``error``, remove it and keep any earlier one)."""
-        self.writer.close()
-        if error is None:
+        """Finish the file (or, after ``error``, remove it and keep any earlier one); a
+        write that fails as the file is finished removes it too, and is raised."""
+        failed = error
+        try:
+            with naming_failed_writes(self.path):
+                self.writer.close()
+        except Exception as err:  # a full disk as the last row group is flushed
+            failed = failed or err
+        if failed is None:
             self._atomic.__exit__(None, None, None)
-        else:
-            self._atomic.__exit__(type(error), error, error.__traceback__)
+            return
+        self._atomic.__exit__(type(failed), failed, failed.__traceback__)
+        if error is None:
+            raise failed
 
 
 def _run_record(
