@@ -82,6 +82,7 @@ from basis_bench.rollouts.fingerprint import dataset_sha256
 from basis_bench.rollouts.store import load_prompts
 from basis_bench.rollouts.training_record import TRAINING_FILE, checkpoint_steps, training_record
 from basis_bench.version import __version__
+from basis_bench.work_limit import check_draws
 
 TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
@@ -387,6 +388,11 @@ def trajectory_schedule(
             cfg.trajectory_epochs,
         )  # fmt: skip
         check_epoch_sizes(epochs, len(ds.checkpoints), max(len(estimators), 1), p)
+        check_draws(  # an epoch: every prompt once (B at a time) for each estimator, G each
+            "this trajectory replay", named("trajectory_epochs"), epochs.epochs_per_checkpoint,
+            len(ds.checkpoints) * p * max(cfg.group_size, 1) * max(len(estimators), 1)
+            * epochs.repeats,
+        )  # fmt: skip
         return Schedule(schedule, [])
     rate = record.visit_rate() if record is not None else None
     p = _shared_count(ds)
@@ -483,10 +489,15 @@ def evaluate(
     cfg = cfg.fit(
         *smallest_checkpoint(ds), ds.rewards[ds.reference].matrix.shape[1]
     )  # the defaults left to the data, as run.json has them
-    if out is not None:
-        out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
     has_group = any(e.group for e in one_step)
+    group = cfg.group_size if has_group else 1
+    check_draws(  # before the claim: a count that fits in memory may still never end
+        "this evaluate run", named("repeats"), cfg.repeats,
+        len(ds.checkpoints) * cfg.batch * group * max(len(one_step), 1),
+    )  # fmt: skip
+    if out is not None:
+        out = claim_results_dir(out, ds.root)
     settings = ReplaySettings(
         cfg.batch, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
     )
