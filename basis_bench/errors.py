@@ -7,6 +7,9 @@ subclasses ValueError so library callers can catch it as the usual type.
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 import signal
 from types import FrameType
 
@@ -15,11 +18,66 @@ class InputError(ValueError):
     """Bad input that the user can fix; the message says what and where."""
 
 
+class OneLineWarning(UserWarning):
+    """A warning whose message is whole in one line: the CLI shows it as one ``warning:``
+    line, without Python's file, line and source."""
+
+
 def first_line(err: BaseException) -> str:
     """The first line of ``err``'s message, or its type's name where it has none: what a
     one-line error quotes of a library's (often many-line) exception."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+# Failed writes that are the machine's state, not a bug: one line, no traceback.
+WRITE_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EFBIG: "file larger than this process may write (ulimit -f)",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOTDIR: "a folder in the path is a file",
+    errno.EBUSY: "the folder is in use (a mount point or the current folder)",
+    errno.ENAMETOOLONG: "a file or folder name is too long",
+    errno.ENOENT: "a folder in the path does not exist (removed while the command ran?)",
+}
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+"""The errnos of a write the file system refused for want of room or of write access."""
+
+
+def os_errno(err: BaseException) -> int | None:
+    """``err``'s errno, also where a library gave it in its text alone (polars' OSError "No
+    space left on device (os error 28)" has no errno; arrow's "[errno 28]")."""
+    if isinstance(err, OSError) and err.errno:
+        return err.errno
+    found = re.search(r"(?:os error|\[errno) (\d+)\b", str(err), re.IGNORECASE)
+    return int(found.group(1)) if found else None
+
+
+class WriteFailed(OSError):
+    """A write refused for want of room or of write access (:data:`NO_ROOM`: a full disk, a
+    quota, a read-only file system, ``ulimit -f``): its message is one line naming the
+    path; it is still the OSError of its errno and filename."""
+
+    def __str__(self) -> str:
+        where = f" ({self.filename})" if self.filename else ""
+        return f"{WRITE_ERRNOS.get(self.errno or 0, self.strerror)}{where}"
+
+
+def write_failed(
+    err: BaseException, path: str | os.PathLike[str] | None = None
+) -> WriteFailed | None:
+    """``err`` as a :class:`WriteFailed` where its errno is one of :data:`NO_ROOM`, naming
+    ``path`` where ``err`` names no file (a write to an open file names none); else None."""
+    if isinstance(err, WriteFailed):
+        return err
+    code = os_errno(err)
+    if code not in NO_ROOM:
+        return None
+    filename = getattr(err, "filename", None) or (None if path is None else os.fspath(path))
+    return WriteFailed(code, os.strerror(code), filename)
 
 
 class Terminated(KeyboardInterrupt):

@@ -199,7 +199,7 @@ def check_sizes(what: str, sizes: Sequence[Size], base: int = 0) -> int:
         fix = f"{worst.name} at most {fits:,} fits{worst.advice}"
     else:
         fix = f"lower {', '.join(s.name for s in sizes)} or free memory"
-    raise InputError(
-        f"{what} needs about {_gib(need)} GiB ({worst.name} {_shown(worst.value)}); only "
-        f"{_gib(free)} GiB of memory is free to this process; {fix}"
+    raise InputError(  # the bytes a unit costs are estimates, loose from above: it says so
+        f"{what} needs about {_gib(need)} GiB by the budget's estimate ({worst.name} "
+        f"{_shown(worst.value)}); only {_gib(free)} GiB of memory is free to this process; {fix}"
     )

@@ -36,7 +36,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from basis_bench import bounded_json
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, write_failed
 from basis_bench.folders import claimed, inside_claim, read_small, real_path, walk
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 from basis_bench.version import __version__
@@ -57,19 +57,34 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     torn one. The one writer every output of the package goes through.
     """
     path = inside_claim(Path(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    with naming_failed_writes(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            os.chmod(tmp, _FILE_MODE)  # mkstemp's 0600 would make every output private
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def naming_failed_writes(path: str | os.PathLike[str]) -> Iterator[None]:
+    """A full disk, quota, read-only file system or ``ulimit -f`` inside the block is a
+    :class:`~basis_bench.errors.WriteFailed` naming ``path`` (a write to an open file, or
+    polars' and arrow's writers, name no file; polars gives no errno either)."""
     try:
-        yield tmp
-        os.chmod(tmp, _FILE_MODE)  # mkstemp's 0600 would make every output private
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+        yield
+    except Exception as err:
+        failed = write_failed(err, path)
+        if failed is None or failed is err:
+            raise
+        raise failed from err
 
 
 def _umask() -> int:
@@ -432,6 +447,11 @@ def holds_output_locks(fn: F) -> F:
             result = fn(*args, **kwargs)
             failed = False
             return result
+        except OSError as err:  # every write failure of the call one line, API and CLI alike
+            refused = write_failed(err)
+            if refused is None or refused is err:
+                raise
+            raise refused from err
         finally:
             claims = scope.pop()
             if scope:

@@ -112,7 +112,7 @@ def test_counts_expansion_does_not_depend_on_its_block_size(tmp_path, monkeypatc
         ("p1,-4,1", ["c.csv:3: 'n' -4 is below 1"]),
         ("p1,4,1.5", ["c.csv:3: 'n_correct' 1.5 is not an integer"]),
         ("p1,four,1", ["c.csv:3: 'n' four is not an integer"]),
-        ("p1,4,", ["c.csv:3: 'n_correct' (empty) is not an integer"]),
+        ("p1,4,", ["c.csv:3: 'n_correct' has no value, expected an integer"]),
         (",4,1", ["c.csv:3: empty 'prompt_id'"]),
         ("p0,4,2", ["c.csv:3: duplicate prompt id (prompt_id='p0'), first at", "c.csv:2"]),
     ],
@@ -299,6 +299,43 @@ def test_long_table_by_policy_with_renamed_columns(tmp_path):
     assert "b.csv:3: duplicate (prompt, sample)" in msg
     assert "b.csv:4: 'sample_idx' x is not an integer" in msg
     assert "b.csv:5: 'reward' nan is not a finite number" in msg
+
+
+@pytest.mark.parametrize(
+    ("name", "lines", "expected"),
+    [
+        (
+            "r.csv",
+            "prompt_id,sample_idx,reward\na,0,\na,1,(empty)\na,2, \n",
+            [
+                "r.csv:2: 'reward' has no value, expected a finite number",
+                "r.csv:3: 'reward' (empty) is not a finite number",
+                "r.csv:4: 'reward' \" \" is not a finite number",
+            ],
+        ),
+        (
+            "r.jsonl",
+            '{"prompt_id": "a", "sample_idx": 0, "reward": null}\n'
+            '{"prompt_id": "a", "sample_idx": 1, "reward": ""}\n'
+            '{"prompt_id": "a", "sample_idx": 2}\n'
+            '{"prompt_id": "a", "reward": 1}\n',
+            [
+                "r.jsonl:1: 'reward' has no value, expected a finite number",
+                "r.jsonl:2: 'reward' \"\" is not a finite number",
+                "r.jsonl:3: 'reward' has no value, expected a finite number",
+                "r.jsonl:4: 'sample_idx' has no value, expected an integer",
+            ],
+        ),
+    ],
+)
+def test_long_says_what_a_bad_value_is(tmp_path, name, lines, expected):
+    """A missing value (an empty cell, null, an absent field), an empty or blank text and
+    the text "(empty)" all read "'reward' (empty) is not a finite number" (an absent field
+    called empty, a blank value shown as nothing); each now says what it is."""
+    with pytest.raises(InputError) as err:
+        import_sources("long", [write(tmp_path / name, lines)], "x")
+    listed = str(err.value).splitlines()[1:]
+    assert sorted(line.strip().removeprefix(f"{tmp_path}/") for line in listed) == expected
 
 
 def test_long_source_of_no_rows_is_not_said_to_name_other_policies(tmp_path):

@@ -695,6 +695,60 @@ def test_auto_backend_samples_with_a_preferred_backend_that_serves_the_device(ti
     assert load_rollouts(tmp_path / "preferred").equals(load_rollouts(tmp_path / "hf"))
 
 
+def test_auto_backend_falls_back_to_hf_where_the_preferred_engine_does_not_start(
+    tiny_model, tmp_path
+):
+    """A preferred backend that serves the device but whose engine fails at start (vllm
+    imported, its LLM raised): --backend auto samples with hf after one warning, the parts
+    record hf; the backend named explicitly is refused with the engine's one line."""
+    from basis_bench.rollouts.oracle import run_oracle
+    from basis_bench.rollouts.sampling import register_sampler, registry
+    from basis_bench.rollouts.sampling.base import EngineFailed
+    from basis_bench.rollouts.sampling.hf import HFSampler
+
+    class Broken(HFSampler):
+        backend = "broken"
+        capabilities = dataclasses.replace(HFSampler.capabilities, cpu_workers=False)
+
+        @classmethod
+        def start(cls, *args, **kwargs):
+            raise EngineFailed("the broken engine did not start (no device memory)")
+
+    job = job_of(
+        model=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,seed=2", n=2,
+        max_new_tokens=8, chunk_size=2, device="cpu", workers=1, out=tmp_path / "auto",
+    )  # fmt: skip
+    with registry.temporary():
+        register_sampler(Broken, preferred=True)
+        with pytest.warns(registry.BackendFallback) as said:
+            run_oracle(job)
+        with pytest.raises(EngineFailed, match="broken engine did not start"):
+            run_oracle(replaced(job, backend="broken", out=tmp_path / "named"))
+    assert str(said[-1].message) == (  # after the line on vllm, where it does not import
+        "backend auto samples with hf: the broken engine did not start (no device memory)"
+    )
+    assert {read_metadata(p)["backend"]["backend"] for p in parts(tmp_path / "auto", "tiny")} == {
+        "hf"
+    }
+    assert not (tmp_path / "named").exists()
+
+
+@pytest.mark.skipif(_vllm_imports(), reason="vllm imports here: auto chooses it")
+def test_auto_backend_says_in_one_line_why_it_samples_with_hf(tiny_model, tmp_path):
+    """vllm not importable: the default --backend auto samples with hf and says so in one
+    warning line (it did so in silence); --backend vllm is one error line."""
+    auto = run_cli(tiny_args(tiny_model, tmp_path / "auto", "--n", "1"))
+    assert auto.returncode == 0, auto.stderr
+    printed = " ".join(auto.stderr.split())  # the console wraps long lines
+    assert printed.count("warning:") == 1 and "Traceback" not in printed, printed
+    said = printed[printed.index("warning:") :]
+    assert said.startswith("warning: backend auto samples with hf: --backend vllm needs vllm")
+    assert "does not import here (No module named 'vllm')" in said
+    named = run_cli(tiny_args(tiny_model, tmp_path / "named", "--backend", "vllm"))
+    assert_one_line_error(named, "--backend vllm needs vllm, which does not import here")
+    assert not (tmp_path / "named").exists()
+
+
 # --------------------------------------------------------------------------- score sketches
 
 

@@ -127,6 +127,32 @@ def test_a_weight_sync_backend_starts_from_the_reference_and_follows_the_policy(
         torch.testing.assert_close(sampler.model.state_dict()[name], value)
 
 
+def test_auto_trains_with_hf_where_the_preferred_engine_does_not_start(root):
+    """A preferred backend whose engine fails at start (vllm's LLM raised): auto trains with
+    the live policy on hf after one warning, and config.json records hf; the backend named
+    in the config is refused with the engine's line."""
+    from basis_bench.rollouts.sampling.base import EngineFailed
+
+    class Stalled(Synced):
+        backend = "stalled"
+
+        @classmethod
+        def start(cls, *args, **kwargs):
+            raise EngineFailed("the stalled engine did not start")
+
+    with registry.temporary():
+        register_sampler(Stalled, preferred=True)
+        with pytest.warns(registry.BackendFallback) as said:
+            run = train_setup(root)
+        with pytest.raises(EngineFailed, match="stalled engine did not start"):
+            train_setup(root, backend="stalled", run_dir=str(root / "named"))
+    assert str(said[-1].message) == "backend auto samples with hf: the stalled engine did not start"
+    assert type(run.sampler) is HFSampler and run.sampler.model is run.models.policy
+    assert run.config.generation.backend == "hf"
+    open_run(run, 1)
+    assert json.loads((root / "run" / "config.json").read_text())["backend"] == "hf"
+
+
 def test_a_backend_that_cannot_follow_a_policy_is_refused_before_models_load(root, monkeypatch):
     import basis_bench.train.setup as setup_module
 

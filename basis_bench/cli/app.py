@@ -3,7 +3,6 @@ and failed writes into one line."""
 
 from __future__ import annotations
 
-import errno
 import sys
 import warnings
 from pathlib import Path
@@ -12,7 +11,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from basis_bench.errors import InputError, interrupt_exit, swallowed_interrupt
+from basis_bench.errors import (
+    WRITE_ERRNOS,
+    InputError,
+    OneLineWarning,
+    interrupt_exit,
+    os_errno,
+    swallowed_interrupt,
+)
 from basis_bench.extras import missing_extra
 from basis_bench.quoting import printable, shown
 from basis_bench.settings import RenamedSetting
@@ -63,19 +69,6 @@ AFTER_FAILURE: dict[str, str] = {
 DEFAULT_AFTER_FAILURE = (
     "files already written are complete, but the output may be missing some; rerun the command"
 )
-
-# Failed writes that are the machine's state, not a bug: one line, no traceback.
-WRITE_ERRNOS = {
-    errno.ENOSPC: "no space left on the device",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-    errno.ENOTDIR: "a folder in the path is a file",
-    errno.EBUSY: "the folder is in use (a mount point or the current folder)",
-    errno.ENAMETOOLONG: "a file or folder name is too long",
-    errno.ENOENT: "a folder in the path does not exist (removed while the command ran?)",
-}
 
 
 def running_command(argv: list[str]) -> str | None:
@@ -146,11 +139,12 @@ def main() -> None:
         console.print(f"[bold red]error:[/] {shown(hint)}", highlight=False)
         sys.exit(2)
     except OSError as err:
-        if err.errno not in WRITE_ERRNOS:
+        code = os_errno(err)  # polars gives a full disk's errno in its text alone
+        if code not in WRITE_ERRNOS:
             raise
         where = f" ({shown(err.filename)})" if err.filename else ""
         console.print(
-            f"[bold red]error:[/] {WRITE_ERRNOS[err.errno]}{where}; {after_failure(sys.argv)}",
+            f"[bold red]error:[/] {WRITE_ERRNOS[code]}{where}; {after_failure(sys.argv)}",
             highlight=False,
         )
         sys.exit(1)
@@ -176,12 +170,12 @@ def main() -> None:
 def _show_warnings_quoted(console: Console) -> None:
     """Every warning with its control characters escaped, as errors are (a prompt file's
     name in "skipped 2 problem(s) with no answer" reached the terminal raw); a setting
-    given by its old name is one ``warning:`` line (Python's default shows the file, the
-    line and the source of the warning call too)."""
+    given by its old name, or any :class:`OneLineWarning`, is one ``warning:`` line (Python's
+    default shows the file, the line and the source of the warning call too)."""
     show = warnings.showwarning
 
     def showwarning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-        if issubclass(category, RenamedSetting):
+        if issubclass(category, (RenamedSetting, OneLineWarning)):
             console.print(f"[yellow]warning:[/] {shown(message)}", highlight=False)
         else:
             show(printable(message), category, *args, **kwargs)

@@ -74,6 +74,7 @@ from basis_bench.outputs import (
     atomic_write,
     file_sha256,
     holds_output_locks,
+    naming_failed_writes,
     provenance,
     write_text_atomic,
 )
@@ -82,6 +83,7 @@ from basis_bench.rollouts.fingerprint import dataset_sha256
 from basis_bench.rollouts.store import load_prompts
 from basis_bench.rollouts.training_record import TRAINING_FILE, checkpoint_steps, training_record
 from basis_bench.version import __version__
+from basis_bench.work_limit import check_draws
 
 TRAJECTORY_REPEATS = 200  # streams of the trajectory replay (whole epochs each); tight CIs
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
@@ -167,6 +169,7 @@ class _EstimatesWriter:
     """Streams chunks of estimates into one Parquet file, renamed into place when closed."""
 
     def __init__(self, path: Path, metadata: dict[str, Any]) -> None:
+        self.path = path
         self._atomic = atomic_write(path)
         tmp = self._atomic.__enter__()
         schema = ESTIMATES_SCHEMA.with_metadata(
@@ -175,15 +178,24 @@ class _EstimatesWriter:
         self.writer = pq.ParquetWriter(tmp, schema, compression="zstd")
 
     def __call__(self, table: pa.Table) -> None:
-        self.writer.write_table(table.replace_schema_metadata(self.writer.schema.metadata))
+        with naming_failed_writes(self.path):  # arrow's full disk names no file
+            self.writer.write_table(table.replace_schema_metadata(self.writer.schema.metadata))
 
     def close(self, error: BaseException | None = None) -> None:
-        """Finish the file (or, after ``error``, remove it and keep any earlier one)."""
-        self.writer.close()
-        if error is None:
+        """Finish the file (or, after ``error``, remove it and keep any earlier one); a
+        write that fails as the file is finished removes it too, and is raised."""
+        failed = error
+        try:
+            with naming_failed_writes(self.path):
+                self.writer.close()
+        except Exception as err:  # a full disk as the last row group is flushed
+            failed = failed or err
+        if failed is None:
             self._atomic.__exit__(None, None, None)
-        else:
-            self._atomic.__exit__(type(error), error, error.__traceback__)
+            return
+        self._atomic.__exit__(type(failed), failed, failed.__traceback__)
+        if error is None:
+            raise failed
 
 
 def _run_record(
@@ -380,6 +392,10 @@ def trajectory_schedule(
         epochs = EpochSchedule(cfg.batch_size or DEFAULT_BATCH, cfg.trajectory_epochs)
         repeats = min(cfg.repeats, TRAJECTORY_REPEATS)
         check_epoch_sizes(epochs, repeats, len(ds.checkpoints), max(len(estimators), 1), p)
+        check_draws(  # an epoch: every prompt once (B at a time) for each estimator, G each
+            "this trajectory replay", named("trajectory_epochs"), epochs.epochs_per_checkpoint,
+            len(ds.checkpoints) * p * max(cfg.group_size, 1) * max(len(estimators), 1) * repeats,
+        )  # fmt: skip
         return Schedule(schedule, [])
     rate = record.visit_rate() if record is not None else None
     p = _shared_count(ds)
@@ -472,10 +488,15 @@ def evaluate(
     cfg = cfg.fit(
         *smallest_checkpoint(ds), ds.rewards[ds.reference].matrix.shape[1]
     )  # the defaults left to the data, as run.json has them
-    if out is not None:
-        out = claim_results_dir(out, ds.root)
     one_step = [e for e in estimators if not e.stateful]
     has_group = any(e.group for e in one_step)
+    group = cfg.group_size if has_group else 1
+    check_draws(  # before the claim: a count that fits in memory may still never end
+        "this evaluate run", named("repeats"), cfg.repeats,
+        len(ds.checkpoints) * cfg.batch * group * max(len(one_step), 1),
+    )  # fmt: skip
+    if out is not None:
+        out = claim_results_dir(out, ds.root)
     settings = ReplaySettings(
         cfg.batch, cfg.repeats, cfg.group_size, cfg.seed, options, beta_options
     )

@@ -45,6 +45,7 @@ from basis_bench.evaluation.tables import (
 )
 from basis_bench.outputs import file_sha256, holds_output_locks, write_text_atomic
 from basis_bench.rollouts.fingerprint import dataset_sha256
+from basis_bench.work_limit import check_draws
 
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and
 the dataset, so `figures` knows the table is whole and which data it came from."""
@@ -151,6 +152,12 @@ def sensitivity(
     points = _settings(cfg)
     _check_fixed_betas(cfg, estimators, points)
     ds = open_dataset(cfg.rollouts, cfg.reference, cfg.checkpoints)
+    prompts = ds.rewards[ds.reference].matrix.shape[0]  # a batch above them is refused later
+    batches = [min(int(v) if p == "batch_size" else cfg.batch_size, prompts) for p, v in points]
+    check_draws(  # before the claim: one replay a point, single-rollout estimators
+        "this sensitivity sweep", named("repeats"), cfg.repeats,
+        len(ds.checkpoints) * sum(batches) * max(len(estimators), 1),
+    )  # fmt: skip
     if out is not None:
         out = claim_results_dir(out, ds.root)
     rows: list[pl.DataFrame] = []

@@ -68,6 +68,7 @@ from basis_bench.rollouts.prompts import (
 )
 from basis_bench.rollouts.rewards import scoring_pool
 from basis_bench.rollouts.sampling import Sampler, sampler_class
+from basis_bench.rollouts.sampling.registry import AUTO, auto_note, start_sampler
 from basis_bench.rollouts.score_sketch import score_sketch_entry
 from basis_bench.rollouts.store import (
     load_prompts,
@@ -181,20 +182,26 @@ class JobSampler:
 
     job: OracleJob
     checkpoint: Checkpoint
+    fallback: bool = False
+    """``--backend auto`` chose the job's backend: hf samples where its engine does not start."""
 
     def __call__(self) -> Sampler:
         from basis_bench.rollouts import sampling
 
         job = self.job
+
+        def start(backend: type[Sampler]) -> Sampler:
+            return sampling.make_sampler(
+                backend.backend,
+                self.checkpoint,
+                job.template,
+                job.generation.device,
+                job.generation.dtype,
+                job.generation.sampler_settings(backend),  # --batch-size, --kv-cache-gib, ...
+            )
+
         backend = sampler_class(job.generation.backend, job.generation.device)
-        return sampling.make_sampler(
-            backend.backend,
-            self.checkpoint,
-            job.template,
-            job.generation.device,
-            job.generation.dtype,
-            job.generation.sampler_settings(backend),  # --batch-size, --kv-cache-gib, ...
-        )
+        return start_sampler(backend, self.fallback, start)
 
 
 @dataclass(frozen=True)
@@ -219,8 +226,11 @@ class JobHiddenStates:
         )
 
 
-def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
-    """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``)."""
+def open_source(
+    job: OracleJob, warn: Callable[[str], None], fallback: bool = False
+) -> OracleSource:
+    """The job's checkpoint (resolved) and prompts (loaded, warnings passed to ``warn``);
+    ``fallback``: ``--backend auto`` chose the job's backend (:class:`JobSampler`)."""
     checkpoint = resolve_checkpoint(job.generation.model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -234,7 +244,7 @@ def open_source(job: OracleJob, warn: Callable[[str], None]) -> OracleSource:
             "path": str(checkpoint.path),
             "weights": fingerprint.weights_sha256(checkpoint.path),
         },
-        JobSampler(job, checkpoint),
+        JobSampler(job, checkpoint, fallback),
         hidden_states=None
         if sampler_class(job.generation.backend, job.generation.device).capabilities.hidden_states
         else JobHiddenStates(job, checkpoint),
@@ -326,18 +336,20 @@ def run_oracle(
     progress = progress or _Quiet()
     check_part_size(job)
     own_source = source is None
+    fallback = job.generation.backend == AUTO
     if own_source:  # --backend auto: the one that samples, for the plan and the progress
-        job = replaced(
-            job, backend=sampler_class(job.generation.backend, job.generation.device).backend
-        )
+        backend = sampler_class(job.generation.backend, job.generation.device)
+        backend.check_device(job.generation.device)  # --backend vllm without vllm: before all
+        job = replaced(job, backend=backend.backend)
         check_sketches(job)
-    source = source or open_source(job, progress.warning)
+    source = source or open_source(job, progress.warning, fallback)
     identity = run_identity(job, source.model)
     out = claim_output_dir(  # shared: the shards of one run write disjoint parts side by side
         job.out, "rollouts", simulated=False, force=job.force, option=source.out_label, shared=True
     )
+    note = auto_note(job.generation.device) if own_source and fallback else None
     with running_shard(out, identity, str(job.shard)):  # before any part: shards started at once
-        return _fill(job, source, identity, progress, pool, own_source)
+        return _fill(job, source, identity, progress, pool, own_source, note)
 
 
 def _fill(
@@ -347,8 +359,10 @@ def _fill(
     progress: OracleProgress,
     pool: ProcessPoolExecutor | None,
     own_source: bool,
+    note: str | None,
 ) -> OracleReport:
-    """:func:`run_oracle` once ``job.out`` is claimed: this shard's missing parts."""
+    """:func:`run_oracle` once ``job.out`` is claimed: this shard's missing parts; ``note``
+    (why ``--backend auto`` samples with hf) is shown as sampling starts."""
     metadata = oracle_metadata(job, source.prompts.height)
     todo, done = pending_chunks(source.prompts, job, identity)
     workers = auto_workers(job, len(todo)) if own_source and todo else 1
@@ -368,6 +382,8 @@ def _fill(
         if featureless:  # the features need the model here: the table is written once it loaded
             prompts = with_features(prompts, job, factory().prompt_hidden_states, progress)
             write_prompts_table(prompts, job.out, metadata)
+        if note:
+            progress.warning(note)
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return run_in_workers(
                 workers,
@@ -378,11 +394,15 @@ def _fill(
             )
     with one_torch_thread(own_source and uses_cpu_workers(job)):
         sampler = factory()  # a model that cannot load writes nothing
+        # hf, where auto's choice did not start (a caller's own sampler may name none)
+        job = replaced(job, backend=getattr(sampler, "backend", job.generation.backend))
         if featureless:
             prompts = with_features(prompts, job, sampler.prompt_hidden_states, progress)
         write_prompts_table(prompts, job.out, metadata)
         if not todo:
             return OracleReport()
+        if note:
+            progress.warning(note)
         with progress.sampling(job, n_prompts * job.n, n_prompts) as sink:
             return _run_here(todo, sampler, job, identity, metadata, pool, sink)
 

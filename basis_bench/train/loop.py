@@ -55,7 +55,7 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
 from basis_bench.estimators.normalise import normalise_advantages
 from basis_bench.folders import appended_inside
-from basis_bench.outputs import holds_output_locks
+from basis_bench.outputs import holds_output_locks, naming_failed_writes
 from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.sample import (
     Rollouts,
@@ -347,7 +347,10 @@ def jsonl_line(record: Mapping[str, Any]) -> str:
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
     """Append one record to a log (one line, appended whole), never through a link that
     leads out of the log's folder."""
-    with open(appended_inside(path, path.parent), "a", encoding="utf-8") as fh:
+    with (
+        naming_failed_writes(path),
+        open(appended_inside(path, path.parent), "a", encoding="utf-8") as fh,
+    ):
         fh.write(jsonl_line(record))
 
 

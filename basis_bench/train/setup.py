@@ -401,6 +401,12 @@ def setup(
     from basis_bench import estimators as E
     from basis_bench.folders import appended_inside, read_small, refuse_long_names
     from basis_bench.outputs import claim_output_dir
+    from basis_bench.rollouts.sampling.registry import (
+        AUTO,
+        auto_note,
+        sampler_class,
+        start_sampler,
+    )
 
     run_dir = Path(config.run_dir)
     refuse_long_names(run_dir, "run_dir")  # before the log check looks into it
@@ -417,12 +423,22 @@ def setup(
     claim_output_dir(run_dir, "train-run", force=force, option="run_dir")
     device = torch_runtime(config)
     backend = training_backend(config, device)
+    fallback = config.generation.backend == AUTO
     config = replaced(config, backend=backend.backend)  # recorded: auto resolved
     data = load_data(config, progress.warning if progress is not None else warnings.warn)
     check_probe(config, group, data.train_set.height)
     check_train_sizes(config, prompts_per_step, data.train_set.height)
     models = load_models(config, device, resume)
-    sampler = make_training_sampler(backend, config, models, data.template)
+    sampler = start_sampler(  # hf, where the engine auto chose does not start
+        backend,
+        fallback,
+        lambda chosen: make_training_sampler(chosen, config, models, data.template),
+    )
+    backend = sampler_class(sampler.backend)
+    config = replaced(config, backend=backend.backend)
+    note = auto_note(device) if fallback else None  # why auto samples with hf: once it does
+    if note:
+        (progress.warning if progress is not None else warnings.warn)(note)
     ref_rewards = features = None
     if E.get(config.estimator).uses_cache:
         of_reference = functools.partial(

@@ -146,6 +146,23 @@ def _json_text(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def is_not(df: pl.DataFrame, column: str, expected: str) -> pl.Expr:
+    """Each row's message that its ``column`` is not ``expected`` ("a finite number"): the
+    value as written, at most 60 characters, JSON-quoted where it is empty or starts or ends
+    with whitespace (``""``, ``" "``); a missing value (an empty CSV cell, a JSON null or an
+    absent field) "has no value". All of them, and the text ``(empty)``, read "(empty)"
+    alike: an absent field was called empty, a blank value showed nothing."""
+    value = pl.col(column).cast(pl.String).str.slice(0, 60)
+    blank = (value == "") | value.str.contains(r"^\s|\s$")
+    quoted = value.map_elements(_json_text, return_dtype=pl.String)
+    value = pl.when(blank).then(quoted).otherwise(value)
+    return (
+        pl.when(pl.col(column).is_null())
+        .then(pl.lit(f"{column!r} has no value, expected {expected}"))
+        .otherwise(pl.format("{} {} is not {}", pl.lit(repr(column)), value, pl.lit(expected)))
+    )
+
+
 def _report_ids(
     df: pl.DataFrame, src: Source, id_col: str, kind: pl.Expr, problems: Problems
 ) -> None:
@@ -206,15 +223,7 @@ def integer_column(
     bad = df.filter(
         pl.col("_f").is_null() | ~pl.col("_f").is_finite() | (pl.col("_f") != pl.col("_f").round(0))
     )
-    problems.add_rows(
-        src,
-        bad,
-        pl.format(
-            "{} {} is not an integer",
-            pl.lit(repr(col)),
-            pl.col(col).cast(pl.String).fill_null("(empty)"),
-        ),
-    )
+    problems.add_rows(src, bad, is_not(df, col, "an integer"))
     low = df.filter(pl.col("_f").is_finite() & (pl.col("_f") < minimum))
     problems.add_rows(
         src,

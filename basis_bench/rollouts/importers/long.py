@@ -11,6 +11,7 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.importers.checks import (
     add_prompt_ids,
     integer_column,
+    is_not,
     report_duplicates,
     report_kept_columns,
     report_not_text,
@@ -112,11 +113,7 @@ def _read_long(
     problems.add_rows(
         src,
         df.filter(reward.is_null() | ~reward.is_finite()),
-        pl.format(
-            "{} {} is not a finite number",
-            pl.lit(repr(opt.reward_col)),
-            pl.col(opt.reward_col).cast(pl.String).fill_null("(empty)"),
-        ),
+        is_not(df, opt.reward_col, "a finite number"),
     )
     kept = {c: t for c, t in OPTIONAL_ROLLOUT_COLUMNS.items() if c != id_col}
     report_kept_columns(df, src, kept, problems)

@@ -30,6 +30,11 @@ The ``hf`` backend calls it after every decode step, so tokens/s can be shown be
 the first sequence finishes; a backend may also call it once per batch."""
 
 
+class EngineFailed(InputError):
+    """A backend that imports and serves the device could not start its engine here (vLLM's
+    ``LLM`` raised): ``--backend auto`` falls back to hf from it, a named backend refuses."""
+
+
 MIN_TEMPERATURE = 1e-5  # vLLM's own floor: below it, sampling is greedy there
 
 

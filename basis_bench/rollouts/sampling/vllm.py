@@ -41,7 +41,13 @@ from basis_bench.rollouts.models import (
     stop_token_ids,
 )
 from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
-from basis_bench.rollouts.sampling.base import Capabilities, Progress, Sampler, SamplingConfig
+from basis_bench.rollouts.sampling.base import (
+    Capabilities,
+    EngineFailed,
+    Progress,
+    Sampler,
+    SamplingConfig,
+)
 
 GIB = 1 << 30
 CPU_KV_CACHE_MAX_GIB = 4.0
@@ -143,28 +149,30 @@ _WARMUP_FILTER = _DropTokenizerlessWarmup()  # one instance: addFilter adds it o
 
 
 def start_engine(args: dict[str, Any]) -> Any:
-    """``vllm.LLM(**args)`` in this process; a KV cache that does not fit is an
-    :class:`InputError`. vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op
-    in the process it runs in; the real one is put back for the rest of the program."""
+    """``vllm.LLM(**args)`` in this process; any failure of it is one line,
+    :class:`EngineFailed` (``--backend auto`` then samples with hf), a KV cache that does not
+    fit saying so. vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op in the
+    process it runs in; the real one is put back for the rest of the program."""
     import torch
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM
-
-    logging.getLogger("vllm.renderers.base").addFilter(_WARMUP_FILTER)
-
     set_num_threads = torch.set_num_threads
     try:
+        from vllm import LLM
+
+        logging.getLogger("vllm.renderers.base").addFilter(_WARMUP_FILTER)
         return LLM(**args)
-    except ValueError as err:
-        if "memory" not in str(err).lower():
-            raise
-        wanted = args.get("kv_cache_memory_bytes")
-        size = f"{wanted / GIB:.2f} GiB" if wanted else "its share of memory"
-        raise InputError(
-            f"vLLM could not reserve {size} for its KV cache: not enough free memory; "
-            "pass a smaller --kv-cache-gib"
-        ) from err
+    except Exception as err:  # CUDA, compilation, memory, a model vLLM does not support
+        if isinstance(err, ValueError) and "memory" in str(err).lower():
+            wanted = args.get("kv_cache_memory_bytes")
+            size = f"{wanted / GIB:.2f} GiB" if wanted else "its share of memory"
+            reason = (
+                f"vLLM could not reserve {size} for its KV cache: not enough free memory; "
+                "pass a smaller --kv-cache-gib"
+            )
+        else:
+            reason = f"vLLM's engine did not start ({type(err).__name__}: {first_line(err)})"
+        raise EngineFailed(f"{reason}, or use --backend hf") from err
     finally:
         torch.set_num_threads = set_num_threads
 
