@@ -22,8 +22,10 @@ import polars as pl
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator, StepOutput, get, make_step_estimator
 from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.integrations.prompt_check import CachedPrompts
 from basis_bench.rollouts.features import prompt_features
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
+from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, TrainerPrompt
 from basis_bench.settings import check_scalar
 
 DEFAULT_PROMPT_FORMAT = "{problem}"
@@ -132,6 +134,33 @@ def keyed_reference_cache(
     return ids, reward_matrix(df, reference, ids)
 
 
+def cached_prompts(rollouts: str | os.PathLike[str], prompt_format: str) -> CachedPrompts:
+    """The prompts of a rollouts directory as the plug-ins check training data against them:
+    each key's text and, where the cache holds a trainer's own prompts
+    (``oracle --prompts trainer:PATH``), the conversations sampled under each key."""
+    prompts = keyed_prompts(rollouts, prompt_format)
+    texts = [prompt_format.format(**row) for row in prompts.iter_rows(named=True)]
+    by_key = dict(zip(prompts["key"], texts, strict=True))
+    if PROMPT_COLUMN not in prompts.columns:
+        return CachedPrompts(str(rollouts), by_key)
+    talks: dict[str, set[str]] = {}
+    for key, raw in zip(prompts["key"], prompts[PROMPT_COLUMN], strict=True):
+        if raw is not None:
+            talks.setdefault(key, set()).add(TrainerPrompt(raw).shown())
+    return CachedPrompts(str(rollouts), by_key, {k: frozenset(v) for k, v in talks.items()})
+
+
+class CacheStep(StepEstimator):
+    """A step estimator on a cache keyed by prompt content that knows the cached prompts
+    (``cached``), so a plug-in can check its training data against them when it starts."""
+
+    def __init__(self, step: StepEstimator, cached: CachedPrompts) -> None:
+        super().__init__(
+            step.estimator, step.options, step.kernel, step.table, step.reward_range, step.lead
+        )
+        self.cached = cached
+
+
 def one_rollout_step(step: StepEstimator, prompt_keys: Sequence[str], rewards: Any) -> StepOutput:
     """One step of a single-rollout estimator on a trainer's batch: rewards (B,), one
     completion per prompt key, -> baselines (B,) (the step estimator takes (B, 1))."""
@@ -149,7 +178,8 @@ def basis_from_rollouts(
 ) -> StepEstimator:
     """The step estimator ``estimator`` (BASIS, or another registered single-rollout one such
     as ``basis_memory`` or ``spo_tracker``, whose state is carried across steps) on the cache
-    keyed by :func:`prompt_key` (see keyed_reference_cache). ``basis_options``: the estimator's
+    keyed by :func:`prompt_key` (see keyed_reference_cache), a :class:`CacheStep` that knows
+    the cached prompts. ``basis_options``: the estimator's
     options, the tilt table's ``prior`` and ``betas``, and for one that conditions on the
     prompt (``basis_context``) the ``features`` kind (default ``auto``, see keyed_features)."""
     ids, ref = keyed_reference_cache(rollouts, reference, ref_n, prompt_format)
@@ -161,7 +191,7 @@ def basis_from_rollouts(
     features = (
         keyed_features(rollouts, ids, prompt_format, kind) if get(estimator).uses_features else None
     )
-    return make_step_estimator(
+    step = make_step_estimator(
         estimator,
         basis_options,
         prompt_ids=ids,
@@ -170,11 +200,14 @@ def basis_from_rollouts(
         prior=prior,
         features=features,
     )
+    return CacheStep(step, cached_prompts(rollouts, prompt_format))
 
 
 __all__ = [
     "DEFAULT_PROMPT_FORMAT",
+    "CacheStep",
     "basis_from_rollouts",
+    "cached_prompts",
     "keyed_features",
     "keyed_prompts",
     "keyed_reference_cache",

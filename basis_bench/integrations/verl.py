@@ -35,10 +35,12 @@ from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.options import field_names
 from basis_bench.integrations.keys import (
     DEFAULT_PROMPT_FORMAT,
+    CacheStep,
     basis_from_rollouts,
     one_rollout_step,
     prompt_key,
 )
+from basis_bench.integrations.prompt_check import check_parquet_prompts
 
 ESTIMATOR_NAME = BASIS_NAME  # also the name verl's registry knows it by
 CONFIG_KEY = "basis"  # the +basis.* block of the verl config
@@ -242,7 +244,13 @@ def main() -> None:
                 raise InputError(
                     f"set algorithm.adv_estimator={ESTIMATOR_NAME} to train with BASIS"
                 )
-            BasisVerl.from_rollouts(**opts)
+            adapter = BasisVerl.from_rollouts(**opts)
+            if isinstance(adapter.basis, CacheStep):  # every training prompt, before any load
+                check_parquet_prompts(
+                    adapter.basis.cached,
+                    config.data.train_files,
+                    config.data.get("prompt_key", "prompt"),
+                )
         except InputError as exc:
             raise SystemExit(f"error: {exc}") from None
         main_ppo.auto_set_device(config)

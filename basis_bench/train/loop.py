@@ -77,9 +77,7 @@ def sample_step(run: Any, train_set: Any, sampling: Any, step: int) -> tuple[Any
     seed = run.config.seed
     batch = train_set[step_prompt_indices(train_set.height, run.prompts_per_step, step, seed)]
     run.models.policy.eval()
-    rollouts = sample_rollouts(
-        run.sampler, batch["problem"].to_list(), sampling, derive_seed(seed, step)
-    )
+    rollouts = sample_rollouts(run.sampler, batch, sampling, derive_seed(seed, step))
     return batch, rollouts
 
 
@@ -123,7 +121,7 @@ def train(
             # 3. rewards r (B_p, G')
             with timer("reward"):
                 rewards, statuses = score_rollouts(
-                    rollouts.responses, batch["answer"].to_list(), run.data
+                    rollouts.responses, batch, run.data, rollouts.response_tokens
                 )
 
             # 4. baselines b and advantages A = r - b (B_p, G')
@@ -222,6 +220,7 @@ def heldout_accuracy(run: Run, step: int) -> float:
     """Held-out accuracy of greedy responses; the responses go to RUN/eval/greedy-T.parquet."""
     from basis_bench.outputs import write_parquet_atomic
     from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.rollouts.trainer_prompts import model_inputs
 
     config, heldout_set = run.config, run.data.heldout_set
     tokens = (
@@ -229,8 +228,11 @@ def heldout_accuracy(run: Run, step: int) -> float:
         or config.generation.sampling(1, config.heldout_prompts).max_new_tokens
     )
     greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=tokens)
-    samples = run.sampler.sample(heldout_set["problem"].to_list(), greedy, seed=0)
-    rewards, statuses = score_rollouts(samples.responses, heldout_set["answer"].to_list(), run.data)
+    sampled = run.sampler.sample_tokens(model_inputs(heldout_set), greedy, seed=0)
+    samples = run.sampler.decode(sampled)
+    rewards, statuses = score_rollouts(
+        samples.responses, heldout_set, run.data, sampled.response_ids
+    )
     frame = rollout_frame(
         heldout_set["prompt_id"].to_list(),
         f"greedy-{step:06d}",
