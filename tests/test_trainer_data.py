@@ -258,7 +258,8 @@ def test_smollm2_oracle_from_a_trl_dataset_with_a_reward_function(
             "--prompts", f"trainer:{tmp_path / 'ds'}", "--n", "2", "--max-new-tokens", "12",
             "--device", "cpu", "--workers", "1", "--reward", "trl_rewards:short",
             "--out", str(out),
-        ]
+        ],
+        timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "each prompt as the trainer renders it" in " ".join(result.stderr.split())

@@ -54,7 +54,7 @@ from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
 from basis_bench.folders import appended_inside
-from basis_bench.outputs import holds_output_locks
+from basis_bench.outputs import holds_output_locks, json_text
 from basis_bench.train.config import ADVANTAGE_NORMS, TrainConfig, config_dict
 from basis_bench.train.sample import (
     Rollouts,
@@ -361,9 +361,7 @@ def rollout_frame(
 
 def jsonl_line(record: Mapping[str, Any]) -> str:
     """One record as a line of strict JSON: beta = inf is written as the string "inf"."""
-    if isinstance(record.get("beta"), float) and math.isinf(record["beta"]):
-        record = {**record, "beta": "inf"}
-    return json.dumps(record, allow_nan=False) + "\n"
+    return json_text(record) + "\n"
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
@@ -427,7 +425,7 @@ def open_run(
     kept = [r for r in read_log(run.run_dir) if r["step"] < start] if start > 1 else []
     write_text_atomic(log_path, "".join(jsonl_line(r) for r in kept))
     settings = {**config_dict(run.config), "provenance": provenance()}
-    write_text_atomic(run.run_dir / "config.json", json.dumps(settings, indent=2) + "\n")
+    write_text_atomic(run.run_dir / "config.json", json_text(settings, indent=2) + "\n")
     prompts = pl.concat([run.data.train_set, run.data.heldout_set], how="diagonal_relaxed")
     write_parquet_atomic(prompts, run.run_dir / "prompts.parquet")
     return functools.partial(_log, log_path, sinks)
