@@ -53,6 +53,9 @@ REWARDS = textwrap.dedent(
                           completion_ids=completion_ids, rest=sorted(kwargs)))
         return [float(len(c[0]["content"]) % 3) + lv for c, lv in zip(completions, level)]
 
+    def unit(prompts, completions, level, **kwargs):
+        return [(len(c[0]["content"]) % 2 + lv % 2) / 2 for c, lv in zip(completions, level)]
+
     def nothing(prompts, completions, **kwargs):
         return [None] * len(prompts)
 
@@ -256,7 +259,7 @@ def test_smollm2_oracle_from_a_trl_dataset_with_a_reward_function(
         [
             "oracle", "--model", "smollm2-135m", "--policy", "reference",
             "--prompts", f"trainer:{tmp_path / 'ds'}", "--n", "2", "--max-new-tokens", "12",
-            "--device", "cpu", "--workers", "1", "--reward", "trl_rewards:short",
+            "--device", "cpu", "--workers", "1", "--reward", "trl_rewards:unit",
             "--out", str(out),
         ],
         timeout=600,
@@ -274,7 +277,10 @@ def test_smollm2_oracle_from_a_trl_dataset_with_a_reward_function(
             strict=True,
         )
     )
-    want = [len(r) % 3 + level[p] for r, p in zip(df["response"], df["prompt_id"], strict=True)]
+    want = [
+        (len(r) % 2 + level[p] % 2) / 2
+        for r, p in zip(df["response"], df["prompt_id"], strict=True)
+    ]
     assert df["reward"].to_list() == want
     step = basis_from_rollouts(out)
     assert step.cached.check([r["prompt"] for r in trl_rows(3)], "train") == 3
@@ -366,3 +372,57 @@ def test_the_trl_trainer_refuses_a_mismatched_dataset_before_the_model_loads(tmp
         )  # fmt: skip
     assert not isinstance(loading.value, InputError)
     assert prompt_key(chat(1)) == prompt_key(chat(1, "Other system prompt."))  # one key, two talks
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_training_scores_with_the_reward_function_on_a_trainer_dataset(
+    tiny_model, rewards_file, tmp_path
+) -> None:
+    """``train`` with ``reward_function`` on ``trainer:PATH`` prompts: the reference cache and
+    each step's rollouts are scored by the function, on the prompts as the trainer renders them."""
+    from basis_bench.train import make_config, train
+    from basis_bench.train.config import config_dict
+
+    pl.DataFrame(trl_rows(4)).write_parquet(tmp_path / "train.parquet")
+    config = make_config(
+        {
+            "model": str(tiny_model),
+            "device": "cpu",
+            "cpu_threads": 1,
+            "run_dir": str(tmp_path / "run"),
+            "cache_dir": str(tmp_path / "cache"),
+            "train_prompts": f"trainer:{tmp_path / 'train.parquet'}",
+            "heldout_prompts": "arithmetic:n=2,digits=1,steps=1,ops=+,seed=1",
+            "reward_function": f"{rewards_file}:unit",  # rewards in [0, 1], as BASIS assumes
+            "rollouts_per_step": 4,
+            "ref_n": 2,
+            "max_new_tokens": 4,
+            "steps": 1,
+            "heldout_every": 0,
+            "seed": 0,
+        }
+    )
+    run = train(config)
+    step = pl.read_parquet(run / "rollouts" / "train-000001.parquet")
+    prompts = load_prompts(next((tmp_path / "cache").glob("ref-*")))
+    assert prompts is not None
+    level = dict(
+        zip(
+            prompts["prompt_id"],
+            [json.loads(r)["level"] for r in prompts["trainer_row"]],
+            strict=True,
+        )
+    )
+    for rows in (step, load_rollouts(next((tmp_path / "cache").glob("ref-*")))):
+        want = [
+            (len(r) % 2 + level[p] % 2) / 2
+            for r, p in zip(rows["response"], rows["prompt_id"], strict=True)
+        ]
+        assert rows["reward"].to_list() == want
+        assert set(rows["verify_status"]) == {"reward_function"}
+    wrong = {"reward_function": f"{rewards_file}:absent", "run_dir": str(tmp_path / "run2")}
+    with pytest.raises(InputError, match="has no function 'absent'"):
+        train(make_config({**config_dict(config), **wrong}))
+    assert not (tmp_path / "run2").exists()  # refused before the run folder, or a model

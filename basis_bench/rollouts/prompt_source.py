@@ -46,8 +46,8 @@ class PromptSource:
 
     def check_template(self, generation: Generation, flag: Callable[[str], str]) -> None:
         """A trainer's dataset carries its own messages: an instruction or system prompt of the
-        run's own would make the cache's prompts differ from the trainer's (``flag`` names a
-        setting as the user gives it)."""
+        oracle's own would make the cache's prompts differ from the trainer's (``flag`` names a
+        setting as the user gives it). Training does not ask: its held-out prompts use both."""
         if self.is_trainer_dataset and (generation.instruction or generation.system_prompt):
             raise InputError(
                 f"{self.prompts}: a trainer's dataset holds each prompt whole (system prompt "

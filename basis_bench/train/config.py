@@ -242,7 +242,6 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
-        self.train.check_template(self.generation, lambda name: name)
         if self.generation.temperature < MIN_TEMPERATURE:  # 0 is greedy: no distribution
             raise InputError(
                 f"temperature must be at least {MIN_TEMPERATURE:g} in training: the loss "

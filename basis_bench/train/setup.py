@@ -266,8 +266,11 @@ def reference_cache(
 
     hidden = E.get(config.estimator).uses_features
 
+    generation = config.generation  # a trainer's dataset holds its prompts whole: no template
+    if config.train.is_trainer_dataset:
+        generation = dataclasses.replace(generation, instruction="", system_prompt="")
     job = OracleJob(  # the run's own sections: generation (backend resolved), grading, prompts
-        generation=config.generation,
+        generation=generation,
         grading=config.grading,
         policy="reference",
         source=config.train,
