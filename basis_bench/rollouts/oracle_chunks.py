@@ -17,7 +17,7 @@ import polars as pl
 
 from basis_bench.outputs import write_parquet_atomic
 from basis_bench.rollouts.oracle_job import OracleJob
-from basis_bench.rollouts.reward_function import grade
+from basis_bench.rollouts.reward_function import MATH_VERIFY, grade
 from basis_bench.rollouts.sampling import Progress, Sampler
 from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
 from basis_bench.rollouts.store import conform_rollouts, part_path
@@ -78,14 +78,18 @@ def sample_chunk(
     """The chunk's rollouts: ``n`` scored samples per prompt, ``sample_idx`` 0..n-1."""
     n = job.sampling.n
     problems, seed = model_inputs(chunk.prompts), chunk.seed(job.seed)
-    sketch = None
-    # the token ids: for the score sketch, and for a reward function (TRL's completion_ids)
-    tokens = sampler.sample_tokens(problems, job.sampling, seed, on_progress)
-    samples = sampler.decode(tokens)
-    if job.store_scores:
-        sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
+    sketch, completion_ids = None, None
+    # the token ids, which decoded text would not give back: for the score sketch, and for a
+    # reward function (TRL's completion_ids)
+    if job.store_scores or job.reward.function != MATH_VERIFY:
+        tokens = sampler.sample_tokens(problems, job.sampling, seed, on_progress)
+        samples, completion_ids = sampler.decode(tokens), tokens.response_ids
+        if job.store_scores:
+            sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
+    else:
+        samples = sampler.sample(problems, job.sampling, seed, on_progress)
     groups = [samples.responses[p * n : (p + 1) * n] for p in range(chunk.prompts.height)]
-    scored = grade(groups, chunk.prompts, job.reward, job.template, pool, tokens.response_ids)
+    scored = grade(groups, chunk.prompts, job.reward, job.template, pool, completion_ids)
     columns: dict[str, Any] = {
         "prompt_id": np.repeat(np.asarray(chunk.prompt_ids, dtype=object), n),
         "policy": [job.policy] * (chunk.prompts.height * n),
