@@ -127,7 +127,6 @@ class BasisGRPOTrainer(GRPOTrainer):
         metrics = self._metrics["train"]
         for key, value in step_metrics(out, advantages).items():
             metrics[key].append(value)
-        # TRL's share of groups with zero reward std is 1.0 at every step with one completion
-        # per prompt: basis/frac_zero_advantage is what it would have measured
-        metrics.pop(ZERO_STD_METRIC, None)
+        if self.num_generations == 1:  # TRL's share of groups with zero reward std is then
+            metrics.pop(ZERO_STD_METRIC, None)  # 1.0 at every step: frac_zero_advantage says it
         return output
