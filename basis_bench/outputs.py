@@ -19,6 +19,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -32,6 +33,7 @@ from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
@@ -110,6 +112,27 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def finite(data: Any) -> Any:
+    """``data`` with no non-finite number: an infinity becomes the string ``"inf"`` or
+    ``"-inf"`` (as users give one, e.g. ``fixed_beta=inf``, and as log.jsonl has always written
+    beta = inf), NaN becomes None. JSON has no such numbers: Python writes ``Infinity``, which
+    strict readers and TensorBoard refuse."""
+    if isinstance(data, float | np.floating):
+        x = float(data)
+        return x if math.isfinite(x) else (None if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+    if isinstance(data, Mapping):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(v) for v in data]
+    return data
+
+
+def json_text(data: Any, **options: Any) -> str:
+    """The one way the package writes JSON: :func:`finite` data, and ``allow_nan=False``, so a
+    non-finite number that slipped past is an error here, never ``Infinity`` in a file."""
+    return json.dumps(finite(data), allow_nan=False, **options)
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` through :func:`atomic_write`."""
     with atomic_write(path) as tmp:
@@ -135,7 +158,7 @@ def write_parquet_atomic(
     schema = df.head(0).with_columns(text).to_arrow().schema
     if metadata is not None:
         kv = dict(schema.metadata or {})
-        kv[METADATA_KEY.encode()] = json.dumps(dict(metadata), sort_keys=True, default=str).encode()
+        kv[METADATA_KEY.encode()] = json_text(dict(metadata), sort_keys=True, default=str).encode()
         schema = schema.with_metadata(kv)
     with atomic_write(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
         for start in range(0, max(df.height, 1), ROW_GROUP_ROWS):
@@ -346,7 +369,7 @@ def claim_output_dir(
         marker["forced_over"] = found["kind"]
     held = found if found is not None and (path / OUTPUT_MARKER).is_file() else None
     if held is None or any(held.get(k) != v for k, v in marker.items()):
-        text = json.dumps({**marker, "package_version": __version__}, sort_keys=True)
+        text = json_text({**marker, "package_version": __version__}, sort_keys=True)
         write_text_atomic(path / OUTPUT_MARKER, text + "\n")
     return path
 

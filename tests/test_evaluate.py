@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 
 import numpy as np
@@ -418,8 +417,9 @@ def test_cli_runs_and_prints_the_table(small, tmp_path, monkeypatch, capsys):
     assert code == 0
     assert "checkpoint late" in out and "reinforce_pp" in out and "basis_vop" in out
     run = json.loads((tmp_path / "o" / "run.json").read_text())
-    assert run["config"]["basis_options"] == {"calibration": "fixed", "fixed_beta": math.inf}
-    assert run["estimator_options"]["basis"]["fixed_beta"] == math.inf
+    # strict JSON: the infinity written as the user gives it, not as Infinity
+    assert run["config"]["basis_options"] == {"calibration": "fixed", "fixed_beta": "inf"}
+    assert run["estimator_options"]["basis"]["fixed_beta"] == "inf"
     assert run["estimator_options"]["grpo"] == {}
     assert set(run["provenance"]) >= {"git_commit", "date_utc", "argv", "versions"}
     # --estimators all (the default) is recorded as the estimators it expanded to

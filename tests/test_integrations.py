@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -645,4 +646,12 @@ def test_real_trl_step_trains_with_basis_advantages(rollouts: Path, tmp_path: Pa
     keys = [prompt_key(x["prompt"]) for x in inputs]
     base = Basis(*keyed_reference_cache(rollouts))(keys, rewards.numpy()).baselines
     np.testing.assert_allclose(adv.double().numpy(), rewards.numpy() - base, atol=1e-6)
-    assert any("basis/beta" in entry for entry in trainer.state.log_history)
+    logged = [entry for entry in trainer.state.log_history if "basis/baseline_mean" in entry]
+    assert logged and all("basis/beta_infinite" in entry for entry in logged)
+    # TRL's share of zero-std groups is 1.0 at every step with G = 1: replaced, not logged
+    assert all("frac_reward_zero_std" not in entry for entry in trainer.state.log_history)
+    assert 0.0 <= logged[0]["basis/frac_zero_advantage"] <= 1.0
+    json.loads(  # no Infinity, NaN in the log TRL writes: every value a finite number or null
+        json.dumps(trainer.state.log_history),
+        parse_constant=lambda c: pytest.fail(f"{c} in TRL's log history"),
+    )

@@ -115,7 +115,8 @@ def test_token_logprobs_mask_prompt_and_padding_and_sampling_follows_the_seed(sm
 
     sampler = HFSampler(model, tok, PromptTemplate())
     config = SamplingConfig(n=2, max_new_tokens=6)
-    a, b, c = (sample_rollouts(sampler, ["What is 2 + 3?"], config, s) for s in (11, 11, 12))
+    prompts = pl.DataFrame({"problem": ["What is 2 + 3?"]})
+    a, b, c = (sample_rollouts(sampler, prompts, config, s) for s in (11, 11, 12))
     assert [r.tolist() for r in a.response_tokens] == [r.tolist() for r in b.response_tokens]
     assert a.responses != c.responses
     assert a.responses == tok.batch_decode(a.response_tokens, skip_special_tokens=True)

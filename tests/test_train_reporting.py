@@ -108,7 +108,16 @@ def test_report_to_tensorboard_holds_every_number_of_the_log(trained):
         for (_, got), (_, want) in zip(logged[tag], points, strict=True):
             assert got == want or math.isclose(got, want, rel_tol=1e-6), (tag, got, want)
     # what a TRL user looks for: the reward, the loss, beta, held-out accuracy, phase times
-    assert {"train/mean_reward", "train/loss", "train/beta", "eval/accuracy"} <= logged.keys()
+    # beta as a finite number, or flagged: TensorBoard plots no infinity
+    assert {
+        "train/mean_reward",
+        "train/loss",
+        "train/beta_infinite",
+        "eval/accuracy",
+    } <= logged.keys()
+    beta = dict(logged["train/beta_infinite"])
+    assert set(beta.values()) <= {0.0, 1.0}
+    assert {s for s, v in beta.items() if v == 0.0} == {s for s, _ in logged.get("train/beta", [])}
     assert {"seconds/sample", "seconds/update"} <= logged.keys()
     assert [s for s, _ in logged["eval/accuracy"]] == [0, 1, 2]
 

@@ -21,6 +21,7 @@ from basis_bench.cli.from_config import Cli, options_from
 from basis_bench.errors import reraise_swallowed_interrupt
 from basis_bench.quoting import shown
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
+from basis_bench.rollouts.reward_function import MATH_VERIFY
 from basis_bench.rollouts.training_record import record_step
 
 if TYPE_CHECKING:
@@ -171,7 +172,12 @@ class ConsoleProgress:
             f"{n_prompts} prompts from {shown(job.source.prompts)}; shard {job.shard}: "
             f"{todo + done} chunk(s), {done} already complete; "
             f"at most {job.sampling.max_new_tokens} new tokens per response; "
-            f"instruction {shown(repr(job.template.instruction))}"
+            + (
+                "each prompt as the trainer renders it"
+                if job.source.is_trainer_dataset
+                else f"instruction {shown(repr(job.template.instruction))}"
+            )
+            + ("" if job.reward.function == MATH_VERIFY else f"; reward {job.reward.function}")
             + (f"; {workers} sampling worker(s)" if todo else ""),
             highlight=False,
         )

@@ -20,6 +20,7 @@ from typing import Any
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.folders import read_small
+from basis_bench.outputs import json_text
 
 RUN_FILE = "run.json"
 SENSITIVITY_FILE = "sensitivity.json"
@@ -32,9 +33,10 @@ records (it records estimates.parquet's too)."""
 
 
 def _to_json(record: Any) -> str:
-    """Sorted, indented JSON of a record; keys whose value is None (not recorded) left out."""
+    """Sorted, indented JSON of a record; keys whose value is None (not recorded) left out,
+    an infinity (the beta grid's last, beta = inf) written as "inf" (:func:`~basis_bench.outputs.finite`)."""
     data = {k: v for k, v in asdict(record).items() if v is not None}
-    return json.dumps(json.loads(json.dumps(data, default=str)), indent=2, sort_keys=True) + "\n"
+    return json_text(json.loads(json_text(data, default=str)), indent=2, sort_keys=True) + "\n"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -16,7 +16,6 @@ go to every estimator whose options class is
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -74,6 +73,7 @@ from basis_bench.outputs import (
     atomic_write,
     file_sha256,
     holds_output_locks,
+    json_text,
     naming_failed_writes,
     provenance,
     write_text_atomic,
@@ -173,7 +173,7 @@ class _EstimatesWriter:
         self._atomic = atomic_write(path)
         tmp = self._atomic.__enter__()
         schema = ESTIMATES_SCHEMA.with_metadata(
-            {METADATA_KEY: json.dumps(metadata, sort_keys=True, default=str)}
+            {METADATA_KEY: json_text(metadata, sort_keys=True, default=str)}
         )
         self.writer = pq.ParquetWriter(tmp, schema, compression="zstd")
 

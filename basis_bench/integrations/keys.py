@@ -30,14 +30,17 @@ from basis_bench.estimators import (
 )
 from basis_bench.estimators.basis import BASIS_NAME
 from basis_bench.estimators.options import DEFAULT_PRIOR, field_names
+from basis_bench.integrations.prompt_check import CachedPrompts
 from basis_bench.rollouts.features import prompt_features
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
+from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, TrainerPrompt
 from basis_bench.settings import check_scalar
 
 DEFAULT_PROMPT_FORMAT = "{problem}"
 # A format string over the prompts table's columns, or a function of a row (a dict of them)
 # for a trainer that renders further (OpenRLHF's input template or chat template).
 PromptFormat = str | Callable[[Mapping[str, Any]], str]
+RENDERED = "_rendered"  # keyed_prompts' column of each prompt's rendering
 
 
 def prompt_text(prompt: Any) -> str:
@@ -80,8 +83,8 @@ def prompt_key(prompt: Any) -> str:
 
 
 def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: PromptFormat) -> pl.DataFrame:
-    """The rollouts directory's prompts table with a ``key`` column: :func:`prompt_key` of each
-    prompt rendered with ``prompt_format``."""
+    """The rollouts directory's prompts table with a ``key`` column, :func:`prompt_key` of each
+    prompt rendered with ``prompt_format``, and the rendering (``RENDERED``)."""
     prompts = load_prompts(rollouts)
     if prompts is None:
         raise InputError(
@@ -98,7 +101,9 @@ def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: PromptFormat)
                 f"prompt_format {prompt_format!r} does not render the prompts table "
                 f"(columns: {', '.join(prompts.columns)}): {exc}"
             ) from None
-    return prompts.with_columns(pl.Series("key", [prompt_key(t) for t in texts]))
+    return prompts.with_columns(
+        pl.Series("key", [prompt_key(t) for t in texts]), pl.Series(RENDERED, texts)
+    )
 
 
 def keyed_features(
@@ -107,8 +112,10 @@ def keyed_features(
     """Features (P, d) of the prompts with ``keys``, in that order (:func:`prompt_features`'s
     ``kind``; ``auto``: the stored column, e.g. the reference model's prompt hidden states
     from ``oracle --store-features hidden``, else plain); prompts sharing a key share its first row."""
-    prompts = keyed_prompts(rollouts, prompt_format).unique(
-        "key", keep="first", maintain_order=True
+    prompts = (
+        keyed_prompts(rollouts, prompt_format)
+        .drop(RENDERED)
+        .unique("key", keep="first", maintain_order=True)
     )
     return prompt_features(prompts.with_columns(pl.col("key").alias("prompt_id")), keys, kind)
 
@@ -147,6 +154,32 @@ def keyed_reference_cache(
     return ids, reward_matrix(df, reference, ids)
 
 
+def cached_prompts(rollouts: str | os.PathLike[str], prompt_format: PromptFormat) -> CachedPrompts:
+    """The prompts of a rollouts directory as the plug-ins check training data against them:
+    each key's text and, where the cache holds a trainer's own prompts
+    (``oracle --prompts trainer:PATH``), the conversations sampled under each key."""
+    prompts = keyed_prompts(rollouts, prompt_format)
+    by_key = dict(zip(prompts["key"], prompts[RENDERED], strict=True))
+    if PROMPT_COLUMN not in prompts.columns:
+        return CachedPrompts(str(rollouts), by_key)
+    talks: dict[str, set[str]] = {}
+    for key, raw in zip(prompts["key"], prompts[PROMPT_COLUMN], strict=True):
+        if raw is not None:
+            talks.setdefault(key, set()).add(TrainerPrompt(raw).shown())
+    return CachedPrompts(str(rollouts), by_key, {k: frozenset(v) for k, v in talks.items()})
+
+
+class CacheStep(StepEstimator):
+    """A step estimator on a cache keyed by prompt content that knows the cached prompts
+    (``cached``), so a plug-in can check its training data against them when it starts."""
+
+    def __init__(self, step: StepEstimator, cached: CachedPrompts) -> None:
+        super().__init__(
+            step.estimator, step.options, step.kernel, step.table, step.reward_range, step.lead
+        )
+        self.cached = cached
+
+
 def one_rollout_step(step: StepEstimator, prompt_keys: Sequence[str], rewards: Any) -> StepOutput:
     """One step of a single-rollout estimator on a trainer's batch: rewards (B,), one
     completion per prompt key, -> baselines (B,) (the step estimator takes (B, 1))."""
@@ -164,7 +197,8 @@ def basis_from_rollouts(
 ) -> StepEstimator:
     """The step estimator ``estimator`` (BASIS, or another registered single-rollout one such
     as ``basis_memory`` or ``spo_tracker``, whose state is carried across steps) on the cache
-    keyed by :func:`prompt_key` (see keyed_reference_cache). ``basis_options``: the estimator's
+    keyed by :func:`prompt_key` (see keyed_reference_cache), a :class:`CacheStep` that knows
+    the cached prompts. ``basis_options``: the estimator's
     options, the tilt table's ``prior`` and ``betas``, and for one that conditions on the
     prompt (``basis_context``) the ``features`` kind (default ``auto``, see keyed_features)."""
     ids, ref = keyed_reference_cache(rollouts, reference, ref_n, prompt_format)
@@ -176,7 +210,7 @@ def basis_from_rollouts(
     features = (
         keyed_features(rollouts, ids, prompt_format, kind) if get(estimator).uses_features else None
     )
-    return make_step_estimator(
+    step = make_step_estimator(
         estimator,
         basis_options,
         prompt_ids=ids,
@@ -185,6 +219,7 @@ def basis_from_rollouts(
         prior=prior,
         features=features,
     )
+    return CacheStep(step, cached_prompts(rollouts, prompt_format))
 
 
 CACHE_OPTIONS = ("rollouts", "reference", "ref_n", "prompt_format", "estimator")
@@ -215,8 +250,10 @@ def plugin_settings(block: Mapping[str, Any], spelling: str) -> dict[str, Any]:
 
 __all__ = [
     "DEFAULT_PROMPT_FORMAT",
+    "CacheStep",
     "PromptFormat",
     "basis_from_rollouts",
+    "cached_prompts",
     "keyed_features",
     "keyed_prompts",
     "keyed_reference_cache",

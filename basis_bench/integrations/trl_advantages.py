@@ -4,6 +4,8 @@ hands them on; :mod:`basis_bench.integrations.trl_trainer` calls them."""
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +15,7 @@ from basis_bench.integrations.keys import one_rollout_step, prompt_key
 
 SCALES = ("none", "batch")
 SCALE_EPS = 1e-4  # TRL's epsilon in advantages / (std + eps)
+ZERO_STD_METRIC = "frac_reward_zero_std"  # TRL's; always 1.0 with one completion per prompt
 
 Tensor = Any  # torch.Tensor
 
@@ -52,3 +55,42 @@ def basis_advantages(
     if scale == "batch":
         advantages = advantages / (rewards[ok].std() + SCALE_EPS)
     return advantages, out
+
+
+def step_metrics(out: StepOutput, advantages: Tensor) -> dict[str, float]:
+    """What a BASIS step adds to TRL's logs, every value finite (a log is JSON and TensorBoard
+    plots no infinity): ``basis/beta`` the tilt chosen on the batch, left out when it is
+    infinite (no tilt) or the estimator has none, ``basis/beta_infinite`` 1.0 when it was
+    infinite (averaged over a logging window: the share of such steps), ``basis/baseline_mean``
+    and ``basis/frac_zero_advantage``, the share of completions whose advantage is 0 (the
+    baseline equals the reward: no learning signal), which replaces TRL's
+    ``frac_reward_zero_std`` (1.0 at every step with one completion per prompt)."""
+    metrics = {
+        "basis/baseline_mean": float(out.baselines.mean()),
+        "basis/frac_zero_advantage": float((advantages == 0).double().mean()),
+    }
+    if out.beta is not None:
+        beta = float(out.beta)
+        metrics["basis/beta_infinite"] = float(math.isinf(beta))
+        if math.isfinite(beta):
+            metrics["basis/beta"] = beta
+    return metrics
+
+
+def check_training_prompts(
+    basis: StepEstimator, signature: inspect.Signature, args: Sequence[Any], kwargs: Any
+) -> None:
+    """Every prompt of the trainer's ``train_dataset`` (its arguments bound to GRPOTrainer's
+    ``signature``) is in the cache of ``basis`` (a :class:`~basis_bench.integrations.keys.CacheStep`;
+    another step estimator knows no prompts to check), before the trainer loads the model.
+    A streaming dataset is not read ahead."""
+    from basis_bench.integrations.keys import CacheStep
+
+    if not isinstance(basis, CacheStep):
+        return
+    bound = signature.bind_partial(None, *args, **kwargs).arguments
+    dataset = bound.get("train_dataset")
+    names = getattr(dataset, "column_names", None)
+    if dataset is None or not isinstance(names, list) or "prompt" not in names:
+        return
+    basis.cached.check(dataset["prompt"], "train_dataset")

@@ -3,8 +3,9 @@ module (and with it TRL) when one of the two classes is first used."""
 
 from __future__ import annotations
 
-import math
+import inspect
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Any
 
 from accelerate.utils import gather_object
@@ -12,7 +13,39 @@ from trl import GRPOConfig, GRPOTrainer
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepEstimator
-from basis_bench.integrations.trl_advantages import SCALES, Tensor, basis_advantages, total_rewards
+from basis_bench.integrations.trl_advantages import (
+    SCALES,
+    ZERO_STD_METRIC,
+    Tensor,
+    basis_advantages,
+    check_training_prompts,
+    step_metrics,
+    total_rewards,
+)
+
+TRL_RANGE = ">=1.16,<1.17"  # the trl extra's range (pyproject.toml): the seams below are TRL's
+# GRPOTrainer's private methods it overrides, as TRL 1.16 declares them (TRL has no public
+# hook for the advantages: GRPOTrainer computes its group baseline inline)
+SEAMS = {
+    "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate_and_score_completions": ("self", "inputs"),
+}
+
+
+def check_seams(trainer: type = GRPOTrainer) -> None:
+    """Refuse a TRL whose GRPOTrainer no longer has the methods the plug-in overrides, as it
+    overrides them, naming the TRL range it was made for."""
+    for name, params in SEAMS.items():
+        method = getattr(trainer, name, None)
+        found = tuple(inspect.signature(method).parameters) if callable(method) else None
+        if found != params:
+            raise InputError(
+                f"trl {version('trl')}'s GRPOTrainer.{name} is not the one BasisGRPOTrainer "
+                f"overrides ({found} instead of {params}); install trl{TRL_RANGE}"
+            )
+
+
+check_seams()
 
 
 @dataclass
@@ -62,7 +95,8 @@ class BasisGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose training advantages are r_i - b_i with BASIS baselines b_i."""
 
     def __init__(self, *args: Any, basis: StepEstimator, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        check_training_prompts(basis, inspect.signature(GRPOTrainer.__init__), args, kwargs)
+        super().__init__(*args, **kwargs)  # loads the model (given by name) after the check
         self.basis = basis
         self._basis_rewards: Tensor | None = None
 
@@ -90,7 +124,9 @@ class BasisGRPOTrainer(GRPOTrainer):
         for _ in range(min(len(advantages), len(logged))):
             logged.pop()
         logged.extend(advantages.tolist())
-        beta = math.nan if out.beta is None else float(out.beta)
-        self._metrics["train"]["basis/beta"].append(beta)
-        self._metrics["train"]["basis/baseline_mean"].append(float(out.baselines.mean()))
+        metrics = self._metrics["train"]
+        for key, value in step_metrics(out, advantages).items():
+            metrics[key].append(value)
+        if self.num_generations == 1:  # TRL's share of groups with zero reward std is then
+            metrics.pop(ZERO_STD_METRIC, None)  # 1.0 at every step: frac_zero_advantage says it
         return output

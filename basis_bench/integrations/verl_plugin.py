@@ -30,6 +30,8 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
 from basis_bench.errors import InputError
+from basis_bench.integrations.keys import CacheStep
+from basis_bench.integrations.prompt_check import check_parquet_prompts
 from basis_bench.integrations.verl import (
     ESTIMATOR_NAME,
     PLUGIN_MODULE,
@@ -76,6 +78,11 @@ def _after_init_dataloader(method: Callable[[Any], None]) -> Callable[[Any], Non
         if _uses_basis(self):
             opts = settings(self.config)
             _active = BasisVerl.from_rollouts(**opts)
+            if isinstance(_active.basis, CacheStep):  # every training prompt, before any load
+                data = self.config.data
+                check_parquet_prompts(
+                    _active.basis.cached, data.train_files, data.get("prompt_key", "prompt")
+                )
             print(f"basis-bench: advantage estimator basis, reference cache {opts['rollouts']}")
 
     return _init_dataloader

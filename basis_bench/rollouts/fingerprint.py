@@ -13,7 +13,6 @@ path, size, mtime, inode) in ``$XDG_CACHE_HOME/basis-bench/sha256.json`` (defaul
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -49,7 +48,7 @@ def _save_cache(entries: dict[str, str]) -> None:
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        outputs.write_text_atomic(path, json.dumps({**_load_cache(), **entries}))
+        outputs.write_text_atomic(path, outputs.json_text({**_load_cache(), **entries}))
     except OSError:
         pass  # a cache only: a read-only HOME hashes again next time
 

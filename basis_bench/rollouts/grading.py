@@ -45,6 +45,15 @@ class Grading:
         help="Processes grading responses in parallel (0: in this process).",
     )
 
+    reward_function: str = setting(
+        "math-verify",
+        flag="--reward",
+        help="How a response is scored: math-verify against the gold answer (the settings "
+        "above), or module:function, a reward function with TRL's signature "
+        "f(prompts, completions, **columns) -> list[float] (module: importable from the "
+        "current folder, or a .py file's path; docs/integrations.md).",
+    )
+
     def reward(self, prompts: str) -> RewardConfig:
         """The grading of responses to the ``prompts`` source (``auto`` resolved by it)."""
         from basis_bench.rollouts.rewards import RewardConfig
@@ -52,4 +61,4 @@ class Grading:
         fmt = self.answer_format
         if fmt == "auto":
             fmt = "number" if prompts.partition(":")[0] == "arithmetic" else "any"
-        return RewardConfig(fmt, self.verify_timeout)  # type: ignore[arg-type]
+        return RewardConfig(fmt, self.verify_timeout, self.reward_function)  # type: ignore[arg-type]

@@ -66,7 +66,8 @@ from basis_bench.rollouts.oracle_workers import (
 from basis_bench.rollouts.prompts import (
     parse_levels,
 )
-from basis_bench.rollouts.rewards import scoring_pool
+from basis_bench.rollouts.reward_function import MATH_VERIFY, check_answers
+from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
 from basis_bench.rollouts.sampling import Sampler, sampler_class
 from basis_bench.rollouts.sampling.registry import AUTO, auto_note, start_sampler
 from basis_bench.rollouts.score_sketch import score_sketch_entry
@@ -76,6 +77,7 @@ from basis_bench.rollouts.store import (
     part_path,
     write_prompts_table,
 )
+from basis_bench.rollouts.trainer_prompts import model_inputs
 from basis_bench.rollouts.training_record import STEPS_KEY
 from basis_bench.schema import PROMPTS_FILE
 from basis_bench.settings import replaced
@@ -89,11 +91,17 @@ def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:
         "model": dict(model),
         "sampling": job.sampling.as_dict(),
         "template": {"instruction": job.template.instruction, "system": job.template.system},
-        "reward": {"answer_format": job.reward.answer_format, "timeout_s": job.reward.timeout_s},
+        "reward": reward_identity(job.reward),
         "seed": job.seed,
         "chunk_size": job.chunk_size,
         **({"score_sketch": score_sketch_entry(job)} if job.store_scores else {}),
     }
+
+
+def reward_identity(reward: RewardConfig) -> dict[str, Any]:
+    """How responses were graded, as a run records it (a reward function by its import path)."""
+    graded: dict[str, Any] = {"answer_format": reward.answer_format, "timeout_s": reward.timeout_s}
+    return graded if reward.function == MATH_VERIFY else {"function": reward.function}
 
 
 def pending_chunks(
@@ -237,6 +245,7 @@ def open_source(
         prompts = job.source.load()
     for w in caught:
         warn(str(w.message))
+    check_answers(prompts, job.reward.function, job.source.prompts)
     return OracleSource(
         prompts,
         {
@@ -430,7 +439,7 @@ def with_features(
     )
     missing = prompts.filter(~pl.col("prompt_id").is_in(known["prompt_id"].implode()))
     with progress.features(job, missing.height):
-        hidden = hidden_states(missing["problem"].to_list())
+        hidden = hidden_states(model_inputs(missing))
     _check_feature_size(known, hidden, job)
     computed = pl.DataFrame(
         {"prompt_id": missing["prompt_id"], FEATURE_COLUMN: list(hidden.astype(np.float32))},

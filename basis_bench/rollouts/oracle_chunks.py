@@ -17,10 +17,11 @@ import polars as pl
 
 from basis_bench.outputs import write_parquet_atomic
 from basis_bench.rollouts.oracle_job import OracleJob
-from basis_bench.rollouts.rewards import score_many
+from basis_bench.rollouts.reward_function import MATH_VERIFY, grade
 from basis_bench.rollouts.sampling import Progress, Sampler
 from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
 from basis_bench.rollouts.store import conform_rollouts, part_path
+from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, ROW_COLUMN, model_inputs
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,14 @@ class Chunk:
         return self.prompts["prompt_id"].to_list()
 
     def digest(self) -> str:
-        """Hash of the chunk's prompt ids and gold answers: what its rewards depend on."""
+        """Hash of the chunk's prompt ids and gold answers (and a trainer's prompts and rows,
+        where the table holds them): what its rewards depend on."""
         text = "\n".join(
             f"{p}\t{a}" for p, a in zip(self.prompt_ids, self.prompts["answer"], strict=True)
         )
+        for column in (PROMPT_COLUMN, ROW_COLUMN):
+            if column in self.prompts.columns:
+                text += "\n" + "\n".join(map(str, self.prompts[column]))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def seed(self, base_seed: int) -> int:
@@ -72,16 +77,19 @@ def sample_chunk(
 ) -> pl.DataFrame:
     """The chunk's rollouts: ``n`` scored samples per prompt, ``sample_idx`` 0..n-1."""
     n = job.sampling.n
-    problems, seed = chunk.prompts["problem"].to_list(), chunk.seed(job.seed)
-    sketch = None
-    if job.store_scores:  # the sketch needs the token ids, which decoded text would not give
+    problems, seed = model_inputs(chunk.prompts), chunk.seed(job.seed)
+    sketch, completion_ids = None, None
+    # the token ids, which decoded text would not give back: for the score sketch, and for a
+    # reward function (TRL's completion_ids)
+    if job.store_scores or job.reward.function != MATH_VERIFY:
         tokens = sampler.sample_tokens(problems, job.sampling, seed, on_progress)
-        samples = sampler.decode(tokens)
-        sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
+        samples, completion_ids = sampler.decode(tokens), tokens.response_ids
+        if job.store_scores:
+            sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
     else:
         samples = sampler.sample(problems, job.sampling, seed, on_progress)
     groups = [samples.responses[p * n : (p + 1) * n] for p in range(chunk.prompts.height)]
-    scored = score_many(groups, chunk.prompts["answer"].to_list(), job.reward, pool)
+    scored = grade(groups, chunk.prompts, job.reward, job.template, pool, completion_ids)
     columns: dict[str, Any] = {
         "prompt_id": np.repeat(np.asarray(chunk.prompt_ids, dtype=object), n),
         "policy": [job.policy] * (chunk.prompts.height * n),

@@ -135,6 +135,7 @@ class OracleJob:
         check_settings(self, label=lambda name: setting_flag(OracleJob, name))
         check_policy_name(self.policy)
         _ = self.sampling  # built once here: SamplingConfig refuses greedy with n > 1
+        self.source.check_template(self.generation, lambda name: setting_flag(OracleJob, name))
         generation = self.generation
         if self.store_scores and (generation.top_p < 1 or generation.temperature == 0):
             raise InputError(

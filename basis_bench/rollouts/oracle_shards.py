@@ -27,6 +27,7 @@ from typing import Any
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.folders import inside_claim
+from basis_bench.outputs import json_text
 from basis_bench.rollouts import fingerprint
 
 SHARD_PREFIX, SHARD_SUFFIX = ".oracle-shard.", ".json"
@@ -70,7 +71,7 @@ def _publish(out: Path, record: Mapping[str, Any]) -> tuple[int, Path]:
     tmp = Path(name)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX)
-        os.write(fd, json.dumps(record, sort_keys=True).encode())
+        os.write(fd, json_text(record, sort_keys=True).encode())
         path = inside_claim(tmp.with_suffix(SHARD_SUFFIX))
         os.rename(tmp, path)
     except BaseException:

@@ -15,6 +15,9 @@ Sources (the ``--prompts`` argument of ``basis-bench oracle``):
                           given), from the local Hugging Face cache or downloaded into it
                           (HF_HUB_OFFLINE: the cache only); needs the ``datasets`` extra
 ``arithmetic[:k=v,...]``  the built-in generated arithmetic family, see :func:`arithmetic_prompts`
+``trainer:PATH``          a trainer's own dataset (TRL's ``train_dataset`` saved to disk or as
+                          Parquet/JSONL, a verl parquet), each prompt rendered as the trainer
+                          renders it: :mod:`basis_bench.rollouts.trainer_prompts`
 """
 
 from __future__ import annotations
@@ -396,11 +399,15 @@ def load_prompt_source(
             )
         df = arithmetic_prompts(**parse_arithmetic_spec(source.partition(":")[2]))
     else:
-        if source.startswith("hf:"):
-            records, what = _hub_records(source[3:]), source
+        from basis_bench.rollouts.trainer_prompts import is_trainer_source, trainer_prompts
+
+        what = source
+        if is_trainer_source(source):
+            df = _finish(trainer_prompts(source), what)
+        elif source.startswith("hf:"):
+            df = _finish(_records_to_prompts(_hub_records(source[3:]), what), what)
         else:
-            records, what = read_records(source), source
-        df = _finish(_records_to_prompts(records, what), what)
+            df = _finish(_records_to_prompts(read_records(source), what), what)
         if levels:
             if "level" not in df.columns:
                 raise InputError(f"{what}: --levels given but the source has no level column")
@@ -443,6 +450,23 @@ class PromptTemplate:
 
 
 DEFAULT_TEMPLATE = PromptTemplate()
+
+
+def model_prompt(
+    tokenizer: Any, prompt: Any, template: PromptTemplate = DEFAULT_TEMPLATE
+) -> tuple[str, bool]:
+    """(the text given to the model, whether the tokenizer adds its special tokens to it) for
+    a problem (:func:`build_prompt`) or a trainer's own prompt (a
+    :class:`~basis_bench.rollouts.trainer_prompts.TrainerPrompt`, rendered as the trainer does)."""
+    if isinstance(prompt, str):
+        return build_prompt(tokenizer, prompt, template), tokenizer_is_plain(tokenizer)
+    text, special = prompt.render(tokenizer)
+    return text, bool(special)
+
+
+def tokenizer_is_plain(tokenizer: Any) -> bool:
+    """A tokenizer without a chat template: its prompts get its own special tokens."""
+    return getattr(tokenizer, "chat_template", None) is None
 
 
 def build_prompt(tokenizer: Any, problem: str, template: PromptTemplate = DEFAULT_TEMPLATE) -> str:

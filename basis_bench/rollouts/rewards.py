@@ -35,6 +35,7 @@ import numpy as np
 from math_verify import parse, verify
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.reward_function import MATH_VERIFY, check_reward_function
 from basis_bench.settings import check_scalar
 
 AnswerFormat = Literal["any", "boxed", "number"]
@@ -59,6 +60,9 @@ class RewardConfig:
 
     answer_format: AnswerFormat = "any"
     timeout_s: float = 5.0
+    function: str = MATH_VERIFY
+    """``math-verify`` (this module), or a reward function's ``module:function``
+    (:mod:`basis_bench.rollouts.reward_function`, imported here: a wrong one is refused at once)."""
 
     def __post_init__(self) -> None:
         if self.answer_format not in ANSWER_FORMATS:
@@ -66,6 +70,7 @@ class RewardConfig:
                 f"answer_format must be one of {ANSWER_FORMATS}, got {self.answer_format!r}"
             )
         check_scalar(self.timeout_s, "timeout_s", float, min_val=0, include_boundaries="neither")
+        check_reward_function(self.function)
 
 
 class _Deadline(BaseException):

@@ -20,7 +20,6 @@ before, or edited by hand) is read from training.json alone.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.folders import read_small
-from basis_bench.outputs import read_metadata, write_text_atomic
+from basis_bench.outputs import json_text, read_metadata, write_text_atomic
 from basis_bench.rollouts.store import rollout_files
 
 TRAINING_FILE = "training.json"
@@ -56,7 +55,7 @@ class TrainingRecord:
         for key in ("prompts_per_step", "train_prompts"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
-        return json.dumps(data, indent=2) + "\n"
+        return json_text(data, indent=2) + "\n"
 
 
 def _count(value: Any, what: str, path: Path, low: int) -> int:

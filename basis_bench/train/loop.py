@@ -38,7 +38,6 @@ Run directory::
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import time
@@ -55,7 +54,7 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
 from basis_bench.estimators.normalise import normalise_advantages
 from basis_bench.folders import appended_inside
-from basis_bench.outputs import holds_output_locks, naming_failed_writes
+from basis_bench.outputs import holds_output_locks, json_text, naming_failed_writes
 from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.sample import (
     Rollouts,
@@ -78,9 +77,7 @@ def sample_step(run: Any, train_set: Any, sampling: Any, step: int) -> tuple[Any
     seed = run.config.seed
     batch = train_set[step_prompt_indices(train_set.height, run.prompts_per_step, step, seed)]
     run.models.policy.eval()
-    rollouts = sample_rollouts(
-        run.sampler, batch["problem"].to_list(), sampling, derive_seed(seed, step)
-    )
+    rollouts = sample_rollouts(run.sampler, batch, sampling, derive_seed(seed, step))
     return batch, rollouts
 
 
@@ -124,7 +121,7 @@ def train(
             # 3. rewards r (B_p, G')
             with timer("reward"):
                 rewards, statuses = score_rollouts(
-                    rollouts.responses, batch["answer"].to_list(), run.data
+                    rollouts.responses, batch, run.data, rollouts.response_tokens
                 )
 
             # 4. baselines b and advantages A = r - b (B_p, G')
@@ -202,6 +199,7 @@ def heldout_accuracy(run: Run, step: int) -> float:
     """Held-out accuracy of greedy responses; the responses go to RUN/eval/greedy-T.parquet."""
     from basis_bench.outputs import write_parquet_atomic
     from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.rollouts.trainer_prompts import model_inputs
 
     config, heldout_set = run.config, run.data.heldout_set
     tokens = (
@@ -209,8 +207,11 @@ def heldout_accuracy(run: Run, step: int) -> float:
         or config.generation.sampling(1, config.heldout_prompts).max_new_tokens
     )
     greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=tokens)
-    samples = run.sampler.sample(heldout_set["problem"].to_list(), greedy, seed=0)
-    rewards, statuses = score_rollouts(samples.responses, heldout_set["answer"].to_list(), run.data)
+    sampled = run.sampler.sample_tokens(model_inputs(heldout_set), greedy, seed=0)
+    samples = run.sampler.decode(sampled)
+    rewards, statuses = score_rollouts(
+        samples.responses, heldout_set, run.data, sampled.response_ids
+    )
     frame = rollout_frame(
         heldout_set["prompt_id"].to_list(),
         f"greedy-{step:06d}",
@@ -339,9 +340,7 @@ def rollout_frame(
 
 def jsonl_line(record: Mapping[str, Any]) -> str:
     """One record as a line of strict JSON: beta = inf is written as the string "inf"."""
-    if isinstance(record.get("beta"), float) and math.isinf(record["beta"]):
-        record = {**record, "beta": "inf"}
-    return json.dumps(record, allow_nan=False) + "\n"
+    return json_text(record) + "\n"
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
@@ -392,7 +391,7 @@ def open_run(
     kept = [r for r in read_log(run.run_dir) if r["step"] < start] if start > 1 else []
     write_text_atomic(log_path, "".join(jsonl_line(r) for r in kept))
     settings = {**config_dict(run.config), "provenance": provenance()}
-    write_text_atomic(run.run_dir / "config.json", json.dumps(settings, indent=2) + "\n")
+    write_text_atomic(run.run_dir / "config.json", json_text(settings, indent=2) + "\n")
     prompts = pl.concat([run.data.train_set, run.data.heldout_set], how="diagonal_relaxed")
     write_parquet_atomic(prompts, run.run_dir / "prompts.parquet")
     return functools.partial(_log, log_path, sinks)

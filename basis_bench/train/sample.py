@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from basis_bench.train.setup import Data
 
 
@@ -47,21 +49,27 @@ class Rollouts:
     finish_reasons: list[str]
 
 
-def sample_rollouts(sampler: Any, problems: Sequence[str], config: Any, seed: int) -> Rollouts:
-    """The step's rollouts, keeping the sampled token ids that the loss scores."""
-    tokens = sampler.sample_tokens(problems, config, seed)
+def sample_rollouts(sampler: Any, prompts: pl.DataFrame, config: Any, seed: int) -> Rollouts:
+    """The step's rollouts of prompt rows ``prompts``, keeping the sampled token ids that the
+    loss scores (a trainer's own prompt rendered as the trainer renders it)."""
+    from basis_bench.rollouts.trainer_prompts import model_inputs
+
+    tokens = sampler.sample_tokens(model_inputs(prompts), config, seed)
     texts = list(sampler.tokenizer.batch_decode(tokens.response_ids, skip_special_tokens=True))
     return Rollouts(tokens.prompt_ids, tokens.response_ids, texts, tokens.finish_reasons)
 
 
 def score_rollouts(
-    responses: Sequence[str], answers: Sequence[str], data: Data
+    responses: Sequence[str],
+    prompts: pl.DataFrame,
+    data: Data,
+    completion_ids: Sequence[Any] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
-    """Rewards (B_p, G') of prompt-major responses against the prompts' answers, and the
-    grader's status of each response (flat)."""
-    from basis_bench.rollouts.rewards import score_many
+    """Rewards (B_p, G') of prompt-major responses to prompt rows ``prompts`` (math-verify
+    against their answers, or the reward function), and the grader's status of each (flat)."""
+    from basis_bench.rollouts.reward_function import grade
 
-    group = len(responses) // len(answers)
-    groups = [responses[p * group : (p + 1) * group] for p in range(len(answers))]
-    scored = score_many(groups, answers, data.reward, data.pool)
+    group = len(responses) // prompts.height
+    groups = [responses[p * group : (p + 1) * group] for p in range(prompts.height)]
+    scored = grade(groups, prompts, data.reward, data.template, data.pool, completion_ids)
     return np.stack([r for r, _ in scored]), [s for _, st in scored for s in st]

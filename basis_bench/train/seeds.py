@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
+from basis_bench.outputs import json_text
 from basis_bench.train.checkpoint import PARTIAL, TRAINER_STATE, load_trainer_state
 from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.setup import CHECKPOINTS_DIR, LOG_FILE
@@ -61,8 +62,8 @@ def _check_same_settings(config: TrainConfig, written: dict[str, Any], where: Pa
     """Refuse a run written with settings other than ``config``'s (``steps`` and the
     observational settings may differ)."""
     # compared as config.json holds them: a tuple setting (report_to) reads back as a list
-    wanted = json.loads(json.dumps(config_dict(config), default=str))
-    written = json.loads(json.dumps(written, default=str))
+    wanted = json.loads(json_text(config_dict(config), default=str))
+    written = json.loads(json_text(written, default=str))
     also = {"steps"} | ({"backend"} if wanted.get("backend") == "auto" else set())
     differ = setting_differences(wanted, written, frozenset(also))  # auto: runs record its pick
     if differ:

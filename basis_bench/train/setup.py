@@ -93,6 +93,7 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
     (``note`` says how many were left out), then its first ``heldout_limit``, so the limit
     counts prompts that are really held out."""
     from basis_bench.rollouts.prompts import load_prompt_source
+    from basis_bench.rollouts.reward_function import check_answers
     from basis_bench.rollouts.rewards import scoring_pool
 
     train_set = config.train.load()
@@ -110,6 +111,8 @@ def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) 
             f"of the {asked.height} in heldout_prompts are training prompts too and are left out"
             + kept
         )
+    for what, prompts in (("train_prompts", train_set), ("heldout_prompts", heldout_set)):
+        check_answers(prompts, config.grading.reward_function, what)
     return Data(
         train_set,
         heldout_set,
@@ -259,11 +262,15 @@ def reference_cache(
     from basis_bench.rollouts.oracle import OracleSource, run_identity, run_oracle
     from basis_bench.rollouts.oracle_job import OracleJob
     from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
+    from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, ROW_COLUMN
 
     hidden = E.get(config.estimator).uses_features
 
+    generation = config.generation  # a trainer's dataset holds its prompts whole: no template
+    if config.train.is_trainer_dataset:
+        generation = dataclasses.replace(generation, instruction="", system_prompt="")
     job = OracleJob(  # the run's own sections: generation (backend resolved), grading, prompts
-        generation=config.generation,
+        generation=generation,
         grading=config.grading,
         policy="reference",
         source=config.train,
@@ -274,7 +281,8 @@ def reference_cache(
     # by content: the reference's weights and the prompts' text, not their path or ids
     name = config.generation.model
     model = {"name": name, "weights": weights_sha256(resolve_checkpoint(name).path)}
-    texts = prompts.select("prompt_id", "problem", "answer").write_csv()
+    held = ("prompt_id", "problem", "answer", PROMPT_COLUMN, ROW_COLUMN)  # a trainer's: its own
+    texts = prompts.select(c for c in held if c in prompts.columns).write_csv()
     key = json.dumps({**run_identity(job, model), "prompts": texts}, sort_keys=True)
     job = dataclasses.replace(
         job, out=job.out / f"ref-{hashlib.sha256(key.encode()).hexdigest()[:12]}"

@@ -4,7 +4,8 @@ Every record the loop writes to ``log.jsonl`` also goes, as scalars at the recor
 to each tracker named in ``report_to``: the step's statistics under ``train/`` (rewards,
 losses, baseline and advantage moments, beta, zero-advantage share, tokens), held-out
 accuracy as ``eval/accuracy``, the seconds of each phase under ``seconds/``. Values that
-are not numbers (beta of an estimator without one) are left out. log.jsonl stays the record
+are not finite numbers (beta of an estimator without one, beta = inf: ``train/beta_infinite``
+flags it) are left out. log.jsonl stays the record
 of the run; the trackers are views of it, each an optional extra, none needing a network:
 
 - ``tensorboard``: event files in ``RUN/tensorboard`` (``tensorboard --logdir RUN``);
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from basis_bench.errors import InputError, first_line
+from basis_bench.outputs import finite
 
 REPORTERS = ("tensorboard", "wandb", "trackio", "none")
 PROJECT = "basis-bench"
@@ -39,14 +41,19 @@ class Tracker(Protocol):
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """A log record as tracker scalars: ``train/KEY``, ``eval/accuracy``, ``seconds/PHASE``."""
+    """A log record as tracker scalars: ``train/KEY``, ``eval/accuracy``, ``seconds/PHASE``,
+    every one finite (TensorBoard plots no infinity): a non-finite value is left out, and
+    ``train/beta_infinite`` is 1.0 at a step whose beta was infinite (no tilt), else 0.0."""
     out: dict[str, float] = {}
     for key, value in record.items():
         if key == "seconds":
             out.update({f"seconds/{phase}": float(s) for phase, s in value.items()})
         elif key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
             out["eval/accuracy" if key == "eval_accuracy" else f"train/{key}"] = float(value)
-    return out
+    beta = record.get("beta")
+    if isinstance(beta, int | float) and not isinstance(beta, bool):
+        out["train/beta_infinite"] = float(math.isinf(beta))
+    return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
 # What each tracker imports when it opens (tensorboard's writer is torch's).
@@ -102,7 +109,7 @@ class _WandB:
             project=os.environ.get("WANDB_PROJECT", PROJECT),
             name=run_dir.name,
             dir=str(run_dir),
-            config=dict(settings),
+            config=finite(dict(settings)),  # fixed_beta = inf as "inf"
         )
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
@@ -120,11 +127,11 @@ class _Trackio:
         trackio.init(
             project=os.environ.get("TRACKIO_PROJECT", PROJECT),
             name=run_dir.name,
-            config=dict(settings),
+            config=finite(dict(settings)),  # fixed_beta = inf as "inf"
         )
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
-        self.trackio.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
+        self.trackio.log(dict(scalars), step=step)
 
     def close(self) -> None:
         self.trackio.finish()

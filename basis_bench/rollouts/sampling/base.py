@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.prompts import PromptTemplate, build_prompt
+from basis_bench.rollouts.prompts import PromptTemplate, model_prompt
 from basis_bench.settings import check_scalar
 
 if TYPE_CHECKING:
@@ -187,12 +187,23 @@ class Sampler(ABC):
         :attr:`Capabilities.weight_sync`)."""
         raise InputError(f"the {self.backend} backend cannot take a policy's weights")
 
-    def prompt_token_ids(self, problems: Sequence[str]) -> list[list[int]]:
-        """Token ids of each problem's prompt (chat template + instruction)."""
-        texts = [build_prompt(self.tokenizer, p, self.template) for p in problems]
+    def prompt_token_ids(self, problems: Sequence[Any]) -> list[list[int]]:
+        """Token ids of each problem's prompt (chat template + instruction), or of a trainer's
+        own prompt rendered as the trainer does (:func:`~basis_bench.rollouts.prompts.model_prompt`)."""
+        rendered = [model_prompt(self.tokenizer, p, self.template) for p in problems]
+        ids: list[list[int]] = [[] for _ in rendered]
         # A chat template writes its own special tokens; plain prompts get the tokenizer's.
-        plain = getattr(self.tokenizer, "chat_template", None) is None
-        return list(self.tokenizer(texts, add_special_tokens=plain)["input_ids"])
+        for special in (False, True):
+            rows = [i for i, (_, s) in enumerate(rendered) if s == special]
+            if rows:
+                texts = [rendered[i][0] for i in rows]
+                for i, row in zip(
+                    rows,
+                    self.tokenizer(texts, add_special_tokens=special)["input_ids"],
+                    strict=True,
+                ):
+                    ids[i] = list(row)
+        return ids
 
     def sample_tokens(
         self,

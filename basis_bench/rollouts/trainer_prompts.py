@@ -1,0 +1,189 @@
+"""A trainer's own dataset as a prompt source (``--prompts trainer:PATH``), each prompt given to
+the model exactly as the trainer gives it.
+
+PATH is what TRL's ``train_dataset`` or verl's ``data.train_files`` holds: a folder written by
+``datasets``' ``save_to_disk``, or a Parquet, JSONL or JSON file, whose ``prompt`` column is a
+list of chat messages (TRL's conversational format, every verl parquet) or a plain text (TRL's
+standard format). A chat is rendered by the model's chat template with the generation prompt,
+system message and all, as TRL's ``GRPOTrainer`` and verl's ``RLHFDataset`` render it; a
+plain text is given as it is (tokenised with the tokenizer's special tokens, as TRL does).
+
+In the prompts table, ``problem`` is the text the plug-ins key a prompt by (a chat's last user
+message: :func:`basis_bench.integrations.keys.prompt_text`), ``trainer_prompt`` the prompt as the
+dataset holds it (JSON) and ``trainer_row`` the row's other columns (JSON), which a reward
+function gets as keyword arguments, as TRL passes them. The gold answer (for math-verify) is
+verl's ``reward_model.ground_truth``, else ``answer``, else the last ``\\boxed{}`` of (or the
+whole) ``solution``, else ``ground_truth``; none of them: empty, and ``--reward`` must score.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from basis_bench.errors import InputError
+from basis_bench.rollouts.prompt_source import TRAINER_PREFIX as PREFIX
+from basis_bench.rollouts.rewards import last_boxed
+
+PROMPT_COLUMN = "trainer_prompt"
+ROW_COLUMN = "trainer_row"
+ANSWER_SOURCES = ("reward_model.ground_truth", "answer", "solution", "ground_truth")
+
+
+def is_trainer_source(source: str) -> bool:
+    return source.startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class TrainerPrompt:
+    """One prompt as a trainer's dataset holds it, kept as canonical JSON text."""
+
+    json: str
+
+    @classmethod
+    def of(cls, value: Any) -> TrainerPrompt:
+        return cls(json.dumps(value, sort_keys=True, ensure_ascii=False))
+
+    @property
+    def value(self) -> Any:
+        """A list of {"role", "content"} messages, or a plain text."""
+        return json.loads(self.json)
+
+    @property
+    def is_chat(self) -> bool:
+        return not isinstance(self.value, str)
+
+    def render(self, tokenizer: Any) -> tuple[str, bool]:
+        """(the text the trainer gives the model, whether the tokenizer adds its special
+        tokens to it): a chat through the chat template (which writes its own), a plain text
+        as it is."""
+        value = self.value
+        if isinstance(value, str):
+            return value, True
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise InputError(
+                "the dataset's prompts are chat messages but the model's tokenizer has no chat "
+                "template (the trainer could not render them either)"
+            )
+        text = tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+        return str(text), False
+
+    def shown(self) -> str:
+        """The prompt for a reader: a plain text, or one ``[role] content`` line per message."""
+        value = self.value
+        if isinstance(value, str):
+            return value
+        return "\n".join(f"[{m.get('role')}] {m.get('content')}" for m in value)
+
+
+def model_inputs(prompts: pl.DataFrame) -> list[Any]:
+    """What the sampler renders for each prompt: its :class:`TrainerPrompt` where the table
+    holds one, else the problem (rendered with the run's template)."""
+    if PROMPT_COLUMN not in prompts.columns:
+        return prompts["problem"].to_list()
+    return [
+        problem if raw is None else TrainerPrompt(raw)
+        for problem, raw in zip(prompts["problem"], prompts[PROMPT_COLUMN], strict=True)
+    ]
+
+
+def reward_columns(prompts: pl.DataFrame) -> list[dict[str, Any]]:
+    """Each prompt's keyword arguments for a reward function: its trainer row's columns, or
+    (a prompt of another source) its prompts-table columns."""
+    rows = []
+    for row in prompts.iter_rows(named=True):
+        raw = row.get(ROW_COLUMN)
+        if raw is not None:
+            rows.append(json.loads(raw))
+        else:
+            rows.append(
+                {k: v for k, v in row.items() if k not in ("prompt_id", "features", PROMPT_COLUMN)}
+            )
+    return rows
+
+
+def _read(path: Path, what: str) -> pl.DataFrame:
+    """Rows of a ``save_to_disk`` folder (needs ``datasets``) or a Parquet/JSONL/JSON file."""
+    if not path.is_dir():
+        from basis_bench.rollouts.prompts import read_records
+
+        return read_records(path)
+    try:
+        import datasets
+    except ImportError as err:
+        raise InputError(
+            f"{what}: reading a datasets folder needs the 'datasets' package: pip install "
+            "'basis-bench[datasets]', or save the dataset as Parquet (dataset.to_parquet(...))"
+        ) from err
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise InputError(f"{what}: not a datasets folder ({type(err).__name__}: {reason})") from err
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise InputError(f"{what}: a DatasetDict without a 'train' split ({list(ds)})")
+        ds = ds["train"]
+    frame = pl.from_arrow(ds.flatten_indices().data.table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def _answer(row: Mapping[str, Any]) -> str:
+    """The gold answer of a row (see the module docstring), or ""."""
+    reward_model = row.get("reward_model")
+    if isinstance(reward_model, Mapping) and reward_model.get("ground_truth") is not None:
+        return str(reward_model["ground_truth"])
+    for name in ("answer", "solution", "ground_truth"):
+        value = row.get(name)
+        if value is None or not str(value).strip():
+            continue
+        text = str(value)
+        return (last_boxed(text) or text) if name == "solution" else text
+    return ""
+
+
+def trainer_prompts(spec: str) -> pl.DataFrame:
+    """The prompts of ``trainer:PATH`` (``problem``, ``answer``, ``trainer_prompt``,
+    ``trainer_row``), before ids are attached."""
+    from basis_bench.integrations.keys import prompt_text
+
+    what = spec
+    path = Path(spec[len(PREFIX) :])
+    if not path.exists():
+        raise InputError(f"--prompts {spec}: {path} does not exist")
+    df = _read(path, what)
+    if "prompt" not in df.columns:
+        raise InputError(
+            f"{what}: a trainer's dataset needs a 'prompt' column (chat messages or text); "
+            f"found {df.columns}"
+        )
+    rows: dict[str, list[Any]] = {"problem": [], "answer": [], PROMPT_COLUMN: [], ROW_COLUMN: []}
+    seen: dict[str, str] = {}
+    for i, row in enumerate(df.iter_rows(named=True)):
+        prompt = TrainerPrompt.of(row["prompt"])
+        try:
+            key = prompt_text(row["prompt"])
+        except InputError as err:
+            raise InputError(f"{what}: row {i}: {err}") from None
+        if seen.setdefault(key, prompt.json) != prompt.json:
+            raise InputError(
+                f"{what}: row {i} has the user message of an earlier row under other messages "
+                f"({key[:60]!r}); the plug-ins key prompts by that message, so make it unique"
+            )
+        rows["problem"].append(key)
+        rows["answer"].append(_answer(row))
+        rows[PROMPT_COLUMN].append(prompt.json)
+        others = {k: v for k, v in row.items() if k != "prompt"}
+        rows[ROW_COLUMN].append(json.dumps(others, sort_keys=True, default=str))
+    return pl.DataFrame(rows, schema={k: pl.String for k in rows})
+
+
+def shown_prompts(prompts: Sequence[Any]) -> list[str]:
+    """:meth:`TrainerPrompt.shown` of raw prompts (chat messages or texts)."""
+    return [TrainerPrompt.of(p).shown() for p in prompts]
