@@ -205,25 +205,21 @@ def track_predict(
     second prediction, (1 - jump) p + jump sum_g w_g / (1 + ez_jump_g); and each row's
     moments (N, 2) sum_g w_g theta_g and sum_g w_g theta_g^2."""
     g_n = theta.size
-    sig = np.empty(g_n)
+    sig, square = np.empty(g_n), theta * theta
     for n in range(rows.size):
-        w, e = weights[rows[n]], ez[n]
-        for g in range(g_n):
-            sig[g] = 1.0 / (1.0 + e[g])
-        acc = m1 = m2 = 0.0
-        for g in range(g_n):
-            acc += w[g] * sig[g]
-            m1 += w[g] * theta[g]
-            m2 += w[g] * (theta[g] * theta[g])
-        p[n], moments[n, 0], moments[n, 1] = acc, m1, m2
+        w = weights[rows[n]]
+        _logistic(ez[n], sig)
+        p[n] = _dot(w, sig)
+        moments[n, 0], moments[n, 1] = _dot(w, theta), _dot(w, square)
     for j in range(at.size):
-        w, e = weights[rows[at[j]]], ez_jump[j]
-        for g in range(g_n):
-            sig[g] = 1.0 / (1.0 + e[g])
-        acc = 0.0
-        for g in range(g_n):
-            acc += w[g] * sig[g]
-        p[at[j]] = (1.0 - jump[j]) * p[at[j]] + jump[j] * acc
+        _logistic(ez_jump[j], sig)
+        p[at[j]] = (1.0 - jump[j]) * p[at[j]] + jump[j] * _dot(weights[rows[at[j]]], sig)
+
+
+@njit
+def _logistic(ez: np.ndarray, out: np.ndarray) -> None:
+    for g in range(out.size):
+        out[g] = 1.0 / (1.0 + ez[g])
 
 
 @njit(cache=True)
@@ -249,7 +245,8 @@ def track_drift(
     * the rows ``blur_at`` blurred by a Gaussian whose densities at the offsets 0, .., G - 1
       are ``half`` (one row each): out_h = sum_g K[h, g] w_g / norm_g, K[h, g] = half[|h -
       g|], norm_g = sum_h K[h, g] as two partial sums of the densities;
-    * the rows ``jump_at`` mixed with the redrawn posterior: (1 - jump) out + jump redrawn.
+    * the rows ``jump_at`` mixed with the redrawn posterior: (1 - jump) out + jump redrawn,
+      redrawn (one row each) normalised here.
     """
     n_rows, g_n = out.shape
     ext = np.zeros(3 * g_n + 3)  # ext[g_n + 1 + j]: the mass below edge j, |j| <= 2 G + 1
@@ -280,7 +277,7 @@ def track_drift(
         _normalised(row, norm, d[0], x)
         _toeplitz(dens, x, row)
     for j in range(jump_at.size):
-        _mix(out[jump_at[j]], jump[j], redrawn[j])
+        _mix(out[jump_at[j]], jump[j], redrawn[j], _sum(redrawn[j]))
     for n in range(n_rows):
         values[n] = _dot(out[n], sig)
 
@@ -336,9 +333,33 @@ def _toeplitz(dens: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 
 
 @njit
-def _mix(row: np.ndarray, jump: float, other: np.ndarray) -> None:
+def _mix(row: np.ndarray, jump: float, other: np.ndarray, total: float) -> None:
     for g in range(row.size):
-        row[g] = (1.0 - jump) * row[g] + jump * other[g]
+        row[g] = (1.0 - jump) * row[g] + jump * (other[g] / total)
+
+
+@njit(fastmath={"reassoc"})
+def _sum(x: np.ndarray) -> float:
+    acc = 0.0
+    for g in range(x.size):
+        acc += x[g]
+    return acc
+
+
+@njit(cache=True)
+def track_gauss(
+    moments: np.ndarray, shift: np.ndarray, var: np.ndarray, widen: float, theta: np.ndarray,
+    out: np.ndarray,
+) -> None:  # fmt: skip
+    """The log-density (N, G), less its largest cell, of the Gaussian on the grid with mean
+    moments[:, 0] + shift and variance moments[:, 1] - moments[:, 0]^2 + var + widen."""
+    for n in range(out.shape[0]):
+        mean = moments[n, 0]
+        spread = 2.0 * (moments[n, 1] - mean * mean + var[n] + widen)
+        centre, row = mean + shift[n], out[n]
+        for g in range(theta.size):
+            row[g] = -((theta[g] - centre) * (theta[g] - centre)) / spread
+        row -= row.max()
 
 
 @njit(fastmath={"reassoc"})

@@ -164,14 +164,14 @@ def _blur_densities(var: np.ndarray, spacing: float, g: int) -> tuple[np.ndarray
 def _redrawn(
     moments: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray
 ) -> np.ndarray:
-    """The posterior of a prompt that jumped (N, G): a Gaussian on the grid with the old
-    posterior's mean (moments[:, 0]) moved by ``shift`` and its variance (moments[:, 1] -
-    mean^2) widened by var + JUMP_VAR."""
-    mean = moments[:, 0]
-    spread = moments[:, 1] - mean**2 + var + JUMP_VAR
-    logw = -((theta - (mean + shift)[:, None]) ** 2) / (2.0 * spread[:, None])
-    out = np.exp(logw - logw.max(axis=-1, keepdims=True))
-    return out / out.sum(axis=-1, keepdims=True)
+    """The posterior of a prompt that jumped (N, G), unnormalised: a Gaussian on the grid
+    with the old posterior's mean (moments[:, 0]) moved by ``shift`` and its variance
+    (moments[:, 1] - mean^2) widened by var + JUMP_VAR, 1 at its largest cell."""
+    from basis_bench.estimators import loops
+
+    out = np.empty((len(shift), len(theta)))
+    loops.track_gauss(moments, shift, var, JUMP_VAR, theta, out)
+    return np.exp(out, out=out)
 
 
 def _likelihoods(sig: np.ndarray, r: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
