@@ -166,10 +166,10 @@ def memory_values(
     its loss is computed with; a prompt i that chooses a moved candidate gets it moved by
     served_i (basis_context: judged from the history alone, served leave-one-out with the
     batch, so that r_i enters neither prompt i's choice nor its value). The streams (lead)
-    go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions, written into
-    two buffers that every chunk reuses: a chunk's (B, C) arrays stay in cache, where one
-    array of R B C floats would be faulted in afresh every step (chunks of 4 to 27 streams
-    measured up to 2.3x slower than one at a time).
+    go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions, written into a
+    buffer that every chunk reuses (and one of their losses for the log loss, whose
+    logarithms numpy takes), by the compiled loops of :mod:`basis_bench.estimators.loops`:
+    the numpy arithmetic's numbers, bit for bit.
     """
     from basis_bench.estimators import loops  # numba, imported on first use
 
