@@ -1,13 +1,15 @@
 """The faster basis_track kernel of issue 46 against the kernel as it stood before it
 (tests/track_before.py: main at ab7caf4, verbatim), on random data: every baseline equal to
-1e-9 relative. (basis_memory's and basis_context's kernels are unchanged.)
+1e-9 relative. (basis_memory's and basis_context's compiled loops give numpy's numbers bit
+for bit: tests/test_memory.py holds them to an exact reference.)
 
 basis_track's posterior is a chaotic system in its far tails: a one-ulp change anywhere in
 its arithmetic (the kernel before it against itself with one ulp of noise in its shift, say)
 grows by about 1e7 over some 100 visits of a prompt. The new kernel's sums run in another
-order (the blur's normaliser, numpy's matvec, the sigmoid as 1 / (1 + e^-z)), so its
-baselines agree with the old ones to about 1e-13 over the few visits a prompt gets in the
-trajectory replay (3 at the paper's shape) and these tests (about 10), not bit for bit; the
+order (the blur's normaliser, the compiled loops' vectorised sums, the sigmoid as 1 / (1 +
+e^-z)), so its baselines agree with the old ones to about 1e-13 over the few visits a prompt
+gets in the trajectory replay (3 at the paper's shape) and these tests (about 10), not bit
+for bit; the
 state's far tails (cells of 1e-250 against 1e-9 after repeated surprising rewards) need not
 agree at all, so the state is compared where it carries weight."""
 

@@ -124,39 +124,6 @@ class MemoryOptions:
             object.__setattr__(self, name, grid)  # a frozen dataclass
 
 
-def posterior_grid(
-    v: np.ndarray,
-    s: np.ndarray,
-    n: np.ndarray,
-    weights: np.ndarray,
-    shifts: np.ndarray,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """Shifted posterior means (*lead, B, K, Gm, M, D) = sigmoid(logit(b) + delta_d),
-    b = (m V^_k + S_g) / (m + N_g); the candidates last, so that choosing among them is a
-    reduction over the contiguous axis.
-
-    v: (K, *lead, B) tilted values; s, n: (*lead, Gm, B) discounted history of the batch;
-    out: where to write them (None: a new array).
-    """
-    vv = np.ascontiguousarray(np.moveaxis(v, 0, -1))[..., None, None]  # (*lead, B, K, 1, 1)
-    ss = np.swapaxes(s, -1, -2)[..., None, :, None]  # (*lead, B, 1, Gm, 1)
-    nn = np.swapaxes(n, -1, -2)[..., None, :, None]
-    b = (weights * vv + ss) / (weights + nn)  # (*lead, B, K, Gm, M), C order from vv's
-    out = np.empty((*b.shape, len(shifts))) if out is None else out
-    if shifts.shape == (1,) and shifts[0] == 0.0:  # no shift: b itself, bit for bit
-        out[..., 0] = b
-        return out
-    with np.errstate(divide="ignore"):  # b = 0: odds 0, the shifted value stays 0
-        inv_odds = (1.0 - b) / b
-    # sigmoid(logit b + delta) = 1 / (1 + e^-delta (1 - b) / b), one pass a shift (a
-    # broadcast over the short last axis would run D elements at a time)
-    for d, factor in enumerate(np.exp(-shifts)):
-        np.multiply(inv_odds, factor, out=out[..., d])
-    out += 1.0
-    return np.reciprocal(out, out=out)
-
-
 def shift_logit(p: np.ndarray, shift: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """sigmoid(logit p + shift) = 1 / (1 + e^-shift (1 - p) / p): exact at p = 0 or 1, and p
     itself, bit for bit, where shift = 0. out: where to write it (None: a new array)."""
@@ -172,28 +139,11 @@ def shift_logit(p: np.ndarray, shift: np.ndarray, out: np.ndarray | None = None)
     return out
 
 
-def _losses(pred: np.ndarray, r: np.ndarray, loss: str, out: np.ndarray) -> np.ndarray:
-    """Each prediction's loss: written into out (squared) or a new array (log)."""
-    if loss == "squared":
-        np.subtract(r, pred, out=out)
-        return np.square(out, out=out)
+def _log_losses(pred: np.ndarray, r: np.ndarray, out: np.ndarray) -> None:
+    """Each prediction's log loss, written into out (numpy's log: the compiled loops take
+    no transcendental function)."""
     p = np.clip(pred, _LOG_CLIP, 1 - _LOG_CLIP)
-    return -(r * np.log(p) + (1 - r) * np.log1p(-p))
-
-
-def loo_choice(score: np.ndarray, loss: np.ndarray) -> np.ndarray:
-    """argmin_c (score_c - loss_ic), the first on ties; score (chunk, C), loss (chunk, B, C)
-    finite and >= 0.
-
-    Only a candidate with score_c - max(loss) <= min(score) can win: any other has
-    score_c - loss_ic >= score_c - max(loss) > min(score) >= score_c* - loss_ic* at
-    c* = argmin score, and rounding keeps these orders. The differences are computed for
-    those candidates alone, in their order: the same numbers and the same first minimum,
-    from a few columns of C once the accumulated losses have spread the candidates apart.
-    """
-    near = score - loss.max() <= score.min(axis=-1, keepdims=True)
-    keep = np.flatnonzero(np.any(near, axis=0))
-    return keep[np.argmin(score[:, None, keep] - loss[..., keep], axis=-1)]
+    np.negative(r * np.log(p) + (1 - r) * np.log1p(-p), out=out)
 
 
 def memory_values(
@@ -216,49 +166,58 @@ def memory_values(
     its loss is computed with; a prompt i that chooses a moved candidate gets it moved by
     served_i (basis_context: judged from the history alone, served leave-one-out with the
     batch, so that r_i enters neither prompt i's choice nor its value). The streams (lead)
-    go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions, written into
-    two buffers that every chunk reuses: a chunk's (B, C) arrays stay in cache, where one
-    array of R B C floats would be faulted in afresh every step (chunks of 4 to 27 streams
-    measured up to 2.3x slower than one at a time).
+    go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions, written into a
+    buffer that every chunk reuses (and one of their losses for the log loss, whose
+    logarithms numpy takes), by the compiled loops of :mod:`basis_bench.estimators.loops`:
+    the numpy arithmetic's numbers, bit for bit.
     """
+    from basis_bench.estimators import loops  # numba, imported on first use
+
     lead, b = rewards.shape[:-1], rewards.shape[-1]
     if options.selection == "loo" and b < 2:
         raise InputError("basis_memory's leave-one-out calibration needs B >= 2 prompts")
     weights = np.asarray(options.weights, dtype=np.float64)
     shifts = np.asarray(options.shifts, dtype=np.float64)
+    # no shift at all: b itself, bit for bit (an empty list of factors)
+    factors = np.exp(-shifts) if shifts.shape != (1,) or shifts[0] != 0.0 else np.empty(0)
     grid = (len(v), s.shape[-2], len(weights), len(shifts))
     variants = 1 if prompt_shift is None else 2
     n_cand = variants * math.prod(grid)
     streams = math.prod(lead)
     v, s, n = v.reshape(len(v), streams, b), s.reshape(streams, -1, b), n.reshape(streams, -1, b)
-    r = rewards.reshape(streams, b)
-    moved = None if prompt_shift is None else [x.reshape(streams, b) for x in prompt_shift]
-    prior = None if past is None else past.reshape(streams, n_cand)
+    r = np.ascontiguousarray(rewards.reshape(streams, b), dtype=np.float64)
+    moved, unmoved, served = np.empty((0, b)), np.empty((0, b), dtype=bool), None
+    if prompt_shift is not None:
+        judged, served = (x.reshape(streams, b) for x in prompt_shift)
+        moved, unmoved = np.exp(-judged), judged == 0.0
+    prior = np.empty((0, n_cand)) if past is None else past.reshape(streams, n_cand)
     values, choice = np.empty((streams, b)), np.empty((streams, b), dtype=np.intp)
     total = np.empty((streams, n_cand))
     step = max(1, min(streams, _CHUNK_ELEMENTS // (b * n_cand)))
-    predictions = np.empty((step, b, variants, *grid))  # reused by every chunk
-    losses = np.empty((step, b, n_cand))
+    predictions = np.empty((step, b, n_cand))  # reused by every chunk
+    squared = options.loss == "squared"
+    losses = np.empty((0, b, n_cand) if squared else (step, b, n_cand))  # log: numpy's log
+    worst = np.ones(step)  # a bound on the losses: squared, (r - p)^2 <= 1 in [0, 1]
     for a in range(0, streams, step):
         z, c = slice(a, a + step), min(step, streams - a)
-        pred = predictions[:c]
-        posterior_grid(v[:, z], s[z], n[z], weights, shifts, out=pred[:, :, 0])
-        if moved is not None:
-            shift_logit(pred[:, :, 0], moved[0][z, :, None, None, None, None], out=pred[:, :, 1])
-        flat = pred.reshape(c, b, n_cand)
-        loss = _losses(flat, r[z, :, None], options.loss, out=losses[:c])  # (chunk, B, C)
-        total[z] = loss.sum(axis=-2)
-        score = total[z] if prior is None else total[z] + prior[z]
-        if options.selection == "loo":  # A + L_{-i}, L_{-i} = total - own
-            choice[z] = loo_choice(score, loss)
-        else:
-            choice[z] = np.argmin(score, axis=-1)[:, None]
-        values[z] = np.take_along_axis(flat, choice[z, :, None], axis=-1)[..., 0]
-        if moved is not None:  # a moved choice: its unmoved value, moved by the served shift
+        pred, loss = predictions[:c], losses[:c]
+        loops.memory_predictions(
+            v[:, z], s[z], n[z], weights, factors, moved[z], unmoved[z], r[z], squared,
+            pred, total[z],
+        )  # fmt: skip
+        if not squared:
+            _log_losses(pred, r[z, :, None], out=loss)
+            loss.sum(axis=1, out=total[z])
+            loss.max(axis=(1, 2), out=worst[:c])
+        loops.memory_choice(
+            pred, loss, r[z], prior[z], options.selection == "loo", total[z], worst[:c],
+            choice[z], values[z],
+        )  # fmt: skip
+        if served is not None:  # a moved choice: its unmoved value, moved by the served shift
             half = n_cand // 2
-            unmoved = np.take_along_axis(flat, choice[z, :, None] % half, axis=-1)[..., 0]
-            served = shift_logit(unmoved, moved[1][z])
-            values[z] = np.where(choice[z] >= half, served, values[z])
+            unmoved_value = np.take_along_axis(pred, choice[z, :, None] % half, axis=-1)[..., 0]
+            moved_value = shift_logit(unmoved_value, served[z])
+            values[z] = np.where(choice[z] >= half, moved_value, values[z])
     return values.reshape(rewards.shape), choice.reshape(rewards.shape), total.reshape(*lead, -1)
 
 

@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import (
@@ -93,7 +92,6 @@ DIFFICULTY_EDGES = (0.1, 0.3, 0.7, 0.9)
 MEMORY = 0.95
 _P_CLIP = 1e-12
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
-_MATVEC = getattr(np, "matvec", None)
 
 
 @dataclass(frozen=True)
@@ -140,126 +138,51 @@ def prior_weights(ref_rewards: np.ndarray, theta: np.ndarray, a: float = JEFFREY
     return w / w.sum(axis=1, keepdims=True)
 
 
-def shift_mass(w: np.ndarray, units: np.ndarray) -> np.ndarray:
-    """w (N, G) moved by ``units`` (N,) grid steps: each cell's mass spread uniformly over the
-    cell and moved, so the mean moves by exactly units * spacing; mass pushed past an edge
-    stays in the edge cell. An integer move is a plain roll (with the edges piled). The
-    cumulative mass, 0 below the grid and the total above it, is read at every cell edge
-    moved back by ``units``: a window of it per row (the move's whole cells) interpolated
-    by the move's fraction."""
-    n, g = w.shape
-    ext = np.empty((n, 3 * g + 3))  # ext[:, g + 1 + j]: the mass below edge j, |j| <= 2G + 1
-    ext[:, : g + 2] = 0.0
-    np.cumsum(w, axis=-1, out=ext[:, g + 2 : 2 * g + 2])
-    ext[:, 2 * g + 2 :] = ext[:, 2 * g + 1 : 2 * g + 2]
-    back = -np.asarray(units, dtype=np.float64)
-    whole = np.floor(back)
-    frac = (back - whole)[:, None]  # edge k reads edge k + whole + frac
-    start = np.clip(whole, -(g + 1), g).astype(np.intp) + (g + 1)
-    below = sliding_window_view(ext, g + 2, axis=1)[np.arange(n), start]  # (N, G + 2)
-    at = below[:, :-1] * (1.0 - frac)
-    at += below[:, 1:] * frac
-    at[:, 0], at[:, -1] = 0.0, ext[:, 2 * g + 1]
-    return np.subtract(at[:, 1:], at[:, :-1], out=below[:, 1:-1])
-
-
-def _matvec(m: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """m (N, H, G) @ x (N, G) -> (N, H): numpy's matvec (2.2 and later; on the strided
-    Toeplitz views of the blur about 1.7x einsum's speed), else einsum."""
-    if _MATVEC is not None:
-        return np.asarray(_MATVEC(m, x))
-    return np.einsum("nhg,ng->nh", m, x)
-
-
-def _blur_rows(w: np.ndarray, var: np.ndarray, spacing: float) -> None:
-    """:func:`blur` in place: the rows of w (N, G) whose kernel is not the identity."""
-    g = w.shape[-1]
-    half_d2 = (np.arange(g) * spacing) ** 2  # (G,) squared offsets 0, .., G - 1
-    v = np.maximum(var, 1e-12)
-    # the identity: exp(-spacing^2 / 2v) == 0 exactly, so every kernel off the diagonal is 0
-    moving = np.flatnonzero(np.exp(-half_d2[1] / (2.0 * v)) > 0.0)
-    if len(moving) == len(w):
-        moving = slice(None)  # type: ignore[assignment]
-    elif len(moving) == 0:
-        return
-    half = np.exp(-half_d2 / (2.0 * v[moving, None]))  # (n, G): offsets 0 .., G - 1
-    n = len(half)
-    dens = np.empty((n, 2 * g - 1))  # offsets -(G - 1) .. G - 1
-    dens[:, g - 1 :] = half
-    dens[:, : g - 1] = half[:, :0:-1]
-    cum = np.cumsum(half, axis=1)  # sum_h K[h, g] = sum of the offsets -(G-1-g) .. g
-    norm = cum + cum[:, ::-1]
-    norm -= half[:, :1]
-    kern = sliding_window_view(dens, g, axis=-1)[:, ::-1, :]  # (n, G', G): K[h, g]
-    w[moving] = _matvec(kern, np.divide(w[moving], norm, out=norm))
-
-
-def blur(w: np.ndarray, var: np.ndarray, spacing: float) -> np.ndarray:
-    """w (N, G) convolved with N(0, var) (N,) on the grid: each cell's mass spread over the
-    grid in proportion to the Gaussian density at the cells (normalised per source cell, so
-    no mass leaves the grid). var = 0 is the identity. The kernel K[h, g] depends on |h - g|
-    alone: the density at the G offsets 0, .., G - 1 is computed once per row, K is a view
-    of it mirrored (dens[G - 1 - h + g]), and each source cell's normaliser sum_h K[h, g]
-    is two partial sums of those G densities; every term is a positive product, so tiny
-    tail masses keep their relative precision. Rows whose kernel is the identity (a
-    variance so small that the density one cell away underflows to 0: var = 0 among them)
-    are copied, as the full product would give them."""
-    out = np.array(w, dtype=np.float64)
-    _blur_rows(out, np.asarray(var, dtype=np.float64), spacing)
-    return out
-
-
-def propagate(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """The posterior before a visit: w (N, G) moved by ``shift`` (N,) in log-odds, then
-    blurred by N(0, var)."""
-    spacing = float(theta[1] - theta[0])
-    out = shift_mass(w, shift / spacing)
-    _blur_rows(out, var, spacing)
-    return out
-
-
-def redrawn(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """The posterior of a prompt that jumped (N, G): a Gaussian on the grid with the old
-    posterior's mean moved by ``shift`` and its variance widened by var + JUMP_VAR."""
-    mean = w @ theta
-    spread = w @ theta**2 - mean**2 + var + JUMP_VAR
-    logw = -((theta - (mean + shift)[:, None]) ** 2) / (2.0 * spread[:, None])
-    out = np.exp(logw - logw.max(axis=-1, keepdims=True))
-    return out / out.sum(axis=-1, keepdims=True)
-
-
-def reward_update(
-    w: np.ndarray, r: np.ndarray, sig: np.ndarray, n: np.ndarray | float = 1.0
-) -> np.ndarray:
-    """Bayes' rule with the (fractional) Bernoulli likelihood s^r (1 - s)^(n - r) of r
-    successes in n rollouts: exact for r in {0, .., n}, and for fractional r the likelihood
-    of rewards with mean s. A row of one 0/1 reward (n = 1) takes s or 1 - s as they are:
-    s^1 (1 - s)^0 and s^0 (1 - s)^1, bit for bit, without a power an element."""
-    n_rows = np.broadcast_to(np.asarray(n, dtype=np.float64), r.shape)
-    single = (n_rows == 1.0) & ((r == 0.0) | (r == 1.0))
-    if single.all():
-        post = np.where(r[:, None] == 1.0, sig, 1.0 - sig)
-        post *= w
-    else:
-        nn = n_rows[:, None]
-        post = w * sig ** r[:, None] * (1.0 - sig) ** (nn - r[:, None])
-    post /= post.sum(axis=-1, keepdims=True)
-    return np.maximum(post, _FLOOR, out=post)
-
-
-def predictive(w: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """Approximate P(r = 1) (N,) after a move by ``shift`` and a drift of variance ``var``:
-    sum_g w_g sigmoid((theta_g + shift) / sqrt(1 + pi var / 8)), the probit approximation of
-    E sigmoid(x + sqrt(var) z). Used only where a prediction must hold no current reward
-    (the evidence, the level's step); the served baseline is exact on the grid. The sigmoid
-    as 1 / (1 + e^-z), in place: one exponential an element."""
+def _exp_sigmoid_args(shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """e^-z (N, G) of the probit-approximate predictive's sigmoids, z = (theta_g + shift) /
+    sqrt(1 + pi var / 8): E sigmoid(x + sqrt(var) u) ≈ sigmoid(x / sqrt(1 + pi var / 8))."""
     scale = 1.0 / np.sqrt(1.0 + math.pi * var / 8.0)
     z = np.subtract(-theta, shift[:, None])  # -(theta + shift), exactly
     z *= scale[:, None]
     with np.errstate(over="ignore"):  # e^-z = inf: the sigmoid 0, as it is
-        np.exp(z, out=z)
-    z += 1.0
-    return np.einsum("ng,ng->n", w, np.reciprocal(z, out=z))
+        return np.exp(z, out=z)
+
+
+def _blur_densities(var: np.ndarray, spacing: float, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows whose blur by N(0, var) is not the identity, and their Gaussian's densities
+    at the offsets 0, .., G - 1 (n, G). The identity: a variance so small that the density
+    one cell away underflows to 0 (var = 0 among them), every kernel off the diagonal 0."""
+    half_d2 = (np.arange(g) * spacing) ** 2
+    v = np.maximum(var, 1e-12)
+    moving = np.flatnonzero(np.exp(-half_d2[1] / (2.0 * v)) > 0.0)
+    return moving, np.exp(-half_d2 / (2.0 * v[moving, None]))
+
+
+def _redrawn(
+    moments: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray
+) -> np.ndarray:
+    """The posterior of a prompt that jumped (N, G), unnormalised: a Gaussian on the grid
+    with the old posterior's mean (moments[:, 0]) moved by ``shift`` and its variance
+    (moments[:, 1] - mean^2) widened by var + JUMP_VAR, 1 at its largest cell."""
+    from basis_bench.estimators import loops
+
+    out = np.empty((len(shift), len(theta)))
+    loops.track_gauss(moments, shift, var, JUMP_VAR, theta, out)
+    return np.exp(out, out=out)
+
+
+def _likelihoods(sig: np.ndarray, r: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Bernoulli likelihood s^r (1 - s)^(n - r) of r successes in n rollouts on the grid
+    (exact for r in {0, .., n}, and for fractional r the likelihood of rewards with mean s),
+    as a table (L, G) and each row's line of it (N,): 1 - s and s for a single 0/1 reward
+    (rows 0 and 1: no power an element), a line of its own for any other."""
+    single = (n == 1.0) & ((r == 0.0) | (r == 1.0))
+    which = r.astype(np.intp)
+    other = np.flatnonzero(~single)
+    which[other] = 2 + np.arange(len(other))
+    nn, rr = n[other, None], r[other, None]
+    table = np.concatenate([[1.0 - sig, sig], sig**rr * (1.0 - sig) ** (nn - rr)])
+    return table, which
 
 
 def _loglik(p: np.ndarray, r: np.ndarray) -> np.ndarray:
@@ -396,6 +319,8 @@ class TrackKernel:
         rows of the state are read and written by flat index, (stream, filter, prompt) one
         row of G cells; a filter that cannot jump (eta J = 0) skips the jump's terms, which
         enter with weight 0 (x + 0 y = x: the same numbers)."""
+        from basis_bench.estimators import loops  # numba, imported on first use
+
         s, b = cols.shape
         c, g = len(self.models), len(self.theta)
         p = self.prior.shape[0]
@@ -407,7 +332,6 @@ class TrackKernel:
         last_levels = state["last_level"].reshape(-1)
         last_clocks = state["last_jump_clock"].reshape(-1)
         last_visit = state["last_visit"].reshape(-1)
-        flat_w = weights.take(rows, axis=0)  # (S C B, G)
         gap = (state["step"][:, None] - last_visit.take(visits).reshape(s, b))[:, None]
         last = last_levels.take(rows).reshape(s, c, b)
         last_jumps = last_clocks.take(rows).reshape(s, c, b)
@@ -416,7 +340,8 @@ class TrackKernel:
         jumps0 = state["jump_clock"][..., None] - last_jumps
         var0 = (rho * gap + kappa * jumps0).ravel()
         jump0 = (1.0 - np.exp(-eta * jumps0)).ravel()
-        p0 = _jump_predictive(flat_w, moved, var0, jump0, self.theta).reshape(s, c, b)
+        pred, moments = _predict(weights, rows, moved, var0, jump0, self.theta)
+        p0 = pred.reshape(s, c, b)
         ll = _loglik(p0, r[:, None, :])  # (S, C, B)
         # 2. each filter's level on the batch without prompt i, calm or jumping
         p0 = np.clip(p0, 0.0, 1.0)  # a mixture of sigmoids may round a hair past 1
@@ -430,8 +355,8 @@ class TrackKernel:
         jumps = state["jump_clock"][..., None] + jumped_loo - last_jumps
         var = (rho * gap + kappa * jumps).ravel()
         jump = (1.0 - np.exp(-eta * jumps)).ravel()
-        w_now = _drift(flat_w, shift, var, jump, self.theta)
-        values = (w_now @ self.sig).reshape(s, c, b)
+        w_now, value = _drift(weights, rows, moments, shift, var, jump, self.theta, self.sig)
+        values = value.reshape(s, c, b)
         # 3. the filters mixed by the evidence of the prompt's difficulty bin (history only)
         mix, counts = self._mixing(state["evidence"], self.difficulty[cols], ll)
         baseline = np.einsum("sbc,scb->sb", mix, values)
@@ -448,14 +373,13 @@ class TrackKernel:
         w_now, level_loo, jumped_loo, wins, visits_n = _fold_copies(
             cols, w_now.reshape(s, c, b, g), level_loo, jumped_loo, r
         )
-        post = reward_update(
-            w_now.reshape(-1, g),
-            np.repeat(wins[:, None, :], c, 1).ravel(),
+        likelihood, which = _likelihoods(
             self.sig,
+            np.repeat(wins[:, None, :], c, 1).ravel(),
             np.repeat(visits_n[:, None, :], c, 1).ravel(),
         )
         # a prompt twice in the batch: every copy writes the same numbers
-        weights[rows] = post
+        loops.track_update(w_now.reshape(-1, g), likelihood, which, weights, rows, _FLOOR)
         last_levels[rows] = level_loo.ravel()
         last_clocks[rows] = (state["jump_clock"][..., None] + jumped_loo).ravel()
         state["jump_clock"] += jumped
@@ -464,31 +388,44 @@ class TrackKernel:
         return baseline
 
 
-def _jump_predictive(
-    w: np.ndarray, moved: np.ndarray, var: np.ndarray, jump: np.ndarray, theta: np.ndarray
-) -> np.ndarray:
-    """Each row's prediction (N,): (1 - jump) predictive(var) + jump predictive(var +
-    JUMP_VAR); a row that cannot jump (jump = 0) takes the first term alone, the same
-    number (x + 0 y = x)."""
-    p = predictive(w, moved, var, theta)
+def _predict(
+    weights: np.ndarray, rows: np.ndarray, moved: np.ndarray, var: np.ndarray,
+    jump: np.ndarray, theta: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Each row's prediction (N,) before the visit: (1 - jump) predictive(var) + jump
+    predictive(var + JUMP_VAR) of the posterior weights[rows] moved by ``moved``; a row that
+    cannot jump (jump = 0) takes the first term alone (x + 0 y = x). And each row's
+    posterior moments (N, 2), for :func:`_redrawn`. The rows' arithmetic runs in a
+    compiled loop (:mod:`basis_bench.estimators.loops`), its exponentials here."""
+    from basis_bench.estimators import loops
+
     at = np.flatnonzero(jump)
-    if len(at):
-        jp = jump[at]
-        p[at] = (1 - jp) * p[at] + jp * predictive(w[at], moved[at], var[at] + JUMP_VAR, theta)
-    return p
+    p, moments = np.empty(len(rows)), np.empty((len(rows), 2))
+    loops.track_predict(
+        weights, rows, _exp_sigmoid_args(moved, var, theta), at,
+        _exp_sigmoid_args(moved[at], var[at] + JUMP_VAR, theta), jump[at], theta, p, moments,
+    )  # fmt: skip
+    return p, moments
 
 
 def _drift(
-    w: np.ndarray, shift: np.ndarray, var: np.ndarray, jump: np.ndarray, theta: np.ndarray
-) -> np.ndarray:
-    """Each row's posterior before the visit (N, G): (1 - jump) propagated + jump redrawn; a
-    row that cannot jump (jump = 0) is the propagated one alone, the same numbers."""
-    out = propagate(w, shift, var, theta)
+    weights: np.ndarray, rows: np.ndarray, moments: np.ndarray, shift: np.ndarray,
+    var: np.ndarray, jump: np.ndarray, theta: np.ndarray, sig: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Each row's posterior before the visit (N, G), weights[rows] moved by ``shift``,
+    blurred by N(0, var) and mixed with the redrawn one, (1 - jump) propagated + jump
+    redrawn (a row that cannot jump: the propagated one alone), and its value (N,)."""
+    from basis_bench.estimators import loops
+
+    spacing = float(theta[1] - theta[0])
+    moving, half = _blur_densities(var, spacing, len(theta))
     at = np.flatnonzero(jump)
-    if len(at):
-        jp = jump[at, None]
-        out[at] = (1 - jp) * out[at] + jp * redrawn(w[at], shift[at], var[at], theta)
-    return out
+    out, values = np.empty((len(rows), len(theta))), np.empty(len(rows))
+    loops.track_drift(
+        weights, rows, shift / spacing, moving, half, at, jump[at],
+        _redrawn(moments[at], shift[at], var[at], theta), sig, out, values,
+    )  # fmt: skip
+    return out, values
 
 
 def _fold_copies(
