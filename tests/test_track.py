@@ -415,7 +415,7 @@ def test_runs_through_make_step_estimator_for_a_training_stream(cache):
     step after step; a prompt seen in a batch moves its own baseline on its next visit."""
     ids, ref = cache
     est = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref)
-    assert est.stateful
+    assert est.carries_state
     before = est(ids[:4], np.zeros((4, 1))).baselines
     for _ in range(5):
         out = est(ids[:4], np.ones((4, 1)))

@@ -82,7 +82,7 @@ def test_probe_leaves_the_estimator_as_it_was_and_gives_each_batch_a_fresh_copy(
         alone = copy.deepcopy(pristine)(probe_ids[part], rewards[part]).baselines
         assert np.array_equal(baselines[part], np.asarray(alone).reshape(-1, 1))
     after = est.state_dict()
-    assert est.stateful and before.keys() == after.keys()
+    assert est.carries_state and before.keys() == after.keys()
     assert all(np.array_equal(before[k], after[k]) for k in before)
     step = ([ids[0], ids[5]], np.array([[1.0], [0.0]]))
     assert np.array_equal(est(*step).baselines, pristine(*step).baselines)
