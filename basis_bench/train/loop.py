@@ -124,7 +124,7 @@ def train(
             # 3. rewards r (B_p, G')
             with timer("reward"):
                 rewards, statuses = score_rollouts(
-                    rollouts.responses, batch["answer"].to_list(), run.data
+                    rollouts.responses, batch["answer"].to_list(), run.data, rollouts.finish_reasons
                 )
 
             # 4. baselines b and advantages A = r - b (B_p, G')
@@ -210,7 +210,8 @@ def heldout_accuracy(run: Run, step: int) -> float:
     )
     greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=tokens)
     samples = run.sampler.sample(heldout_set["problem"].to_list(), greedy, seed=0)
-    rewards, statuses = score_rollouts(samples.responses, heldout_set["answer"].to_list(), run.data)
+    answers = heldout_set["answer"].to_list()
+    rewards, statuses = score_rollouts(samples.responses, answers, run.data, samples.finish_reasons)
     frame = rollout_frame(
         heldout_set["prompt_id"].to_list(),
         f"greedy-{step:06d}",

@@ -55,13 +55,17 @@ def sample_rollouts(sampler: Any, problems: Sequence[str], config: Any, seed: in
 
 
 def score_rollouts(
-    responses: Sequence[str], answers: Sequence[str], data: Data
+    responses: Sequence[str], answers: Sequence[str], data: Data, finish: Sequence[str]
 ) -> tuple[np.ndarray, list[str]]:
     """Rewards (B_p, G') of prompt-major responses against the prompts' answers, and the
-    grader's status of each response (flat)."""
+    grader's status of each response (flat); ``finish`` holds each response's finish reason
+    (a cut one scores 0 under ``final_line``)."""
     from basis_bench.rollouts.rewards import score_many
 
     group = len(responses) // len(answers)
-    groups = [responses[p * group : (p + 1) * group] for p in range(len(answers))]
-    scored = score_many(groups, answers, data.reward, data.pool)
+    cuts = range(0, len(responses), group)
+    groups = [responses[i : i + group] for i in cuts]
+    scored = score_many(
+        groups, answers, data.reward, data.pool, [finish[i : i + group] for i in cuts]
+    )
     return np.stack([r for r, _ in scored]), [s for _, st in scored for s in st]
