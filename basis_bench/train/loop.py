@@ -177,7 +177,7 @@ def when_due(run: Run, step: int, record: Record, timer: Timer) -> None:
     config = run.config
     if due(step, config.heldout_every, config.steps):
         with timer("eval"):
-            record["eval_accuracy"] = heldout_accuracy(run, step)
+            record.update(heldout_evaluation(run, step))
     if due(step, config.probe_every, config.steps):
         with timer("probe"):
             record.update(value_probe(run, step))
@@ -198,10 +198,12 @@ def due(step: int, every: int, last: int) -> bool:
 # --------------------------------------------------------------------------- advantages and held-out accuracy
 
 
-def heldout_accuracy(run: Run, step: int) -> float:
-    """Held-out accuracy of greedy responses; the responses go to RUN/eval/greedy-T.parquet."""
+def heldout_evaluation(run: Run, step: int) -> Record:
+    """Held-out accuracy of greedy responses (``eval_accuracy``) and the policy measures of
+    :mod:`basis_bench.train.policy_measures`; the responses go to RUN/eval/greedy-T.parquet."""
     from basis_bench.outputs import write_parquet_atomic
     from basis_bench.rollouts.sampling import SamplingConfig
+    from basis_bench.train.policy_measures import heldout_measures
 
     config, heldout_set = run.config, run.data.heldout_set
     tokens = (
@@ -222,7 +224,10 @@ def heldout_accuracy(run: Run, step: int) -> float:
         samples.finish_reasons,
     )
     write_parquet_atomic(frame, run.run_dir / "eval" / f"greedy-{step:06d}.parquet")
-    return float(rewards.mean())
+    measures = heldout_measures(
+        samples.responses, samples.finish_reasons, answers, run.data.reward, statuses, run.data.pool
+    )
+    return {"eval_accuracy": float(rewards.mean()), **measures}
 
 
 def initial_record(run: Run) -> Record:
@@ -234,7 +239,7 @@ def initial_record(run: Run) -> Record:
     record: Record = {"step": 0}
     if run.config.heldout_every:
         with timer("eval"):
-            record["eval_accuracy"] = heldout_accuracy(run, 0)
+            record.update(heldout_evaluation(run, 0))
     if run.config.probe_every:
         with timer("probe"):
             record.update(value_probe(run, 0))

@@ -2,10 +2,11 @@
 
 Every record the loop writes to ``log.jsonl`` also goes, as scalars at the record's step,
 to each tracker named in ``report_to``: the step's statistics under ``train/`` (rewards,
-losses, baseline and advantage moments, beta, zero-advantage share, tokens), held-out
-accuracy as ``eval/accuracy``, the seconds of each phase under ``seconds/``. Values that
-are not numbers (beta of an estimator without one) are left out. log.jsonl stays the record
-of the run; the trackers are views of it, each an optional extra, none needing a network:
+losses, baseline and advantage moments, beta, zero-advantage share, tokens, entropy), the
+held-out evaluation's under ``eval/`` (``eval/accuracy``, ``eval/strict_accuracy``, ...),
+the seconds of each phase under ``seconds/``. Values that are not numbers (beta of an
+estimator without one) are left out. log.jsonl stays the record of the run; the trackers
+are views of it, each an optional extra, none needing a network:
 
 - ``tensorboard``: event files in ``RUN/tensorboard`` (``tensorboard --logdir RUN``);
   a resumed run purges the events after its checkpoint's step, as log.jsonl does.
@@ -39,13 +40,14 @@ class Tracker(Protocol):
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """A log record as tracker scalars: ``train/KEY``, ``eval/accuracy``, ``seconds/PHASE``."""
+    """A log record as tracker scalars: ``train/KEY``, ``eval/KEY`` for ``eval_KEY``
+    (``eval/accuracy``, ...), ``seconds/PHASE``."""
     out: dict[str, float] = {}
     for key, value in record.items():
         if key == "seconds":
             out.update({f"seconds/{phase}": float(s) for phase, s in value.items()})
         elif key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
-            out["eval/accuracy" if key == "eval_accuracy" else f"train/{key}"] = float(value)
+            out[f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"] = float(value)
     return out
 
 
