@@ -33,10 +33,11 @@ def test_a_healthy_policy():
 def test_a_format_failure_keeps_the_answers_and_loses_the_format():
     # right numbers, then rambling to max_new_tokens or in a sentence: the lenient grader
     # still credits all four, the strict one none
-    responses = ["14\nI hope this", "The answer is 3.", "9\n9\n9\n9", "3 - 5 = -2"]
+    responses = ["14\nI hope this", "The answer is 3.", "9\n9\n9\n9", "So it is -2, I think."]
     finish = ["length", "stop", "length", "stop"]
     measures = _measures(responses, finish)
-    assert score(responses, "14", NUMBER)[0].tolist()[0] == 1.0
+    lenient = [score([r], a, NUMBER)[0][0] for r, a in zip(responses, ANSWERS, strict=True)]
+    assert lenient == [1.0] * 4
     assert measures == {
         "eval_strict_accuracy": 0.0,
         "eval_format_share": 0.0,

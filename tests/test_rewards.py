@@ -81,24 +81,27 @@ def test_number_format_does_not_credit_restating_the_question():
 FINAL_LINE = RewardConfig(answer_format="final_line")
 
 
-def test_final_line_credits_only_the_answer_alone_on_the_last_line():
+def test_final_line_credits_only_a_last_line_that_is_the_answer():
     responses = [
         "14",  # the answer alone
-        "8 + 6 = 14\n14",  # working, then the answer alone
+        "Let me add.\n14",  # working, then the answer alone
         "8 + 6 = 14\n\n  \\boxed{14}  \n\n",  # boxed, blank lines after
+        "8 + 6 = 14",  # an equation ending in the answer
+        "(8 + 6) * 1 = 14.",  # with a full stop
         "14\nI hope this helps! 8 + 6 is a simple sum.",  # right answer, then rambling
-        "8 + 6 = 14",  # the answer inside working, not alone
+        "8 + 6 = 14\nThe answer for the given math problem",  # the study's lock-in template
         "The answer is 14.",  # in a sentence
-        "14.",  # anything else on the line
+        "x = 14",  # not an arithmetic equation
+        "14!",  # anything else on the line
         "Let me think.\n15",  # well formed and wrong
         "",  # nothing
     ]
     rewards, statuses = score(responses, "14", FINAL_LINE)
-    assert rewards.tolist() == [1, 1, 1, 0, 0, 0, 0, 0, 0]
-    assert statuses == ["correct"] * 3 + ["no_answer"] * 4 + ["wrong", "no_answer"]
-    # the lenient number grader credits four of the five ill-formed ones
+    assert rewards.tolist() == [1] * 5 + [0] * 7
+    assert statuses == ["correct"] * 5 + ["no_answer"] * 5 + ["wrong", "no_answer"]
+    # the lenient number grader credits every ill-formed one that holds 14 last
     lenient = score(responses, "14", RewardConfig(answer_format="number"))[0]
-    assert lenient.tolist() == [1, 1, 1, 0, 1, 1, 1, 0, 0]
+    assert lenient.tolist() == [1] * 5 + [0, 1, 1, 1, 1, 0, 0]
 
 
 def test_final_line_lets_math_verify_decide_equality():

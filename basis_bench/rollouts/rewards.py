@@ -44,9 +44,12 @@ ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("any", "boxed", "number", "final_lin
 
 # A number literal; a minus sign counts only when it is not a binary minus ("5-3" ends in 3).
 _NUMBER = re.compile(r"(?<![\w)\].])-?\d+(?:,\d{3})*(?:\.\d+)?")
-# A whole line that is one number literal, bare or in \boxed{}: final_line's answer.
+# final_line's last line: a number literal, bare or in \boxed{}, alone or as the right-hand
+# side of an arithmetic equation ("8 - 4 = 4"), with at most a full stop after it.
 _LITERAL = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
-_ANSWER_LINE = re.compile(rf"(?:{_LITERAL}|\\boxed\{{\s*{_LITERAL}\s*\}})")
+_ANSWER_LINE = re.compile(
+    rf"(?:[\d+\-*/×÷().,\s]*=\s*)?(?:{_LITERAL}|\\boxed\{{\s*{_LITERAL}\s*\}})\.?"
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,9 @@ class RewardConfig:
     grades the last number literal (inside the last ``\\boxed{}`` if there is one): for
     arithmetic prompts, where "any" would credit a response that merely restates the
     question ("8 + 6" evaluates to 14). ``"final_line"`` is strict: the last non-empty
-    line must be the answer alone (a number literal, bare or in ``\\boxed{}``), so an
-    answer followed by anything, or buried in a sentence, gets ``no_answer``, and a
+    line must be the answer (a number literal, bare or in ``\\boxed{}``), alone or as the
+    right-hand side of an arithmetic equation ("8 - 4 = 4"), with at most a full stop
+    after it; an answer followed by anything, or in a sentence, gets ``no_answer``, and a
     response cut at ``max_new_tokens`` gets ``truncated`` (reward 0 whatever it ends on).
     ``timeout_s`` bounds parsing plus verification of one response.
     """
@@ -143,8 +147,8 @@ def last_number(text: str) -> str | None:
 
 
 def final_line(text: str) -> str | None:
-    """The answer of a response whose last non-empty line is a number literal alone (bare
-    or in ``\\boxed{}``; "1,000" -> "1000"), else None."""
+    """The answer of a response whose last non-empty line is ``final_line``'s answer line
+    ("14", "\\boxed{14}", "8 + 6 = 14."; "1,000" -> "1000"), else None."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines or not _ANSWER_LINE.fullmatch(lines[-1]):
         return None

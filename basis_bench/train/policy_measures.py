@@ -1,14 +1,14 @@
 """What a held-out evaluation says beyond accuracy: whether a falling policy broke its format
 or collapsed as a policy (issue 42).
 
-A format failure shows as responses that no longer end on the answer alone (``format_share``
+A format failure shows as responses that no longer end on an answer line (``format_share``
 down) or run to ``max_new_tokens`` (``truncated_share`` up) while the answers given may stay
 right; a policy collapse keeps the format and loses the answers: strict accuracy down with
 the format intact, often with fewer distinct answers (one number for every prompt). Every
 evaluation logs, of its greedy responses to the held-out prompts:
 
 ``eval_strict_accuracy``   accuracy under the ``final_line`` grader, whatever the run's grader
-``eval_format_share``      share whose last non-empty line is a number alone, not cut short
+``eval_format_share``      share whose last line has final_line's form, not cut short
 ``eval_truncated_share``   share cut at ``max_new_tokens``
 ``eval_answer_diversity``  distinct last numbers / responses (a response without a number
                            adds none); the held-out gold answers' own value is its ceiling
