@@ -86,12 +86,14 @@ def token_logprobs(
 
 def token_entropy(logits: Any) -> Any:
     """The entropy of each position's next-token distribution, softmax(logits), in nats
-    (no gradient): (N, T) from (N, T, V)."""
+    (no gradient): (N, T) from (N, T, V), one response at a time, so that its temporaries
+    stay a response's (T, V) rather than the micro-batch's."""
     import torch
 
     with torch.no_grad():
-        logp = torch.log_softmax(logits, dim=-1)
-        return -(logp.exp() * logp).sum(-1)
+        return torch.stack(
+            [row.logsumexp(-1) - (torch.softmax(row, -1) * row).sum(-1) for row in logits]
+        )
 
 
 def frozen_logprobs(
