@@ -78,7 +78,68 @@ def test_number_format_does_not_credit_restating_the_question():
     assert rewards.tolist() == [1.0, 1.0, 1.0, 0.0]
 
 
-@pytest.mark.parametrize("answer_format", ["any", "boxed", "number"])
+FINAL_LINE = RewardConfig(answer_format="final_line")
+
+
+def test_final_line_credits_only_a_last_line_that_is_the_answer():
+    responses = [
+        "14",  # the answer alone
+        "Let me add.\n14",  # working, then the answer alone
+        "8 + 6 = 14\n\n  \\boxed{14}  \n\n",  # boxed, blank lines after
+        "8 + 6 = 14",  # an equation ending in the answer
+        "(8 + 6) * 1 = 14.",  # with a full stop
+        "14\nI hope this helps! 8 + 6 is a simple sum.",  # right answer, then rambling
+        "8 + 6 = 14\nThe answer for the given math problem",  # the study's lock-in template
+        "The answer is 14.",  # in a sentence
+        "x = 14",  # not an arithmetic equation
+        "14!",  # anything else on the line
+        "Let me think.\n15",  # well formed and wrong
+        "",  # nothing
+    ]
+    rewards, statuses = score(responses, "14", FINAL_LINE)
+    assert rewards.tolist() == [1] * 5 + [0] * 7
+    assert statuses == ["correct"] * 5 + ["no_answer"] * 5 + ["wrong", "no_answer"]
+    # the lenient number grader credits every ill-formed one that holds 14 last
+    lenient = score(responses, "14", RewardConfig(answer_format="number"))[0]
+    assert lenient.tolist() == [1] * 5 + [0, 1, 1, 1, 1, 0, 0]
+
+
+def test_final_line_lets_math_verify_decide_equality():
+    rewards, statuses = score(["so\n-3", "\\boxed{-3}", "-3.0", "3", "1,000"], "-3", FINAL_LINE)
+    assert rewards.tolist() == [1, 1, 1, 0, 0]
+    assert statuses == ["correct", "correct", "correct", "wrong", "wrong"]
+    assert score(["work\n1,000"], "1000", FINAL_LINE)[0].tolist() == [1.0]
+
+
+def test_final_line_gives_zero_to_a_truncated_response_whatever_it_ends_on():
+    # cut at max_new_tokens on a line that happens to hold the right number alone
+    responses = ["14\n14\n14", "14\n14\n14", "14"]
+    finish = ["length", "stop", "length"]
+    rewards, statuses = score(responses, "14", FINAL_LINE, finish)
+    assert rewards.tolist() == [0.0, 1.0, 0.0]
+    assert statuses == ["truncated", "correct", "truncated"]
+    # the other formats keep grading the text alone, as the committed runs were graded
+    assert score(responses, "14", RewardConfig(answer_format="number"), finish)[0].tolist() == [
+        1.0,
+        1.0,
+        1.0,
+    ]
+    pooled = score_many(
+        [responses[:2], responses[2:]],
+        ["14", "14"],
+        FINAL_LINE,
+        None,
+        [
+            finish[:2],
+            finish[2:],
+        ],
+    )
+    assert [s for _, st in pooled for s in st] == statuses
+    with pytest.raises(ValueError, match="finish reasons"):
+        score(responses, "14", FINAL_LINE, finish[:2])
+
+
+@pytest.mark.parametrize("answer_format", ["any", "boxed", "number", "final_line"])
 def test_garbage_never_raises_and_scores_zero(answer_format):
     garbage = [
         "",

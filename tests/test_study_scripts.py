@@ -82,3 +82,30 @@ def test_run_sh_resolves_an_inherited_run_dir():
     """run.sh read run_dir with sed: a config that inherits it (extends) gave ""."""
     text = (ROOT / "experiments" / "study" / "run.sh").read_text()
     assert "make_config(read_config_file" in text and "sed -n 's/^run_dir" not in text
+
+
+STRICT = ROOT / "experiments" / "study" / "strict"
+
+
+@pytest.mark.parametrize("arm", ["vanilla", "basis", "vanilla_lr1e-4", "basis_lr1e-4"])
+def test_the_strict_pilot_is_the_study_with_only_the_task_changed(arm):
+    """Issue 42 item 4: each pilot arm is the study's arm of that name with the strict grader,
+    room to answer (48-64 tokens), no value probe and its own run folder; nothing else."""
+    from basis_bench.train import make_config
+    from basis_bench.train.config import config_dict, read_config_file
+
+    def settings(path: Path) -> dict:
+        return config_dict(make_config(read_config_file(path)))
+
+    study, strict = (
+        settings(ROOT / "experiments" / "study" / f"{arm}.toml"),
+        settings(STRICT / f"{arm}.toml"),
+    )
+    changed = {k for k in study.keys() | strict.keys() if study.get(k) != strict.get(k)}
+    assert changed <= {"answer_format", "max_new_tokens", "probe_every", "run_dir"}, changed
+    config = make_config(read_config_file(STRICT / f"{arm}.toml"))
+    assert config.grading.answer_format == "final_line"
+    assert 48 <= config.generation.max_new_tokens <= 64
+    assert config.run_dir == f"runs/study-strict/{arm}"
+    # the pilot's runner names these arms by default
+    assert arm in (STRICT / "run.sh").read_text().split("ARMS:-")[1].split("}")[0].split()

@@ -228,6 +228,22 @@ def test_micro_batching_never_changes_the_step(loss):
         assert torch.allclose(p, q, atol=1e-6)
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_the_logged_entropy_is_the_sampling_policys_mean_token_entropy(epochs):
+    # the bigram model's next-token distribution depends on the previous token alone, so each
+    # response token's entropy is that of softmax(head(emb(previous)) / T), T = 0.7
+    config = make_config({}, ["temperature=0.7", f"epochs={epochs}"])
+    model = TinyLM()
+    with torch.no_grad():
+        logp = torch.log_softmax(model.head(model.emb.weight) / 0.7, dim=-1)
+        by_previous = -(logp.exp() * logp).sum(-1)
+    previous = [t for p, r in zip(PROMPTS, RESPONSES, strict=True) for t in [p[-1], *r[:-1]]]
+    expected = float(by_previous[previous].mean())  # 8 tokens, each counted once
+    _, stats = _update(config, [1.0, -0.5, 0.25, -1.0], model)
+    assert stats["entropy"] == pytest.approx(expected, rel=1e-6)
+    assert 0 < expected < math.log(11)
+
+
 def test_a_non_finite_loss_stops_the_run_before_the_weights_move():
     from basis_bench.train.update import NonFiniteError
 

@@ -1,10 +1,12 @@
 """Short real CPU runs of SmolLM2 through `train` (marked slow): parameters move, logs and
 checkpoints are written, resume continues the step count and reproduces the run, the
-estimator sees exactly its batch, the seed fixes the first rollouts."""
+estimator sees exactly its batch, the seed fixes the first rollouts, final_line grading
+gives cut responses nothing."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import torch
 
 from basis_bench.estimators import EstimatorInput, grpo, register_estimator, registry
 from basis_bench.train import make_config, read_log, resume_config, train
+from basis_bench.train.policy_measures import answer_diversity
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -139,10 +142,27 @@ def test_run_moves_parameters_logs_and_writes_loadable_checkpoints(basis_run, sm
     base, _ = load_policy(smol_dir, device="cpu")
     pairs = zip(trained.parameters(), base.parameters(), strict=True)
     assert any(not torch.equal(a, b) for a, b in pairs)
-    assert (basis_run / "eval" / "greedy-000002.parquet").is_file()
+    greedy = pl.read_parquet(basis_run / "eval" / "greedy-000002.parquet")
+    assert log[2]["eval_accuracy"] == greedy["reward"].mean()
+    assert log[2]["eval_truncated_share"] == (greedy["finish_reason"] == "length").mean()
+    assert log[2]["eval_answer_diversity"] == answer_diversity(greedy["response"].to_list())
+    assert 0 < log[1]["entropy"] < math.log(trained.config.vocab_size)  # nats
     recorded = json.loads((basis_run / "config.json").read_text())
     assert recorded["estimator"] == "basis" and recorded["steps"] == 2
     assert {"git_commit", "date_utc", "versions", "argv"} <= set(recorded["provenance"])
+
+
+def test_final_line_grading_gives_cut_responses_nothing_in_training_and_evaluation(
+    smol_dir, tmp_path
+):
+    config = tiny(smol_dir, tmp_path, "answer_format=final_line", "steps=1", "heldout_every=1")
+    run_dir = train(config)
+    sampled = pl.concat([rollouts(run_dir, 1), pl.read_parquet(run_dir / "eval" / "*.parquet")])
+    cut = sampled.filter(pl.col("finish_reason") == "length")
+    assert cut.height > 0, "8 new tokens: some responses run long"
+    assert cut["reward"].sum() == 0 and set(cut["verify_status"]) == {"truncated"}
+    log = read_log(run_dir)
+    assert [r["eval_accuracy"] for r in log] == [r["eval_strict_accuracy"] for r in log]
 
 
 def test_resume_continues_the_step_count_and_reproduces_the_run(basis_run, tmp_path):

@@ -29,8 +29,10 @@ class Grading:
         choices=_answer_formats,
         help="What is graded. any: the last \\boxed{} if present, else the last expression "
         "(math-verify's default); boxed: only a \\boxed{} answer counts; number: the last "
-        "number literal (in the last \\boxed{} if any); auto: number for arithmetic prompts, "
-        "any otherwise.",
+        "number literal (in the last \\boxed{} if any); final_line: the last non-empty line "
+        "must be the answer, alone or ending an arithmetic equation (8 + 6 = 14), and a "
+        "response cut at max_new_tokens scores 0; auto: number for arithmetic prompts, any "
+        "otherwise.",
     )
     verify_timeout: float = setting(
         5.0,

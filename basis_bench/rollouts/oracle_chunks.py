@@ -88,8 +88,10 @@ def sample_chunk(
             sketch = sampler.score_sketches(tokens, job.sampling, job.store_scores, job.score_seed)
     else:
         samples = sampler.sample(problems, job.sampling, seed, on_progress)
-    groups = [samples.responses[p * n : (p + 1) * n] for p in range(chunk.prompts.height)]
-    scored = grade(groups, chunk.prompts, job.reward, job.template, pool, completion_ids)
+    cuts = range(0, chunk.prompts.height * n, n)
+    groups = [samples.responses[i : i + n] for i in cuts]
+    finish = [samples.finish_reasons[i : i + n] for i in cuts]
+    scored = grade(groups, chunk.prompts, job.reward, job.template, pool, completion_ids, finish)
     columns: dict[str, Any] = {
         "prompt_id": np.repeat(np.asarray(chunk.prompt_ids, dtype=object), n),
         "policy": [job.policy] * (chunk.prompts.height * n),

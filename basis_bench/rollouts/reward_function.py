@@ -164,15 +164,17 @@ def grade(
     template: PromptTemplate,
     pool: ProcessPoolExecutor | None = None,
     completion_ids: Sequence[Any] | None = None,
+    finish_reasons: Sequence[Sequence[str]] | None = None,
 ) -> list[tuple[np.ndarray, list[str]]]:
     """(rewards, statuses) of ``responses[p]``, the samples of prompt row ``p``: math-verify
-    against the answers (:func:`~basis_bench.rollouts.rewards.score_many`, in ``pool``), or the
-    reward function of ``config.function`` in one call (``completion_ids``: flat, prompt-major)."""
+    against the answers (:func:`~basis_bench.rollouts.rewards.score_many`, in ``pool``, with
+    ``finish_reasons[p]``), or the reward function of ``config.function`` in one call
+    (``completion_ids``: flat, prompt-major)."""
     from basis_bench.rollouts.rewards import score_many
     from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, TrainerPrompt, reward_columns
 
     if config.function == MATH_VERIFY:
-        return score_many(responses, prompts["answer"].to_list(), config, pool)
+        return score_many(responses, prompts["answer"].to_list(), config, pool, finish_reasons)
     if len(responses) != prompts.height:
         raise ValueError(f"{len(responses)} response groups but {prompts.height} prompts")
     raw = prompts[PROMPT_COLUMN] if PROMPT_COLUMN in prompts.columns else [None] * prompts.height

@@ -9,7 +9,9 @@ why. Statuses:
 ``correct``        verified equivalent to the gold answer (reward 1)
 ``wrong``          an answer was extracted and it does not match
 ``no_answer``      nothing to grade (no ``\\boxed{}`` in ``boxed`` mode, no number in
-                   ``number`` mode, or no parsable expression)
+                   ``number`` mode, a last line that is not the answer alone in
+                   ``final_line`` mode, or no parsable expression)
+``truncated``      ``final_line`` mode: the response was cut at ``max_new_tokens``
 ``timeout``        parsing + verification took longer than ``timeout_s``
 ``gold_unparsed``  the gold answer itself could not be parsed (every response of the prompt gets 0)
 ``error: <Type>``  math-verify raised; the exception type is kept
@@ -38,11 +40,17 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.reward_function import MATH_VERIFY, check_reward_function
 from basis_bench.settings import check_scalar
 
-AnswerFormat = Literal["any", "boxed", "number"]
-ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("any", "boxed", "number")
+AnswerFormat = Literal["any", "boxed", "number", "final_line"]
+ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("any", "boxed", "number", "final_line")
 
 # A number literal; a minus sign counts only when it is not a binary minus ("5-3" ends in 3).
 _NUMBER = re.compile(r"(?<![\w)\].])-?\d+(?:,\d{3})*(?:\.\d+)?")
+# final_line's last line: a number literal, bare or in \boxed{}, alone or as the right-hand
+# side of an arithmetic equation ("8 - 4 = 4"), with at most a full stop after it.
+_LITERAL = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
+_ANSWER_LINE = re.compile(
+    rf"(?:[\d+\-*/×÷().,\s]*=\s*)?(?:{_LITERAL}|\\boxed\{{\s*{_LITERAL}\s*\}})\.?"
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,12 @@ class RewardConfig:
     last ``\\boxed{}`` and gives ``no_answer`` to a response without one. ``"number"``
     grades the last number literal (inside the last ``\\boxed{}`` if there is one): for
     arithmetic prompts, where "any" would credit a response that merely restates the
-    question ("8 + 6" evaluates to 14). ``timeout_s`` bounds parsing plus verification
-    of one response.
+    question ("8 + 6" evaluates to 14). ``"final_line"`` is strict: the last non-empty
+    line must be the answer (a number literal, bare or in ``\\boxed{}``), alone or as the
+    right-hand side of an arithmetic equation ("8 - 4 = 4"), with at most a full stop
+    after it; an answer followed by anything, or in a sentence, gets ``no_answer``, and a
+    response cut at ``max_new_tokens`` gets ``truncated`` (reward 0 whatever it ends on).
+    ``timeout_s`` bounds parsing plus verification of one response.
     """
 
     answer_format: AnswerFormat = "any"
@@ -139,9 +151,23 @@ def last_number(text: str) -> str | None:
     return numbers[-1].replace(",", "") if numbers else None
 
 
+def final_line(text: str) -> str | None:
+    """The answer of a response whose last non-empty line is ``final_line``'s answer line
+    ("14", "\\boxed{14}", "8 + 6 = 14."; "1,000" -> "1000"), else None."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or not _ANSWER_LINE.fullmatch(lines[-1]):
+        return None
+    return last_number(lines[-1])
+
+
 def _extract(response: str, config: RewardConfig) -> list[Any]:
     """math-verify's parsed candidates for a response ([] when there is nothing to grade)."""
-    if config.answer_format in ("boxed", "number"):
+    if config.answer_format == "final_line":
+        answer = final_line(response)
+        if answer is None:
+            return []
+        response = "\\boxed{" + answer + "}"
+    elif config.answer_format in ("boxed", "number"):
         content = last_boxed(response)
         if config.answer_format == "number":
             content = last_number(response if content is None else content)
@@ -177,13 +203,20 @@ def parse_gold(answer: str, config: RewardConfig = RewardConfig()) -> list[Any] 
 
 
 def score(
-    responses: Sequence[str], answer: str, config: RewardConfig = RewardConfig()
+    responses: Sequence[str],
+    answer: str,
+    config: RewardConfig = RewardConfig(),
+    finish_reasons: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
     """Rewards (float64, 0 or 1) and verify statuses of many responses to one prompt.
 
     The gold answer is parsed once; identical responses (common when sampling many
-    per prompt) are graded once and the verdict is shared.
+    per prompt) are graded once and the verdict is shared. ``finish_reasons`` (one per
+    response, "length" for one cut at ``max_new_tokens``) matter in ``final_line`` mode
+    only, where a cut response scores 0 with status ``truncated``.
     """
+    if finish_reasons is not None and len(finish_reasons) != len(responses):
+        raise ValueError(f"{len(responses)} responses but {len(finish_reasons)} finish reasons")
     if len(responses) == 0:
         return np.zeros(0), []
     gold = parse_gold(answer, config)
@@ -192,10 +225,14 @@ def score(
     unique, inverse = np.unique(np.asarray(responses, dtype=object), return_inverse=True)
     verdicts = np.array([_grade(gold, str(r), config) for r in unique], dtype=object)
     statuses = verdicts[inverse.ravel()]
+    if config.answer_format == "final_line" and finish_reasons is not None:
+        statuses[np.asarray(finish_reasons, dtype=object) == "length"] = "truncated"
     return (statuses == "correct").astype(np.float64), statuses.tolist()
 
 
-def _score_args(args: tuple[Sequence[str], str, RewardConfig]) -> tuple[np.ndarray, list[str]]:
+def _score_args(
+    args: tuple[Sequence[str], str, RewardConfig, Sequence[str] | None],
+) -> tuple[np.ndarray, list[str]]:
     return score(*args)
 
 
@@ -204,15 +241,23 @@ def score_many(
     answers: Sequence[str],
     config: RewardConfig = RewardConfig(),
     pool: ProcessPoolExecutor | None = None,
+    finish_reasons: Sequence[Sequence[str]] | None = None,
 ) -> list[tuple[np.ndarray, list[str]]]:
-    """:func:`score` for many prompts (``responses[p]`` against ``answers[p]``).
+    """:func:`score` for many prompts (``responses[p]`` against ``answers[p]``, with
+    ``finish_reasons[p]`` when given).
 
     With a ``pool`` (see :func:`scoring_pool`) prompts are graded in parallel worker
     processes, each with its own SIGALRM timeout; without one, in this process.
     """
     if len(responses) != len(answers):
         raise ValueError(f"{len(responses)} response groups but {len(answers)} answers")
-    jobs = [(list(r), a, config) for r, a in zip(responses, answers, strict=True)]
+    finish = [None] * len(responses) if finish_reasons is None else finish_reasons
+    if len(finish) != len(responses):
+        raise ValueError(f"{len(responses)} response groups but {len(finish)} finish reason groups")
+    jobs = [
+        (list(r), a, config, None if f is None else list(f))
+        for r, a, f in zip(responses, answers, finish, strict=True)
+    ]
     if pool is None:
         return [_score_args(job) for job in jobs]
     return list(pool.map(_score_args, jobs))

@@ -17,8 +17,9 @@ value_error         the value probe's noise-corrected squared error of the basel
                     that logged it and its 95% t-interval band, as the accuracy; only when
                     some run has probe records; PNG, PDF
 training_summary    CSV: arm, run, label, step, eval_accuracy, mean_reward, truncated_share
-                    (responses cut at max_new_tokens), beta, probe_value_error (one row
-                    per logged step)
+                    (responses cut at max_new_tokens), beta, probe_value_error and the
+                    policy measures (entropy, eval_strict_accuracy, ...; one row per
+                    logged step)
 training_runs       CSV: one row per run, its final, peak, peak-to-final drop, decline,
                     largest dip, half-budget accuracy, rollouts, wall hours, mean value
                     error, collapsed (:func:`basis_bench.train.summary.collapsed`)
@@ -51,6 +52,7 @@ from basis_bench.quoting import plain_math, printable
 from basis_bench.settings import check_scalar
 from basis_bench.train.findings import write_findings
 from basis_bench.train.summary import (
+    POLICY_MEASURES,
     VALUE_ERROR,
     Arm,
     RunLog,
@@ -282,7 +284,8 @@ def beta_figure(runs: Sequence[tuple[RunLog, str, str]]) -> Any:
 
 def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
     """training_summary.csv: arm, run, label, step, eval_accuracy, mean_reward,
-    truncated_share, beta, probe_value_error."""
+    truncated_share, beta, probe_value_error and the policy measures (empty in runs
+    logged before them)."""
     from basis_bench.outputs import atomic_write
 
     table = pl.concat(
@@ -298,7 +301,7 @@ def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
         how="diagonal_relaxed",
     ).select(
         "arm", "run", "label", "step", "eval_accuracy", "mean_reward", "truncated_share", "beta",
-        VALUE_ERROR,
+        VALUE_ERROR, *POLICY_MEASURES,
     )  # fmt: skip
     text = table.with_columns(pl.col("beta").map_elements(_beta_text, return_dtype=pl.String))
     with atomic_write(path) as tmp:

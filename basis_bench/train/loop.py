@@ -121,7 +121,11 @@ def train(
             # 3. rewards r (B_p, G')
             with timer("reward"):
                 rewards, statuses = score_rollouts(
-                    rollouts.responses, batch, run.data, rollouts.response_tokens
+                    rollouts.responses,
+                    batch,
+                    run.data,
+                    rollouts.response_tokens,
+                    rollouts.finish_reasons,
                 )
 
             # 4. baselines b and advantages A = r - b (B_p, G')
@@ -174,7 +178,7 @@ def when_due(run: Run, step: int, record: Record, timer: Timer) -> None:
     config = run.config
     if due(step, config.heldout_every, config.steps):
         with timer("eval"):
-            record["eval_accuracy"] = heldout_accuracy(run, step)
+            record.update(heldout_evaluation(run, step))
     if due(step, config.probe_every, config.steps):
         with timer("probe"):
             record.update(value_probe(run, step))
@@ -195,11 +199,13 @@ def due(step: int, every: int, last: int) -> bool:
 # --------------------------------------------------------------------------- advantages and held-out accuracy
 
 
-def heldout_accuracy(run: Run, step: int) -> float:
-    """Held-out accuracy of greedy responses; the responses go to RUN/eval/greedy-T.parquet."""
+def heldout_evaluation(run: Run, step: int) -> Record:
+    """Held-out accuracy of greedy responses (``eval_accuracy``) and the policy measures of
+    :mod:`basis_bench.train.policy_measures`; the responses go to RUN/eval/greedy-T.parquet."""
     from basis_bench.outputs import write_parquet_atomic
     from basis_bench.rollouts.sampling import SamplingConfig
     from basis_bench.rollouts.trainer_prompts import model_inputs
+    from basis_bench.train.policy_measures import heldout_measures
 
     config, heldout_set = run.config, run.data.heldout_set
     tokens = (
@@ -209,8 +215,9 @@ def heldout_accuracy(run: Run, step: int) -> float:
     greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=tokens)
     sampled = run.sampler.sample_tokens(model_inputs(heldout_set), greedy, seed=0)
     samples = run.sampler.decode(sampled)
+    answers = heldout_set["answer"].to_list()
     rewards, statuses = score_rollouts(
-        samples.responses, heldout_set, run.data, sampled.response_ids
+        samples.responses, heldout_set, run.data, sampled.response_ids, samples.finish_reasons
     )
     frame = rollout_frame(
         heldout_set["prompt_id"].to_list(),
@@ -222,7 +229,10 @@ def heldout_accuracy(run: Run, step: int) -> float:
         samples.finish_reasons,
     )
     write_parquet_atomic(frame, run.run_dir / "eval" / f"greedy-{step:06d}.parquet")
-    return float(rewards.mean())
+    measures = heldout_measures(
+        samples.responses, samples.finish_reasons, answers, run.data.reward, statuses, run.data.pool
+    )
+    return {"eval_accuracy": float(rewards.mean()), **measures}
 
 
 def initial_record(run: Run) -> Record:
@@ -234,7 +244,7 @@ def initial_record(run: Run) -> Record:
     record: Record = {"step": 0}
     if run.config.heldout_every:
         with timer("eval"):
-            record["eval_accuracy"] = heldout_accuracy(run, 0)
+            record.update(heldout_evaluation(run, 0))
     if run.config.probe_every:
         with timer("probe"):
             record.update(value_probe(run, 0))

@@ -90,7 +90,9 @@ def value_probe(run: Any, step: int) -> dict[str, float]:
     with torch.random.fork_rng():  # hf's generate engine seeds torch's global RNG
         seed = derive_seed(PROBE_STREAM, config.seed, step)
         rollouts = sample_rollouts(run.sampler, prompts, sampling, seed)
-    rewards, _ = score_rollouts(rollouts.responses, prompts, run.data, rollouts.response_tokens)
+    rewards, _ = score_rollouts(
+        rollouts.responses, prompts, run.data, rollouts.response_tokens, rollouts.finish_reasons
+    )
     own = rewards[:, : run.group]
     baselines = probe_baselines(
         run.estimator, prompts["prompt_id"].to_list(), own, run.prompts_per_step

@@ -64,12 +64,16 @@ def score_rollouts(
     prompts: pl.DataFrame,
     data: Data,
     completion_ids: Sequence[Any] | None = None,
+    finish: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, list[str]]:
     """Rewards (B_p, G') of prompt-major responses to prompt rows ``prompts`` (math-verify
-    against their answers, or the reward function), and the grader's status of each (flat)."""
+    against their answers, or the reward function), and the grader's status of each (flat);
+    ``finish`` holds each response's finish reason (a cut one scores 0 under ``final_line``)."""
     from basis_bench.rollouts.reward_function import grade
 
     group = len(responses) // prompts.height
-    groups = [responses[p * group : (p + 1) * group] for p in range(prompts.height)]
-    scored = grade(groups, prompts, data.reward, data.template, data.pool, completion_ids)
+    cuts = range(0, len(responses), group)
+    groups = [responses[i : i + group] for i in cuts]
+    cut = None if finish is None else [finish[i : i + group] for i in cuts]
+    scored = grade(groups, prompts, data.reward, data.template, data.pool, completion_ids, cut)
     return np.stack([r for r, _ in scored]), [s for _, st in scored for s in st]

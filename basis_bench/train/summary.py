@@ -79,6 +79,9 @@ METRICS = (
     "final", "peak", "drop", "decline", "dip", "half", "rollouts", "wall_hours", "value_error",
 )  # fmt: skip
 VALUE_ERROR = "probe_value_error"  # the log's column that value_error averages
+# the training entropy and the held-out evaluation's policy measures (train/policy_measures.py)
+POLICY_MEASURES = ("entropy", "eval_strict_accuracy", "eval_format_share",
+                   "eval_truncated_share", "eval_answer_diversity")  # fmt: skip
 UNTIMED_PHASES = frozenset({"probe"})  # logged seconds that wall_hours leaves out
 SEED_PREFIX = "seed-"
 # Settings that differ between the seeds of one arm by design.
@@ -152,15 +155,8 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
     for key, kind in (("estimator", str), ("group_size", int), ("loss", str)):
         if not isinstance(config.get(key), kind) or isinstance(config.get(key), bool):
             raise InputError(f"{path}: {key!r} is missing or not a {kind.__name__}")
-    columns = (
-        "step",
-        "mean_reward",
-        "truncated_share",
-        "eval_accuracy",
-        "beta",
-        "rollouts",
-        VALUE_ERROR,
-    )
+    columns = ("step", "mean_reward", "truncated_share", "eval_accuracy", "beta", "rollouts",
+               VALUE_ERROR, *POLICY_MEASURES)  # fmt: skip
     rows = [{c: r.get(c) for c in columns} | {"seconds": _seconds(r)} for r in read_log(run_dir)]
     if not rows:
         raise InputError(f"{run_dir}: log.jsonl is empty")
@@ -187,6 +183,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], pl.DataFr
         "beta": pl.Float64,
         "rollouts": pl.Int64,
         VALUE_ERROR: pl.Float64,
+        **dict.fromkeys(POLICY_MEASURES, pl.Float64),
         "seconds": pl.Float64,
     }
     return config, pl.DataFrame(rows, schema=schema, orient="row")

@@ -2,11 +2,12 @@
 
 Every record the loop writes to ``log.jsonl`` also goes, as scalars at the record's step,
 to each tracker named in ``report_to``: the step's statistics under ``train/`` (rewards,
-losses, baseline and advantage moments, beta, zero-advantage share, tokens), held-out
-accuracy as ``eval/accuracy``, the seconds of each phase under ``seconds/``. Values that
-are not finite numbers (beta of an estimator without one, beta = inf: ``train/beta_infinite``
-flags it) are left out. log.jsonl stays the record
-of the run; the trackers are views of it, each an optional extra, none needing a network:
+losses, baseline and advantage moments, beta, zero-advantage share, tokens, entropy), the
+held-out evaluation's under ``eval/`` (``eval/accuracy``, ``eval/strict_accuracy``, ...),
+the seconds of each phase under ``seconds/``. Values that are not finite numbers (beta of an
+estimator without one, beta = inf: ``train/beta_infinite`` flags it) are left out. log.jsonl
+stays the record of the run; the trackers are views of it, each an optional extra, none
+needing a network:
 
 - ``tensorboard``: event files in ``RUN/tensorboard`` (``tensorboard --logdir RUN``);
   a resumed run purges the events after its checkpoint's step, as log.jsonl does.
@@ -41,15 +42,16 @@ class Tracker(Protocol):
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """A log record as tracker scalars: ``train/KEY``, ``eval/accuracy``, ``seconds/PHASE``,
-    every one finite (TensorBoard plots no infinity): a non-finite value is left out, and
-    ``train/beta_infinite`` is 1.0 at a step whose beta was infinite (no tilt), else 0.0."""
+    """A log record as tracker scalars: ``train/KEY``, ``eval/KEY`` for ``eval_KEY``
+    (``eval/accuracy``, ...), ``seconds/PHASE``, every one finite (TensorBoard plots no
+    infinity): a non-finite value is left out, and ``train/beta_infinite`` is 1.0 at a step
+    whose beta was infinite (no tilt), else 0.0."""
     out: dict[str, float] = {}
     for key, value in record.items():
         if key == "seconds":
             out.update({f"seconds/{phase}": float(s) for phase, s in value.items()})
         elif key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
-            out["eval/accuracy" if key == "eval_accuracy" else f"train/{key}"] = float(value)
+            out[f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"] = float(value)
     beta = record.get("beta")
     if isinstance(beta, int | float) and not isinstance(beta, bool):
         out["train/beta_infinite"] = float(math.isinf(beta))

@@ -23,20 +23,20 @@ class NonFiniteError(InputError):
     """The loss, the gradient or the weights went NaN or infinite; the run stops."""
 
 
-def token_logprobs(
+def response_logits(
     model: Any,
     prompts: Sequence[Sequence[int]],
     responses: Sequence[np.ndarray],
     pad_id: int,
     temperature: float,
     autocast: str = "none",
-) -> tuple[Any, Any]:
-    """log pi(y_t | x, y_<t) of each sampled response token: (N, T) and its mask (N, T).
+) -> tuple[Any, Any, Any]:
+    """The logits that score each sampled response token, divided by the sampling
+    temperature (N, T, V), the tokens (N, T) and their mask (N, T).
 
     Prompts are left-padded to one width W and responses right-padded after them, so every
     response starts at column W as in generation; position ids count real tokens only.
-    Only the last T + 1 positions go through the LM head (prompt logits are never needed),
-    and the logits are divided by the sampling temperature.
+    Only the last T + 1 positions go through the LM head (prompt logits are never needed).
     """
     import torch
 
@@ -61,9 +61,39 @@ def token_logprobs(
             logits_to_keep=t + 1,
         )
     logits = out.logits[:, :-1].float() / temperature
-    targets = ids[:, width:]
-    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
-    return logp, attention[:, width:].to(logp.dtype)
+    return logits, ids[:, width:], attention[:, width:].to(logits.dtype)
+
+
+def _gather_logprobs(logits: Any, targets: Any) -> Any:
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def token_logprobs(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[np.ndarray],
+    pad_id: int,
+    temperature: float,
+    autocast: str = "none",
+) -> tuple[Any, Any]:
+    """log pi(y_t | x, y_<t) of each sampled response token: (N, T) and its mask (N, T)
+    (the logits as :func:`response_logits` gives them)."""
+    logits, targets, mask = response_logits(
+        model, prompts, responses, pad_id, temperature, autocast
+    )
+    return _gather_logprobs(logits, targets), mask
+
+
+def token_entropy(logits: Any) -> Any:
+    """The entropy of each position's next-token distribution, softmax(logits), in nats
+    (no gradient): (N, T) from (N, T, V), one response at a time, so that its temporaries
+    stay a response's (T, V) rather than the micro-batch's."""
+    import torch
+
+    with torch.no_grad():
+        return torch.stack(
+            [row.logsumexp(-1) - (torch.softmax(row, -1) * row).sum(-1) for row in logits]
+        )
 
 
 def frozen_logprobs(
@@ -133,9 +163,12 @@ def _minibatch_step(
     minibatch: np.ndarray,
     config: TrainConfig,
     step: int,
+    entropy: list[tuple[float, float]] | None = None,
 ) -> tuple[float, float, float]:
     """The gradient of one minibatch, accumulated over micro-batches with the minibatch's
-    denominator, then clipped. Returns (loss, KL, gradient norm before clipping)."""
+    denominator, then clipped. Returns (loss, KL, gradient norm before clipping); with an
+    ``entropy`` list, appends the policy's per-token entropy summed over the minibatch's
+    response tokens and their count."""
     import torch
 
     from basis_bench.train import losses
@@ -150,7 +183,7 @@ def _minibatch_step(
     denom = float(sum(lengths)) if settings.agg == "token_mean" else float(len(minibatch))
     total = kl_total = 0.0
     for part in np.array_split(minibatch, -(-len(minibatch) // config.micro_batch_size)):
-        logp, mask = token_logprobs(
+        logits, targets, mask = response_logits(
             policy,
             [batch.prompt_tokens[i] for i in part],
             [batch.responses[i] for i in part],
@@ -158,6 +191,9 @@ def _minibatch_step(
             config.generation.temperature,
             config.autocast,
         )
+        logp = _gather_logprobs(logits, targets)
+        if entropy is not None:
+            entropy.append((float((token_entropy(logits) * mask).sum()), float(mask.sum())))
         width = logp.shape[1]
         old = batch.old_logp[part, :width] if batch.old_logp is not None else logp.detach()
         loss = policy_loss.fn(logp, old, batch.advantages[part], mask, settings, denom)
@@ -188,6 +224,11 @@ def update_policy(
     """``epochs`` passes over ``minibatches`` shuffled minibatches of the N responses, one
     AdamW step each on loss + kl_coef * KL, the gradient accumulated over micro-batches
     with the minibatch's denominator (so micro-batching never changes the step).
+
+    Returns the mean loss, KL and gradient norm over the updates, and ``entropy``: the mean
+    over the responses' tokens of the policy's next-token entropy (nats, at the sampling
+    temperature), taken in the first epoch's pass (the sampling policy itself at the first
+    minibatch; later minibatches see the policy their predecessors updated).
     """
     import torch
 
@@ -207,10 +248,13 @@ def update_policy(
     totals: list[float] = []
     kls: list[float] = []
     norms: list[float] = []
-    for _ in range(config.epochs):
+    entropy: list[tuple[float, float]] = []  # (sum, tokens) per micro-batch of the first epoch
+    for epoch in range(config.epochs):
         for minibatch in np.array_split(rng.permutation(len(responses)), config.minibatches):
             optimizer.zero_grad(set_to_none=True)
-            total, kl_total, norm = _minibatch_step(policy, batch, minibatch, config, step)
+            total, kl_total, norm = _minibatch_step(
+                policy, batch, minibatch, config, step, entropy if epoch == 0 else None
+            )
             optimizer.step()
             _check_weights(step, policy)
             totals.append(total)
@@ -221,4 +265,5 @@ def update_policy(
         "loss": float(np.mean(totals)),
         "kl": float(np.mean(kls)) if reference is not None else None,
         "grad_norm": float(np.mean(norms)),
+        "entropy": sum(e for e, _ in entropy) / max(1.0, sum(n for _, n in entropy)),
     }
