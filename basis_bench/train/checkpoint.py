@@ -171,7 +171,9 @@ def load_trainer_state(checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
             "basis-bench (garbage, or more than plain data, which is not loaded: "
             f"{first_line(err)})"
         ) from err
-    except (RuntimeError, EOFError, ValueError) as err:  # truncated or not a torch file
+    except (RuntimeError, EOFError, ValueError, OSError) as err:  # truncated or not a torch file
+        if isinstance(err, OSError) and err.errno != errno.EINVAL:  # a real I/O error: say so
+            raise
         raise InputError(
             f"--resume {checkpoint}: {TRAINER_STATE} is truncated or corrupt "
             f"({first_line(err)}); resume from another checkpoint"
