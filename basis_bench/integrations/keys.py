@@ -11,7 +11,6 @@ module needs none of them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -33,7 +32,12 @@ from basis_bench.estimators.options import DEFAULT_PRIOR, field_names
 from basis_bench.integrations.prompt_check import CachedPrompts
 from basis_bench.rollouts.features import prompt_features
 from basis_bench.rollouts.store import load_prompts, load_rollouts, reward_matrix
-from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, TrainerPrompt
+from basis_bench.rollouts.trainer_prompts import (
+    PROMPT_COLUMN,
+    TrainerPrompt,
+    prompt_key,
+    prompt_text,
+)
 from basis_bench.settings import check_scalar
 
 DEFAULT_PROMPT_FORMAT = "{problem}"
@@ -41,45 +45,6 @@ DEFAULT_PROMPT_FORMAT = "{problem}"
 # for a trainer that renders further (OpenRLHF's input template or chat template).
 PromptFormat = str | Callable[[Mapping[str, Any]], str]
 RENDERED = "_rendered"  # keyed_prompts' column of each prompt's rendering
-
-
-def prompt_text(prompt: Any) -> str:
-    """The text a prompt is keyed by: a plain string, or a chat's last user message.
-
-    Chat prompts are sequences of {"role", "content"} messages (lists or numpy object
-    arrays, as verl and TRL pass them); content given as parts keeps its text parts.
-    """
-    if isinstance(prompt, str):
-        return prompt.strip()
-    messages = list(prompt) if isinstance(prompt, Sequence | np.ndarray) else None
-    if not messages or not all(isinstance(m, Mapping) for m in messages):
-        raise InputError(
-            f"a prompt must be a string or a list of chat messages; got {type(prompt).__name__}"
-        )
-    users = [m for m in messages if m.get("role") == "user"]
-    content = (users or messages)[-1].get("content", "")
-    if not isinstance(content, str | Sequence) or not all(
-        isinstance(p, Mapping) for p in (() if isinstance(content, str) else content)
-    ):  # None: every such prompt would share the key of ""
-        raise InputError(
-            f"a chat message's content must be text or a list of parts; got {content!r:.80}"
-        )
-    if not isinstance(content, str):
-        content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    return content.strip()
-
-
-def prompt_key(prompt: Any) -> str:
-    """Stable content key of a prompt: sha256 of :func:`prompt_text` (first 32 hex digits)."""
-    text = prompt_text(prompt)
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise InputError(
-            f"a prompt holds a lone surrogate ({text[err.start]!r} at {err.start}), not text: "
-            "decode the prompts as UTF-8 before keying them"
-        ) from err
-    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def keyed_prompts(rollouts: str | os.PathLike[str], prompt_format: PromptFormat) -> pl.DataFrame:

@@ -2,7 +2,7 @@
 
 A training prompt the cache does not hold would stop training at its first batch, after the
 model has loaded and generated, naming only a hash. So the TRL and verl plug-ins check every
-prompt of the training data when they start: its key (:func:`~basis_bench.integrations.keys.prompt_key`)
+prompt of the training data when they start: its key (:func:`~basis_bench.rollouts.trainer_prompts.prompt_key`)
 must be cached and, where the cache was built from a trainer's own dataset
 (``oracle --prompts trainer:PATH``), its whole conversation (system prompt included) must be
 one the cache was sampled on. A mismatch is refused with the training prompt's text beside the
@@ -49,7 +49,7 @@ class CachedPrompts:
     def check(self, prompts: Iterable[Any], what: str) -> int:
         """The number of prompts checked; an :class:`InputError` showing the first training
         prompt that the cache does not hold beside the nearest cached one."""
-        from basis_bench.integrations.keys import prompt_key, prompt_text
+        from basis_bench.rollouts.trainer_prompts import prompt_key, prompt_text
 
         missing, first, total = 0, None, 0
         for prompt in prompts:

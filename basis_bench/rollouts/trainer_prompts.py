@@ -9,7 +9,7 @@ system message and all, as TRL's ``GRPOTrainer`` and verl's ``RLHFDataset`` rend
 plain text is given as it is (tokenised with the tokenizer's special tokens, as TRL does).
 
 In the prompts table, ``problem`` is the text the plug-ins key a prompt by (a chat's last user
-message: :func:`basis_bench.integrations.keys.prompt_text`), ``trainer_prompt`` the prompt as the
+message: :func:`prompt_text`), ``trainer_prompt`` the prompt as the
 dataset holds it (JSON) and ``trainer_row`` the row's other columns (JSON), which a reward
 function gets as keyword arguments, as TRL passes them. The gold answer (for math-verify) is
 verl's ``reward_model.ground_truth``, else ``answer``, else the last ``\\boxed{}`` of (or the
@@ -18,12 +18,14 @@ whole) ``solution``, else ``ground_truth``; none of them: empty, and ``--reward`
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
@@ -148,11 +150,48 @@ def _answer(row: Mapping[str, Any]) -> str:
     return ""
 
 
+def prompt_text(prompt: Any) -> str:
+    """The text a prompt is keyed by: a plain string, or a chat's last user message.
+
+    Chat prompts are sequences of {"role", "content"} messages (lists or numpy object
+    arrays, as verl and TRL pass them); content given as parts keeps its text parts.
+    """
+    if isinstance(prompt, str):
+        return prompt.strip()
+    messages = list(prompt) if isinstance(prompt, Sequence | np.ndarray) else None
+    if not messages or not all(isinstance(m, Mapping) for m in messages):
+        raise InputError(
+            f"a prompt must be a string or a list of chat messages; got {type(prompt).__name__}"
+        )
+    users = [m for m in messages if m.get("role") == "user"]
+    content = (users or messages)[-1].get("content", "")
+    if not isinstance(content, str | Sequence) or not all(
+        isinstance(p, Mapping) for p in (() if isinstance(content, str) else content)
+    ):  # None: every such prompt would share the key of ""
+        raise InputError(
+            f"a chat message's content must be text or a list of parts; got {content!r:.80}"
+        )
+    if not isinstance(content, str):
+        content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return content.strip()
+
+
+def prompt_key(prompt: Any) -> str:
+    """Stable content key of a prompt: sha256 of :func:`prompt_text` (first 32 hex digits)."""
+    text = prompt_text(prompt)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InputError(
+            f"a prompt holds a lone surrogate ({text[err.start]!r} at {err.start}), not text: "
+            "decode the prompts as UTF-8 before keying them"
+        ) from err
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
 def trainer_prompts(spec: str) -> pl.DataFrame:
     """The prompts of ``trainer:PATH`` (``problem``, ``answer``, ``trainer_prompt``,
     ``trainer_row``), before ids are attached."""
-    from basis_bench.integrations.keys import prompt_text
-
     what = spec
     path = Path(spec[len(PREFIX) :])
     if not path.exists():
