@@ -335,30 +335,6 @@ def test_vllm_oracle_resumes_after_sigkill(whole_run, tmp_path):
 
 
 @needs_vllm
-def test_auto_samples_with_hf_where_the_vllm_engine_does_not_start(tmp_path):
-    """vllm imports and serves the CPU, but its engine refuses a context longer than the
-    model's: --backend auto samples with hf after one warning line, and the parts say hf;
-    --backend vllm is that one line as an error."""
-    args = [a for a in oracle_args(tmp_path / "auto") if a not in ("--backend", "vllm")]
-    args += ["--n", "1", "--max-model-len", str(10**7)]  # SmolLM2's context is 8,192
-    auto = subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=600, env=ONE_THREAD
-    )
-    assert auto.returncode == 0, auto.stderr[-3000:]
-    said = [line for line in auto.stderr.splitlines() if line.startswith("warning:")]
-    assert len(said) == 1 and "Traceback" not in auto.stderr, auto.stderr[-3000:]
-    assert said[0].startswith("warning: backend auto samples with hf: vLLM's engine did not start")
-    assert {read_metadata(p)["backend"]["backend"] for p in parts(tmp_path / "auto")} == {"hf"}
-    named = subprocess.run(
-        [*CLI, *oracle_args(tmp_path / "named", "--max-model-len", str(10**7))],
-        capture_output=True, text=True, timeout=600, env=ONE_THREAD,
-    )  # fmt: skip
-    message = " ".join(named.stderr.split())
-    assert named.returncode == 2 and message.startswith("error:"), named.stderr[-3000:]
-    assert "Traceback" not in message and "or use --backend hf" in message
-
-
-@needs_vllm
 def test_vllm_oracle_stores_the_hf_backends_prompt_hidden_states(whole_run, tmp_path):
     """--store-features hidden with vllm: the features are transformers' (the hf backend's numbers
     on the same folder), and the rollouts are those of the run without features."""
