@@ -21,6 +21,7 @@ import track_before
 
 from basis_bench.estimators import make_step_estimator
 from basis_bench.estimators.step import StepEstimator
+from basis_bench.estimators.track import JUMP_VAR, logit_grid
 
 RTOL = 1e-9
 
@@ -81,3 +82,150 @@ def test_track_one_stream_without_a_lead_axis():
             rtol=RTOL,
             atol=0,
         )
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.37, -3.2, 750.0, -800.0])
+def test_the_sigmoids_running_product_equals_the_exponentials(shift):
+    """The predictive's sigmoids 1 / (1 + e^-z_g), e^-z_g a running product along the grid
+    (each cell's own exponential where an end passes e^+-700), against numpy's: to 1e-13
+    relative, and where |z| is large to the rounding that z itself carries (eps |z|)."""
+    from basis_bench.estimators import loops
+
+    theta = logit_grid()
+    for var in (0.0, 0.02, 1.7, 40.0):
+        ez, got = np.empty(len(theta)), np.empty(len(theta))
+        loops._sigmoids(theta, shift, var, ez, got)
+        z = (-theta - shift) * (1.0 / np.sqrt(1.0 + np.pi * var / 8.0))  # as the kernel before
+        with np.errstate(over="ignore"):
+            want = 1.0 / (1.0 + np.exp(z))
+        bound = want * (1e-13 + 4.0 * np.finfo(float).eps * np.abs(z))
+        assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
+
+
+@pytest.mark.parametrize("var", [1e-3, 0.02, 0.6, 5.0, 300.0])
+def test_the_gaussians_running_products_equal_the_exponentials(var):
+    """The blur's densities q^(k^2) and the redrawn posterior's cells, running products,
+    against numpy's exponentials: to 1e-12 relative wherever a cell is above 1e-290 (the
+    blur's far cells underflow through the subnormals, where a product keeps fewer digits).
+    The densities come with the row's cumulative mass and their own running sum (one loop):
+    those are numpy's cumulative sums bit for bit."""
+    from basis_bench.estimators import loops
+
+    theta = logit_grid()
+    g, h = len(theta), theta[1] - theta[0]
+    w = np.random.default_rng(3).dirichlet(np.ones(g))
+    cum, dens, norm = np.empty(g), np.empty(2 * g - 1), np.empty(g)
+    q = np.exp(-h * h / (2.0 * var))
+    assert loops._masses(w, q, cum, dens, norm) == cum[-1]
+    np.testing.assert_array_equal(cum, np.cumsum(w))
+    d = dens[g - 1 :]
+    np.testing.assert_array_equal(dens[: g - 1], d[:0:-1])
+    np.testing.assert_array_equal(norm, np.cumsum(d))
+    want = np.exp(-((np.arange(g) * h) ** 2) / (2.0 * var))
+    big = want > 1e-290
+    np.testing.assert_allclose(d[big], want[big], rtol=1e-12)
+    assert np.all(d[~big] <= 1e-289)
+    for mean, shift in ((0.3, 0.0), (-7.9, 0.5), (9.5, 1.0), (-20.0, -3.0)):
+        moments, out = np.array([mean, mean * mean + 0.4]), np.empty(len(theta))
+        loops._redrawn(moments, shift, var, JUMP_VAR, theta, out)
+        logd = -((theta - mean - shift) ** 2) / (2.0 * (0.4 + var + JUMP_VAR))
+        np.testing.assert_allclose(out, np.exp(logd - logd.max()), rtol=1e-12)
+
+
+def test_no_blur_leaves_only_the_cumulative_mass():
+    """A blur whose density one cell away underflows to 0 is the identity: the loop then
+    writes the cumulative mass alone (numpy's bit for bit) and leaves the kernel's buffers."""
+    from basis_bench.estimators import loops
+
+    w = np.random.default_rng(4).dirichlet(np.ones(64))
+    cum, dens, norm = np.empty(64), np.full(127, 7.0), np.full(64, 7.0)
+    assert loops._masses(w, 0.0, cum, dens, norm) == cum[-1]
+    np.testing.assert_array_equal(cum, np.cumsum(w))
+    assert np.all(dens == 7.0) and np.all(norm == 7.0)
+
+
+def test_the_drift_updated_in_place_equals_the_drift_then_the_update():
+    """The drift that writes each posterior's Bayes update straight into the state (the
+    replay's batches: every prompt once) gives the same values and state, bit for bit, as
+    the drift followed by the separate update (the path a prompt twice in a batch takes)."""
+    from basis_bench.estimators import loops
+    from basis_bench.estimators.track import _FLOOR
+
+    theta = logit_grid()
+    sig = 1.0 / (1.0 + np.exp(-theta))
+    rng = np.random.default_rng(5)
+    weights, n = rng.dirichlet(np.full(64, 0.3), 50), 30
+    rows = rng.permutation(50)[:n]
+    shift, var = rng.normal(0.0, 0.4, n), rng.uniform(0.0, 3.0, n) * (rng.random(n) < 0.8)
+    jump = np.where(rng.random(n) < 0.5, rng.random(n), 0.0)
+    moments = np.stack([weights[rows] @ theta, weights[rows] @ theta**2], axis=1)
+    table = np.stack([1.0 - sig, sig, sig**0.3 * (1.0 - sig) ** 0.7])
+    which = rng.integers(0, 3, n)
+    separate, fused = weights.copy(), weights.copy()
+    post, v_sep, v_fused = np.empty((n, 64)), np.empty(n), np.empty(n)
+    none, lines = np.empty((0, 64)), np.empty(0, np.intp)
+    args = (shift, var, jump, moments, theta, sig, JUMP_VAR)
+    loops.track_drift(separate, rows, *args, post, v_sep, none, lines, _FLOOR)
+    loops.track_update(post, table, which, separate, rows, _FLOOR)
+    loops.track_drift(fused, rows, *args, np.empty((1, 64)), v_fused, table, which, _FLOOR)
+    np.testing.assert_array_equal(v_fused, v_sep)
+    np.testing.assert_array_equal(fused, separate)
+    assert not np.array_equal(fused[rows], weights[rows])  # the rows were updated
+
+
+def _sum_without_before(x):
+    """The leave-one-out sum as numpy computed it before (main at 4241357)."""
+    zero = np.zeros((*x.shape[:-1], 1))
+    before = np.concatenate([zero, np.cumsum(x, axis=-1)[..., :-1]], axis=-1)
+    after = np.concatenate([np.cumsum(x[..., ::-1], axis=-1)[..., -2::-1], zero], axis=-1)
+    return before + after
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 64), (3, 1), (2, 5, 2), (6, 64, 5)])
+def test_the_leave_one_out_sum_is_numpys_bit_for_bit(shape):
+    """The compiled sum without each term (along the last axis, or the one before it as the
+    filters' mixing sums its bins) against numpy's cumulative sums: the same bits, signed
+    zeros included (most of the mixing's terms are zeros)."""
+    from basis_bench.estimators.track import _sum_without
+
+    rng = np.random.default_rng(len(shape))
+    x = rng.normal(size=shape) * (rng.random(shape) < 0.6)
+    x[x == 0] *= np.sign(rng.normal(size=int((x == 0).sum())))  # -0.0 and 0.0
+    for got, want in (
+        (_sum_without(x), _sum_without_before(x)),
+        (_sum_without(x, axis=-2), _sum_without_before(x.swapaxes(-1, -2)).swapaxes(-1, -2)),
+    ):
+        np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
+
+
+def _mixing_before(evidence, where, ll, pool):
+    """The filters' scores before their softmax and the bins' log-likelihoods, as numpy
+    computed them before (main at 4241357)."""
+    onehot = (where[..., None] == np.arange(evidence.shape[-1])).astype(float)
+    by_bin = ll[..., None] * onehot[:, None]
+    others = _sum_without_before(by_bin.swapaxes(-1, -2)).swapaxes(-1, -2)
+    score = evidence[:, :, None, :] + others
+    own = np.take_along_axis(score, where[:, None, :, None], -1)[..., 0]
+    return (1.0 - pool) * own + pool * score.sum(-1), by_bin.sum(2)
+
+
+@pytest.mark.parametrize("pool", [1.0, 0.3, 0.0])
+@pytest.mark.parametrize("batch", [1, 2, 8, 64])
+def test_the_filters_mixing_is_numpys_bit_for_bit(pool, batch):
+    """The compiled mixing of the filters by the evidence of each prompt's difficulty bin
+    (a bin's own evidence plus the batch's other prompts in it, pooled with the other bins')
+    against numpy's: the same bits, signed zeros included, on random evidence and
+    log-likelihoods of magnitudes 1e-3 to 1e3."""
+    from basis_bench.estimators import loops
+
+    rng = np.random.default_rng(batch)
+    for _ in range(20):
+        s, c, k = int(rng.integers(1, 5)), 16, 5
+        evidence = rng.normal(size=(s, c, k)) * 10 ** rng.uniform(-3, 3)
+        where = rng.integers(0, k, (s, batch))
+        ll = -rng.exponential(size=(s, c, batch)) * 10 ** rng.uniform(-3, 3, (s, c, batch))
+        mixed, counts = np.empty(ll.shape), np.empty(evidence.shape)
+        loops.track_mixing(evidence, where, ll, pool, mixed, counts)
+        want_mixed, want_counts = _mixing_before(evidence, where, ll, pool)
+        np.testing.assert_array_equal(mixed.view(np.int64), want_mixed.view(np.int64))
+        np.testing.assert_array_equal(counts.view(np.int64), want_counts.view(np.int64))

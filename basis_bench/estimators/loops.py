@@ -9,12 +9,56 @@ numpy (its vectorised ``exp`` is several times libm's speed): the loops take the
 arguments. Imported on first use: ``import numba`` costs a fraction of a second, and
 ``cache=True`` keeps the compiled loops on disk beside this file (numba's user cache
 directory where that is not writable).
+
+``basis_track``'s loops read the state's rows by index, in no order the CPU can guess: each
+asks for the row AHEAD rows on (a prefetch, :func:`_prefetch`) before working on its own, so
+the reads from memory overlap the arithmetic instead of stalling it (the same numbers).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+AHEAD = 4  # rows prefetched ahead of the one being worked on
+
+
+def _prefetch_typed(typingctx: Any, array: Any, i: Any, j: Any) -> tuple[Any, Any]:
+    """_prefetch(array, i, j): ask the CPU to bring the cache line of array[i, j] into its
+    caches (LLVM's prefetch: no load, nothing waits for it, no fault at any address)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        kind = signature.args[0]
+        data = context.make_array(kind)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, kind, data, args[1:])
+        byte = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch"
+        )
+        # for a read (0), to keep in every cache level (3), data (1)
+        builder.call(fn, [builder.bitcast(ptr, byte), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(array, i, j), codegen
+
+
+_prefetch: Any = intrinsic(_prefetch_typed)
+
+
+@njit(error_model="numpy")
+def _prefetch_row(array: np.ndarray, rows: np.ndarray, n: int) -> None:
+    """Prefetch every cache line of array[rows[n]] if there is such a row."""
+    if n < rows.size:
+        last = array.shape[1] - 1
+        for j in range(0, last, 8):
+            _prefetch(array, rows[n], j)
+        _prefetch(array, rows[n], last)
 
 
 @njit(cache=True, error_model="numpy")
@@ -73,7 +117,7 @@ def memory_predictions(
                 _add_squared(r[a, i], row, total[a], i == 0)
 
 
-@njit
+@njit(error_model="numpy")
 def _operands(
     v: np.ndarray, s: np.ndarray, n: np.ndarray, weights: np.ndarray, vk: np.ndarray,
     add: np.ndarray, denom: np.ndarray,
@@ -87,7 +131,7 @@ def _operands(
                 j += 1
 
 
-@njit
+@njit(error_model="numpy")
 def _repeat(x: np.ndarray, times: int, out: np.ndarray) -> None:
     c = 0
     for j in range(x.size):
@@ -120,7 +164,7 @@ def _moved(p: np.ndarray, f: float, out: np.ndarray) -> None:
         out[c] = 1.0 / ((1.0 - p[c]) * f / p[c] + 1.0)
 
 
-@njit
+@njit(error_model="numpy")
 def _add_squared(r: float, p: np.ndarray, total: np.ndarray, first: bool) -> None:
     if first:
         for c in range(p.size):
@@ -130,7 +174,7 @@ def _add_squared(r: float, p: np.ndarray, total: np.ndarray, first: bool) -> Non
             total[c] += (r - p[c]) * (r - p[c])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def memory_choice(
     pred: np.ndarray,
     loss: np.ndarray,
@@ -174,7 +218,7 @@ def memory_choice(
             values[a, i] = pred[a, i, choice[a, i]]
 
 
-@njit
+@njit(error_model="numpy")
 def _first_min(
     score: np.ndarray, keep: np.ndarray, loss: np.ndarray, r: float, pred: np.ndarray
 ) -> int:
@@ -188,101 +232,259 @@ def _first_min(
     return arg
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
+def sum_without(x: np.ndarray, out: np.ndarray) -> None:
+    """out[m, i, k] = sum_{j < i} x[m, j, k] + sum_{j > i} x[m, j, k]: the terms before i
+    summed from the first on, those after i from the last back, and the two added (0 for an
+    empty side), as numpy's cumulative sums would: no x_i enters, not even as rounding."""
+    n_m, n_b, n_k = x.shape
+    for m in range(n_m):
+        for k in range(n_k):
+            out[m, 0, k] = 0.0
+            if n_b > 1:
+                acc = x[m, 0, k]
+                out[m, 1, k] = acc
+                for i in range(2, n_b):
+                    acc += x[m, i - 1, k]
+                    out[m, i, k] = acc
+                acc = x[m, n_b - 1, k]
+                out[m, n_b - 2, k] += acc
+                for i in range(n_b - 3, -1, -1):
+                    acc += x[m, i + 1, k]
+                    out[m, i, k] += acc
+            out[m, n_b - 1, k] += 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def track_mixing(
+    evidence: np.ndarray,
+    where: np.ndarray,
+    ll: np.ndarray,
+    pool: float,
+    mixed: np.ndarray,
+    counts: np.ndarray,
+) -> None:
+    """``basis_track``'s filters' scores before their softmax, mixed (S, C, B) = (1 - pool)
+    a_{c,k_i} + pool sum_k a_{c,k} with a_{c,k} = evidence[s, c, k] + the log-likelihoods
+    ll (S, C, B) of the batch's other prompts in bin k (:func:`sum_without`; ``where`` (S, B)
+    each prompt's bin), and each bin's log-likelihoods counts (S, C, K): numpy's
+    arithmetic in numpy's order (a prompt's term ll x 1 in its bin, ll x 0 in the others;
+    the sums over bins and over the batch in order)."""
+    n_s, n_c, n_b = ll.shape
+    n_k = evidence.shape[2]
+    terms, others = np.empty((1, n_b, n_k)), np.empty((1, n_b, n_k))
+    for s in range(n_s):
+        for c in range(n_c):
+            for b in range(n_b):
+                for k in range(n_k):
+                    terms[0, b, k] = ll[s, c, b] * (1.0 if where[s, b] == k else 0.0)
+            sum_without(terms, others)
+            for k in range(n_k):
+                acc = 0.0  # numpy's reduction starts from 0 (a sum of -0s is 0)
+                for b in range(n_b):
+                    acc += terms[0, b, k]
+                counts[s, c, k] = acc
+            for b in range(n_b):
+                total = own = evidence[s, c, 0] + others[0, b, 0]
+                for k in range(1, n_k):
+                    score = evidence[s, c, k] + others[0, b, k]
+                    total += score
+                    if where[s, b] == k:
+                        own = score
+                mixed[s, c, b] = (1.0 - pool) * own + pool * total
+
+
+@njit(cache=True, error_model="numpy")
 def track_predict(
     weights: np.ndarray,
     rows: np.ndarray,
-    ez: np.ndarray,
-    at: np.ndarray,
-    ez_jump: np.ndarray,
+    moved: np.ndarray,
+    var: np.ndarray,
     jump: np.ndarray,
     theta: np.ndarray,
+    jump_var: float,
     p: np.ndarray,
     moments: np.ndarray,
 ) -> None:
-    """Each row's prediction p (N,) = sum_g w_g / (1 + ez_g), w = weights[rows[n]] (the
-    sigmoid of a log-odds z as 1 / (1 + e^-z): ez = e^-z); the rows ``at`` mixed with a
-    second prediction, (1 - jump) p + jump sum_g w_g / (1 + ez_jump_g); and each row's
+    """Each row's prediction p (N,) = sum_g w_g sigmoid((theta_g + moved) / sqrt(1 + pi var
+    / 8)), w = weights[rows[n]] (the probit approximation of the predictive); a row with
+    jump != 0 mixed, (1 - jump) p + jump x the same at var + jump_var; and each row's
     moments (N, 2) sum_g w_g theta_g and sum_g w_g theta_g^2."""
     g_n = theta.size
-    sig, square = np.empty(g_n), theta * theta
+    sig, ez, square = np.empty(g_n), np.empty(g_n), theta * theta
+    for n in range(min(AHEAD, rows.size)):
+        _prefetch_row(weights, rows, n)
     for n in range(rows.size):
+        _prefetch_row(weights, rows, n + AHEAD)
         w = weights[rows[n]]
-        _logistic(ez[n], sig)
-        p[n] = _dot(w, sig)
+        _sigmoids(theta, moved[n], var[n], ez, sig)
+        pn = _dot(w, sig)
+        if jump[n] != 0.0:
+            _sigmoids(theta, moved[n], var[n] + jump_var, ez, sig)
+            pn = (1.0 - jump[n]) * pn + jump[n] * _dot(w, sig)
+        p[n] = pn
         moments[n, 0], moments[n, 1] = _dot(w, theta), _dot(w, square)
-    for j in range(at.size):
-        _logistic(ez_jump[j], sig)
-        p[at[j]] = (1.0 - jump[j]) * p[at[j]] + jump[j] * _dot(weights[rows[at[j]]], sig)
 
 
-@njit
-def _logistic(ez: np.ndarray, out: np.ndarray) -> None:
+@njit(error_model="numpy")
+def _sigmoids(theta: np.ndarray, shift: float, var: float, ez: np.ndarray, out: np.ndarray) -> None:
+    """out_g = 1 / (1 + e^-z_g), z_g = (theta_g + shift) / sqrt(1 + pi var / 8), on an evenly
+    spaced grid: e^-z_g as a running product, e^-z_0 times e^(-spacing scale) g times for the
+    first 8 cells and each cell the one 8 before times its 8th power (some 17 roundings at
+    most, the product vectorised by 8); each cell's own exponential where the ends leave
+    e^+-700 (no product near overflow)."""
+    scale = 1.0 / np.sqrt(1.0 + np.pi * var / 8.0)
+    first, last = (-theta[0] - shift) * scale, (-theta[-1] - shift) * scale
+    if -700.0 < last and first < 700.0:
+        step = np.exp(-(theta[1] - theta[0]) * scale)
+        ez[0] = np.exp(first)
+        for g in range(1, min(8, ez.size)):
+            ez[g] = ez[g - 1] * step
+        step2 = step * step
+        step4 = step2 * step2
+        step8 = step4 * step4
+        for g in range(8, ez.size):
+            ez[g] = ez[g - 8] * step8
+    else:
+        for g in range(ez.size):
+            ez[g] = np.exp((-theta[g] - shift) * scale)
     for g in range(out.size):
         out[g] = 1.0 / (1.0 + ez[g])
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def track_drift(
     weights: np.ndarray,
     rows: np.ndarray,
-    units: np.ndarray,
-    blur_at: np.ndarray,
-    half: np.ndarray,
-    jump_at: np.ndarray,
+    shift: np.ndarray,
+    var: np.ndarray,
     jump: np.ndarray,
-    redrawn: np.ndarray,
+    moments: np.ndarray,
+    theta: np.ndarray,
     sig: np.ndarray,
+    jump_var: float,
     out: np.ndarray,
     values: np.ndarray,
+    likelihood: np.ndarray,
+    which: np.ndarray,
+    floor: float,
 ) -> None:
     """Each row's posterior before the visit out (N, G) and its mean value (N,) sum_g out_g
-    sig_g, from w = weights[rows[n]]:
+    sig_g, from w = weights[rows[n]] on the evenly spaced grid theta. With a likelihood
+    table (L, G) (empty: none), the posterior is not written to ``out`` (one row of
+    scratch) but updated at once into weights[rows[n]] (:func:`track_update`, while the row
+    is in cache): the rows must then be distinct.
 
-    * moved by units[n] grid steps: each cell's mass spread uniformly over the cell and
-      moved, the cumulative mass (0 below the grid, the total above it) read at every cell
-      edge moved back, interpolated by the move's fraction;
-    * the rows ``blur_at`` blurred by a Gaussian whose densities at the offsets 0, .., G - 1
-      are ``half`` (one row each): out_h = sum_g K[h, g] w_g / norm_g, K[h, g] = half[|h -
-      g|], norm_g = sum_h K[h, g] as two partial sums of the densities;
-    * the rows ``jump_at`` mixed with the redrawn posterior: (1 - jump) out + jump redrawn,
-      redrawn (one row each) normalised here.
+    * moved by shift[n] / spacing grid steps: each cell's mass spread uniformly over the
+      cell and moved, the cumulative mass (0 below the grid, the total above it) read at
+      every cell edge moved back, interpolated by the move's fraction;
+    * blurred by N(0, var[n]) unless that is the identity (the density one cell away
+      underflows to 0): out_h = sum_g K[h, g] w_g / norm_g, K[h, g] = d_|h - g| the
+      Gaussian's density at the offset, norm_g = sum_h K[h, g] as two partial sums of d;
+    * a row with jump != 0 mixed with the redrawn posterior, (1 - jump) out + jump
+      redrawn: the Gaussian on the grid with the old posterior's mean (moments[n, 0]) moved
+      by shift[n] and its variance (moments[n, 1] - mean^2) widened by var[n] + jump_var,
+      normalised.
+
+    The Gaussians' cells are running products (:func:`_gauss_cells`).
     """
-    n_rows, g_n = out.shape
+    n_rows, g_n = rows.size, out.shape[1]
+    spacing = theta[1] - theta[0]
+    near = spacing * spacing
     ext = np.zeros(3 * g_n + 3)  # ext[g_n + 1 + j]: the mass below edge j, |j| <= 2 G + 1
     edges = np.empty(g_n + 1)
+    dens, norm, x = np.empty(2 * g_n - 1), np.empty(g_n), np.empty(g_n)
+    for n in range(min(AHEAD, n_rows)):
+        _prefetch_row(weights, rows, n)
+    update = likelihood.shape[0] > 0
     for n in range(n_rows):
-        total = _cumsum(weights[rows[n]], ext[g_n + 2 : 2 * g_n + 2])
+        _prefetch_row(weights, rows, n + AHEAD)
+        row = out[0] if update else out[n]
+        q = np.exp(-near / (2.0 * max(var[n], 1e-12)))  # the density one cell away
+        total = _masses(weights[rows[n]], q, ext[g_n + 2 : 2 * g_n + 2], dens, norm)
         ext[2 * g_n + 2 :] = total
-        back = -units[n]
+        back = -(shift[n] / spacing)
         whole = np.floor(back)
         start = int(min(max(whole, -(g_n + 1)), g_n)) + g_n + 1
         _interpolate(ext[start : start + g_n + 2], back - whole, edges)
         edges[0], edges[g_n] = 0.0, total
-        _difference(edges, out[n])
-    dens = np.empty(2 * g_n - 1)
-    norm = np.empty(g_n)
-    x = np.empty(g_n)
-    for j in range(blur_at.size):
-        d = half[j]
-        dens[g_n - 1 :] = d
-        for k in range(1, g_n):
-            dens[g_n - 1 - k] = d[k]
-        _cumsum(d, norm)  # sum_h K[h, g] = sum of the offsets -(G - 1 - g) .. g
-        for g in range(g_n // 2):
-            norm[g], norm[g_n - 1 - g] = norm[g] + norm[g_n - 1 - g], norm[g_n - 1 - g] + norm[g]
-        if g_n % 2:
-            norm[g_n // 2] += norm[g_n // 2]
-        row = out[blur_at[j]]
-        _normalised(row, norm, d[0], x)
-        _toeplitz(dens, x, row)
-    for j in range(jump_at.size):
-        _mix(out[jump_at[j]], jump[j], redrawn[j], _sum(redrawn[j]))
-    for n in range(n_rows):
-        values[n] = _dot(out[n], sig)
+        _difference(edges, row)
+        if q > 0.0:
+            for g in range(g_n // 2):
+                a, b = norm[g], norm[g_n - 1 - g]
+                norm[g], norm[g_n - 1 - g] = a + b, b + a
+            if g_n % 2:
+                norm[g_n // 2] += norm[g_n // 2]
+            _normalised(row, norm, 1.0, x)
+            _toeplitz(dens, x, row)
+        if jump[n] != 0.0:
+            _redrawn(moments[n], shift[n], var[n], jump_var, theta, x)
+            _mix(row, jump[n], x, _sum(x))
+        values[n] = _dot(row, sig)
+        if update:
+            _bayes(row, likelihood[which[n]], weights[rows[n]], floor)
 
 
-@njit
+@njit(error_model="numpy")
+def _masses(w: np.ndarray, q: float, cum: np.ndarray, dens: np.ndarray, norm: np.ndarray) -> float:
+    """The running sum cum of w (its total returned) and, if q > 0, the blur's densities
+    dens[G - 1 +- k] = q^(k^2) (a running product, as :func:`_gauss_cells`) and their running
+    sum norm, in one loop: three chains of dependent additions and products, each waiting
+    on its last result, that the CPU runs side by side (the same numbers as three loops)."""
+    g_n = w.size
+    acc = w[0]
+    cum[0] = acc
+    if q > 0.0:
+        value, ratio, factor, mass = 1.0, q, q * q, 1.0
+        dens[g_n - 1], norm[0] = value, mass
+        for g in range(1, g_n):
+            acc += w[g]
+            cum[g] = acc
+            value *= ratio
+            ratio *= factor
+            dens[g_n - 1 + g] = value
+            dens[g_n - 1 - g] = value
+            mass += value
+            norm[g] = mass
+    else:
+        for g in range(1, g_n):
+            acc += w[g]
+            cum[g] = acc
+    return acc
+
+
+@njit(error_model="numpy")
+def _redrawn(
+    moments: np.ndarray, shift: float, var: float, widen: float, theta: np.ndarray,
+    out: np.ndarray,
+) -> None:  # fmt: skip
+    """The Gaussian on the grid with mean moments[0] + shift and variance moments[1] -
+    moments[0]^2 + var + widen, 1 at the cell nearest its mean (unnormalised)."""
+    mean = moments[0]
+    spread = 2.0 * (moments[1] - mean * mean + var + widen)
+    centre, spacing = mean + shift, theta[1] - theta[0]
+    top = int(min(max(np.round((centre - theta[0]) / spacing), 0.0), theta.size - 1.0))
+    t = np.exp(-2.0 * spacing * spacing / spread)
+    lead = 2.0 * (theta[top] - centre) * spacing
+    out[top] = 1.0
+    _gauss_cells(1.0, np.exp(-(lead + spacing * spacing) / spread), t, out, top + 1, out.size, 1)
+    _gauss_cells(1.0, np.exp(-(spacing * spacing - lead) / spread), t, out, top - 1, -1, -1)
+
+
+@njit(error_model="numpy")
+def _gauss_cells(
+    value: float, ratio: float, factor: float, out: np.ndarray, lo: int, hi: int, by: int
+) -> None:
+    """A Gaussian's cells out[lo], out[lo + by], .. (up to hi) as a running product: each
+    the one before times ``ratio``, which is multiplied by ``factor`` a cell (the ratio of
+    neighbouring cells of e^(-c k^2) is e^(-c (2 k - 1)), each e^(-2 c) times the last)."""
+    for g in range(lo, hi, by):
+        value *= ratio
+        ratio *= factor
+        out[g] = value
+
+
+@njit(error_model="numpy")
 def _cumsum(x: np.ndarray, out: np.ndarray) -> float:
     acc = 0.0
     for g in range(x.size):
@@ -291,26 +493,26 @@ def _cumsum(x: np.ndarray, out: np.ndarray) -> float:
     return acc
 
 
-@njit
+@njit(error_model="numpy")
 def _interpolate(below: np.ndarray, frac: float, out: np.ndarray) -> None:
     """out[k] = below[k] (1 - frac) + below[k + 1] frac."""
     for k in range(out.size):
         out[k] = below[k] * (1.0 - frac) + below[k + 1] * frac
 
 
-@njit
+@njit(error_model="numpy")
 def _difference(edges: np.ndarray, out: np.ndarray) -> None:
     for h in range(out.size):
         out[h] = edges[h + 1] - edges[h]
 
 
-@njit
+@njit(error_model="numpy")
 def _normalised(w: np.ndarray, norm: np.ndarray, centre: float, out: np.ndarray) -> None:
     for g in range(w.size):
         out[g] = w[g] / (norm[g] - centre)
 
 
-@njit(fastmath={"reassoc"})
+@njit(fastmath={"reassoc"}, error_model="numpy")
 def _toeplitz(dens: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out_h = sum_g dens[G - 1 - h + g] x_g, four outputs a pass over x, each sum in the
     order the compiler vectorises it (reassociated, as numpy's own products are). Every
@@ -332,13 +534,13 @@ def _toeplitz(dens: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         out[h] = _dot(x, dens[g_n - 1 - h : 2 * g_n - 1 - h])
 
 
-@njit
+@njit(error_model="numpy")
 def _mix(row: np.ndarray, jump: float, other: np.ndarray, total: float) -> None:
     for g in range(row.size):
         row[g] = (1.0 - jump) * row[g] + jump * (other[g] / total)
 
 
-@njit(fastmath={"reassoc"})
+@njit(fastmath={"reassoc"}, error_model="numpy")
 def _sum(x: np.ndarray) -> float:
     acc = 0.0
     for g in range(x.size):
@@ -346,23 +548,7 @@ def _sum(x: np.ndarray) -> float:
     return acc
 
 
-@njit(cache=True)
-def track_gauss(
-    moments: np.ndarray, shift: np.ndarray, var: np.ndarray, widen: float, theta: np.ndarray,
-    out: np.ndarray,
-) -> None:  # fmt: skip
-    """The log-density (N, G), less its largest cell, of the Gaussian on the grid with mean
-    moments[:, 0] + shift and variance moments[:, 1] - moments[:, 0]^2 + var + widen."""
-    for n in range(out.shape[0]):
-        mean = moments[n, 0]
-        spread = 2.0 * (moments[n, 1] - mean * mean + var[n] + widen)
-        centre, row = mean + shift[n], out[n]
-        for g in range(theta.size):
-            row[g] = -((theta[g] - centre) * (theta[g] - centre)) / spread
-        row -= row.max()
-
-
-@njit(fastmath={"reassoc"})
+@njit(fastmath={"reassoc"}, error_model="numpy")
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
     acc = 0.0
     for g in range(x.size):
@@ -370,7 +556,7 @@ def _dot(x: np.ndarray, y: np.ndarray) -> float:
     return acc
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def track_update(
     post: np.ndarray,
     likelihood: np.ndarray,
@@ -381,12 +567,19 @@ def track_update(
 ) -> None:
     """Bayes' rule, written into weights[rows[n]]: post[n] x likelihood[which[n]],
     normalised, each cell raised to at least ``floor``."""
-    g_n = post.shape[1]
+    for n in range(min(AHEAD, rows.size)):
+        _prefetch_row(weights, rows, n)
     for n in range(rows.size):
-        w, lik, dst = post[n], likelihood[which[n]], weights[rows[n]]
-        acc = 0.0
-        for g in range(g_n):
-            dst[g] = lik[g] * w[g]
-            acc += dst[g]
-        for g in range(g_n):
-            dst[g] = max(dst[g] / acc, floor)
+        _prefetch_row(weights, rows, n + AHEAD)
+        _bayes(post[n], likelihood[which[n]], weights[rows[n]], floor)
+
+
+@njit(error_model="numpy")
+def _bayes(w: np.ndarray, lik: np.ndarray, dst: np.ndarray, floor: float) -> None:
+    """dst = w x lik normalised (a sum in order), each cell raised to at least ``floor``."""
+    acc = 0.0
+    for g in range(w.size):
+        dst[g] = lik[g] * w[g]
+        acc += dst[g]
+    for g in range(w.size):
+        dst[g] = max(dst[g] / acc, floor)

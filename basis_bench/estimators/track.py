@@ -138,39 +138,6 @@ def prior_weights(ref_rewards: np.ndarray, theta: np.ndarray, a: float = JEFFREY
     return w / w.sum(axis=1, keepdims=True)
 
 
-def _exp_sigmoid_args(shift: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """e^-z (N, G) of the probit-approximate predictive's sigmoids, z = (theta_g + shift) /
-    sqrt(1 + pi var / 8): E sigmoid(x + sqrt(var) u) ≈ sigmoid(x / sqrt(1 + pi var / 8))."""
-    scale = 1.0 / np.sqrt(1.0 + math.pi * var / 8.0)
-    z = np.subtract(-theta, shift[:, None])  # -(theta + shift), exactly
-    z *= scale[:, None]
-    with np.errstate(over="ignore"):  # e^-z = inf: the sigmoid 0, as it is
-        return np.exp(z, out=z)
-
-
-def _blur_densities(var: np.ndarray, spacing: float, g: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows whose blur by N(0, var) is not the identity, and their Gaussian's densities
-    at the offsets 0, .., G - 1 (n, G). The identity: a variance so small that the density
-    one cell away underflows to 0 (var = 0 among them), every kernel off the diagonal 0."""
-    half_d2 = (np.arange(g) * spacing) ** 2
-    v = np.maximum(var, 1e-12)
-    moving = np.flatnonzero(np.exp(-half_d2[1] / (2.0 * v)) > 0.0)
-    return moving, np.exp(-half_d2 / (2.0 * v[moving, None]))
-
-
-def _redrawn(
-    moments: np.ndarray, shift: np.ndarray, var: np.ndarray, theta: np.ndarray
-) -> np.ndarray:
-    """The posterior of a prompt that jumped (N, G), unnormalised: a Gaussian on the grid
-    with the old posterior's mean (moments[:, 0]) moved by ``shift`` and its variance
-    (moments[:, 1] - mean^2) widened by var + JUMP_VAR, 1 at its largest cell."""
-    from basis_bench.estimators import loops
-
-    out = np.empty((len(shift), len(theta)))
-    loops.track_gauss(moments, shift, var, JUMP_VAR, theta, out)
-    return np.exp(out, out=out)
-
-
 def _likelihoods(sig: np.ndarray, r: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Bernoulli likelihood s^r (1 - s)^(n - r) of r successes in n rollouts on the grid
     (exact for r in {0, .., n}, and for fractional r the likelihood of rewards with mean s),
@@ -223,13 +190,17 @@ def level_step(
     return mean, spread, jumped
 
 
-def _sum_without(x: np.ndarray) -> np.ndarray:
-    """sum_{j != i} x_j along the last axis, as the sum of the terms before i and the terms
-    after i: no x_i enters it, not even as rounding (total - x_i would carry x_i's)."""
-    zero = np.zeros((*x.shape[:-1], 1))
-    before = np.concatenate([zero, np.cumsum(x, axis=-1)[..., :-1]], axis=-1)
-    after = np.concatenate([np.cumsum(x[..., ::-1], axis=-1)[..., -2::-1], zero], axis=-1)
-    return before + after
+def _sum_without(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """sum_{j != i} x_j along ``axis`` (the last or the one before it), as the sum of the
+    terms before i and the terms after i: no x_i enters it, not even as rounding (total -
+    x_i would carry x_i's). A compiled loop (:func:`loops.sum_without`)."""
+    from basis_bench.estimators import loops
+
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    flat = x.reshape(-1, x.shape[axis], 1 if axis == -1 else x.shape[-1])
+    out = np.empty_like(flat)
+    loops.sum_without(flat, out)
+    return out.reshape(x.shape)
 
 
 def candidate_grid() -> np.ndarray:
@@ -305,14 +276,11 @@ class TrackKernel:
         weights: softmax over c of (1 - w) a_{c,k_i} + w sum_k a_{c,k} (w = ``pooling``),
         a_{c,k} = evidence[c, k] + the log-likelihoods of the batch's OTHER prompts in bin k:
         a bin's own evidence, with the other bins' as its prior at weight w."""
-        onehot = (where[..., None] == np.arange(evidence.shape[-1])).astype(float)  # (S, B, K)
-        by_bin = ll[..., None] * onehot[:, None]  # (S, C, B, K)
-        others = _sum_without(by_bin.swapaxes(-1, -2)).swapaxes(-1, -2)  # (S, C, B, K)
-        score = evidence[:, :, None, :] + others
-        own = np.take_along_axis(score, where[:, None, :, None], -1)[..., 0]  # (S, C, B)
-        pool = self.options.pooling
-        mixed = (1.0 - pool) * own + pool * score.sum(-1)
-        return _softmax(mixed.swapaxes(1, 2)), by_bin.sum(2)
+        from basis_bench.estimators import loops
+
+        mixed, counts = np.empty(ll.shape), np.empty(evidence.shape)  # (S, C, B), (S, C, K)
+        loops.track_mixing(evidence, where, ll, self.options.pooling, mixed, counts)
+        return _softmax(mixed.swapaxes(1, 2)), counts
 
     def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
         """One step of S flat streams, cols and r (S, B); the baselines (S, B). The batch's
@@ -355,12 +323,18 @@ class TrackKernel:
         jumps = state["jump_clock"][..., None] + jumped_loo - last_jumps
         var = (rho * gap + kappa * jumps).ravel()
         jump = (1.0 - np.exp(-eta * jumps)).ravel()
-        w_now, value = _drift(weights, rows, moments, shift, var, jump, self.theta, self.sig)
-        values = value.reshape(s, c, b)
+        copies, likelihood, which = _likelihood_lines(self.sig, cols, r, c)
+        # every prompt once (the replay's batches): each row's posterior updated as it is
+        # made (nothing below reads the weights); a prompt twice: the update waits for its
+        # first copy's posterior (below)
+        w_now, value = _drift(
+            weights, rows, moments, shift, var, jump, self.theta, self.sig,
+            (likelihood, which) if copies is None else None,
+        )  # fmt: skip
         # 3. the filters mixed by the evidence of the prompt's difficulty bin (history only)
         mix, counts = self._mixing(state["evidence"], self.difficulty[cols], ll)
-        baseline = np.einsum("sbc,scb->sb", mix, values)
-        # 4. learn: evidence, levels, posteriors, visits
+        baseline = np.einsum("sbc,scb->sb", mix, value.reshape(s, c, b))
+        # 4. learn: evidence, levels, posteriors (if not updated in the drift), visits
         lam = self.options.memory
         state["evidence"] += counts
         state["evidence"] *= lam
@@ -370,16 +344,11 @@ class TrackKernel:
         state["level"][...], state["level_var"][...] = level, level_var
         state["jumps"] *= JUMP_MEMORY
         state["jumps"] += jumped
-        w_now, level_loo, jumped_loo, wins, visits_n = _fold_copies(
-            cols, w_now.reshape(s, c, b, g), level_loo, jumped_loo, r
-        )
-        likelihood, which = _likelihoods(
-            self.sig,
-            np.repeat(wins[:, None, :], c, 1).ravel(),
-            np.repeat(visits_n[:, None, :], c, 1).ravel(),
-        )
-        # a prompt twice in the batch: every copy writes the same numbers
-        loops.track_update(w_now.reshape(-1, g), likelihood, which, weights, rows, _FLOOR)
+        if copies is not None:  # every copy writes its first copy's numbers
+            w_now, level_loo, jumped_loo = _fold_copies(
+                copies, w_now.reshape(s, c, b, g), level_loo, jumped_loo
+            )
+            loops.track_update(w_now.reshape(-1, g), likelihood, which, weights, rows, _FLOOR)
         last_levels[rows] = level_loo.ravel()
         last_clocks[rows] = (state["jump_clock"][..., None] + jumped_loo).ravel()
         state["jump_clock"] += jumped
@@ -395,56 +364,73 @@ def _predict(
     """Each row's prediction (N,) before the visit: (1 - jump) predictive(var) + jump
     predictive(var + JUMP_VAR) of the posterior weights[rows] moved by ``moved``; a row that
     cannot jump (jump = 0) takes the first term alone (x + 0 y = x). And each row's
-    posterior moments (N, 2), for :func:`_redrawn`. The rows' arithmetic runs in a
-    compiled loop (:mod:`basis_bench.estimators.loops`), its exponentials here."""
+    posterior moments (N, 2), for the redrawn posterior. The rows' arithmetic runs in a
+    compiled loop (:mod:`basis_bench.estimators.loops`)."""
     from basis_bench.estimators import loops
 
-    at = np.flatnonzero(jump)
     p, moments = np.empty(len(rows)), np.empty((len(rows), 2))
-    loops.track_predict(
-        weights, rows, _exp_sigmoid_args(moved, var, theta), at,
-        _exp_sigmoid_args(moved[at], var[at] + JUMP_VAR, theta), jump[at], theta, p, moments,
-    )  # fmt: skip
+    loops.track_predict(weights, rows, moved, var, jump, theta, JUMP_VAR, p, moments)
     return p, moments
 
 
 def _drift(
     weights: np.ndarray, rows: np.ndarray, moments: np.ndarray, shift: np.ndarray,
     var: np.ndarray, jump: np.ndarray, theta: np.ndarray, sig: np.ndarray,
+    update: tuple[np.ndarray, np.ndarray] | None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Each row's posterior before the visit (N, G), weights[rows] moved by ``shift``,
     blurred by N(0, var) and mixed with the redrawn one, (1 - jump) propagated + jump
-    redrawn (a row that cannot jump: the propagated one alone), and its value (N,)."""
+    redrawn (a row that cannot jump: the propagated one alone; the redrawn: a Gaussian on
+    the grid with the old posterior's mean moved by ``shift`` and its variance widened by
+    var + JUMP_VAR), and its value (N,). With ``update`` (a likelihood table and each row's
+    line of it, distinct rows), each posterior is updated into weights[rows] instead of
+    returned (the first result then one row of scratch)."""
     from basis_bench.estimators import loops
 
-    spacing = float(theta[1] - theta[0])
-    moving, half = _blur_densities(var, spacing, len(theta))
-    at = np.flatnonzero(jump)
-    out, values = np.empty((len(rows), len(theta))), np.empty(len(rows))
+    likelihood, which = (
+        update if update is not None else (np.empty((0, len(theta))), np.empty(0, np.intp))
+    )
+    out = np.empty((1 if update is not None else len(rows), len(theta)))
+    values = np.empty(len(rows))
     loops.track_drift(
-        weights, rows, shift / spacing, moving, half, at, jump[at],
-        _redrawn(moments[at], shift[at], var[at], theta), sig, out, values,
+        weights, rows, shift, var, jump, moments, theta, sig, JUMP_VAR, out, values,
+        likelihood, which, _FLOOR,
     )  # fmt: skip
     return out, values
 
 
-def _fold_copies(
-    cols: np.ndarray, w: np.ndarray, level: np.ndarray, jumped: np.ndarray, r: np.ndarray
-) -> tuple[np.ndarray, ...]:
-    """What each row writes into its prompt's state: its filters w (S, C, B, G), levels and
-    jumps (S, C, B), and the successes and rollouts (S, B) its posterior takes. A prompt twice
-    in a batch (a training batch across two epochs): every copy writes its first copy's
-    filters and level, updated with all copies' rewards, so the state is one posterior."""
+def _likelihood_lines(
+    sig: np.ndarray, cols: np.ndarray, r: np.ndarray, c: int
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """Which rows of the batch (S, B) are the same prompt (None: every prompt once), and the
+    likelihood table and line (:func:`_likelihoods`) of each row (S, C, B) in order: its own
+    reward, or with a prompt twice in a batch (a training batch across two epochs) every
+    copy's, so that the state is one posterior."""
     copies = same_prompt(cols)
     if copies is None:
-        return w, level, jumped, r, np.ones_like(r)
+        wins, visits = r, np.ones_like(r)
+    else:
+        wins, visits = np.einsum("sij,sj->si", copies, r), copies.sum(-1).astype(np.float64)
+    return (
+        copies,
+        *_likelihoods(
+            sig,
+            np.repeat(wins[:, None, :], c, 1).ravel(),
+            np.repeat(visits[:, None, :], c, 1).ravel(),
+        ),
+    )
+
+
+def _fold_copies(
+    copies: np.ndarray, w: np.ndarray, level: np.ndarray, jumped: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """What each row writes into its prompt's state when a prompt is twice in a batch: its
+    first copy's filters w (S, C, B, G), levels and jumps (S, C, B)."""
     first = np.broadcast_to(np.argmax(copies, axis=-1)[:, None, :], level.shape)
     return (
         np.take_along_axis(w, first[..., None], axis=2),
         np.take_along_axis(level, first, axis=2),
         np.take_along_axis(jumped, first, axis=2),
-        np.einsum("sij,sj->si", copies, r),
-        copies.sum(-1).astype(np.float64),
     )
 
 
@@ -453,8 +439,6 @@ register_estimator(
     uses_cache=True,
     options=TrackOptions,
     kernel=TrackKernel,
-    label="BASIS track",
-    colour="darkorange",
     description="BASIS track: a per-prompt Bayesian filter on the log-odds, its drift learned "
     "across prompts online.",
     reward_bounds=(0.0, 1.0),
