@@ -15,6 +15,9 @@ src=$(realpath -m -- "$src")
 dest=$(realpath -m -- "$dest")
 cd "$(dirname "$0")/../.."
 ORDER=${ORDER:-vanilla reinforce_pp grpo_g8 basis basis_track}
+# every run is read before any is copied: a bad one stops collect.sh with nothing copied (the
+# runs before it were copied, beside figures of the runs before)
+collected=()
 for run in "$src"/*/seed-*; do
     [[ -e "$run/log.jsonl" ]] || continue
     if [[ -z "${PARTIAL:-}" ]]; then
@@ -45,6 +48,9 @@ EOF
         (( status == 1 )) && continue
         (( status == 0 )) || exit 2
     fi
+    collected+=("$run")
+done
+for run in ${collected[@]+"${collected[@]}"}; do
     copy="$dest/$(basename "$(dirname "$run")")/$(basename "$run")"
     mkdir -p "$copy"
     cp "$run/config.json" "$run/log.jsonl" "$copy/"
