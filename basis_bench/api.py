@@ -55,7 +55,7 @@ def names_argument(value: Any, name: str) -> tuple[str, ...]:
     never iterated letter by letter (``policies="late"`` read l, a, t, e); a numpy array
     raised numpy's "ambiguous truth value"."""
     if isinstance(value, str):
-        return tuple(x.strip() for x in value.split(",") if x.strip())
+        return _some(tuple(x.strip() for x in value.split(",") if x.strip()), name)
     if hasattr(value, "tolist") and not isinstance(value, pl.Series | pl.DataFrame):
         value = value.tolist()  # a numpy array of names
     if isinstance(value, pl.Series):
@@ -69,7 +69,15 @@ def names_argument(value: Any, name: str) -> tuple[str, ...]:
     bad = [x for x in items if not isinstance(x, str) or not x.strip()]
     if bad:
         raise InputError(f"{name} must hold names (non-empty strings); got {bad[0]!r}")
-    return tuple(x.strip() for x in items)
+    return _some(tuple(x.strip() for x in items), name)
+
+
+def _some(names: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """``names``, refused when there are none: ``estimators=""`` ran every estimator and
+    ``policies=[]`` returned an empty frame (an unset variable's, as an empty path is)."""
+    if not names:
+        raise InputError(f"{name} is empty; give names, or leave it unset for the default")
+    return names
 
 
 def _config(cls: type, command: str, settings: dict[str, Any]) -> Any:
@@ -87,6 +95,8 @@ def _config(cls: type, command: str, settings: dict[str, Any]) -> Any:
     for name in _LISTS:
         if values.get(name) is not None:
             values[name] = names_argument(values[name], name)
+    if values.get("estimators") == ("all",):  # every registered one, as on the command line
+        values["estimators"] = ()
     if "rollouts" in values:
         values["rollouts"] = path_argument(values["rollouts"], "rollouts")
     return cls(**values)
@@ -115,14 +125,12 @@ def evaluate(
     from basis_bench.evaluation.run import evaluate as run_evaluate
 
     load_plugins()
-    names = names_argument(estimators, "estimators")
-    names = () if names == ("all",) else names
     out = path_argument(out, "out")
     with naming("field"):
         cfg = _config(
             EvaluateConfig,
             "evaluate",
-            {"rollouts": rollouts, "estimators": names, "write_estimates": write_estimates}
+            {"rollouts": rollouts, "estimators": estimators, "write_estimates": write_estimates}
             | settings,
         )
         result = run_evaluate(cfg, out, progress)

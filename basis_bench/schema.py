@@ -2,7 +2,7 @@
 
 ``DIR/prompts.parquet`` is the prompts table; every other Parquet file under ``DIR`` is a
 rollouts file. The store (:mod:`basis_bench.rollouts.store`) reads, checks and writes
-them; :mod:`basis_bench.outputs` recognises a folder of them that has no output marker.
+them; :mod:`basis_bench.guards.outputs` recognises a folder of them that has no output marker.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def _interval(low: float | None, high: float | None, low_closed: bool, high_clos
 def setting(
     default: Any = _UNSET,
     *,
-    help: str,
+    help: str | Callable[[], str],
     default_factory: Callable[[], Any] | None = None,
     flag: str | None = None,
     min_val: float | None = None,
@@ -130,7 +130,7 @@ def setting(
     """A dataclass field with its help, CLI flag and checks in its metadata.
 
     ``choices`` may be a callable, read when a config is checked (for registries that
-    fill in late). ``optional``: None is allowed besides the checked values. ``was``: the
+    fill in late); ``help`` too, read when shown (a registry's names). ``optional``: None is allowed besides the checked values. ``was``: the
     setting's old names, still accepted (with a notice) until :data:`OLD_NAMES_UNTIL`.
     """
     metadata = {
@@ -313,7 +313,8 @@ def _field(cls: type, name: str) -> dataclasses.Field[Any]:
 
 def setting_help(cls: type, name: str) -> str:
     """The help text of one setting."""
-    return str(_field(cls, name).metadata.get("help", ""))
+    text = _field(cls, name).metadata.get("help", "")
+    return str(text() if callable(text) else text)
 
 
 def setting_default(cls: type, name: str) -> Any:
@@ -352,6 +353,25 @@ def naming(style: Literal["flag", "field"]) -> Iterator[None]:
         yield
     finally:
         _NAMING.reset(token)
+
+
+def option_label(flag: str) -> str:
+    """How an error names an option it knows by its flag (``--out``): the flag on the
+    command line, the argument (``out``) in the Python API (inside ``naming("field")``); a
+    name that is no flag (``run_dir``) as it is."""
+    if _NAMING.get() == "field" and flag.startswith("--"):
+        return flag[2:].replace("-", "_")
+    return flag
+
+
+def option_given(flag: str, value: Any = True) -> str:
+    """How the user gives ``value`` to the option ``flag``, as an error's advice: ``--out
+    DIR`` (``--force`` for True) on the command line, ``out='DIR'`` (``force=True``) in the
+    Python API, and so a name that is no flag (train's ``run_dir='DIR'``)."""
+    label = option_label(flag)
+    if label.startswith("--"):
+        return label if value is True else f"{label} {value}"
+    return f"{label}={value if isinstance(value, bool | int | float) else str(value)!r}"
 
 
 def setting_label(cls: type, name: str) -> str:

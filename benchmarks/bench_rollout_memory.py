@@ -1,5 +1,5 @@
 """Peak memory per rollout row of the commands that build rollouts at once: the constants
-``basis_bench.memory_check.IMPORT_BYTES_PER_ROLLOUT`` and ``SIMULATE_BYTES_PER_ROLLOUT`` that their
+``basis_bench.guards.memory_check.IMPORT_BYTES_PER_ROLLOUT`` and ``SIMULATE_BYTES_PER_ROLLOUT`` that their
 pre-flight checks multiply by the rows.
 
 Runs ``import counts`` (a counts CSV of 1,000 prompts expanded to the given rows), ``import

@@ -35,9 +35,10 @@ import torch
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.models import resolve_checkpoint
-from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate, load_prompt_source
+from basis_bench.rollouts.prompts import load_prompt_source
 from basis_bench.rollouts.sampling import Sampler, SamplingConfig
 from basis_bench.rollouts.sampling.hf import ENGINES, HFSampler, plan_calls
+from basis_bench.rollouts.templates import DEFAULT_TEMPLATE, PromptTemplate
 
 VLLM_ENGINES = {"vllm-eager": True, "vllm-compiled": False}
 """vllm engine name -> ``eager`` (no compilation)."""

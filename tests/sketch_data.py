@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from basis_bench.outputs import write_parquet_atomic
+from basis_bench.guards.outputs import write_parquet_atomic
 
 
 def sketch_dataset(

@@ -97,7 +97,7 @@ def test_errors_name_the_argument_not_the_flag(data, monkeypatch, capsys):
         assert needle in str(err.value) and "--" not in str(err.value)
     with pytest.raises(InputError, match="batch_size 41 exceeds"):
         basis_bench.sensitivity(data, batch_size=41, oracle_n=16)
-    with pytest.raises(InputError, match=r"^parameters names none"):
+    with pytest.raises(InputError, match=r"^parameters is empty; "):
         basis_bench.sensitivity(data, parameters=[])
     with pytest.raises(InputError, match="n_prompts must be >= 2"):
         basis_bench.simulate(data.parent / "other", n_prompts=1)
@@ -237,3 +237,49 @@ def test_evaluate_warns_where_the_oracle_noise_rivals_the_mse(data):
             data, ["basis", "grpo"], **{**SETTINGS, "oracle_n": 2}, trajectory=False
         )
     assert [str(w.message) for w in caught] == list(result.run.warnings)
+
+
+@pytest.mark.parametrize("where", ["a file", "inside the dataset", "a literal ~", "the cwd"])
+def test_a_refused_out_names_the_argument(data, tmp_path, monkeypatch, where):
+    """The claim's refusals named the flag in the notebook too ("--out x is a file")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("")
+    out = {
+        "a file": tmp_path / "f",
+        "inside the dataset": data / "results",
+        "a literal ~": "~/x",
+        "the cwd": tmp_path,
+    }[where]
+    with pytest.raises(InputError) as err:
+        basis_bench.evaluate(data, "grpo", out=out, trajectory=False, **SETTINGS)
+    message = str(err.value)
+    assert message.startswith("out ") and "--" not in message, message
+    with pytest.raises(InputError, match=r"^out "):
+        basis_bench.simulate(tmp_path / "f")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: basis_bench.evaluate(d, estimators=""),
+        lambda d: basis_bench.evaluate(d, estimators=[]),
+        lambda d: basis_bench.evaluate(d, checkpoints=[]),
+        lambda d: basis_bench.load_rollouts(d, policies=[]),
+        lambda d: basis_bench.load_rollouts(d, policies=" , "),
+        lambda d: basis_bench.sensitivity(d, estimators=[]),
+    ],
+)
+def test_no_names_is_refused_not_the_default_or_nothing(data, call):
+    """estimators="" ran every estimator, policies=[] returned an empty frame: an empty list
+    (an unset variable's) is refused, as an empty path is."""
+    with pytest.raises(InputError, match=r"^(estimators|checkpoints|policies) is empty; "):
+        call(data)
+
+
+@pytest.mark.parametrize("command", ["evaluate", "sensitivity"])
+def test_an_empty_estimators_option_is_refused(monkeypatch, capsys, tmp_path, command):
+    """--estimators '' (a "$UNSET" variable) ran every estimator, or sensitivity's default."""
+    out = tmp_path / "o"
+    result = run_main(monkeypatch, capsys, command, "--estimators", "", "--out", str(out))
+    assert_one_line_error(result, "--estimators is empty; ")
+    assert not out.exists()

@@ -354,7 +354,7 @@ def test_registry_lookup_and_registration():
     with pytest.raises(InputError, match=r"unknown estimator 'nope'.*basis"):
         E.get("nope")
 
-    with E.registry.temporary():
+    with E.ESTIMATORS.temporary():
 
         @E.register_estimator("test_constant_half")
         def half(batch):
@@ -395,8 +395,8 @@ def test_every_registered_estimator_is_a_step_kernel_factory_that_steps():
 
 
 def test_a_stateful_estimator_registers_its_kernel_alone():
-    """``register_estimator(name, kernel=...)`` registers at once; the decorator form of old
-    still works and only lends its docstring (its body is never the estimator)."""
+    """``register_estimator(name, kernel=...)`` registers at once and takes no function (the
+    decorator form, whose body was never the estimator, is refused)."""
 
     class Count:
         """Counts the steps: a stateful toy."""
@@ -411,22 +411,20 @@ def test_a_stateful_estimator_registers_its_kernel_alone():
             state["steps"] += 1
             return E.StepOutput(rewards * 0 + state["steps"][..., None, None])
 
-    with E.registry.temporary():
+    with E.ESTIMATORS.temporary():
         E.register_estimator("test_count", kernel=Count)
         assert E.get("test_count").description == "Counts the steps: a stateful toy."
 
-        @E.register_estimator("test_count_old", kernel=Count)
-        def _old(batch, options):
-            """Counts, registered the old way."""
-            raise AssertionError("never called")
+        est = E.get("test_count")
+        assert est.stateful and est.fn is None
+        step = E.make_step_estimator("test_count")
+        step(["a", "b"], np.zeros((2, 1)))
+        assert step(["a", "b"], np.zeros((2, 1))).baselines.tolist() == [[2.0], [2.0]]
+        with pytest.raises(TypeError, match="'test_count_old' is registered with its kernel"):
 
-        for name in ("test_count", "test_count_old"):
-            est = E.get(name)
-            assert est.stateful and est.fn is None
-            step = E.make_step_estimator(name)
-            step(["a", "b"], np.zeros((2, 1)))
-            assert step(["a", "b"], np.zeros((2, 1))).baselines.tolist() == [[2.0], [2.0]]
-        assert E.get("test_count_old").description == "Counts, registered the old way."
+            @E.register_estimator("test_count_old", kernel=Count)
+            def _old(batch, options):
+                raise AssertionError("never called")
 
 
 # The numbers the Basis and SpoTracker classes gave on main ce9c9a6, before they became names

@@ -21,7 +21,7 @@ from basis_bench.evaluation.record import RunRecord
 from basis_bench.evaluation.replay import Moments, Replay, Series, draw_batches, draw_rollouts
 from basis_bench.evaluation.run import evaluate
 from basis_bench.evaluation.tables import bin_index, difficulty_table, heterogeneity_table
-from basis_bench.outputs import write_parquet_atomic
+from basis_bench.guards.outputs import write_parquet_atomic
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import load_rollouts
 
@@ -640,6 +640,9 @@ def test_oracle_noise_rivals_the_mse_where_it_is_half_the_corrected_mse_or_more(
     line = noise_warning(table, 4)
     assert "checkpoint(s) b, c" in line and "oracle 4 samples" in line and "(y)" in line
     assert noise_warning(table.filter(pl.col("checkpoint") == "a"), 4) is None
+    # a checkpoint whose oracle samples all agree (all 0): no noise, even under an exact MSE
+    exact = {"checkpoint": ["d", "d"], "estimator": ["x", "y"], "mse": [0.0, 0.04]}
+    assert noise_warning(pl.DataFrame(exact).with_columns(mse_noise_corrected="mse"), 2) is None
 
 
 def test_evaluate_on_a_four_sample_oracle_warns_in_one_line_and_in_run_json(
@@ -660,3 +663,23 @@ def test_evaluate_on_a_four_sample_oracle_warns_in_one_line_and_in_run_json(
     assert run["warnings"] == [warned[0].removeprefix("warning: ")]
     summary = pl.read_csv(tmp_path / "o" / "summary.csv")
     assert set(rivalled(summary)["checkpoint"]) == set(summary["checkpoint"])
+
+
+def test_the_summary_prints_no_nan_where_the_noise_ratio_is_undefined():
+    """A checkpoint whose every oracle value is 0 or 1 (an lm-eval import that never
+    succeeds) has no reward variance to put the advantage noise over: it printed "+nan%"."""
+    from rich.console import Console
+
+    from basis_bench.cli.evaluation import print_summary
+
+    row = {
+        "checkpoint": "c", "estimator": "grpo", "rollouts_per_prompt": 2, "mse": 0.0,
+        "mse_noise_corrected": 0.0, "ci_low": 0.0, "ci_high": 0.0, "extreme_rate": 1.0,
+        "adv_noise_ratio": float("nan"),
+    }  # fmt: skip
+    console = Console(record=True, width=120)
+    print_summary(
+        pl.DataFrame([row, {**row, "estimator": "rloo", "adv_noise_ratio": 1.25}]), console
+    )
+    text = console.export_text()
+    assert "nan" not in text and "n/a" in text and "+25.0%" in text

@@ -27,7 +27,8 @@ from conftest import (
 )
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import LOCK_FILE, OUTPUT_MARKER, read_output_marker
+from basis_bench.guards.locks import LOCK_FILE
+from basis_bench.guards.outputs import OUTPUT_MARKER, read_output_marker
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import load_rollouts
 
@@ -138,7 +139,7 @@ def test_a_failed_run_keeps_the_earlier_run_whole(monkeypatch, capsys, sim_datas
     def full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "summary.csv"))
 
-    monkeypatch.setattr(run_module, "_trajectory", full)  # after every per-batch table
+    monkeypatch.setattr(run_module, "replay_schedule", full)  # after every per-batch table
     result = run_main(monkeypatch, capsys, *evaluate_args(sim_dataset, out, "--seed", "1"))
     assert_one_line_error(result, "no space left", "earlier run whole", code=1)
     assert snapshot(out) == before
@@ -452,9 +453,9 @@ def test_leave_one_out_refuses_a_batch_of_one():
 
 
 def test_an_estimator_returning_the_wrong_shape_is_named():
-    from basis_bench.estimators import ESTIMATORS, EstimatorInput, register_estimator, registry
+    from basis_bench.estimators import ESTIMATORS, EstimatorInput, register_estimator
 
-    with registry.temporary():
+    with ESTIMATORS.temporary():
 
         @register_estimator("wrong_shape_test")
         def _wrong(batch):

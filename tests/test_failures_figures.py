@@ -12,7 +12,7 @@ import pytest
 from conftest import EVAL, EVAL_GROUP, assert_one_line_error, evaluate_args, run_main, snapshot
 
 from basis_bench.evaluation.figures import make_figures
-from basis_bench.outputs import claim_output_dir
+from basis_bench.guards.outputs import claim_output_dir
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 
 # --------------------------------------------------------------------------- figures

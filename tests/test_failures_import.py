@@ -11,7 +11,7 @@ import pytest
 from conftest import assert_one_line_error, import_into, refused_import, run_main, snapshot
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import claim_output_dir
+from basis_bench.guards.outputs import claim_output_dir
 from basis_bench.rollouts.store import load_rollouts
 
 # --------------------------------------------------------------------------- import --out

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error, mounted_tmpfs, oracle_args, run_main, snapshot
 
-from basis_bench.outputs import claim_output_dir, read_output_marker, write_parquet_atomic
+from basis_bench.guards.outputs import claim_output_dir, read_output_marker, write_parquet_atomic
 from basis_bench.rollouts.store import load_rollouts
 
 # --------------------------------------------------------------------------- oracle

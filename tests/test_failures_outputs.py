@@ -25,7 +25,7 @@ from conftest import assert_one_line_error, run_main
 
 from basis_bench.cli.app import after_failure
 from basis_bench.errors import InputError
-from basis_bench.outputs import (
+from basis_bench.guards.outputs import (
     OUTPUT_MARKER,
     atomic_write,
     claim_output_dir,
@@ -33,6 +33,7 @@ from basis_bench.outputs import (
     recognise_output,
     write_parquet_atomic,
 )
+from basis_bench.guards.provenance import provenance
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import load_rollouts
 
@@ -190,7 +191,7 @@ def test_reward_config_refuses_non_finite_timeouts():
 
 WRITER = """
 import sys, numpy as np, polars as pl
-from basis_bench.outputs import write_parquet_atomic
+from basis_bench.guards.outputs import write_parquet_atomic
 me, path = int(sys.argv[1]), sys.argv[2]
 for i in range(30):
     n = 2000 + 997 * ((i * 7 + me) % 11)  # files of different sizes
@@ -224,3 +225,17 @@ def test_two_writers_and_a_reader_never_see_a_torn_file(tmp_path):
     assert [w.wait() for w in writers] == [0, 0]
     assert reads > 0
     assert [f.name for f in tmp_path.iterdir()] == ["shared.parquet"]
+
+
+def test_provenance_names_the_commit_of_the_clone_it_runs_from():
+    """Moved into guards/, provenance looked for .git in basis_bench/ rather than the clone,
+    and every run.json said git_commit None."""
+    import basis_bench
+
+    root = Path(basis_bench.__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("the package does not run from a git clone here")
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert provenance()["git_commit"].removesuffix("-dirty") == head

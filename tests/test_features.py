@@ -50,9 +50,9 @@ def test_import_prompts_carries_a_features_column(tmp_path, monkeypatch, capsys)
 def test_plugins_give_basis_context_the_stored_features_by_prompt_key(tmp_path):
     """verl/TRL build basis_context from a rollouts directory: its prompts table's features
     (e.g. oracle --store-features hidden) reach the estimator in the cache's key order."""
+    from basis_bench.guards.outputs import write_parquet_atomic
     from basis_bench.integrations.keys import basis_from_rollouts, prompt_key
     from basis_bench.integrations.verl import settings
-    from basis_bench.outputs import write_parquet_atomic
 
     problems = [f"What is {i} + 1?" for i in range(6)]
     features = [[float(i), float(i * i % 5)] for i in range(6)]

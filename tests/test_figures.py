@@ -11,15 +11,11 @@ import polars as pl
 import pytest
 
 from basis_bench.errors import InputError
+from basis_bench.evaluation.bar_figures import LOG_SPAN
+from basis_bench.evaluation.bin_figures import THIN_BIN
 from basis_bench.evaluation.config import EvaluateConfig
-from basis_bench.evaluation.figure_style import CORRECTED_MSE, RAW_MSE
-from basis_bench.evaluation.figures import (
-    FIGURES,
-    LOG_SPAN,
-    THIN_BIN,
-    make_figures,
-    paper_style,
-)
+from basis_bench.evaluation.figure_style import CORRECTED_MSE, RAW_MSE, SAME_RTOL, paper_style
+from basis_bench.evaluation.figures import FIGURES, make_figures
 from basis_bench.evaluation.run import evaluate
 from basis_bench.evaluation.sensitivity import SensitivityConfig, sensitivity
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
@@ -110,7 +106,7 @@ ONE_STEP_LABELS = [
     "REINFORCE++", "GRPO (G=8)", "RLOO (G=8)", "Reference mean", "Offline $\\hat V$", "BASIS",
     "BASIS (paper)", "BASIS-VOP", "BASIS-RVG", "James-Stein (G=8)", "A*-PO",
 ]  # fmt: skip
-SAME_AS_BASIS = "Offline $\\hat V$ (= BASIS)"  # on this data too: drawn over BASIS, hollow
+SAME_AS_BASIS = "Offline $\\hat V$ (≈ BASIS)"  # on this data too: drawn over BASIS, hollow
 LINE_PLOT_LABELS = [
     "REINFORCE++", "GRPO (G=8)", "RLOO (G=8)", "Reference mean", SAME_AS_BASIS, "BASIS",
     "James-Stein (G=8)", "A*-PO",
@@ -244,22 +240,31 @@ def test_sensitivity_and_trajectory_draw_one_line_per_series(results, drawn):
         "SPO tracker",
         "BASIS track",
     ]
-    named = [re.sub(r" \([=≈] .*\)$", "", t) for t in _texts(ax.get_legend())]  # coinciding
+    named = [re.sub(r" \(≈ .*\)$", "", t) for t in _texts(ax.get_legend())]  # coinciding
     assert named == ["REINFORCE (b=0)", *labels]
     assert len(ax.collections) == epochs["estimator"].n_unique()  # one CI band per line
+
+
+def test_checkpoint_names_sit_above_the_lines_and_below_the_title(results, drawn):
+    """fig_trajectory's checkpoint names were drawn inside the axes, on the lines ("middle"
+    unreadable): each is above the plotting area and under the title."""
+    fig = drawn["fig_trajectory"]
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    area, title = ax.get_window_extent(), ax.title.get_window_extent()
+    names = [t for t in ax.texts if t.get_text() in _checkpoints(results, "trajectory.csv")]
+    assert len(names) == len(_checkpoints(results, "trajectory.csv"))
+    for text in names:
+        box = text.get_window_extent()
+        assert area.y1 <= box.y0 and box.y1 <= title.y0, text.get_text()
 
 
 def _line(ax, text: str):
     return next(line for line in ax.get_lines() if line.get_label() == text)
 
 
-@pytest.mark.parametrize(("factor", "sign"), [(1.0, "="), (1.01, "≈")])
-def test_a_line_under_another_is_drawn_apart_and_named(results, tmp_path, factor, sign):
-    """Offline V^ equal to BASIS (as in the default data's fig3b) was drawn under it, unseen:
-    it is drawn hollow and dashed over it, its legend saying which line it equals (or
-    nearly: within 2%, one line at printed size)."""
-    import matplotlib.pyplot as plt
-
+def _offline_scaled(results, tmp_path, factor: float):
+    """fig3b with Offline V^'s MSE set to ``factor`` times BASIS's in every bin."""
     folder = tmp_path / "res"
     shutil.copytree(results, folder)
     table = pl.read_csv(folder / "by_heterogeneity.csv")
@@ -271,14 +276,37 @@ def test_a_line_under_another_is_drawn_apart_and_named(results, tmp_path, factor
         .alias("mse")
     )
     table.drop("mse_basis").write_csv(folder / "by_heterogeneity.csv")
-    fig = FIGURES["fig3b_heterogeneity"][1](folder)
-    twin = f"Offline $\\hat V$ ({sign} BASIS)"
-    assert twin in _texts(fig.legends[0]) and "BASIS" in _texts(fig.legends[0])
+    return FIGURES["fig3b_heterogeneity"][1](folder)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01])
+def test_a_line_under_another_is_drawn_apart_and_named(results, tmp_path, factor):
+    """Offline V^ equal to BASIS (as in the default data's fig3b) was drawn under it, unseen:
+    it is drawn hollow and dashed over it, its legend saying which line it coincides with,
+    "≈" whether equal or within 2% (one line at printed size; "=" in one figure beside "≈"
+    in another read as a difference between them)."""
+    import matplotlib.pyplot as plt
+
+    fig = _offline_scaled(results, tmp_path, factor)
+    assert SAME_AS_BASIS in _texts(fig.legends[0]) and "BASIS" in _texts(fig.legends[0])
     for ax in fig.axes:
-        over, under = _line(ax, twin), _line(ax, "BASIS")
+        over, under = _line(ax, SAME_AS_BASIS), _line(ax, "BASIS")
         assert over.get_markerfacecolor() == "none" and under.get_markerfacecolor() != "none"
         assert over.get_zorder() > under.get_zorder()
         assert over.get_linestyle() != under.get_linestyle()
+    plt.close(fig)
+
+
+def test_a_line_further_than_two_percent_is_its_own(results, tmp_path):
+    """3% above BASIS everywhere is told apart at printed size: no "≈", drawn plain."""
+    import matplotlib.pyplot as plt
+
+    assert 1.03 > 1 + SAME_RTOL
+    fig = _offline_scaled(results, tmp_path, 1.03)
+    assert "Offline $\\hat V$" in _texts(fig.legends[0]) and SAME_AS_BASIS not in _texts(
+        fig.legends[0]
+    )
+    assert _line(fig.axes[0], "Offline $\\hat V$").get_markerfacecolor() != "none"
     plt.close(fig)
 
 
@@ -350,12 +378,16 @@ def test_every_bin_shows_its_count_and_thin_and_empty_bins_are_marked(results, t
 
 
 def test_zero_bars_are_drawn_and_labelled(results, drawn):
-    """fig3d's 0% bars were invisible, as if missing: each is a stub on the axis, and each
-    estimator with one says 0%."""
+    """fig3d's 0% bars were invisible, as if missing, then thick stubs that read as small
+    shares: each is a hollow marker on the axis and no bar, and each estimator with one
+    says 0%."""
     summary = pl.read_csv(results / "summary.csv")
     (ax,) = drawn["fig3d_extreme"].axes
-    stubs = [line for line in ax.get_lines() if list(line.get_ydata()) == [0, 0]]
-    assert len(stubs) == summary.filter(pl.col("extreme_rate") == 0).height > 0
+    hollow = [line for line in ax.get_lines() if line.get_markerfacecolor() == "none"]
+    assert all(list(line.get_ydata()) == [0] * len(line.get_ydata()) for line in hollow)
+    n_zero = summary.filter(pl.col("extreme_rate") == 0).height
+    assert sum(len(line.get_ydata()) for line in hollow) == n_zero > 0
+    assert sum(bar.get_height() > 0 for bar in ax.patches) == summary.height - n_zero
     zero = summary.group_by("estimator").agg((pl.col("extreme_rate") == 0).any().alias("z"))
     assert sum(t.get_text().startswith("0%") for t in ax.texts) == zero["z"].sum()
 

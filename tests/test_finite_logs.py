@@ -20,7 +20,7 @@ from conftest import evaluate_args, run_main
 
 from basis_bench.estimators import StepOutput
 from basis_bench.evaluation.record import RunRecord
-from basis_bench.outputs import OUTPUT_MARKER, json_text, read_metadata
+from basis_bench.guards.outputs import OUTPUT_MARKER, json_text, read_metadata
 from basis_bench.train.loop import jsonl_line
 from basis_bench.train.tracking import scalars
 

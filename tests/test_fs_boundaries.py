@@ -30,7 +30,7 @@ from conftest import (
 
 import basis_bench
 import basis_bench.evaluation.run as run_module
-from basis_bench.outputs import LOCK_FILE
+from basis_bench.guards.locks import LOCK_FILE
 from basis_bench.rollouts.simulate import SimulationConfig, simulate
 from basis_bench.rollouts.store import default_dataset
 
@@ -110,7 +110,7 @@ def test_a_gguf_conversion_never_removes_a_folder_named_with_its_pid(tmp_path):
     """The dequantized copy was staged in ``.NAME.PID.partial`` and that name removed first:
     another host's job sharing the cache, with the same process id, lost its copy."""
     from basis_bench.errors import InputError
-    from basis_bench.outputs import file_sha256
+    from basis_bench.guards.provenance import file_sha256
     from basis_bench.rollouts.models import hf_format_directory, resolve_checkpoint
 
     gguf = tmp_path / "m.gguf"
@@ -173,7 +173,7 @@ def test_no_write_under_a_claimed_folder_goes_through_a_link_out(tmp_path):
     """The one writer (atomic_write: a training run's rollouts and logs, every part, table
     and figure) asks the same: a link inside the claimed folder may not lead the write out."""
     from basis_bench.errors import InputError
-    from basis_bench.outputs import claim_output_dir, write_text_atomic
+    from basis_bench.guards.outputs import claim_output_dir, write_text_atomic
 
     run, elsewhere = claim_output_dir(tmp_path / "run", "train-run"), tmp_path / "elsewhere"
     elsewhere.mkdir()

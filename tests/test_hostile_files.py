@@ -92,7 +92,7 @@ def test_parquet_metadata_that_is_not_a_json_record_is_refused(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from basis_bench.outputs import METADATA_KEY, read_metadata
+    from basis_bench.guards.outputs import METADATA_KEY, read_metadata
 
     for raw in (DEEP, "not json", "[1, 2]"):
         table = pa.table({"x": [1]}).replace_schema_metadata({METADATA_KEY: raw})
@@ -102,7 +102,7 @@ def test_parquet_metadata_that_is_not_a_json_record_is_refused(tmp_path):
 
 
 def test_the_bound_is_on_nesting_not_on_brackets_inside_strings():
-    from basis_bench import bounded_json
+    from basis_bench.guards import bounded_json
 
     text = json.dumps({"a": ["[" * 500, "\\[" * 10, {"b": [[1]]}], "c": '"{{{'})
     assert bounded_json.nesting(text) == 5
@@ -120,7 +120,7 @@ def test_the_bound_is_on_nesting_not_on_brackets_inside_strings():
 
 
 def _dataset_with_policy(out: Path, policy: str) -> Path:
-    from basis_bench.outputs import write_parquet_atomic
+    from basis_bench.guards.outputs import write_parquet_atomic
 
     meta = {"kind": "oracle", "simulated": False}
     ids = ["a", "b", "c"]
@@ -293,7 +293,7 @@ def test_a_corrupt_page_inside_a_part_is_one_line(monkeypatch, capsys, tmp_path)
 
 
 def test_a_list_typed_reward_column_is_one_line(monkeypatch, capsys, tmp_path):
-    from basis_bench.outputs import write_parquet_atomic
+    from basis_bench.guards.outputs import write_parquet_atomic
 
     data = _dataset_with_policy(tmp_path / "d", "late")
     part = data / "rollouts" / "ck" / "part-000000.parquet"

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import CLI, ONE_THREAD, assert_one_line_error
+from conftest import CLI, ONE_THREAD, assert_one_line_error, needs_extra
 
-from basis_bench.outputs import read_metadata
+from basis_bench.guards.outputs import read_metadata
 from basis_bench.rollouts.prompts import load_prompt_source
 from basis_bench.rollouts.store import load_prompts, load_rollouts
 
@@ -54,6 +54,7 @@ def oracle_args(ckpt: str, prompts: str, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
+@needs_extra("datasets")
 def test_hub_names_of_a_model_and_a_dataset_resolve_from_the_local_cache(hf_home, tmp_path):
     out = tmp_path / "o"
     done = basis_bench(hf_home, *oracle_args("acme/tiny-llama", "hf:acme/math-sample@test", out))
@@ -73,10 +74,11 @@ def test_hub_names_of_a_model_and_a_dataset_resolve_from_the_local_cache(hf_home
     ("ckpt", "prompts", "download"),
     [
         ("acme/absent-model", "arithmetic:n=3", "hf download acme/absent-model"),
-        (
+        pytest.param(
             "acme/tiny-llama",
             "hf:acme/absent-data",
             "hf download acme/absent-data --repo-type dataset",
+            marks=needs_extra("datasets"),
         ),
     ],
 )

@@ -6,8 +6,11 @@ each metric's value)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
+import polars as pl
 import pytest
 from conftest import assert_one_line_error, run_main
 
@@ -225,12 +228,27 @@ def test_a_second_import_compares_the_problem_not_only_the_answer(tmp_path, monk
     args = ["import", "lm-eval", str(math), "--out", str(out), "--policy"]
     assert run_main(monkeypatch, capsys, *args, "a").code == 0
     other = math_run(tmp_path / "samples_other.jsonl", [("What is 1+3?", "4"), *MATH[1:]])
-    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = _contents(out)
     result = run_main(
         monkeypatch, capsys, "import", "lm-eval", str(other), "--out", str(out), "--policy", "b"
     )
     assert_one_line_error(result, "already holds prompt 0 as the problem 'What is $2+2$?'")
-    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # nothing written, not even the new policy's folder (an empty rollouts/b was left)
+    assert _contents(out) == before
+    another = math_run(tmp_path / "samples_another.jsonl", [("What is $2+2$?", "5"), *MATH[1:]])
+    result = run_main(
+        monkeypatch, capsys, "import", "lm-eval", str(another), "--out", str(out), "--policy", "c"
+    )
+    assert_one_line_error(result, "already holds prompt 0 with answer '4'")
+    assert _contents(out) == before
+
+
+def _contents(folder: Path) -> dict[str, bytes | None]:
+    """Every path below ``folder``, a file's bytes, a folder's None."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in folder.rglob("*")
+    }
 
 
 def test_eval_jsonl_files_merge_only_the_same_problem(tmp_path):
@@ -255,7 +273,7 @@ def test_eval_jsonl_files_merge_only_the_same_problem(tmp_path):
         ({"target": None}, "'target' is null, not text or an integer"),
         ({"target": ["4"]}, "'target' is [\"4\"], not text or an integer"),
         ({"exact_match": 10**400}, "'exact_match' is 1000"),
-        ({"metrics": ["doc_id"]}, "the lines hold metrics none"),
+        ({"metrics": ["doc_id"]}, "the lines hold no metric (a field lm-eval writes on every"),
     ],
 )
 def test_values_the_docs_promise_to_refuse_are_refused_at_their_line(tmp_path, edit, needle):
@@ -321,3 +339,50 @@ def test_a_gsm8k_full_solution_target_is_stored_as_its_final_answer(tmp_path):
     assert result.prompts.sort("prompt_id")["answer"].to_list() == ["72", "1,000", "12"]
     from_doc = import_sources("lm-eval", [path], "p", ImportOptions(answer_col="answer"))
     assert from_doc.prompts is not None and from_doc.prompts["answer"].to_list()[0] == "72"
+
+
+# A samples file lm-eval 0.4.13 wrote (not made here): docs/schema.md's gsm8k_n8 task run
+# as written with 4 repeats and 48 new tokens, SmolLM2-135M on a CPU, --limit 3 documents.
+REAL_RUN = Path(__file__).parent / "data" / "lm_eval_0_4_13_gsm8k_n4_samples.jsonl"
+
+
+def test_the_documented_recipe_run_by_lm_eval_gives_n_scored_samples_a_document():
+    """Each document's 4 sampled responses are 4 samples with their scores, the answer is
+    the final number of gsm8k's worked solution, and the recipe's utils.py, run on the
+    file's filtered responses, gives the scores lm-eval logged."""
+    lines = [json.loads(line) for line in REAL_RUN.read_text(encoding="utf-8").splitlines()]
+    options = ImportOptions(filter_name="per-sample", metric="exact_match", answer_col="answer")
+    result = import_sources("lm-eval", [REAL_RUN], "smol", options)
+    assert result.prompts is not None
+    for line in lines:
+        rows = result.rollouts.filter(pl.col("prompt_id") == str(line["doc_id"]))
+        assert rows.sort("sample_idx")["reward"].to_list() == line["exact_match"]
+        assert rows.sort("sample_idx")["response"].to_list() == line["resps"][0]
+        prompt = result.prompts.filter(pl.col("prompt_id") == str(line["doc_id"]))
+        assert prompt["answer"].item() == line["doc"]["answer"].split("####")[-1].strip()
+    assert result.rollouts.height == 4 * len(lines)
+    schema = (Path(__file__).resolve().parents[1] / "docs" / "schema.md").read_text()
+    utils = re.search(r"```python\n(def process_results.*?)```", schema, re.S)
+    assert utils is not None
+    recipe: dict[str, Any] = {}
+    exec(utils.group(1), recipe)  # the doc's utils.py, as lm-eval imports it
+    for line in lines:
+        scored = recipe["process_results"](line["doc"], line["filtered_resps"])
+        assert scored == {"exact_match": line["exact_match"]}
+    scores = [line["exact_match"] for line in lines]
+    assert recipe["mean_over_samples"](scores) == pytest.approx(1 / 12)  # lm-eval: 0.0833
+
+
+def test_each_file_gives_its_problems_by_its_own_field(tmp_path):
+    """gsm8k's docs say question, MATH's problem: the field was chosen once for all files,
+    so gsm8k's problems were stored as empty text, exit 0 (and an empty problem says nothing
+    to a later import's identity check)."""
+    gsm = gsm8k_run(tmp_path / "samples_gsm8k.jsonl", ["5", "12", "70"])
+    lines = [ln for ln in gsm.read_text().splitlines() if '"flexible-extract"' in ln]
+    gsm.write_text("\n".join(ln.replace("flexible-extract", "none") for ln in lines) + "\n")
+    math = math_run(tmp_path / "samples_math.jsonl", ids=(10, 11, 12))
+    prompts = import_sources("lm-eval", [gsm, math], "p", ImportOptions()).prompts
+    assert prompts is not None
+    by_id = dict(zip(prompts["prompt_id"], prompts["problem"], strict=True))
+    assert [by_id[i] for i in ("0", "1", "2")] == [q for q, _ in GSM8K]
+    assert [by_id[i] for i in ("10", "11", "12")] == [q for q, _ in MATH]

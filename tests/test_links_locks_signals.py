@@ -22,7 +22,7 @@ import pytest
 from conftest import assert_one_line_error, evaluate_args, run_main, siblings, snapshot
 
 import basis_bench.rollouts.importers.publishing as publishing_module
-from basis_bench.outputs import LOCK_FILE
+from basis_bench.guards.locks import LOCK_FILE
 from basis_bench.rollouts.store import default_dataset, load_rollouts
 from basis_bench.train.loop import append_jsonl
 
@@ -161,7 +161,7 @@ def test_a_ctrl_c_while_the_entry_point_arms_the_signals_is_one_line(monkeypatch
 READER = """
 import hashlib, sys, time
 from pathlib import Path
-from basis_bench.outputs import publishing
+from basis_bench.guards.locks import publishing
 root = Path(sys.argv[1])
 def files():
     return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(root.rglob("*.parquet"))}
@@ -294,7 +294,7 @@ def test_a_second_writer_of_one_folder_is_refused(monkeypatch, capsys, sim_datas
     out = tmp_path / "res"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from basis_bench.outputs import claim_output_dir; "
+         "from basis_bench.guards.outputs import claim_output_dir; "
          f"claim_output_dir(Path({str(out)!r}), 'results'); print('held', flush=True); "
          "time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -409,7 +409,7 @@ def test_a_log_linked_out_mid_run_is_never_appended_to(tmp_path):
     """A step's record goes to the run's own log only: a ``log.jsonl`` turned into a link to
     a file elsewhere after the run started is refused, one inside the run is followed."""
     from basis_bench.errors import InputError
-    from basis_bench.outputs import claim_output_dir
+    from basis_bench.guards.outputs import claim_output_dir
 
     run, outside = claim_output_dir(tmp_path / "run", "train-run"), tmp_path / "other.jsonl"
     outside.write_text("")
@@ -441,7 +441,7 @@ def test_a_fixed_beta_off_the_grid_is_refused_not_moved(monkeypatch, capsys, sim
 
 def test_a_failed_run_leaves_no_folder_it_made(tmp_path):
     """A claim's new folder goes again when the command fails before writing there."""
-    from basis_bench.outputs import claim_output_dir, holds_output_locks
+    from basis_bench.guards.outputs import claim_output_dir, holds_output_locks
 
     @holds_output_locks
     def fails(out: Path) -> None:

@@ -168,24 +168,29 @@ def test_registry_serves_the_three_losses_with_one_signature():
         "gspo": losses.gspo_loss(logp, old, ADV, MASK, 0.2, 0.2, 3.0),
     }
     for name, value in direct.items():
-        entry = losses.get_policy_loss(name)
+        entry = losses.POLICY_LOSSES.get(name)
         assert torch.equal(entry.fn(logp, old, ADV, MASK, settings_, 3.0), value)
-    assert losses.get_policy_loss("gspo").aggregation("token_mean") == "seq_mean"
-    assert losses.get_policy_loss("grpo").aggregation("token_mean") == "token_mean"
+    assert losses.POLICY_LOSSES.get("gspo").aggregation("token_mean") == "seq_mean"
+    assert losses.POLICY_LOSSES.get("grpo").aggregation("token_mean") == "token_mean"
 
 
-def test_registering_a_loss_makes_it_a_config_choice():
-    from basis_bench.train import make_config
+def test_registering_a_loss_makes_it_a_config_choice_named_in_the_help():
+    from basis_bench.settings import setting_help
+    from basis_bench.train import TrainConfig, make_config
 
-    @losses.register_policy_loss("test_half_gpg")
     def half(logp, old_logp, advantages, mask, settings, denom=None):
         return 0.5 * losses.gpg_loss(logp, advantages, mask, settings.agg, denom)
 
-    try:
+    help_before = setting_help(TrainConfig, "loss")
+    assert help_before == "A registered policy loss: gpg, grpo or gspo (basis_bench.train.losses)."
+    with losses.POLICY_LOSSES.temporary():
+        losses.register_policy_loss("test_half_gpg")(half)
         assert make_config({}, ["loss=test_half_gpg"]).loss == "test_half_gpg"
+        assert setting_help(TrainConfig, "loss") == (
+            "A registered policy loss: gpg, grpo, gspo or test_half_gpg (basis_bench.train.losses)."
+        )
         with pytest.raises(ValueError, match="already registered"):
             losses.register_policy_loss("test_half_gpg")(half)
-    finally:
-        losses.POLICY_LOSSES.pop("test_half_gpg")
     with pytest.raises(InputError, match="unknown policy loss 'test_half_gpg'; registered: gpg"):
-        losses.get_policy_loss("test_half_gpg")
+        losses.POLICY_LOSSES.get("test_half_gpg")
+    assert setting_help(TrainConfig, "loss") == help_before

@@ -18,8 +18,7 @@ import pytest
 from basis_bench import estimators as E
 from basis_bench.errors import InputError
 from basis_bench.estimators import options as O
-from basis_bench.estimators import registry
-from basis_bench.outputs import write_parquet_atomic
+from basis_bench.guards.outputs import write_parquet_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,7 +101,7 @@ def test_registered_estimators_each_name_their_options_class():
 
 def test_temporary_registrations_are_removed():
     before = list(E.ESTIMATORS)
-    with registry.temporary():
+    with E.ESTIMATORS.temporary():
 
         @E.register_estimator("test_tmp", options=O.JamesSteinOptions)
         def tmp(batch, options):

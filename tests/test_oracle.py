@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from basis_bench.cli.app import app
 from basis_bench.errors import InputError
-from basis_bench.outputs import read_metadata
+from basis_bench.guards.outputs import read_metadata
 from basis_bench.rollouts.models import resolve_checkpoint
 from basis_bench.rollouts.oracle import (
     pending_chunks,
@@ -29,17 +29,14 @@ from basis_bench.rollouts.oracle import (
 )
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.rollouts.oracle_workers import auto_workers, free_cores
-from basis_bench.rollouts.prompts import (
-    DEFAULT_INSTRUCTION,
-    FAMILY_INSTRUCTIONS,
-    arithmetic_prompts,
-)
+from basis_bench.rollouts.prompts import arithmetic_prompts
 from basis_bench.rollouts.store import (
     dataset_metadata,
     load_prompts,
     load_rollouts,
     write_prompts_table,
 )
+from basis_bench.rollouts.templates import DEFAULT_INSTRUCTION, FAMILY_INSTRUCTIONS
 from basis_bench.rollouts.training_record import (
     STEPS_KEY,
     part_steps,
@@ -283,7 +280,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
     path = tmp_path / "rollouts" / "p" / "part-000000.parquet"
     path.parent.mkdir(parents=True)
     meta = {"run": identity, "chunk": {"digest": plan_chunks(prompts, 1)[0].digest()}}
-    from basis_bench.outputs import write_parquet_atomic
+    from basis_bench.guards.outputs import write_parquet_atomic
 
     write_parquet_atomic(pl.DataFrame({"x": [1]}), path, meta)
     todo, done = pending_chunks(prompts, job, identity)
@@ -673,6 +670,7 @@ def test_auto_backend_samples_with_a_preferred_backend_that_serves_the_device(ti
 
     class Preferred(HFSampler):
         backend = "preferred"
+        preferred = True
         capabilities = dataclasses.replace(HFSampler.capabilities, cpu_workers=False)
 
     job = job_of(
@@ -681,8 +679,8 @@ def test_auto_backend_samples_with_a_preferred_backend_that_serves_the_device(ti
     )  # fmt: skip
     assert job.generation.backend == "auto"
     run_oracle(job)
-    with registry.temporary():
-        register_sampler(Preferred, preferred=True)
+    with registry.SAMPLERS.temporary():
+        register_sampler(Preferred)
         run_oracle(replaced(job, out=tmp_path / "preferred"))
 
     def backends(out: Path) -> set[str]:
@@ -708,6 +706,7 @@ def test_auto_backend_falls_back_to_hf_where_the_preferred_engine_does_not_start
 
     class Broken(HFSampler):
         backend = "broken"
+        preferred = True
         capabilities = dataclasses.replace(HFSampler.capabilities, cpu_workers=False)
 
         @classmethod
@@ -718,8 +717,8 @@ def test_auto_backend_falls_back_to_hf_where_the_preferred_engine_does_not_start
         model=str(tiny_model), policy="tiny", prompts="arithmetic:n=4,seed=2", n=2,
         max_new_tokens=8, chunk_size=2, device="cpu", workers=1, out=tmp_path / "auto",
     )  # fmt: skip
-    with registry.temporary():
-        register_sampler(Broken, preferred=True)
+    with registry.SAMPLERS.temporary():
+        register_sampler(Broken)
         with pytest.warns(registry.BackendFallback) as said:
             run_oracle(job)
         with pytest.raises(EngineFailed, match="broken engine did not start"):

@@ -101,7 +101,7 @@ def test_each_extra_named_in_a_hint_installs_its_module():
     """The hint's extra is the one in pyproject.toml that lists the module's package."""
     import tomllib
 
-    from basis_bench.extras import EXTRA_OF
+    from basis_bench.guards.extras import EXTRA_OF
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"

@@ -14,19 +14,21 @@ from basis_bench.errors import InputError
 from basis_bench.rollouts.prompts import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
-    DEFAULT_INSTRUCTION,
-    FAMILY_INSTRUCTIONS,
-    PromptTemplate,
     arithmetic_prompts,
-    build_prompt,
-    default_instruction,
     load_prompt_source,
     parse_arithmetic_spec,
     parse_levels,
     prompt_id,
-    read_records,
 )
+from basis_bench.rollouts.records import read_records
 from basis_bench.rollouts.store import conform_prompts
+from basis_bench.rollouts.templates import (
+    DEFAULT_INSTRUCTION,
+    FAMILY_INSTRUCTIONS,
+    PromptTemplate,
+    build_prompt,
+    default_instruction,
+)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "math_sample.jsonl"
 

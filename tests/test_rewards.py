@@ -8,10 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from basis_bench.rollouts.answers import last_boxed, last_number
 from basis_bench.rollouts.rewards import (
     RewardConfig,
-    last_boxed,
-    last_number,
     parse_gold,
     score,
     score_many,

@@ -10,7 +10,6 @@ import pytest
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
-from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE
 from basis_bench.rollouts.sampling import (
     SamplingConfig,
     make_sampler,
@@ -27,6 +26,7 @@ from basis_bench.rollouts.sampling.hf import (
     plan_calls,
 )
 from basis_bench.rollouts.sampling.vllm import VLLMSampler
+from basis_bench.rollouts.templates import DEFAULT_TEMPLATE
 
 PROBLEMS = [
     "What is 2 + 3?",
@@ -79,7 +79,7 @@ def test_sampling_config_validation():
 
 def test_make_sampler_rejects_bad_backend_settings():
     ckpt = resolve_checkpoint("smollm2-135m")
-    with pytest.raises(InputError, match="--backend must be one of auto, hf, vllm, got 'tgi'"):
+    with pytest.raises(InputError, match="unknown sampling backend 'tgi'; registered: hf, vllm"):
         make_sampler("tgi", ckpt)
     with pytest.raises(TypeError, match="the hf backend takes HFSettings"):
         make_sampler("hf", ckpt, settings=VLLMSampler.Settings())
@@ -100,6 +100,7 @@ class Claims(HFSampler):
     """A registered test backend: the hf sampler under another name, on the CPU only."""
 
     backend = "claims"
+    preferred = True
     capabilities = Capabilities(
         devices=("cpu",),
         per_prompt_seeds=True,
@@ -129,15 +130,17 @@ def test_auto_is_hf_where_vllm_does_not_import():
 
 @pytest.mark.skipif(_vllm_imports(), reason="vllm imports here: auto chooses it first")
 def test_auto_takes_the_first_preferred_backend_that_serves_the_device():
-    with registry.temporary() as samplers:
-        register_sampler(GpuOnly, preferred=True)
+    with registry.SAMPLERS.temporary() as samplers:
+        register_sampler(GpuOnly)
         assert sampler_class("auto", "cpu") is HFSampler  # it does not serve the CPU
-        register_sampler(Claims, preferred=True)
+        register_sampler(Claims)
         assert sampler_class("auto", "cpu") is Claims
         assert sampler_class("auto", "cuda:1") is GpuOnly
         assert registry.backend_names() == ("auto", "hf", "vllm", "gpu-only", "claims")
-        with pytest.raises(ValueError, match="name 'claims' is taken"):
+        with pytest.raises(ValueError, match="sampling backend 'claims' is already registered"):
             register_sampler(Claims)
+        with pytest.raises(ValueError, match="name 'auto' is taken"):
+            register_sampler(type("Auto", (Claims,), {"backend": "auto"}))
         assert "claims" in samplers
     assert registry.backend_names() == ("auto", "hf", "vllm")
     with pytest.raises(TypeError, match="does not define capabilities, Settings, start"):
@@ -282,7 +285,7 @@ def test_hf_sampling_counts_seeds_and_finish_reasons(hf_sampler):
 def test_hf_stop_tokens_end_responses(hf_sampler):
     # Asked for only the answer, most responses stop early; those that stop end with a
     # stop id and hold no other, and only those that ran to max_new_tokens do not.
-    from basis_bench.rollouts.prompts import PromptTemplate
+    from basis_bench.rollouts.templates import PromptTemplate
 
     hf_sampler.template = PromptTemplate(instruction="Give only the final answer.")
     try:
@@ -403,7 +406,8 @@ def test_hf_samples_the_distribution_generate_samples(hf_sampler, generate_sampl
     same test run against the continuous sampler at T = 0.5 must reject it: that shows
     the test has the power to catch a biased sampler, not that it passes anything.
     """
-    from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
+    from basis_bench.rollouts.prompts import load_prompt_source
+    from basis_bench.rollouts.templates import PromptTemplate
 
     table = load_prompt_source(ARITHMETIC)
     problems, answers = table["problem"].to_list(), table["answer"].to_list()

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import read_metadata
+from basis_bench.guards.outputs import read_metadata
 from basis_bench.rollouts.simulate import checkpoint_values, reference_values, simulate
 from basis_bench.rollouts.simulation import SETTINGS, SimulationConfig, parse_stages
 from basis_bench.rollouts.store import dataset_metadata, load_prompts, load_rollouts

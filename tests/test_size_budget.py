@@ -105,7 +105,7 @@ def test_the_dense_data_replays_under_the_limit(tmp_path):
 
 def test_the_library_replay_passes_the_same_budget(monkeypatch):
     """replay_steps (the notebook's entry) checks before building its timeline."""
-    import basis_bench.memory_check as memory_check
+    import basis_bench.guards.memory_check as memory_check
     from basis_bench.evaluation.dataset import open_dataset
     from basis_bench.evaluation.replay_plan import ReplayPlan
     from basis_bench.evaluation.step_replay import StepSchedule, replay_steps
@@ -118,8 +118,8 @@ def test_the_library_replay_passes_the_same_budget(monkeypatch):
 
 
 def test_the_budget_names_what_fits_and_never_overflows(monkeypatch):
-    import basis_bench.memory_check as memory_check
-    from basis_bench.memory_check import Size, check_sizes
+    import basis_bench.guards.memory_check as memory_check
+    from basis_bench.guards.memory_check import Size, check_sizes
 
     monkeypatch.setattr(memory_check, "available_memory", lambda: 1000)
     assert check_sizes("x", [Size("--a", 10, 10), Size("--b", 5, 2)]) == 110
@@ -134,7 +134,7 @@ def test_the_budget_names_what_fits_and_never_overflows(monkeypatch):
 def test_a_ulimit_counts_as_free_memory():
     """Under ``ulimit -v`` MemAvailable said 20 GB and numpy's 7.45 GiB was a MemoryError."""
     code = (
-        "import resource; from basis_bench.memory_check import available_memory; "
+        "import resource; from basis_bench.guards.memory_check import available_memory; "
         "print(available_memory())"
     )
     out = subprocess.run(
@@ -153,7 +153,7 @@ def _config(tmp_path: Path, run: Path) -> Path:
 
 
 def _no_model(monkeypatch) -> None:
-    import basis_bench.memory_check as memory_check
+    import basis_bench.guards.memory_check as memory_check
     import basis_bench.train.setup as setup
 
     monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
@@ -222,7 +222,7 @@ def test_an_integer_bound_is_exact():
 def test_an_oracle_part_is_sized_before_the_claim_or_a_model(monkeypatch, capsys, tmp_path):
     """--n of 5 * 10^7 reached the sampler (found beside train's ref_n: the reference
     cache is an oracle run too)."""
-    import basis_bench.memory_check as memory_check
+    import basis_bench.guards.memory_check as memory_check
     import basis_bench.rollouts.oracle as oracle
 
     monkeypatch.setattr(memory_check, "available_memory", lambda: LIMIT_KB * 1024)

@@ -39,7 +39,7 @@ def test_a_training_record_fifo_is_refused_not_read_as_absent(tmp_path):
 
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
 def test_the_reader_refuses_what_is_not_a_regular_file(tmp_path, kind):
-    from basis_bench.folders import read_small
+    from basis_bench.guards.folders import read_small
     from basis_bench.rollouts.training_record import read_training_record
 
     path = tmp_path / "training.json"
@@ -125,3 +125,48 @@ def test_a_hash_cache_fifo_is_no_cache_not_a_wait(monkeypatch, tmp_path):
     (tmp_path / "basis-bench").mkdir()
     os.mkfifo(tmp_path / "basis-bench" / "sha256.json")
     assert fingerprint._load_cache() == {}
+
+
+# --------------------------------------------------------------------------- found in round 4's check
+
+
+def test_a_small_file_is_read_without_reserving_its_limit():
+    """``fh.read(limit + 1)`` reserved the 1 GiB limit before reading a 200-byte run.json:
+    evaluate on the dense data's epoch schedule under ``ulimit -v 4000000`` ran its replay
+    and then ended in a MemoryError traceback writing run.json."""
+    import resource
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, tempfile, pathlib\n"
+        "from basis_bench.guards.folders import read_small\n"
+        "path = pathlib.Path(tempfile.mkdtemp()) / 'run.json'\n"
+        "path.write_text('{}')\n"
+        "used = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize:'))"
+        ".split()[1]) * 1024\n"
+        "room = used + (256 << 20)  # far less than the 1 GiB limit, far more than the file\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (room, resource.RLIM_INFINITY))\n"
+        "print(read_small(path))\n"
+    )
+    assert resource.RLIMIT_AS is not None
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "b'{}'"
+
+
+def test_a_link_to_nothing_is_refused_not_read_as_absent(tmp_path):
+    """A training.json that is a symbolic link to a file that does not exist was read as
+    absent: evaluate replayed the dense data on the epoch schedule, exit 0 (the same
+    silent switch as a FIFO's)."""
+    from basis_bench.guards.folders import read_small
+
+    data = _writable_copy(DENSE, tmp_path / "dense")
+    (data / "training.json").unlink()
+    (data / "training.json").symlink_to(tmp_path / "moved-away.json")
+    with pytest.raises(InputError, match=r"training.json is a link to .*moved-away.json"):
+        read_small(data / "training.json")
+    out = tmp_path / "out"
+    result = run_cli(["evaluate", "--rollouts", str(data), "--out", str(out)], timeout=120)
+    assert_one_line_error(result, "training.json is a link to", "which does not exist")
+    assert not out.exists()

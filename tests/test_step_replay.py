@@ -262,7 +262,7 @@ def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
 ) -> None:
     from conftest import run_main
 
-    from basis_bench.evaluation import run as run_module
+    from basis_bench.evaluation import schedule as schedule_module
 
     reads = []  # the schedule is resolved once a run: the pre-check, the replay and run.json share it
 
@@ -270,7 +270,7 @@ def test_evaluate_on_the_default_data_spends_equal_budgets_at_training_steps(
         reads.append(root)
         return training_record(root)
 
-    monkeypatch.setattr(run_module, "training_record", counted)
+    monkeypatch.setattr(schedule_module, "training_record", counted)
     out = tmp_path / "res"
     run = run_main(monkeypatch, capsys, "evaluate", "--estimators", "grpo,basis_memory",
                    "--repeats", "3", "--rollouts-per-step", "64", "--no-estimates",

@@ -9,7 +9,7 @@ import pytest
 from conftest import rollouts_frame
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import ROW_GROUP_ROWS, read_metadata, write_parquet_atomic
+from basis_bench.guards.outputs import ROW_GROUP_ROWS, read_metadata, write_parquet_atomic
 from basis_bench.rollouts.store import (
     conform_prompts,
     conform_rollouts,

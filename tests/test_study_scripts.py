@@ -40,7 +40,8 @@ def _run(path: Path, seed: int = 0, steps: int = 2) -> Path:
 def test_collect_stops_in_one_line_on_a_broken_run(tmp_path, name, text):
     """It printed a traceback, skipped that seed and exited 0."""
     src = tmp_path / "runs"
-    run = _run(src / "grpo" / "seed-0")
+    _run(src / "grpo" / "seed-0")
+    run = _run(src / "grpo" / "seed-1", seed=1)
     (run / name).write_text(text)
     done = subprocess.run(
         ["bash", str(COLLECT), "runs", "logs"], cwd=tmp_path, env=_env(),
@@ -49,7 +50,8 @@ def test_collect_stops_in_one_line_on_a_broken_run(tmp_path, name, text):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().startswith("collect.sh: error:") and name in done.stderr
-    assert not (tmp_path / "logs" / "figures").exists()
+    # nothing copied: seed-0's logs were copied before seed-1 stopped it, beside old figures
+    assert not (tmp_path / "logs").exists()
 
 
 def test_collect_takes_relative_paths_from_where_it_runs(tmp_path):

@@ -297,8 +297,8 @@ def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tm
 
 
 def test_train_figures_from_logs(tmp_path):
-    from basis_bench.evaluation.figures import colours, label
-    from basis_bench.outputs import LOCK_FILE, OUTPUT_MARKER
+    from basis_bench.evaluation.figure_style import colours, label
+    from basis_bench.guards.outputs import OUTPUT_MARKER
     from basis_bench.train.figures import plot_training
     from basis_bench.train.loop import append_jsonl
 
@@ -324,7 +324,7 @@ def test_train_figures_from_logs(tmp_path):
         *("training_findings.csv", "training_findings.md"),  # BASIS and GRPO: finding 1
     }
     hidden = {p.name for p in (tmp_path / "figs").glob(".*")}
-    assert hidden == {OUTPUT_MARKER, LOCK_FILE}, "no temporary file left behind"
+    assert hidden == {OUTPUT_MARKER}, "no temporary or lock file left behind"
     table = pl.read_csv(tmp_path / "figs" / "training_summary.csv")
     grpo = table.filter(pl.col("label") == "GRPO (G=8)")
     assert grpo["eval_accuracy"].drop_nulls().to_list() == [0.25, 0.5]

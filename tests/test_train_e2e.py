@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 import torch
 
-from basis_bench.estimators import EstimatorInput, grpo, register_estimator, registry
+from basis_bench.estimators import ESTIMATORS, EstimatorInput, grpo, register_estimator
 from basis_bench.train import make_config, read_log, resume_config, train
 from basis_bench.train.policy_measures import answer_diversity
 
@@ -44,7 +44,7 @@ def recording_estimators():
     """Register the recording estimators for this module only: pytest imports every test
     module before running any, so a registration at import time would leak into the
     registry-wide tests of other modules."""
-    with registry.temporary():
+    with ESTIMATORS.temporary():
         register_estimator("test_train_recording")(_recording)
         register_estimator("test_train_recording_group", group=True)(_recording_group)
         yield
@@ -98,9 +98,9 @@ def basis_run(smol_dir, tmp_path_factory) -> Path:
 
 def test_token_logprobs_mask_prompt_and_padding_and_sampling_follows_the_seed(smol_dir):
     from basis_bench.rollouts.models import load_policy
-    from basis_bench.rollouts.prompts import PromptTemplate
     from basis_bench.rollouts.sampling import SamplingConfig
     from basis_bench.rollouts.sampling.hf import HFSampler
+    from basis_bench.rollouts.templates import PromptTemplate
     from basis_bench.train.sample import sample_rollouts
     from basis_bench.train.update import token_logprobs
 
@@ -244,7 +244,9 @@ def test_basis_context_trains_on_the_reference_models_prompt_hidden_states(smol_
     assert curvature.shape == (1 + COMPONENTS, 1 + COMPONENTS)  # intercept + leading PCs
 
 
-def test_seeds_runner_skips_a_finished_seed_and_resumes_an_interrupted_one(smol_dir, tmp_path):
+def test_seeds_runner_skips_finished_resumes_interrupted_restarts_uncheckpointed(
+    smol_dir, tmp_path
+):
     from basis_bench.train.seeds import train_seeds
 
     config = tiny(smol_dir, tmp_path, "estimator=reinforce_pp", "eval_every=0")
@@ -269,6 +271,14 @@ def test_seeds_runner_skips_a_finished_seed_and_resumes_an_interrupted_one(smol_
     assert again[1]["loss"] == pytest.approx(first[1]["loss"], rel=1e-4, abs=1e-7)
     assert again[1]["mean_reward"] == first[1]["mean_reward"]
     assert sorted(p.name for p in (one / "checkpoints").iterdir()) == ["step-000002"]
+    # seed 1 killed during step 1 of a fresh start: a log line, no complete checkpoint
+    shutil.rmtree(one / "checkpoints")
+    (one / "log.jsonl").write_text((one / "log.jsonl").read_text().splitlines()[0] + "\n")
+    states.clear()
+    train_seeds(config, [1], on_run=on_run)
+    assert states == [("seed-1", "restart")]
+    assert [r["step"] for r in read_log(one)] == [1, 2]
+    assert read_log(one)[1]["mean_reward"] == first[1]["mean_reward"]  # the same run again
 
 
 # ---------------------------------------------------------------- the value probe

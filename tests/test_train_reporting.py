@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import run_cli
+from conftest import needs_extra, run_cli
 
 from basis_bench.rollouts.prompts import load_prompt_source
 from basis_bench.train import make_config, read_log
@@ -22,10 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TRAIN_PROMPTS = "arithmetic:n=8,digits=1,steps=1,ops=+,seed=0"
 EVAL_PROMPTS = "arithmetic:n=40,digits=1,steps=1,ops=+,seed=1"  # some are training prompts
 TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
-needs_tensorboard = pytest.mark.skipif(
-    not TENSORBOARD,
-    reason="the optional tensorboard extra is not installed: pip install 'basis-bench[tensorboard]'",
-)
+needs_tensorboard = needs_extra("tensorboard")
 
 
 def write_config(path: Path, model: Path, root: Path, **extra: object) -> Path:
@@ -137,6 +134,7 @@ def test_report_to_reads_as_trl_spells_it():
 # --------------------------------------------------------------------------- issue 44, class 8
 
 
+@needs_tensorboard
 def test_a_broken_tracker_package_is_one_line_before_a_model_loads(monkeypatch):
     """A broken tensorboard passed find_spec and raised ImportError after the model loaded."""
     import sys
@@ -144,8 +142,6 @@ def test_a_broken_tracker_package_is_one_line_before_a_model_loads(monkeypatch):
     from basis_bench.errors import InputError
     from basis_bench.train.tracking import check_reporters
 
-    if importlib.util.find_spec("tensorboard") is None:
-        pytest.skip("tensorboard is not installed")
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import fails
     with pytest.raises(InputError, match="report_to = tensorboard: the 'tensorboard' package"):
         check_reporters(["tensorboard"])
@@ -177,3 +173,45 @@ def test_wandb_starts_offline_and_a_failing_init_is_one_line(monkeypatch, tmp_pa
     monkeypatch.setenv("WANDB_MODE", "online")  # the user's choice stands
     with pytest.raises(InputError, match="api_key not configured \\(no-tty\\)\\); fix it"):
         open_trackers(["wandb"], tmp_path / "run", {}, 1)
+
+
+def test_a_tracker_that_cannot_start_stops_training_before_a_model_loads(monkeypatch, tmp_path):
+    """wandb.init without a login was one line only after the model had loaded (and, for
+    BASIS, the reference cache was built): the trackers open once run_dir is claimed."""
+    import sys
+
+    import basis_bench.train.setup as setup
+    from basis_bench.errors import InputError
+    from basis_bench.train import make_config
+    from basis_bench.train.loop import train
+
+    fake = tmp_path / "site"
+    fake.mkdir()
+    (fake / "wandb.py").write_text(
+        "def init(**kw):\n    raise RuntimeError('api_key not configured (no-tty)')\n"
+    )
+    monkeypatch.syspath_prepend(str(fake))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    monkeypatch.setattr(setup, "load_models", lambda *a, **k: pytest.fail("loaded a model"))
+    run_dir = tmp_path / "run"
+    config = make_config({"run_dir": str(run_dir), "report_to": ["wandb"], "estimator": "grpo"})
+    with pytest.raises(InputError, match=r"report_to = wandb could not start \(RuntimeError"):
+        train(config)
+    assert not run_dir.exists()  # the claim is undone: a failed start leaves nothing new
+
+
+def test_a_start_refused_after_the_trackers_opened_leaves_nothing(tmp_path):
+    """The trackers open before a model loads; a model that does not exist then stops the
+    run, and what their start wrote (RUN/tensorboard) goes with the claim."""
+    from basis_bench.errors import InputError
+    from basis_bench.train import make_config
+    from basis_bench.train.loop import train
+
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed")
+    run_dir = tmp_path / "run"
+    settings = {"run_dir": str(run_dir), "report_to": ["tensorboard"], "estimator": "grpo"}
+    config = make_config(settings | {"model": str(tmp_path / "no-model")})
+    with pytest.raises(InputError, match="no such model"):
+        train(config)
+    assert not run_dir.exists()

@@ -112,7 +112,7 @@ def test_auto_backend_samples_the_live_policy_with_hf_and_the_run_records_it(roo
 
 
 def test_a_weight_sync_backend_starts_from_the_reference_and_follows_the_policy(root):
-    with registry.temporary():
+    with registry.SAMPLERS.temporary():
         register_sampler(Synced)
         run = train_setup(root, backend="synced")
     policy, sampler = run.models.policy, run.sampler
@@ -135,13 +135,14 @@ def test_auto_trains_with_hf_where_the_preferred_engine_does_not_start(root):
 
     class Stalled(Synced):
         backend = "stalled"
+        preferred = True
 
         @classmethod
         def start(cls, *args, **kwargs):
             raise EngineFailed("the stalled engine did not start")
 
-    with registry.temporary():
-        register_sampler(Stalled, preferred=True)
+    with registry.SAMPLERS.temporary():
+        register_sampler(Stalled)
         with pytest.warns(registry.BackendFallback) as said:
             run = train_setup(root)
         with pytest.raises(EngineFailed, match="stalled engine did not start"):
@@ -165,7 +166,7 @@ def test_a_backend_that_cannot_follow_a_policy_is_refused_before_models_load(roo
         raise AssertionError("a model loaded before the backend was checked")
 
     monkeypatch.setattr(setup_module, "load_models", loaded)
-    with registry.temporary():
+    with registry.SAMPLERS.temporary():
         register_sampler(OracleOnly)
         with pytest.raises(InputError, match="oracle-only backend cannot sample a model being"):
             train_setup(root, backend="oracle-only")

@@ -20,7 +20,7 @@ from basis_bench.train import make_config
 from basis_bench.train.checkpoint import TRAINER_STATE
 from basis_bench.train.config import config_dict
 from basis_bench.train.loop import append_jsonl
-from basis_bench.train.seeds import prune_checkpoints, run_state, seed_config
+from basis_bench.train.seeds import clear_partial_run, prune_checkpoints, run_state, seed_config
 from basis_bench.train.summary import (
     arms_table,
     load_arm,
@@ -172,6 +172,29 @@ def test_the_runner_skips_finished_seeds_resumes_interrupted_ones_and_starts_new
         run_state(changed)
 
 
+def test_a_run_stopped_before_its_first_checkpoint_restarts_under_its_own_settings(tmp_path):
+    """A log but no complete checkpoint: nothing can be resumed and training refuses to
+    append to the old log, so the runner clears it and starts again (it said "new" and
+    then failed on "already holds a run")."""
+    config = make_config({"run_dir": str(tmp_path / "arm"), "steps": 4, "lr": 1e-5})
+    stopped = seed_config(config, 5)
+    run = Path(stopped.run_dir)
+    _run(run, 5, {0: 0.1}, steps=2, lr=1e-5)
+    (run / "config.json").write_text(json.dumps(config_dict(stopped) | {"provenance": {}}))
+    for name in ("rollouts", "eval", "checkpoints/step-000002.partial"):
+        (run / name).mkdir(parents=True)
+    (run / "rollouts" / "train-000001.parquet").write_bytes(b"x")
+    (run / "prompts.parquet").write_bytes(b"kept")
+    assert run_state(stopped) == ("restart", None)
+    with pytest.raises(InputError, match=r"written with lr = 1e-05, the configuration says 3e-05"):
+        run_state(dataclasses.replace(stopped, lr=3e-5))  # another configuration's partial run
+    with pytest.raises(InputError, match=r"seed 5 \(its config\), not seed 6"):
+        run_state(dataclasses.replace(stopped, seed=6))
+    clear_partial_run(run)
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "prompts.parquet"]
+    assert run_state(stopped) == ("new", None)
+
+
 def test_seeds_options_are_checked_in_one_line(monkeypatch, capsys, tmp_path):
     config = tmp_path / "c.toml"
     config.write_text(f'run_dir = "{tmp_path / "arm"}"\n')
@@ -303,3 +326,36 @@ def test_two_arms_of_one_folder_name_get_distinct_labels(monkeypatch, capsys, tm
     assert result.code == 0, result.message
     labels = pl.read_csv(out / "training_summary.csv")["label"].unique().sort().to_list()
     assert len(labels) == 2 and labels[0].endswith("(a/run)") and labels[1].endswith("(b/run)")
+
+
+@pytest.mark.parametrize("seeds", [[], ["--seeds", "0"]])
+def test_train_notes_are_one_warning_line_with_and_without_seeds(tmp_path, seeds):
+    """With --seeds, training's notes (held-out prompts left out, backend auto's hf) were
+    Python's raw UserWarning: the source file's path and line, then the call's code."""
+    from conftest import run_cli
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'run_dir = "{tmp_path / "arm"}"\nrollouts_per_step = 1000000000\n')
+    result = run_cli(["train", "--config", str(config), *seeds], timeout=300)
+    said = [line for line in result.stderr.splitlines() if "held-out accuracy" in line]
+    assert result.returncode == 2 and "rollouts_per_step at most" in result.stderr
+    assert said and said[0].startswith("warning: held-out accuracy is over"), result.stderr
+    assert "UserWarning" not in result.stderr and "setup.py" not in result.stderr
+
+
+@pytest.mark.parametrize("how", ["a link", "the arm and its run"])
+def test_train_figures_refuses_one_run_in_two_arms(monkeypatch, capsys, tmp_path, how):
+    """arm2/seed-0 a link to arm/seed-0 (or `train-figures arm arm/seed-0`) drew one run as
+    two arms: the given folders differed, the run folders inside them did not."""
+    arm = tmp_path / "arm"
+    _run(arm / "seed-0", 0, {0: 0.1, 4: 0.3})
+    if how == "a link":
+        (tmp_path / "arm2").mkdir()
+        (tmp_path / "arm2" / "seed-0").symlink_to(arm / "seed-0")
+        other = tmp_path / "arm2"
+    else:
+        other = arm / "seed-0"
+    out = tmp_path / "figs"
+    result = run_main(monkeypatch, capsys, "train-figures", str(arm), str(other), "--out", str(out))
+    assert_one_line_error(result, "is given twice", "seed-0")
+    assert not out.exists()

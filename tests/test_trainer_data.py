@@ -14,18 +14,20 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
-from conftest import assert_one_line_error, run_main
+from conftest import assert_one_line_error, import_extra, run_main
 
 from basis_bench.errors import InputError
+from basis_bench.guards.outputs import write_parquet_atomic
 from basis_bench.integrations.keys import basis_from_rollouts, cached_prompts, prompt_key
 from basis_bench.integrations.prompt_check import check_parquet_prompts
-from basis_bench.outputs import write_parquet_atomic
 from basis_bench.rollouts.models import load_tokenizer, resolve_checkpoint
-from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, load_prompt_source
-from basis_bench.rollouts.reward_function import grade, load_reward_function
+from basis_bench.rollouts.prompts import load_prompt_source
+from basis_bench.rollouts.reward_function import load_reward_function
 from basis_bench.rollouts.rewards import RewardConfig
 from basis_bench.rollouts.sampling.base import Sampler
+from basis_bench.rollouts.scoring import grade
 from basis_bench.rollouts.store import load_prompts, load_rollouts
+from basis_bench.rollouts.templates import DEFAULT_TEMPLATE
 from basis_bench.rollouts.trainer_prompts import model_inputs
 from basis_bench.schema import PROMPTS_FILE
 
@@ -87,7 +89,7 @@ def test_a_trainer_dataset_reads_alike_from_a_folder_parquet_and_jsonl(tmp_path:
     frames = [
         load_prompt_source(f"trainer:{tmp_path / f}") for f in ("train.parquet", "train.jsonl")
     ]
-    datasets = pytest.importorskip("datasets")
+    datasets = import_extra("datasets")
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
     frames.append(load_prompt_source(f"trainer:{tmp_path / 'ds'}"))
     for frame in frames:
@@ -249,7 +251,7 @@ def test_smollm2_oracle_from_a_trl_dataset_with_a_reward_function(
     rewards_file, tmp_path, monkeypatch
 ) -> None:
     """The shipped SmolLM2 end to end: a TRL-style dataset folder, a reward by module name."""
-    datasets = pytest.importorskip("datasets")
+    datasets = import_extra("datasets")
     datasets.Dataset.from_list(trl_rows(3)).save_to_disk(str(tmp_path / "ds"))
     monkeypatch.chdir(tmp_path)  # the module is found in the current folder, as a user's is
     from conftest import run_cli
@@ -352,7 +354,7 @@ def _trl():
 
 def test_the_trl_trainer_refuses_a_mismatched_dataset_before_the_model_loads(tmp_path) -> None:
     trl = _trl()
-    datasets = pytest.importorskip("datasets")
+    datasets = import_extra("datasets")
     cache = cache_of(tmp_path / "c", [chat(i) for i in range(4)], trainer=True)
     args = trl.BasisGRPOConfig(
         output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, report_to=[], use_cpu=True

@@ -22,7 +22,7 @@ import pytest
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.models import hf_format_directory, resolve_checkpoint
-from basis_bench.rollouts.prompts import PromptTemplate, load_prompt_source
+from basis_bench.rollouts.prompts import load_prompt_source
 from basis_bench.rollouts.sampling import SamplingConfig, make_sampler
 from basis_bench.rollouts.sampling.hf import HFSettings
 from basis_bench.rollouts.sampling.vllm import VLLMSettings, check_device, engine_args
@@ -32,6 +32,7 @@ from basis_bench.rollouts.store import (
     load_rollouts,
     read_metadata,
 )
+from basis_bench.rollouts.templates import PromptTemplate
 from basis_bench.settings import made
 
 
@@ -332,6 +333,40 @@ def test_vllm_oracle_resumes_after_sigkill(whole_run, tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"{written} already complete" in " ".join(rerun.stderr.split())
     assert load_rollouts(resumed).equals(load_rollouts(whole_run))
+
+
+@needs_vllm
+def test_auto_samples_with_hf_where_the_vllm_engine_does_not_start(tmp_path):
+    """vllm imports and serves the CPU, but its engine cannot start with a KV cache smaller
+    than one block (the oracle's own --kv-cache-gib; the test dropped in f908887 passed
+    --max-model-len, which the oracle does not take): --backend auto samples with hf after
+    one warning line, and the parts say hf; --backend vllm is that one line as an error,
+    asking for a larger cache (it said "not enough free memory; pass a smaller")."""
+
+    def args(out: Path, *backend: str) -> list[str]:
+        given = oracle_args(out)
+        at = given.index("--backend")
+        del given[at : at + 2]  # auto, the default
+        given[given.index("--kv-cache-gib") + 1] = "0.00001"
+        return [*given, *backend, "--n", "1"]
+
+    auto = subprocess.run(
+        [*CLI, *args(tmp_path / "auto")], capture_output=True, text=True, timeout=600,
+        env=ONE_THREAD,
+    )  # fmt: skip
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    said = [line for line in auto.stderr.splitlines() if line.startswith("warning:")]
+    assert len(said) == 1 and "Traceback" not in auto.stderr, auto.stderr[-3000:]
+    assert said[0].startswith("warning: backend auto samples with hf: vLLM's KV cache of")
+    assert {read_metadata(p)["backend"]["backend"] for p in parts(tmp_path / "auto")} == {"hf"}
+    named = subprocess.run(
+        [*CLI, *args(tmp_path / "named", "--backend", "vllm")],
+        capture_output=True, text=True, timeout=600, env=ONE_THREAD,
+    )  # fmt: skip
+    message = " ".join(named.stderr.split())
+    assert named.returncode == 2 and "error: vLLM's KV cache of" in message, named.stderr[-3000:]
+    assert "Traceback" not in message and "pass a larger --kv-cache-gib" in message
+    assert not parts(tmp_path / "named")
 
 
 @needs_vllm

@@ -11,7 +11,7 @@ from conftest import CLI, ONE_THREAD, assert_one_line_error
 
 import basis_bench
 from basis_bench.errors import InputError
-from basis_bench.work_limit import ENV, MAX_DRAWS, check_draws, max_draws
+from basis_bench.guards.work_limit import ENV, MAX_DRAWS, check_draws, max_draws
 
 
 def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:

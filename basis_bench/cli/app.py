@@ -19,8 +19,8 @@ from basis_bench.errors import (
     os_errno,
     swallowed_interrupt,
 )
-from basis_bench.extras import missing_extra
-from basis_bench.quoting import printable, shown
+from basis_bench.guards.extras import missing_extra
+from basis_bench.guards.quoting import printable, shown
 from basis_bench.settings import RenamedSetting
 
 app = typer.Typer(
@@ -116,7 +116,7 @@ def _path_flags(typer_app: typer.Typer) -> set[str]:
 
 def main() -> None:
     """Console-script entry point: user mistakes become one clear line (exit code 2), as does
-    a module an optional extra installs (:mod:`basis_bench.extras`), a
+    a module an optional extra installs (:mod:`basis_bench.guards.extras`), a
     failed write (disk full, read-only, no permission) one line saying what is kept
     (exit code 1), Ctrl-C the same (exit code 130), SIGTERM too (exit code 143; the
     handler is armed by :mod:`basis_bench.__main__`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -18,15 +19,12 @@ from basis_bench.cli.options import (
     ROLLOUTS,
     basis_group,
     comma_list,
-    split_names,
+    estimator_names,
 )
 from basis_bench.errors import reraise_swallowed_interrupt
 from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
-from basis_bench.quoting import shown
+from basis_bench.guards.quoting import shown
 from basis_bench.rollouts.simulation import DEFAULT_STAGES, SimulationConfig, parse_stages
-from basis_bench.settings import setting_default
-
-SENSITIVITY_ESTIMATORS = setting_default(SensitivityConfig, "estimators")
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -119,7 +117,7 @@ def simulate(
     param="cfg",
     cli={
         "rollouts": ROLLOUTS,
-        "estimators": comma(split_names, "all"),
+        "estimators": comma(estimator_names, "all"),
         "basis_options": basis_group("calibration", "criterion", "loss", "eps", "fixed_beta"),
         "estimator_options": OPTIONS,
     },
@@ -217,9 +215,17 @@ def print_summary(summary: pl.DataFrame, console: Console) -> None:
                 f"{(row['ci_high'] - row['ci_low']) / 2:.5f}",
                 f"{100 * row['extreme_rate']:.1f}%",
                 change,
-                f"{100 * (row['adv_noise_ratio'] - 1):+.1f}%",
+                _percent_over_one(row["adv_noise_ratio"]),
             )
         console.print(table)
+
+
+def _percent_over_one(ratio: float | None) -> str:
+    """``ratio`` - 1 in percent; "n/a" where it is undefined (every prompt's oracle value
+    0 or 1 leaves no reward variance to compare against: it printed "+nan%")."""
+    if ratio is None or not math.isfinite(ratio):
+        return "n/a"
+    return f"{100 * (ratio - 1):+.1f}%"
 
 
 def print_gradient(gradient: pl.DataFrame, console: Console) -> None:
@@ -348,7 +354,7 @@ def _step_table(trajectory: pl.DataFrame, info: Mapping[str, Any]) -> Any:
     cli={
         "rollouts": ROLLOUTS,
         # 'all' kept: sensitivity refuses it (was basis alone)
-        "estimators": comma(lambda names: comma_list(names) or SENSITIVITY_ESTIMATORS),
+        "estimators": comma(estimator_names),
         "parameters": comma(comma_list),
         "basis_options": basis_group("calibration", "criterion", "loss", "fixed_beta"),
         "estimator_options": OPTIONS,

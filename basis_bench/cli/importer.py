@@ -14,8 +14,8 @@ from rich.console import Console
 from basis_bench.cli.app import app
 from basis_bench.cli.from_config import options_from
 from basis_bench.errors import InputError
-from basis_bench.quoting import shown
-from basis_bench.rollouts.importers import ImportOptions
+from basis_bench.guards.quoting import shown
+from basis_bench.rollouts.importers import IMPORTERS, ImportOptions
 from basis_bench.rollouts.training_record import record_step
 
 if TYPE_CHECKING:
@@ -31,8 +31,7 @@ def import_(
         str,
         typer.Argument(
             metavar="FORMAT",
-            help="counts | eval-jsonl | acc-history | long | lm-eval (docs/schema.md, "
-            "'Importing').",
+            help=f"{' | '.join(IMPORTERS)} (docs/schema.md, 'Importing').",
         ),
     ],
     sources: Annotated[

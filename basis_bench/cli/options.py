@@ -26,10 +26,14 @@ def comma_list(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
-def split_names(names: str) -> tuple[str, ...]:
-    """Comma-separated estimator names; ``all`` (or nothing) is the empty tuple."""
+def estimator_names(names: str) -> tuple[str, ...]:
+    """``--estimators``: comma-separated names, at least one; ``all`` is the empty tuple.
+    Nothing (``--estimators "$UNSET"``) is refused: it ran every estimator, or
+    sensitivity's default, in silence."""
     items = comma_list(names)
-    return () if items in ((), ("all",)) else items
+    if not items:
+        raise InputError("--estimators is empty; name estimators (a,b), or all")
+    return () if items == ("all",) else items
 
 
 def basis_options(given: dict[str, Any]) -> dict[str, Any]:

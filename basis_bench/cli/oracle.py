@@ -19,7 +19,7 @@ from rich.text import Text
 from basis_bench.cli.app import app
 from basis_bench.cli.from_config import Cli, options_from
 from basis_bench.errors import reraise_swallowed_interrupt
-from basis_bench.quoting import shown
+from basis_bench.guards.quoting import shown
 from basis_bench.rollouts.oracle_job import OracleJob, Shard
 from basis_bench.rollouts.reward_function import MATH_VERIFY
 from basis_bench.rollouts.training_record import record_step

@@ -11,7 +11,7 @@ from rich.console import Console
 from basis_bench.cli.app import app
 from basis_bench.cli.oracle import ConsoleProgress
 from basis_bench.errors import reraise_swallowed_interrupt
-from basis_bench.quoting import shown
+from basis_bench.guards.quoting import shown
 
 
 class _CacheProgress(ConsoleProgress):
@@ -104,27 +104,18 @@ def train(
     """Train a policy with RL on verifiable rewards, with the advantage estimator as a plug-in:
     sample, score with math-verify, baselines from any registered estimator, then a GPG, GRPO
     or GSPO update. Logs to RUN/log.jsonl; checkpoints load with `basis-bench oracle --model`."""
-    from basis_bench.errors import InputError
-    from basis_bench.train import make_config, read_config_file, resume_config
     from basis_bench.train import train as run_training
 
-    overrides = list(set_ or [])
-    if seeds is not None and resume is not None:
-        raise InputError("--seeds resumes each seed's run itself; drop --resume")
-    if keep_checkpoints and seeds is None:
-        raise InputError("--keep-checkpoints applies to --seeds runs; add --seeds")
-    if resume is not None:
-        if config is not None:
-            raise InputError("--resume continues a run with its own settings; drop --config")
-        settings = resume_config(resume, overrides)
-    elif config is None:
-        raise InputError("pass --config FILE (or --resume CHECKPOINT)")
-    else:
-        settings = make_config(read_config_file(config), overrides)
+    settings = _settings(config, resume, list(set_ or []), seeds, keep_checkpoints)
     console = Console(stderr=True)
 
     def announce(run: Any, state: str = "new") -> None:
-        what = {"new": "training", "resume": "resuming", "finished": "finished, skipping"}
+        what = {
+            "new": "training",
+            "resume": "resuming",
+            "restart": "no checkpoint yet, restarting",
+            "finished": "finished, skipping",
+        }
         console.print(
             f"{what[state]} {shown(run.generation.model)} with {run.estimator} + {run.loss}, "
             f"{run.rollouts_per_step} rollouts/step, {run.steps} steps -> {shown(run.run_dir)}",
@@ -140,7 +131,9 @@ def train(
         from basis_bench.train.seeds import train_seeds
 
         numbers = [_seed(s) for s in comma_list(seeds)]
-        runs = train_seeds(settings, numbers, progress, announce, keep_checkpoints, force)
+        runs = train_seeds(
+            settings, numbers, progress, announce, keep_checkpoints, force, _CacheProgress()
+        )
         console.print(f"done: {', '.join(shown(str(r)) for r in runs)}")
         return
     announce(settings)
@@ -148,6 +141,31 @@ def train(
         settings, resume, on_record=progress, force=force, progress=_CacheProgress()
     )
     console.print(f"done: {shown(run_dir)}")
+
+
+def _settings(
+    config: Path | None,
+    resume: Path | None,
+    overrides: list[str],
+    seeds: str | None,
+    keep_checkpoints: int,
+) -> Any:
+    """The run's settings from --config or --resume and --set; a flag that does not go with
+    the others is one line."""
+    from basis_bench.errors import InputError
+    from basis_bench.train import make_config, read_config_file, resume_config
+
+    if seeds is not None and resume is not None:
+        raise InputError("--seeds resumes each seed's run itself; drop --resume")
+    if keep_checkpoints and seeds is None:
+        raise InputError("--keep-checkpoints applies to --seeds runs; add --seeds")
+    if resume is not None:
+        if config is not None:
+            raise InputError("--resume continues a run with its own settings; drop --config")
+        return resume_config(resume, overrides)
+    if config is None:
+        raise InputError("pass --config FILE (or --resume CHECKPOINT)")
+    return make_config(read_config_file(config), overrides)
 
 
 def _seed(text: str) -> int:
@@ -186,7 +204,7 @@ def train_figures(
     over seeds with a 95% t-interval band), the calibrated beta against step (the paper's
     Fig. 8), the value probe's error of the baseline against step (runs that logged it),
     PNG + PDF, and the summary table per arm with intervals (CSV and markdown)."""
-    from basis_bench.evaluation.figures import colours, label, paper_style
+    from basis_bench.evaluation.figure_style import colours, label, paper_style
     from basis_bench.train.figures import plot_training
 
     paper_style()

@@ -47,7 +47,6 @@ from basis_bench.estimators.registry import (
     ESTIMATORS,
     Estimator,
     EstimatorInput,
-    PluginWarning,
     available,
     get,
     load_plugins,
@@ -66,6 +65,7 @@ from basis_bench.estimators.step import StepEstimator, make_step_estimator
 from basis_bench.estimators.table import PromptIndex, TiltTable
 from basis_bench.estimators.tilt import default_betas, is_binary, tilted_moments, tilted_value
 from basis_bench.estimators.track import TrackOptions
+from basis_bench.registry import PluginWarning
 
 __all__ = [
     "BASIS_FAMILY",

@@ -74,26 +74,26 @@ GRPO_NAME = "grpo"
 RLOO_NAME = "rloo"
 
 
-@register_estimator(ZERO_BASELINE_NAME, label="REINFORCE (b=0)", colour="#969696")
+@register_estimator(ZERO_BASELINE_NAME)
 def _vanilla(batch: EstimatorInput, options: NoOptions) -> Array:
     """REINFORCE: zero baseline."""
     return _zeros(batch.rewards)
 
 
-@register_estimator(REINFORCE_PP_NAME, label="REINFORCE++", colour="#252525")
+@register_estimator(REINFORCE_PP_NAME)
 def _reinforce_pp(batch: EstimatorInput, options: NoOptions) -> Array:
     """REINFORCE++: mean of all B rewards in the batch."""
     return _mean_last(batch.rewards[..., 0])[..., None]
 
 
-@register_estimator(GRPO_NAME, group=True, label="GRPO", colour="#006d2c")
+@register_estimator(GRPO_NAME, group=True)
 def _grpo(batch: EstimatorInput, options: NoOptions) -> Array:
     """GRPO(G): mean of the prompt's G rewards."""
     _check_group(batch.rewards, 1)
     return _mean_last(batch.rewards)
 
 
-@register_estimator(RLOO_NAME, group=True, label="RLOO", colour="#41ab5d")
+@register_estimator(RLOO_NAME, group=True)
 def _rloo(batch: EstimatorInput, options: NoOptions) -> Array:
     """RLOO(G): mean of the prompt's other G - 1 rewards."""
     _check_group(batch.rewards, 2)

@@ -161,7 +161,7 @@ def calibrated_index(batch: EstimatorInput, options: BasisOptions) -> Array:
     return basis_values(batch, _offline(options))[1]
 
 
-@register_estimator(REFERENCE_MEAN_NAME, uses_cache=True, label="Reference mean", colour="#807dba")
+@register_estimator(REFERENCE_MEAN_NAME, uses_cache=True)
 def _reference_mean(batch: EstimatorInput, options: NoOptions) -> Array:
     """Smoothed reference success rate (beta = inf, no refinement)."""
     v_grid, _, betas = _grids(batch)
@@ -175,40 +175,30 @@ def _basis(batch: EstimatorInput, options: BasisOptions) -> Array:
     return basis_values(batch, options)[0][..., None]
 
 
-for _name, _label, _colour, _text, _defaults in (
+for _name, _text, _defaults in (
     (
         OFFLINE_NAME,
-        "Offline $\\hat V$",
-        "#6baed6",
         "Offline tilted value V^ at the calibrated beta, no refinement.",
         {"refine": False},
     ),
     (
         BASIS_NAME,
-        "BASIS",
-        "#08519c",
         "BASIS, robust default: the UNB refinement with its calibration ratio shrunk towards 1 "
         "by its (robust) variance.",
         {"variant": "unb"},
     ),
     (
         BASIS_PAPER_NAME,
-        "BASIS (paper)",
-        "#2171b5",
         "BASIS (UNB) as in the paper: unbiased BLUE refinement, no shrinkage.",
         {"variant": "unb", "shrink": False, "ratio_var": "model"},
     ),
     (
         "basis_vop",
-        "BASIS-VOP",
-        "#17becf",
         "BASIS-VOP: variance-optimised shrinkage refinement.",
         {"variant": "vop"},
     ),
     (
         "basis_rvg",
-        "BASIS-RVG",
-        "#9ecae1",
         "BASIS-RVG as in the paper: ratio-average refinement, no shrinkage (unsound where "
         "V^_j is small; see docs/method.md).",
         {"variant": "rvg", "shrink": False, "ratio_var": "model"},
@@ -220,7 +210,5 @@ for _name, _label, _colour, _text, _defaults in (
         description=_text,
         options=BasisOptions,
         defaults=_defaults,
-        label=_label,
-        colour=_colour,
         call_kernel=BasisKernel,
     )(_basis)

@@ -202,8 +202,6 @@ register_estimator(
     uses_cache=True,
     options=ContextOptions,
     kernel=ContextKernel,
-    label="BASIS context",
-    colour="#7f3b08",
     uses_features=True,
     description="BASIS context: basis_memory plus its candidates moved by an online fit of the "
     "lag and w . phi(x).",

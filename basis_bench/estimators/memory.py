@@ -335,8 +335,6 @@ register_estimator(
     uses_cache=True,
     options=MemoryOptions,
     kernel=MemoryKernel,
-    label="BASIS memory",
-    colour="#e08214",
     description="BASIS memory: Beta posterior with the tilted value as prior and the prompt's "
     "own past rollouts.",
     reward_bounds=(0.0, 1.0),

@@ -31,8 +31,9 @@ from basis_bench.estimators._array import (
 from basis_bench.estimators.options import DEFAULT_EPS, DEFAULT_THRESHOLD, RATIO_VARS, VARIANTS
 from basis_bench.settings import check_scalar
 
-__all__ = ["RATIO_VARS", "VARIANTS", "refine"]
-_Z975 = 1.959963984540054
+__all__ = ["RATIO_VARS", "VARIANTS", "Z_95", "refine"]
+Z_95 = 1.959963984540054
+"""The normal 97.5% quantile: the t inflation here, and every 95% interval the package reports."""
 
 
 def _loo(terms: Array) -> Array:
@@ -129,7 +130,7 @@ def _t_inflation(xp: Any, weight: Array, total: Array) -> Array:
     """
     n_eff = total * total / xp.where(_loo(weight * weight) > 0, _loo(weight * weight), 1.0)
     nu = xp.clip(n_eff - 1, 1.0, None)
-    z = _Z975
+    z = Z_95
     t = z + (z**3 + z) / (4 * nu) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * nu * nu)
     return (t / z) ** 2
 

@@ -15,33 +15,29 @@ or, for an estimator that carries state across steps, with its kernel alone::
 
     register_estimator("my_tracker", uses_cache=True, options=MyOptions, kernel=MyKernel)
 
-The registry holds no estimators of its own: each module of the package registers its
-estimators when imported (``basis_bench.estimators`` imports them all), and third-party
+:data:`ESTIMATORS` is a :class:`~basis_bench.registry.Registry`, the idiom of every
+extension point: it holds no estimators of its own (each module of the package registers
+its estimators when imported; ``basis_bench.estimators`` imports them all), and third-party
 packages join through the entry point group ``basis_bench.estimators`` (see
-:func:`load_plugins`). ``Estimator.__call__`` validates the input once; the registered
-function may trust it.
+:func:`load_plugins`). How figures draw an estimator (its label and colour) is the figures'
+business: :mod:`basis_bench.evaluation.figure_style`. ``Estimator.__call__`` validates the
+input once; the registered function may trust it.
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators._array import Array, RewardRange, as_rewards, check_rewards
 from basis_bench.estimators.kernel import EstimatorInput, StatelessKernel, StepKernel
 from basis_bench.estimators.options import NoOptions, as_dict, options_from_mapping
+from basis_bench.registry import Registry
 
 ENTRY_POINT_GROUP = "basis_bench.estimators"
-
-
-class PluginWarning(UserWarning):
-    """A third-party estimator package could not be loaded."""
 
 
 EstimatorFn = Callable[[EstimatorInput, Any], Array]
@@ -65,10 +61,6 @@ class Estimator:
     # :class:`~basis_bench.estimators.kernel.StepKernel`, what make_step_estimator and
     # trajectory replay run (a stateful estimator runs only so).
     kernel: KernelFactory = StatelessKernel
-    # How figures show it: display name (default: the name) and a matplotlib colour (None:
-    # the figures pick one that no registered estimator uses).
-    label: str = ""
-    colour: str | None = None
     # Whether it conditions on per-prompt features phi(x) (make_step_estimator's features):
     # training computes them (the policy's prompt hidden states) only for such an estimator.
     uses_features: bool = False
@@ -158,8 +150,7 @@ class Estimator:
         return out
 
 
-ESTIMATORS: dict[str, Estimator] = {}
-_plugins_loaded = False
+ESTIMATORS: Registry[Estimator] = Registry("estimator", ENTRY_POINT_GROUP)
 
 
 def register_estimator(
@@ -171,8 +162,6 @@ def register_estimator(
     options: type = NoOptions,
     defaults: Mapping[str, Any] | None = None,
     kernel: KernelFactory | None = None,
-    label: str | None = None,
-    colour: str | None = None,
     uses_features: bool = False,
     reward_bounds: RewardRange | None = None,
     call_kernel: KernelFactory = StatelessKernel,
@@ -184,42 +173,35 @@ def register_estimator(
     ``defaults`` are values of its fields that this name fixes, so one function can back
     several named variants (``basis_vop`` is BASIS with ``variant="vop"``). The
     description defaults to the first line of ``fn``'s docstring. ``kernel``: the factory
-    of its :class:`~basis_bench.estimators.kernel.StepKernel` (default: ``fn`` as a
-    :class:`~basis_bench.estimators.kernel.StatelessKernel`). A stateful estimator has no
-    one-step function: given ``kernel``, the call registers it at once (description: the
-    factory's docstring's first line), and the decorator, if applied, only lends ``fn``'s
-    docstring as the description; ``fn`` is never called. ``label`` and ``colour``: how
-    figures show it (display name, default ``name``; a matplotlib colour, default: a spare).
-    ``uses_features``: it reads per-prompt features (``make_step_estimator(features=...)``).
-    ``reward_bounds``: the rewards it can take, checked against a replay's data.
-    ``call_kernel``: the kernel that runs ``fn`` on a stream of steps (BASIS's carries
-    ``previous`` calibration's grid index).
+    of a stateful estimator's :class:`~basis_bench.estimators.kernel.StepKernel`; it has no
+    one-step function, so the call registers it at once (description: the factory's
+    docstring's first line) and takes no function after. ``uses_features``: it reads
+    per-prompt features (``make_step_estimator(features=...)``). ``reward_bounds``: the
+    rewards it can take, checked against a replay's data. ``call_kernel``: the kernel that
+    runs ``fn`` on a stream of steps (BASIS's carries ``previous`` calibration's grid index).
     """
     default_options: Any = options_from_mapping(
         options, dict(defaults or {}), f"estimator {name!r}"
     )
-    if name in ESTIMATORS:
-        raise ValueError(f"estimator {name!r} is already registered")
 
     def entry(fn: EstimatorFn | None, doc: str | None) -> Estimator:
         lines = (doc or "").strip().splitlines()
         text = description if description is not None else (lines[0] if lines else "")
         return Estimator(
             name, fn, group, uses_cache, text, options, default_options,
-            kernel or call_kernel, label or name, colour, uses_features, reward_bounds,
+            kernel or call_kernel, uses_features, reward_bounds,
         )  # fmt: skip
 
     if kernel is not None:
-        ESTIMATORS[name] = entry(None, kernel.__doc__)
+        ESTIMATORS.add(name, entry(None, kernel.__doc__))
 
     def wrap(fn: EstimatorFn) -> EstimatorFn:
         if kernel is not None:
-            if description is None:
-                ESTIMATORS[name] = entry(None, fn.__doc__)
-            return fn
-        if name in ESTIMATORS:
-            raise ValueError(f"estimator {name!r} is already registered")
-        ESTIMATORS[name] = entry(_batch_only(fn) if options is NoOptions else fn, fn.__doc__)
+            raise TypeError(
+                f"estimator {name!r} is registered with its kernel alone and takes no "
+                "function (give its text as description=)"
+            )
+        ESTIMATORS.add(name, entry(_batch_only(fn) if options is NoOptions else fn, fn.__doc__))
         return fn
 
     return wrap
@@ -237,60 +219,25 @@ def _batch_only(fn: Callable[..., Array]) -> EstimatorFn:
     return lambda batch, options: fn(batch)
 
 
-@contextmanager
-def temporary() -> Iterator[dict[str, Estimator]]:
-    """Registrations made inside the block are removed when it ends (for tests)."""
-    saved = dict(ESTIMATORS)
-    try:
-        yield ESTIMATORS
-    finally:
-        ESTIMATORS.clear()
-        ESTIMATORS.update(saved)
-
-
 def load_plugins(force: bool = False) -> list[str]:
     """Import the third-party estimator packages (entry point group ``basis_bench.estimators``).
 
     Each entry point names a module whose import registers its estimators with
-    :func:`register_estimator` (``my_estimators = "my_pkg.estimators"``). A plug-in that fails to load is named in a :class:`PluginWarning` and
-    skipped. Runs once per process unless ``force``; returns the names loaded now.
+    :func:`register_estimator` (``my_estimators = "my_pkg.estimators"``). A plug-in that
+    fails to load is named in a :class:`~basis_bench.registry.PluginWarning` and skipped.
+    Runs once per process unless ``force``; returns the names loaded now.
     """
-    global _plugins_loaded
-    if _plugins_loaded and not force:
-        return []
-    _plugins_loaded = True
-    loaded = []
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()
-        except Exception as exc:
-            warnings.warn(
-                f"estimator plug-in {ep.name!r} ({ep.value}) failed to load and is skipped: "
-                f"{type(exc).__name__}: {exc}",
-                PluginWarning,
-                stacklevel=2,
-            )
-            continue
-        loaded.append(ep.name)
-    return loaded
+    return ESTIMATORS.load_plugins(force)
 
 
 def available() -> dict[str, Estimator]:
     """Every registered estimator, plug-ins included, in registration order."""
-    load_plugins()
-    return dict(ESTIMATORS)
+    return ESTIMATORS.available()
 
 
 def get(name: str) -> Estimator:
     """The registered estimator called ``name``; a clear error lists the known ones."""
-    if name not in ESTIMATORS:
-        load_plugins()
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise InputError(
-            f"unknown estimator {name!r}; registered: {', '.join(ESTIMATORS)}"
-        ) from None
+    return ESTIMATORS.get(name)
 
 
 def parse_options(name: str, values: Any = None) -> Any:

@@ -105,9 +105,7 @@ def _james_stein_kernel(rewards: Array, eps: float) -> Array:
     return (1 - lam)[..., None] * rloo + (lam * other_mean)[..., None]
 
 
-@register_estimator(
-    "james_stein", group=True, options=JamesSteinOptions, label="James-Stein", colour="#a1d99b"
-)
+@register_estimator("james_stein", group=True, options=JamesSteinOptions)
 def _james_stein(batch: EstimatorInput, options: JamesSteinOptions) -> Array:
     """James-Stein (G): RLOO shrunk towards the other prompts' mean (Zeng et al. 2025)."""
     _check_js_shape(batch.rewards)
@@ -207,7 +205,7 @@ def hermite_weights(
     return a, c
 
 
-@register_estimator("apo", uses_cache=True, options=ApoOptions, label="A*-PO", colour="#54278f")
+@register_estimator("apo", uses_cache=True, options=ApoOptions)
 def _apo(batch: EstimatorInput, options: ApoOptions) -> Array:
     """A*-PO: offline soft value beta log E_ref[e^{r/beta}], beta = 0.5 (Brantley et al. 2025)."""
     beta = options.beta
@@ -379,7 +377,5 @@ register_estimator(
     kernel=SpoKernel,
     description="SPO tracker: a Beta posterior per prompt, decayed per sighting (Xu & Ding 2025); "
     "stateful.",
-    label="SPO tracker",
-    colour="#b35806",
     reward_bounds=(0.0, 1.0),
 )

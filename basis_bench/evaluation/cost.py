@@ -29,7 +29,7 @@ from basis_bench.errors import InputError
 from basis_bench.evaluation.config import given
 from basis_bench.evaluation.dataset import CheckpointData, Rewards
 from basis_bench.evaluation.replay_plan import SHUFFLE_BYTES, stream_group
-from basis_bench.memory_check import available_memory
+from basis_bench.guards.memory_check import available_memory
 
 # interpreter, numpy/polars/pyarrow, allocator slack, blocks of draws (375 MiB fitted), and
 # numba's compiled loops with LLVM (about 100 MiB more, measured at 500 prompts: 546 against

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError
 from basis_bench.evaluation.config import named
-from basis_bench.memory_check import check_rollouts_fit
-from basis_bench.outputs import publishing
+from basis_bench.guards.locks import publishing
+from basis_bench.guards.memory_check import check_rollouts_fit
 from basis_bench.rollouts.store import (
     ROLLOUT_COLUMNS,
     dataset_metadata,

@@ -3,11 +3,11 @@
 Estimators fall into families by what they use (:func:`family`): the reference cache
 (BASIS and its kin), a group of rollouts per prompt (GRPO, RLOO), state carried across
 steps (the SPO tracker, BASIS memory), or the batch alone (REINFORCE++). A family has
-one line style, its members colours of one group (declared at registration: blues for the
-cache family, greens for groups, ...) and each member its own marker, so two estimators
-whose lines coincide stay told apart; :func:`same_as` finds lines that coincide, exactly
-or nearly (within 2%, as one at printed size), which the figures draw hollow and name in
-the legend ("Offline V^ (= BASIS)").
+one line style, its members colours of one group (:data:`STYLES`: blues for the cache
+family, greens for groups, ...) and each member its own marker, so two estimators
+whose lines coincide stay told apart; :func:`same_as` finds lines that coincide (within
+2% at every point, as one at printed size), which the figures draw hollow and name in the
+legend ("Offline V^ (≈ BASIS)", equal or nearly: one wording in every figure).
 """
 
 from __future__ import annotations
@@ -20,29 +20,65 @@ import numpy as np
 import polars as pl
 
 from basis_bench.estimators import available
-from basis_bench.estimators.basis import BASIS_NAME
-from basis_bench.quoting import plain_math
+from basis_bench.estimators.baselines import ZERO_BASELINE_NAME
+from basis_bench.estimators.basis import BASIS_NAME, BASIS_VARIANTS
+from basis_bench.guards.quoting import plain_math
 
 PAGE_WIDTH = 6.75  # inches, a two-column paper's text width
 RAW_MSE = "MSE vs oracle\n(raw)"
 CORRECTED_MSE = "MSE vs oracle\n(noise-corrected)"
 """The y labels: every figure says which MSE it draws, in these words (the raw MSE holds the
 oracle's own noise, Var(oracle); the corrected one has it taken out and may fall below 0)."""
+OMITTED = (ZERO_BASELINE_NAME,)
+"""Left out of the MSE panels (a)-(c): its MSE is an order of magnitude above the rest."""
+VARIANTS = BASIS_VARIANTS
+"""Left out of the line plots (b), (c), which keep to the paper's comparison; (a), (d) show them."""
 FAMILIES = ("cache", "group", "stateful", "batch")
 LINESTYLES = {"cache": "-", "group": "--", "stateful": (0, (1, 1)), "batch": "-."}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 
 
+@dataclass(frozen=True)
+class Style:
+    """How the figures name an estimator and the colour of its line (a matplotlib colour)."""
+
+    label: str
+    colour: str
+
+
+STYLES: dict[str, Style] = {
+    "vanilla": Style("REINFORCE (b=0)", "#969696"),
+    "reinforce_pp": Style("REINFORCE++", "#252525"),
+    "grpo": Style("GRPO", "#006d2c"),
+    "rloo": Style("RLOO", "#41ab5d"),
+    "james_stein": Style("James-Stein", "#a1d99b"),
+    "reference_mean": Style("Reference mean", "#807dba"),
+    "offline": Style("Offline $\\hat V$", "#6baed6"),
+    "basis": Style("BASIS", "#08519c"),
+    "basis_paper": Style("BASIS (paper)", "#2171b5"),
+    "basis_vop": Style("BASIS-VOP", "#17becf"),
+    "basis_rvg": Style("BASIS-RVG", "#9ecae1"),
+    "apo": Style("A*-PO", "#54278f"),
+    "basis_track": Style("BASIS track", "darkorange"),
+    "basis_memory": Style("BASIS memory", "#e08214"),
+    "basis_context": Style("BASIS context", "#7f3b08"),
+    "spo_tracker": Style("SPO tracker", "#b35806"),
+}
+"""Estimator name -> its label and colour, the same in every figure. A name not here (a
+plug-in's, a test's) is labelled by its name and drawn in a spare colour that no entry
+uses; a plug-in may add its own entry."""
+
+
 def label(estimator: str, rollouts: int | None = None) -> str:
-    """Display name (declared at registration), with G for group estimators: ``GRPO (G=8)``."""
-    registered = available().get(estimator)
-    name = registered.label if registered is not None else plain_math(estimator)
+    """Display name (:data:`STYLES`), with G for group estimators: ``GRPO (G=8)``."""
+    style = STYLES.get(estimator)
+    name = style.label if style is not None else plain_math(estimator)
     return f"{name} (G={rollouts})" if rollouts is not None and rollouts > 1 else name
 
 
 def colours() -> dict[str, str]:
-    """The colour each registered estimator declared, the same in every figure."""
-    return {n: e.colour for n, e in available().items() if e.colour is not None}
+    """The colour of each estimator of :data:`STYLES`, the same in every figure."""
+    return {name: style.colour for name, style in STYLES.items()}
 
 
 def family(estimator: str) -> str:
@@ -67,8 +103,8 @@ class Look:
 
 
 def looks(names: Sequence[str]) -> dict[str, Look]:
-    """One look per estimator, the same in every figure: the declared colour (spare dark
-    ones for estimators that declared none), the family's line style, and a marker that
+    """One look per estimator, the same in every figure: its colour (:data:`STYLES`; spare
+    dark ones for estimators not there), the family's line style, and a marker that
     differs between members of a family (counted in registration order)."""
     import seaborn as sns
 
@@ -92,11 +128,11 @@ SAME_RTOL = 0.02
 """Lines within 2% of each other at every point look as one at a figure's printed size."""
 
 
-def same_as(lines: dict[Any, np.ndarray]) -> dict[Any, tuple[Any, bool]]:
+def same_as(lines: dict[Any, np.ndarray]) -> dict[Any, Any]:
     """For each line that coincides with an earlier one (same length, within ``SAME_RTOL`` at
-    every point), that earlier line and whether the two are equal (up to float rounding):
-    the figures draw it hollow over the other and say so in its legend, "=" or "≈"."""
-    twins: dict[Any, tuple[Any, bool]] = {}
+    every point), that earlier line: the figures draw it hollow over the other and say "≈"
+    in its legend, whether the two are equal or only nearly."""
+    twins: dict[Any, Any] = {}
     firsts: list[Any] = []
     for key, values in lines.items():
         match = next(
@@ -111,8 +147,7 @@ def same_as(lines: dict[Any, np.ndarray]) -> dict[Any, tuple[Any, bool]]:
         if match is None:
             firsts.append(key)
         else:
-            exact = np.allclose(lines[match], values, rtol=1e-9, atol=0, equal_nan=True)
-            twins[key] = (match, bool(exact))
+            twins[key] = match
     return twins
 
 
@@ -205,7 +240,7 @@ def draw_lines(
 ) -> None:
     """One line per (estimator, G) of ``d``, each in its estimator's look (figure_style); a
     line that coincides with an earlier one (``twins``, :func:`same_as`) is drawn over it
-    dashed with hollow markers, its legend saying which it equals ("=") or nearly ("≈")."""
+    dashed with hollow markers, its legend saying which it (nearly) equals ("≈")."""
     keys = d.select("estimator", "rollouts_per_prompt").unique(maintain_order=True).rows()
     style = looks([str(e) for e, _ in keys])
     for est, g in keys:
@@ -214,8 +249,8 @@ def draw_lines(
         twin = twins.get((est, g))
         text = label(str(est), int(g))
         if twin:
-            (other, other_g), exact = twin
-            text += f" ({'=' if exact else '≈'} {label(str(other), int(other_g))})"
+            other, other_g = twin
+            text += f" (≈ {label(str(other), int(other_g))})"
         ax.plot(
             part[x], part[y], color=look.colour, ls=(0, (3, 2)) if twin else look.linestyle,
             marker=look.marker, markevery=every, ms=5 if twin else 3.5 if main else 3,
@@ -224,9 +259,9 @@ def draw_lines(
         )  # fmt: skip
 
 
-def coinciding(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any, tuple[Any, bool]]:
-    """The (estimator, G) lines of ``df`` whose ``column`` equals an earlier line's at every
-    point (all checkpoints together, so a legend entry means the same in every panel)."""
+def coinciding(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any, Any]:
+    """The (estimator, G) lines of ``df`` whose ``column`` coincides with an earlier line's
+    (:func:`same_as`) at every point (all checkpoints together, so a legend entry means the same in every panel)."""
     keyed = df.sort([*order, "estimator", "rollouts_per_prompt"], maintain_order=True)
     lines = {
         (e, g): part[column].to_numpy()
@@ -235,3 +270,8 @@ def coinciding(df: pl.DataFrame, order: Sequence[str], column: str) -> dict[Any,
     ranked = ordered(df).select("estimator", "rollouts_per_prompt").unique(maintain_order=True)
     keys = sorted(ranked.rows(), key=lambda k: k[0] != BASIS_NAME)  # BASIS the one drawn plain
     return same_as({k: lines[k] for k in keys})
+
+
+def checkpoints(df: pl.DataFrame) -> list[str]:
+    """The checkpoints of a table, in the order it gives them."""
+    return list(dict.fromkeys(df["checkpoint"].to_list()))

@@ -57,6 +57,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.estimators.normalise import normalise_advantages
+from basis_bench.estimators.refine import Z_95
 from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
 from basis_bench.rollouts.store import rollout_files, sample_cells
 
@@ -66,7 +67,6 @@ ORACLE_ARM = "oracle_baseline"
 REFERENCE_ARM = "rloo"
 """Variances are reported as ratios to this estimator's at the same group size."""
 
-Z_95 = 1.959963984540054
 
 NORMALISED_ARMS = {"grpo_std": "grpo"}
 """Arms whose advantages are an estimator's own, std-normalised as its trainer does."""

@@ -17,7 +17,9 @@ import polars as pl
 
 RIVALS = 1.0
 """The oracle's noise rivals an estimator's MSE once it is at least the corrected MSE (half
-the raw one), or the corrected MSE is below zero."""
+the raw one), or the corrected MSE is below zero. A noise of zero (every oracle sample of
+every prompt alike, as a checkpoint that never succeeds) rivals nothing, not even an MSE of
+zero (it warned "noise up to 0, smallest corrected MSE 0")."""
 
 
 def rivalled(table: pl.DataFrame) -> pl.DataFrame:
@@ -30,7 +32,8 @@ def rivalled(table: pl.DataFrame) -> pl.DataFrame:
         pl.col("mse_noise_corrected").min().alias("smallest"),
         pl.col("estimator").filter(pl.col("mse_noise_corrected") < 0).unique().alias("negative"),
     )
-    return per.filter((pl.col("smallest") < 0) | (pl.col("noise") >= RIVALS * pl.col("smallest")))
+    rivals = (pl.col("noise") > 0) & (pl.col("noise") >= RIVALS * pl.col("smallest"))
+    return per.filter((pl.col("smallest") < 0) | rivals)
 
 
 def noise_warning(table: pl.DataFrame, oracle_n: int) -> str | None:

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
-from basis_bench.folders import read_small
-from basis_bench.outputs import json_text
+from basis_bench.guards import bounded_json
+from basis_bench.guards.folders import read_small
+from basis_bench.guards.outputs import json_text
 
 RUN_FILE = "run.json"
 SENSITIVITY_FILE = "sensitivity.json"
@@ -34,7 +34,7 @@ records (it records estimates.parquet's too)."""
 
 def _to_json(record: Any) -> str:
     """Sorted, indented JSON of a record; keys whose value is None (not recorded) left out,
-    an infinity (the beta grid's last, beta = inf) written as "inf" (:func:`~basis_bench.outputs.finite`)."""
+    an infinity (the beta grid's last, beta = inf) written as "inf" (:func:`~basis_bench.guards.outputs.finite`)."""
     data = {k: v for k, v in asdict(record).items() if v is not None}
     return json_text(json.loads(json_text(data, default=str)), indent=2, sort_keys=True) + "\n"
 
@@ -126,7 +126,7 @@ def check_tables(
     folder: Path, record: RunRecord | SensitivityRecord, names: Sequence[str], what: str
 ) -> None:
     """Every table ``names`` in ``folder`` is the one ``record`` lists, by sha256."""
-    from basis_bench.outputs import file_sha256
+    from basis_bench.guards.provenance import file_sha256
 
     listed = record.tables
     if listed is None:

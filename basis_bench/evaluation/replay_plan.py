@@ -23,12 +23,12 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import Estimator, StepEstimator, TiltTable, default_betas, get
 from basis_bench.estimators.kernel import StepKernel
 from basis_bench.estimators.options import DEFAULT_PRIOR
+from basis_bench.estimators.refine import Z_95
 from basis_bench.evaluation.dataset import Rewards, rewards_from_frame
 from basis_bench.rollouts.features import prompt_features
 
 SHUFFLE_BYTES = 16  # per stream and prompt: an epoch's sort keys and their order
 STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
-Z_95 = 1.959963984540054
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,10 @@ from basis_bench.evaluation.tables import (
     summary_table,
     write_csv,
 )
-from basis_bench.outputs import file_sha256, holds_output_locks, write_text_atomic
+from basis_bench.guards.outputs import holds_output_locks, write_text_atomic
+from basis_bench.guards.provenance import file_sha256
+from basis_bench.guards.work_limit import check_draws
 from basis_bench.rollouts.fingerprint import dataset_sha256
-from basis_bench.work_limit import check_draws
 
 """sensitivity's own run record beside sensitivity.csv: its run id, the table's sha256 and
 the dataset, so `figures` knows the table is whole and which data it came from."""

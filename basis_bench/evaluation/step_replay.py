@@ -75,7 +75,7 @@ from basis_bench.evaluation.replay_plan import (
     stream_group,
     summarise,
 )
-from basis_bench.memory_check import Size, check_sizes
+from basis_bench.guards.memory_check import Size, check_sizes
 
 FOLD, ORDER, MIX, POOL = tag("fold"), tag("order"), tag("mix"), tag("pool")
 

@@ -27,24 +27,18 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
+from basis_bench.estimators.refine import Z_95
 from basis_bench.evaluation.gradient import closed_form_scale
 from basis_bench.evaluation.replay import KEPT_REPEATS, Moments, Replay, Series
 from basis_bench.evaluation.replay_plan import advantage_noise
-from basis_bench.outputs import (
-    LOCK_FILE,
-    atomic_write,
-    claim_output_dir,
-    forget_lock,
-    held_by_a_writer,
-    lock_moved,
-    lock_output,
-    real_path,
-)
+from basis_bench.guards.folders import real_path
+from basis_bench.guards.locks import LOCK_FILE, forget_lock, held_by_a_writer, lock_moved
+from basis_bench.guards.outputs import atomic_write, claim_output_dir, lock_output
+from basis_bench.settings import option_given, option_label
 
 HETEROGENEITY_BATCHES = KEPT_REPEATS
 HETEROGENEITY_BINS = 5
 DIFFICULTY_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-Z_95 = 1.959963984540054
 
 
 def write_csv(df: pl.DataFrame, path: str | os.PathLike[str]) -> None:
@@ -62,19 +56,19 @@ def claim_results_dir(
 ) -> Path:
     """``out`` as a results folder (new, empty or already results), never inside the
     rollouts dataset ``rollouts`` (its tables would then be read as rollouts)."""
-    out = Path(out)
-    root, target = Path(rollouts).resolve(), real_path(out, "--out")
+    out, option = Path(out), option_label("--out")  # out in the notebook API
+    root, target = Path(rollouts).resolve(), real_path(out, option)
     if target == root or root in target.parents:
         raise InputError(
-            f"--out {out} is inside the rollouts dataset {rollouts}; write results outside it "
-            "(its files would be read as rollouts by every later command)"
+            f"{option} {out} is inside the rollouts dataset {rollouts}; write results outside "
+            "it (its files would be read as rollouts by every later command)"
         )
     here = Path.cwd().resolve()
     if target == here or target in here.parents or os.path.ismount(target):
         raise InputError(
-            f"--out {out} is the current folder, one above it or a mount point; a run replaces "
-            "its results folder whole, which cannot be done there: give a folder below it "
-            "(e.g. --out results)"
+            f"{option} {out} is the current folder, one above it or a mount point; a run "
+            "replaces its results folder whole, which cannot be done there: give a folder "
+            f"below it (e.g. {option_given('--out', 'results')})"
         )
     return claim_output_dir(out, "results", force=force, force_flag=False)
 

@@ -60,7 +60,7 @@ from basis_bench.evaluation.replay_plan import (
     stream_group,
     summarise,
 )
-from basis_bench.memory_check import Size, check_sizes
+from basis_bench.guards.memory_check import Size, check_sizes
 
 BLOCK_DRAWS = 1 << 22  # uniforms drawn at a time in an epoch: its memory, whatever the prompts
 STATELESS_VISITS = 1 << 14  # visits per call of a stateless estimator: a one-step replay chunk's

@@ -17,9 +17,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from basis_bench import bounded_json, outputs
 from basis_bench.errors import InputError
-from basis_bench.folders import read_small
+from basis_bench.guards import bounded_json, outputs, provenance
+from basis_bench.guards.folders import read_small
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 NOT_WEIGHTS = ("trainer_state.pt",)  # a training checkpoint's optimizer and RNG state
@@ -67,7 +67,7 @@ def files_sha256(paths: Iterable[Path]) -> list[str]:
     new: dict[str, str] = {}
     for path, key in zip(paths, keys, strict=True):
         if key not in _MEMORY:
-            new[key] = _MEMORY[key] = outputs.file_sha256(path)
+            new[key] = _MEMORY[key] = provenance.file_sha256(path)
     if new:
         _save_cache(new)
     return [_MEMORY[k] for k in keys]

@@ -8,6 +8,8 @@ needs from them: the chat template (:meth:`Generation.template`), the sampling c
 (:meth:`Generation.sampler_settings`). Users give its settings as flat keys and flags of the
 command (:func:`~basis_bench.settings.section`). Kept free of polars and torch: a command
 reads these options at startup without loading them.
+
+Layer: a settings section above templates and sampling, which it builds; neither needs it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from basis_bench.rollouts.templates import FAMILY_INSTRUCTIONS, PromptTemplate, default_instruction
 from basis_bench.settings import setting
 
 if TYPE_CHECKING:
-    from basis_bench.rollouts.prompts import PromptTemplate
     from basis_bench.rollouts.sampling.base import Sampler, SamplingConfig
 
 MAX_NEW_TOKENS = {"arithmetic": 256, "default": 3072}
@@ -28,14 +30,12 @@ working); MATH-style files and hub datasets need thousands."""
 
 SHORT_ANSWER_MAX_NEW_TOKENS = 48
 """The most new tokens under a source's own default instruction, which asks for one short
-line (``prompts.FAMILY_INSTRUCTIONS``)."""
+line (``templates.FAMILY_INSTRUCTIONS``)."""
 
 
 def default_max_new_tokens(prompts: str, instruction: str | None = None) -> int:
     """The ``max_new_tokens`` default for a prompt source and ``--instruction`` (None: the
     source's default instruction)."""
-    from basis_bench.rollouts.prompts import FAMILY_INSTRUCTIONS
-
     family = prompts.partition(":")[0]
     if instruction is None and family in FAMILY_INSTRUCTIONS:
         return SHORT_ANSWER_MAX_NEW_TOKENS
@@ -135,8 +135,6 @@ class Generation:
 
     def template(self, prompts: str) -> PromptTemplate:
         """The chat template; no instruction given: the default of the ``prompts`` source."""
-        from basis_bench.rollouts.prompts import PromptTemplate, default_instruction
-
         instruction = default_instruction(prompts) if self.instruction is None else self.instruction
         return PromptTemplate(instruction, self.system_prompt or None)
 

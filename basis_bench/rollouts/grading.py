@@ -1,22 +1,19 @@
 """How responses are graded: :class:`Grading`, one settings section that the oracle and
 training both hold whole; it builds the :class:`~basis_bench.rollouts.rewards.RewardConfig`.
-Kept free of math-verify: a command reads these options at startup without loading it."""
+Kept free of math-verify: a command reads these options at startup without loading it.
+
+Layer: a settings section above answers and rewards, which it builds from; neither needs it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from basis_bench.rollouts.answers import ANSWER_FORMATS
 from basis_bench.settings import setting
 
 if TYPE_CHECKING:
     from basis_bench.rollouts.rewards import RewardConfig
-
-
-def _answer_formats() -> tuple[str, ...]:
-    from basis_bench.rollouts.rewards import ANSWER_FORMATS
-
-    return ("auto", *ANSWER_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -26,7 +23,7 @@ class Grading:
 
     answer_format: str = setting(
         "auto",
-        choices=_answer_formats,
+        choices=("auto", *ANSWER_FORMATS),
         help="What is graded. any: the last \\boxed{} if present, else the last expression "
         "(math-verify's default); boxed: only a \\boxed{} answer counts; number: the last "
         "number literal (in the last \\boxed{} if any); final_line: the last non-empty line "

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.logits import response_logits
 from basis_bench.rollouts.score_sketch import ScoreProjection, output_layer
 
 PARAMETERS = "every parameter (linear maps, the tied embedding, norm scales)"
@@ -168,16 +169,9 @@ def _backward(
     """One pass of sum_i log pi(y_i | x) over the prompt's right-padded responses."""
     import torch
 
-    width = len(prompt) + max(len(r) for r in responses)
-    ids = torch.zeros((len(responses), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, r in enumerate(responses):
-        seq = prompt + [int(t) for t in r]
-        ids[row, : len(seq)] = torch.tensor(seq)
-        mask[row, : len(seq)] = 1
-    logits = model(input_ids=ids, attention_mask=mask).logits.float() / temperature
-    logp = torch.log_softmax(logits[:, len(prompt) - 1 : -1], dim=-1)
-    targets = ids[:, len(prompt) :]
+    logits, targets, mask = response_logits(
+        model, [prompt] * len(responses), responses, 0, temperature
+    )
+    logp = torch.log_softmax(logits, dim=-1)
     picked = logp.gather(-1, targets[..., None])[..., 0]
-    keep = mask[:, len(prompt) :].bool()
-    picked[keep].sum().backward()
+    picked[mask.bool()].sum().backward()

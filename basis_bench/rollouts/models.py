@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError, first_line
-from basis_bench.memory_check import available_memory
-from basis_bench.outputs import file_sha256
+from basis_bench.guards.memory_check import available_memory
+from basis_bench.guards.provenance import file_sha256
 from basis_bench.rollouts.hub import hub_name_problem, hub_snapshot, is_hub_name
 
 SMOLLM2_ALIAS = "smollm2-135m"

@@ -38,12 +38,8 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import (
-    claim_output_dir,
-    holds_output_locks,
-    provenance,
-    read_metadata,
-)
+from basis_bench.guards.outputs import claim_output_dir, holds_output_locks, read_metadata
+from basis_bench.guards.provenance import provenance
 from basis_bench.rollouts import fingerprint
 from basis_bench.rollouts.features import FEATURE_COLUMN
 from basis_bench.rollouts.models import Checkpoint, resolve_checkpoint
@@ -66,11 +62,12 @@ from basis_bench.rollouts.oracle_workers import (
 from basis_bench.rollouts.prompts import (
     parse_levels,
 )
-from basis_bench.rollouts.reward_function import MATH_VERIFY, check_answers
+from basis_bench.rollouts.reward_function import MATH_VERIFY
 from basis_bench.rollouts.rewards import RewardConfig, scoring_pool
 from basis_bench.rollouts.sampling import Sampler, sampler_class
 from basis_bench.rollouts.sampling.registry import AUTO, auto_note, start_sampler
 from basis_bench.rollouts.score_sketch import score_sketch_entry
+from basis_bench.rollouts.scoring import check_answers
 from basis_bench.rollouts.store import (
     load_prompts,
     merged_prompts,
@@ -305,7 +302,7 @@ class _Quiet:
 def check_part_size(job: OracleJob) -> None:
     """A part (``--chunk-size`` prompts x ``--n`` samples) is held whole while it is sampled
     and written: its size passes the one size budget before the claim or a model load."""
-    from basis_bench.memory_check import Size, check_sizes, sampled_rollout_bytes
+    from basis_bench.guards.memory_check import Size, check_sizes, sampled_rollout_bytes
 
     per = sampled_rollout_bytes(job.sampling.max_new_tokens) * job.chunk_size
     check_sizes(

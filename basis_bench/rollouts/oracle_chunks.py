@@ -15,11 +15,12 @@ from typing import Any, Protocol
 import numpy as np
 import polars as pl
 
-from basis_bench.outputs import write_parquet_atomic
+from basis_bench.guards.outputs import write_parquet_atomic
 from basis_bench.rollouts.oracle_job import OracleJob
-from basis_bench.rollouts.reward_function import MATH_VERIFY, grade
+from basis_bench.rollouts.reward_function import MATH_VERIFY
 from basis_bench.rollouts.sampling import Progress, Sampler
 from basis_bench.rollouts.score_sketch import SKETCH_COLUMN
+from basis_bench.rollouts.scoring import grade
 from basis_bench.rollouts.store import conform_rollouts, part_path
 from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, ROW_COLUMN, model_inputs
 

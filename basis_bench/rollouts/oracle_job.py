@@ -20,9 +20,9 @@ from basis_bench.rollouts.prompt_source import PromptSource
 from basis_bench.settings import MAX_SEED, check_settings, section, setting, setting_flag
 
 if TYPE_CHECKING:
-    from basis_bench.rollouts.prompts import PromptTemplate
     from basis_bench.rollouts.rewards import RewardConfig
     from basis_bench.rollouts.sampling.base import SamplingConfig
+    from basis_bench.rollouts.templates import PromptTemplate
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
-from basis_bench.folders import inside_claim
-from basis_bench.outputs import json_text
+from basis_bench.guards import bounded_json
+from basis_bench.guards.folders import inside_claim
+from basis_bench.guards.outputs import json_text
 from basis_bench.rollouts import fingerprint
 
 SHARD_PREFIX, SHARD_SUFFIX = ".oracle-shard.", ".json"

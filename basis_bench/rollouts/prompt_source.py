@@ -1,7 +1,9 @@
 """Which prompts a run reads: :class:`PromptSource`, one settings section that the oracle
 (:class:`~basis_bench.rollouts.oracle_job.OracleJob`) holds as its prompts and training
 (:class:`~basis_bench.train.config.TrainConfig`) as its training prompts, passed whole into
-the reference cache's job. Kept free of polars: a command reads these options at startup."""
+the reference cache's job. Kept free of polars: a command reads these options at startup.
+
+Layer: a settings section above what it loads (prompts, trainer_prompts); none of them needs it."""
 
 from __future__ import annotations
 
@@ -16,8 +18,6 @@ if TYPE_CHECKING:
     import polars as pl
 
     from basis_bench.rollouts.generation import Generation
-
-TRAINER_PREFIX = "trainer:"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ class PromptSource:
     def is_trainer_dataset(self) -> bool:
         """A trainer's own dataset (``trainer:PATH``): each prompt is given whole, as the
         trainer gives it (:mod:`basis_bench.rollouts.trainer_prompts`)."""
-        return self.prompts.startswith(TRAINER_PREFIX)
+        from basis_bench.rollouts.trainer_prompts import is_trainer_source
+
+        return is_trainer_source(self.prompts)
 
     def check_template(self, generation: Generation, flag: Callable[[str], str]) -> None:
         """A trainer's dataset carries its own messages: an instruction or system prompt of the

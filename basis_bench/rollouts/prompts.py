@@ -1,4 +1,4 @@
-"""Prompt sources and prompt templates.
+"""Prompt sources: the problems a run asks, and their gold answers.
 
 Every source yields a polars frame in the store's prompts schema (``prompt_id``,
 ``problem``, ``answer``, optional ``level``/``subject`` and source-specific extras),
@@ -18,45 +18,27 @@ Sources (the ``--prompts`` argument of ``basis-bench oracle``):
 ``trainer:PATH``          a trainer's own dataset (TRL's ``train_dataset`` saved to disk or as
                           Parquet/JSONL, a verl parquet), each prompt rendered as the trainer
                           renders it: :mod:`basis_bench.rollouts.trainer_prompts`
+
+Layer: above records, answers and trainer_prompts; the PromptSource section loads through it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
-from basis_bench.folders import regular_file
-from basis_bench.rollouts.rewards import last_boxed
-from basis_bench.rollouts.store import check_read_fits, conform_prompts
+from basis_bench.rollouts.answers import last_boxed
+from basis_bench.rollouts.records import read_records
+from basis_bench.rollouts.store import conform_prompts
+from basis_bench.rollouts.trainer_prompts import is_trainer_source, trainer_prompts
 from basis_bench.settings import check_scalar
-
-DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-FAMILY_INSTRUCTIONS = {
-    "arithmetic": "Work it out in one short line, e.g. 9 - 4 + 1 = 5 + 1 = 6.",
-}
-"""The oracle's default instruction by prompt source (``arithmetic:...``), where
-:data:`DEFAULT_INSTRUCTION` does not serve. On ``arithmetic:n=4,digits=1-2,steps=1-2,seed=5``
-SmolLM2-135M at T = 1 scored 0 of 64 asked to reason step by step (256 tokens), 0 of 128
-asked for the number only, and 6 of 128 (4.7%) with this one line of working, whose
-last number is the answer (docs/oracle.md)."""
-
-
-def default_instruction(source: str) -> str:
-    """The instruction a prompt source gets when none is given."""
-    return FAMILY_INSTRUCTIONS.get(source.partition(":")[0], DEFAULT_INSTRUCTION)
-
 
 # DAPO-Math-17K wraps each problem in this instruction; the problem text is what lies between.
 DAPO_PREFIX = (
@@ -89,58 +71,7 @@ def _finish(df: pl.DataFrame, what: str) -> pl.DataFrame:
     return conform_prompts(df.select(front + [c for c in df.columns if c not in front]), what)
 
 
-# --------------------------------------------------------------------------- files
-
-
-def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    """The objects of a JSONL file; a malformed line is an InputError naming its number."""
-    return bounded_json.records(path.read_bytes(), str(path), hint="; save the file as UTF-8")
-
-
-def read_records(path: str | Path) -> pl.DataFrame:
-    """Rows of a JSONL, JSON (a list of objects) or Parquet file.
-
-    A malformed JSONL line is an :class:`InputError` naming its line number.
-    """
-    path = Path(path)
-    if not regular_file(path).is_file():
-        raise InputError(f"prompt file {str(path)!r} does not exist")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        check_read_fits([path], str(path))
-        try:
-            df = pl.read_parquet(path)
-        except Exception as err:
-            raise InputError(f"{path}: not a readable Parquet file ({err})") from err
-    elif suffix in (".jsonl", ".ndjson"):
-        df = _frame(_jsonl_rows(path), path)
-    elif suffix == ".json":
-        try:
-            data = bounded_json.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as err:
-            raise InputError(
-                f"{path}: not UTF-8 text (byte offset {err.start}); save the file as UTF-8"
-            ) from err
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path}:{err.lineno}: malformed JSON ({err.msg})") from err
-        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise InputError(f"{path}: expected a JSON list of objects")
-        df = _frame(data, path)
-    else:
-        raise InputError(
-            f"{path}: unsupported prompt file type {suffix!r}; use .jsonl, .json or .parquet"
-        )
-    if df.height == 0:
-        raise InputError(f"{path}: the prompt file is empty")
-    return df
-
-
-def _frame(rows: list[dict[str, Any]], path: Path) -> pl.DataFrame:
-    """JSON objects -> frame; a field whose type changes between rows is an InputError."""
-    try:
-        return pl.DataFrame(rows, infer_schema_length=None)
-    except Exception as err:
-        raise InputError(f"{path}: rows do not share one set of field types ({err})") from err
+# --------------------------------------------------------------------------- rows
 
 
 def math_prompts(df: pl.DataFrame, what: str = "MATH") -> pl.DataFrame:
@@ -399,8 +330,6 @@ def load_prompt_source(
             )
         df = arithmetic_prompts(**parse_arithmetic_spec(source.partition(":")[2]))
     else:
-        from basis_bench.rollouts.trainer_prompts import is_trainer_source, trainer_prompts
-
         what = source
         if is_trainer_source(source):
             df = _finish(trainer_prompts(source), what)
@@ -418,66 +347,3 @@ def load_prompt_source(
         check_scalar(limit, "--limit", int, min_val=1)
         df = df.head(limit)
     return df
-
-
-# --------------------------------------------------------------------------- templates
-
-
-@dataclass(frozen=True)
-class PromptTemplate:
-    """How a problem becomes model input.
-
-    The user turn is the problem, a blank line and ``instruction`` (omitted when
-    empty). ``system`` replaces the chat template's system message; None keeps the
-    model's default.
-    """
-
-    instruction: str = DEFAULT_INSTRUCTION
-    system: str | None = None
-
-    def __post_init__(self) -> None:
-        for name, text in (("instruction", self.instruction), ("system prompt", self.system)):
-            try:
-                (text or "").encode("utf-8")
-            except UnicodeEncodeError as err:  # a non-UTF-8 byte of argv (surrogateescape)
-                raise InputError(
-                    f"the {name} holds a byte that is not UTF-8 text ({text!r:.60}); "
-                    "write it in UTF-8"
-                ) from err
-
-    def user_message(self, problem: str) -> str:
-        return f"{problem}\n\n{self.instruction}" if self.instruction else problem
-
-
-DEFAULT_TEMPLATE = PromptTemplate()
-
-
-def model_prompt(
-    tokenizer: Any, prompt: Any, template: PromptTemplate = DEFAULT_TEMPLATE
-) -> tuple[str, bool]:
-    """(the text given to the model, whether the tokenizer adds its special tokens to it) for
-    a problem (:func:`build_prompt`) or a trainer's own prompt (a
-    :class:`~basis_bench.rollouts.trainer_prompts.TrainerPrompt`, rendered as the trainer does)."""
-    if isinstance(prompt, str):
-        return build_prompt(tokenizer, prompt, template), tokenizer_is_plain(tokenizer)
-    text, special = prompt.render(tokenizer)
-    return text, bool(special)
-
-
-def tokenizer_is_plain(tokenizer: Any) -> bool:
-    """A tokenizer without a chat template: its prompts get its own special tokens."""
-    return getattr(tokenizer, "chat_template", None) is None
-
-
-def build_prompt(tokenizer: Any, problem: str, template: PromptTemplate = DEFAULT_TEMPLATE) -> str:
-    """The text given to the model: the tokenizer's chat template applied to the user
-    turn, ending with the assistant header. A tokenizer without a chat template gets
-    the plain user message followed by a blank line.
-    """
-    content = template.user_message(problem)
-    if getattr(tokenizer, "chat_template", None) is None:
-        return content + "\n\n"
-    messages = [{"role": "user", "content": content}]
-    if template.system is not None:
-        messages.insert(0, {"role": "system", "content": template.system})
-    return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))

@@ -11,6 +11,8 @@ entry per completion (``answer``, ``solution``, a verl row's ``reward_model`` ..
 cache has no place for TRL's None (unscorable).
 
 ``module`` is a dotted module importable from the current folder, or a ``.py`` file's path.
+
+Layer: below :mod:`.rewards` (which checks a spec) and :mod:`.scoring` (which calls it on a run).
 """
 
 from __future__ import annotations
@@ -23,19 +25,11 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from basis_bench.errors import InputError
-
-if TYPE_CHECKING:
-    from concurrent.futures import ProcessPoolExecutor
-
-    import polars as pl
-
-    from basis_bench.rollouts.prompts import PromptTemplate
-    from basis_bench.rollouts.rewards import RewardConfig
 
 MATH_VERIFY = "math-verify"
 """The default grading (:mod:`basis_bench.rollouts.rewards`), by its name in ``--reward``."""
@@ -136,66 +130,3 @@ def call_reward_function(
             )
         rewards[i] = float(value)
     return rewards
-
-
-def _chat_prompt(problem: str, template: PromptTemplate) -> list[dict[str, str]]:
-    """A problem's prompt as the model was given it, as chat messages."""
-    user = [{"role": "user", "content": template.user_message(problem)}]
-    return ([{"role": "system", "content": template.system}] if template.system else []) + user
-
-
-def check_answers(prompts: pl.DataFrame, function: str, what: str) -> None:
-    """Math-verify needs a gold answer for every prompt: refused before any model loads."""
-    if function != MATH_VERIFY:
-        return
-    blank = prompts.filter(prompts["answer"].str.strip_chars() == "")
-    if blank.height:
-        raise InputError(
-            f"{what}: {blank.height} prompt(s) have no answer for math-verify (the first: "
-            f"{blank['problem'][0][:60]!r}); give a reward function (--reward module:function) "
-            "or an answer column"
-        )
-
-
-def grade(
-    responses: Sequence[Sequence[str]],
-    prompts: pl.DataFrame,
-    config: RewardConfig,
-    template: PromptTemplate,
-    pool: ProcessPoolExecutor | None = None,
-    completion_ids: Sequence[Any] | None = None,
-    finish_reasons: Sequence[Sequence[str]] | None = None,
-) -> list[tuple[np.ndarray, list[str]]]:
-    """(rewards, statuses) of ``responses[p]``, the samples of prompt row ``p``: math-verify
-    against the answers (:func:`~basis_bench.rollouts.rewards.score_many`, in ``pool``, with
-    ``finish_reasons[p]``), or the reward function of ``config.function`` in one call
-    (``completion_ids``: flat, prompt-major)."""
-    from basis_bench.rollouts.rewards import score_many
-    from basis_bench.rollouts.trainer_prompts import PROMPT_COLUMN, TrainerPrompt, reward_columns
-
-    if config.function == MATH_VERIFY:
-        return score_many(responses, prompts["answer"].to_list(), config, pool, finish_reasons)
-    if len(responses) != prompts.height:
-        raise ValueError(f"{len(responses)} response groups but {prompts.height} prompts")
-    raw = prompts[PROMPT_COLUMN] if PROMPT_COLUMN in prompts.columns else [None] * prompts.height
-    rows = reward_columns(prompts)
-    names = sorted({k for row in rows for k in row})
-    flat_prompts: list[Any] = []
-    completions: list[Any] = []
-    columns: dict[str, list[Any]] = {k: [] for k in names}
-    for problem, held, row, group in zip(prompts["problem"], raw, rows, responses, strict=True):
-        prompt = _chat_prompt(problem, template) if held is None else TrainerPrompt(held).value
-        chat = not isinstance(prompt, str)
-        for text in group:
-            flat_prompts.append(prompt)
-            completions.append([{"role": "assistant", "content": text}] if chat else text)
-            for k in names:
-                columns[k].append(row.get(k))
-    rewards = call_reward_function(
-        config.function, flat_prompts, completions, completion_ids, columns
-    )
-    out, at = [], 0
-    for group in responses:
-        out.append((rewards[at : at + len(group)], [STATUS] * len(group)))
-        at += len(group)
-    return out

@@ -18,12 +18,13 @@ why. Statuses:
 
 The time limit uses SIGALRM (as math-verify itself does), so :func:`score` must run in
 the main thread of a process; :func:`score_many` spreads prompts over worker processes.
+
+Layer: above :mod:`.answers` (what is graded) and :mod:`.reward_function` (the ``--reward`` spec).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -31,26 +32,21 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from math_verify import parse, verify
 
 from basis_bench.errors import InputError
+from basis_bench.rollouts.answers import (
+    ANSWER_FORMATS,
+    AnswerFormat,
+    final_line,
+    last_boxed,
+    last_number,
+)
 from basis_bench.rollouts.reward_function import MATH_VERIFY, check_reward_function
 from basis_bench.settings import check_scalar
-
-AnswerFormat = Literal["any", "boxed", "number", "final_line"]
-ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("any", "boxed", "number", "final_line")
-
-# A number literal; a minus sign counts only when it is not a binary minus ("5-3" ends in 3).
-_NUMBER = re.compile(r"(?<![\w)\].])-?\d+(?:,\d{3})*(?:\.\d+)?")
-# final_line's last line: a number literal, bare or in \boxed{}, alone or as the right-hand
-# side of an arithmetic equation ("8 - 4 = 4"), with at most a full stop after it.
-_LITERAL = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
-_ANSWER_LINE = re.compile(
-    rf"(?:[\d+\-*/×÷().,\s]*=\s*)?(?:{_LITERAL}|\\boxed\{{\s*{_LITERAL}\s*\}})\.?"
-)
 
 
 @dataclass(frozen=True)
@@ -121,43 +117,6 @@ def _time_limit(seconds: float) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, 0)
         finally:
             signal.signal(signal.SIGALRM, previous)
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces matched.
-
-    None when there is none or its braces never close.
-    """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    open_at = text.find("{", start)
-    if open_at < 0:
-        return None
-    depth = 0
-    for i in range(open_at, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : i]
-    return None
-
-
-def last_number(text: str) -> str | None:
-    """The last number literal in ``text`` ("1,000" -> "1000"), or None."""
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
-
-
-def final_line(text: str) -> str | None:
-    """The answer of a response whose last non-empty line is ``final_line``'s answer line
-    ("14", "\\boxed{14}", "8 + 6 = 14."; "1,000" -> "1000"), else None."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines or not _ANSWER_LINE.fullmatch(lines[-1]):
-        return None
-    return last_number(lines[-1])
 
 
 def _extract(response: str, config: RewardConfig) -> list[Any]:

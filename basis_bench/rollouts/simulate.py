@@ -38,13 +38,13 @@ import numpy as np
 import polars as pl
 
 from basis_bench.estimators.tilt import sigmoid
-from basis_bench.folders import inside_claim
-from basis_bench.memory_check import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
-from basis_bench.outputs import (
+from basis_bench.guards.folders import inside_claim
+from basis_bench.guards.locks import publishing
+from basis_bench.guards.memory_check import SIMULATE_BYTES_PER_ROLLOUT, check_rollouts_fit
+from basis_bench.guards.outputs import (
     STAGED_SUFFIX,
     claim_output_dir,
     holds_output_locks,
-    publishing,
     read_metadata,
     write_parquet_atomic,
 )

@@ -10,7 +10,7 @@ Every Parquet file under ``DIR`` other than ``prompts.parquet`` is a rollouts fi
 so anyone's rollouts in this schema (:mod:`basis_bench.schema`) evaluate. Sampling
 metadata (model, sampling parameters, dataset, seed, package version, ``simulated``)
 travels as JSON in each file's key-value metadata under the key ``basis_bench``. Every
-file goes through :func:`basis_bench.outputs.atomic_write` (unique temporary name, fsync,
+file goes through :func:`basis_bench.guards.outputs.atomic_write` (unique temporary name, fsync,
 rename), so a crash never leaves a half file under a final name.
 """
 
@@ -30,9 +30,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basis_bench.errors import InputError, first_line
-from basis_bench.folders import regular_file, walk
-from basis_bench.memory_check import READ_BYTES_PER_ROW, check_rollouts_fit
-from basis_bench.outputs import publishing, read_metadata, write_parquet_atomic
+from basis_bench.guards.folders import regular_file, walk
+from basis_bench.guards.locks import publishing
+from basis_bench.guards.memory_check import READ_BYTES_PER_ROW, check_rollouts_fit
+from basis_bench.guards.outputs import read_metadata, write_parquet_atomic
 from basis_bench.schema import (
     OPTIONAL_PROMPT_COLUMNS,
     OPTIONAL_ROLLOUT_COLUMNS,
@@ -249,7 +250,7 @@ def default_dataset() -> Path:
 def rollout_files(root: str | os.PathLike[str]) -> list[Path]:
     """All rollouts Parquet files under ``root``, sorted (temporary files are skipped; links
     are followed, as every command does, each real folder once; a folder that cannot be read
-    is an :class:`InputError` naming it: :func:`~basis_bench.folders.walk`)."""
+    is an :class:`InputError` naming it: :func:`~basis_bench.guards.folders.walk`)."""
     root = Path(root)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "does not exist"

@@ -14,6 +14,8 @@ dataset holds it (JSON) and ``trainer_row`` the row's other columns (JSON), whic
 function gets as keyword arguments, as TRL passes them. The gold answer (for math-verify) is
 verl's ``reward_model.ground_truth``, else ``answer``, else the last ``\\boxed{}`` of (or the
 whole) ``solution``, else ``ground_truth``; none of them: empty, and ``--reward`` must score.
+
+Layer: above records and answers; it owns ``trainer:`` and knows no settings section.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.prompt_source import TRAINER_PREFIX as PREFIX
-from basis_bench.rollouts.rewards import last_boxed
+from basis_bench.rollouts.answers import last_boxed
+from basis_bench.rollouts.records import read_records
 
+PREFIX = "trainer:"
+"""The prompt source spec of a trainer's dataset: ``trainer:PATH``."""
 PROMPT_COLUMN = "trainer_prompt"
 ROW_COLUMN = "trainer_row"
 ANSWER_SOURCES = ("reward_model.ground_truth", "answer", "solution", "ground_truth")
@@ -112,8 +116,6 @@ def reward_columns(prompts: pl.DataFrame) -> list[dict[str, Any]]:
 def _read(path: Path, what: str) -> pl.DataFrame:
     """Rows of a ``save_to_disk`` folder (needs ``datasets``) or a Parquet/JSONL/JSON file."""
     if not path.is_dir():
-        from basis_bench.rollouts.prompts import read_records
-
         return read_records(path)
     try:
         import datasets

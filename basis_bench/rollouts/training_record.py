@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
-from basis_bench.folders import read_small
-from basis_bench.outputs import json_text, read_metadata, write_text_atomic
+from basis_bench.guards import bounded_json
+from basis_bench.guards.folders import read_small
+from basis_bench.guards.outputs import json_text, read_metadata, write_text_atomic
 from basis_bench.rollouts.store import rollout_files
 
 TRAINING_FILE = "training.json"

@@ -20,7 +20,7 @@ from typing import Any
 
 from basis_bench.errors import InputError, first_line
 from basis_bench.estimators import StepEstimator
-from basis_bench.folders import inside_claim
+from basis_bench.guards.folders import inside_claim
 from basis_bench.train.config import TrainConfig, config_dict, make_config, parse_override
 from basis_bench.train.setup import CHECKPOINTS_DIR, Run
 

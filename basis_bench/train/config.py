@@ -19,12 +19,12 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators.normalise import ADVANTAGE_NORMS
-from basis_bench.folders import regular_file
+from basis_bench.guards.folders import regular_file
 from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.grading import Grading
 from basis_bench.rollouts.prompt_source import PromptSource
-from basis_bench.rollouts.prompts import DEFAULT_INSTRUCTION
 from basis_bench.rollouts.sampling.base import MIN_TEMPERATURE
+from basis_bench.rollouts.templates import DEFAULT_INSTRUCTION
 from basis_bench.settings import (
     MAX_SEED,
     check_settings,
@@ -48,7 +48,13 @@ def _policy_losses() -> tuple[str, ...]:
     """The registered policy losses, read when a config is checked (plug-ins register late)."""
     from basis_bench.train.losses import POLICY_LOSSES
 
-    return tuple(POLICY_LOSSES)
+    return POLICY_LOSSES.names()
+
+
+def _loss_help() -> str:
+    names = _policy_losses()
+    listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+    return f"A registered policy loss: {listed} (basis_bench.train.losses)."
 
 
 def _aggregations() -> tuple[str, ...]:
@@ -168,7 +174,7 @@ class TrainConfig:
     # loss
     loss: str = setting(
         "gpg",
-        help="A registered policy loss: gpg, grpo or gspo (basis_bench.train.losses).",
+        help=_loss_help,
         choices=_policy_losses,
     )
     loss_agg: str = setting(

@@ -47,8 +47,8 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import claim_output_dir, holds_output_locks, save_figure
-from basis_bench.quoting import plain_math, printable
+from basis_bench.guards.outputs import claim_output_dir, holds_output_locks, save_figure
+from basis_bench.guards.quoting import plain_math, printable
 from basis_bench.settings import check_scalar
 from basis_bench.train.findings import write_findings
 from basis_bench.train.summary import (
@@ -143,6 +143,16 @@ def plot_training(
     arms = [load_arm(d) for d in arm_dirs]
     for arm in arms:  # a run folder proves what it holds: no seed drawn twice
         check_arm_seeds(arm.path, [(run[0], run[1]) for run in arm.runs])
+    seen: dict[str, Path] = {}
+    for arm in arms:  # nor one run in two arms (a link to it, or an arm and its own run)
+        for run_dir, _, _ in arm.runs:
+            real = os.path.realpath(run_dir)
+            if real in seen:
+                raise InputError(
+                    f"run {str(run_dir)!r} is given twice (as {str(seen[real])!r} too); "
+                    "give each run once"
+                )
+            seen[real] = Path(run_dir)
     names = arm_names(arms, label)
     estimators = [a.config["estimator"] for a in arms]
     unique = len(set(estimators)) == len(estimators)
@@ -286,7 +296,7 @@ def _summary(arms: Sequence[Arm], names: Sequence[str], path: Path) -> Path:
     """training_summary.csv: arm, run, label, step, eval_accuracy, mean_reward,
     truncated_share, beta, probe_value_error and the policy measures (empty in runs
     logged before them)."""
-    from basis_bench.outputs import atomic_write
+    from basis_bench.guards.outputs import atomic_write
 
     table = pl.concat(
         [

@@ -339,7 +339,7 @@ def markdown(found: Sequence[Finding]) -> str:
 
 def write_findings(arms: Sequence[Arm], labels: Sequence[str], out: Path) -> list[Path]:
     """``training_findings.csv`` and ``.md`` in ``out`` when some finding's arms are given."""
-    from basis_bench.outputs import atomic_write, write_text_atomic
+    from basis_bench.guards.outputs import atomic_write, write_text_atomic
 
     found = judge(arms, labels)
     if not found:

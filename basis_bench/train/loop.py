@@ -49,12 +49,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
 from basis_bench.estimators import StepOutput
 from basis_bench.estimators.normalise import normalise_advantages
-from basis_bench.folders import appended_inside
-from basis_bench.outputs import holds_output_locks, json_text, naming_failed_writes
+from basis_bench.guards import bounded_json
+from basis_bench.guards.folders import appended_inside
+from basis_bench.guards.outputs import holds_output_locks, json_text, naming_failed_writes
 from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.sample import (
     Rollouts,
@@ -64,7 +64,7 @@ from basis_bench.train.sample import (
     step_prompt_indices,
 )
 from basis_bench.train.setup import LOG_FILE, Run
-from basis_bench.train.tracking import check_reporters, open_trackers
+from basis_bench.train.tracking import Trackers, check_reporters, open_trackers
 
 Record = dict[str, Any]
 
@@ -95,16 +95,10 @@ def train(
     ``progress`` shows the reference cache's build (see :func:`~basis_bench.train.setup.setup`).
     ``force`` lets ``run_dir`` be a folder that holds something other than a training run.
     """
-    from basis_bench.train.checkpoint import restore
-    from basis_bench.train.setup import setup, sync_sampler
+    from basis_bench.train.setup import sync_sampler
     from basis_bench.train.update import update_policy
 
-    check_reporters(config.report_to)
-    run = setup(config, resume, force, progress)
-    start = restore(run, resume) if resume is not None else 1
-    if resume is not None:
-        sync_sampler(run.sampler, run.models.policy)
-    trackers = open_trackers(config.report_to, run.run_dir, config_dict(config), start)
+    run, start, trackers = _start(config, resume, force, progress)
     log = open_run(run, start, on_record, trackers)
     train_set, policy = run.data.train_set, run.models.policy
     sampling = config.generation.sampling(run.group, config.train.prompts)
@@ -169,6 +163,36 @@ def train(
     return run.run_dir
 
 
+def _start(
+    config: TrainConfig, resume: str | os.PathLike[str] | None, force: bool, progress: Any
+) -> tuple[Run, int, Trackers]:
+    """The run set up (restored from ``resume``), its first step, and its trackers, opened
+    once run_dir is claimed and before a model loads: one that cannot start (wandb's init
+    without a login) was one line only after the model had loaded."""
+    from basis_bench.train.checkpoint import load_trainer_state, restore
+    from basis_bench.train.setup import setup, sync_sampler
+
+    check_reporters(config.report_to)
+    opened: list[Trackers] = []
+
+    def open_early() -> None:
+        first = 1 if resume is None else int(load_trainer_state(resume)["step"]) + 1
+        opened.append(
+            open_trackers(config.report_to, Path(config.run_dir), config_dict(config), first)
+        )
+
+    try:
+        run = setup(config, resume, force, progress, before_models=open_early)
+        start = restore(run, resume) if resume is not None else 1
+        if resume is not None:
+            sync_sampler(run.sampler, run.models.policy)
+    except BaseException:
+        for early in opened:  # nothing was trained: what their start wrote goes too
+            early.discard()
+        raise
+    return run, start, opened[0]
+
+
 def when_due(run: Run, step: int, record: Record, timer: Timer) -> None:
     """After step ``step``, what is due of: held-out accuracy, the value probe (into
     ``record``) and a checkpoint, each timed by ``timer``."""
@@ -202,7 +226,7 @@ def due(step: int, every: int, last: int) -> bool:
 def heldout_evaluation(run: Run, step: int) -> Record:
     """Held-out accuracy of greedy responses (``eval_accuracy``) and the policy measures of
     :mod:`basis_bench.train.policy_measures`; the responses go to RUN/eval/greedy-T.parquet."""
-    from basis_bench.outputs import write_parquet_atomic
+    from basis_bench.guards.outputs import write_parquet_atomic
     from basis_bench.rollouts.sampling import SamplingConfig
     from basis_bench.rollouts.trainer_prompts import model_inputs
     from basis_bench.train.policy_measures import heldout_measures
@@ -307,7 +331,7 @@ def write_step_rollouts(
     statuses: Sequence[str],
 ) -> Path:
     """RUN/rollouts/train-T.parquet: the step's rollouts in the store's schema."""
-    from basis_bench.outputs import write_parquet_atomic
+    from basis_bench.guards.outputs import write_parquet_atomic
 
     frame = rollout_frame(
         [pid for pid in batch["prompt_id"].to_list() for _ in range(run.group)],
@@ -365,7 +389,7 @@ def append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
 
 def read_log(run_dir: str | os.PathLike[str]) -> list[Record]:
     """The step records of a run's ``log.jsonl`` (beta "inf" read back as a float)."""
-    from basis_bench.folders import read_small
+    from basis_bench.guards.folders import read_small
 
     path = Path(run_dir) / LOG_FILE
     raw = read_small(path)  # a FIFO named so is refused, never waited on
@@ -394,7 +418,8 @@ def open_run(
     (a resumed run keeps the records before ``start``), and return the logging function:
     it appends a record to log.jsonl, then hands it to each of ``sinks`` (progress output,
     experiment trackers)."""
-    from basis_bench.outputs import provenance, write_parquet_atomic, write_text_atomic
+    from basis_bench.guards.outputs import write_parquet_atomic, write_text_atomic
+    from basis_bench.guards.provenance import provenance
 
     run.run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run.run_dir / LOG_FILE

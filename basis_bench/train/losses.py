@@ -14,14 +14,16 @@ Token terms are reduced by :func:`reduce` with one of two rules:
 ``denominator`` overrides D: a minibatch split into micro-batches passes the whole
 minibatch's D to every micro-batch, so the accumulated gradient is the minibatch's.
 
-The training loop picks its loss by name from :data:`POLICY_LOSSES`, a registry in the
-style of verl's policy-loss registry; every entry has one signature, ``loss(logp, old_logp,
-advantages, mask, settings, denom)``. Add your own with::
+The training loop picks its loss by name from :data:`POLICY_LOSSES`, a
+:class:`~basis_bench.registry.Registry` in the style of verl's policy-loss registry; every
+entry has one signature, ``loss(logp, old_logp, advantages, mask, settings, denom)``. Add
+your own with::
 
     @register_policy_loss("my_loss")
     def my_loss(logp, old_logp, advantages, mask, settings: LossSettings, denom): ...
 
-and select it with ``loss = "my_loss"``.
+and select it with ``loss = "my_loss"``; a separate package registers through the entry
+point group ``basis_bench.policy_losses``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Literal
 
 import torch
 
-from basis_bench.errors import InputError
+from basis_bench.registry import Registry
 
 Aggregation = Literal["token_mean", "seq_mean"]
 AGGREGATIONS: tuple[Aggregation, ...] = ("token_mean", "seq_mean")
@@ -184,7 +186,7 @@ class PolicyLoss:
         return configured if self.agg is None else self.agg
 
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "basis_bench.policy_losses")
 
 
 def register_policy_loss(
@@ -196,22 +198,10 @@ def register_policy_loss(
     """
 
     def wrap(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = PolicyLoss(name, fn, agg)
+        POLICY_LOSSES.add(name, PolicyLoss(name, fn, agg))
         return fn
 
     return wrap
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    """The registered policy loss called ``name``; a clear error lists the known ones."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise InputError(
-            f"unknown policy loss {name!r}; registered: {', '.join(POLICY_LOSSES)}"
-        ) from None
 
 
 @register_policy_loss("gpg")

@@ -22,7 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from basis_bench.rollouts.rewards import RewardConfig, final_line, last_number, score_many
+from basis_bench.rollouts.answers import final_line, last_number
+from basis_bench.rollouts.rewards import RewardConfig, score_many
 
 
 def answer_diversity(responses: Sequence[str]) -> float:

@@ -69,7 +69,7 @@ def score_rollouts(
     """Rewards (B_p, G') of prompt-major responses to prompt rows ``prompts`` (math-verify
     against their answers, or the reward function), and the grader's status of each (flat);
     ``finish`` holds each response's finish reason (a cut one scores 0 under ``final_line``)."""
-    from basis_bench.rollouts.reward_function import grade
+    from basis_bench.rollouts.scoring import grade
 
     group = len(responses) // prompts.height
     cuts = range(0, len(responses), group)

@@ -6,7 +6,10 @@ same command after an interruption: each seed's run is
 - **finished** (its log reached ``steps``): skipped;
 - **interrupted** (it has a complete checkpoint): resumed from the latest one, with its
   optimizer, RNG and estimator state, so it continues as if never stopped;
-- **new** (no checkpoint; a partial log before the first checkpoint is redone): started.
+- **new** (no run yet): started;
+- **restart** (a log but no complete checkpoint: stopped before its first one): its partial
+  log, rollouts, evaluations and partial checkpoints are deleted and it starts again, when
+  its config.json holds this configuration (a partial run of other settings is refused).
 
 A run written with other settings than the configuration's (a different ``lr``, say) is
 refused rather than skipped or continued: only ``steps`` may differ, which extends a
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.outputs import json_text
+from basis_bench.guards.outputs import json_text
 from basis_bench.train.checkpoint import PARTIAL, TRAINER_STATE, load_trainer_state
 from basis_bench.train.config import TrainConfig, config_dict
 from basis_bench.train.setup import CHECKPOINTS_DIR, LOG_FILE
@@ -105,7 +108,8 @@ def check_arm_seeds(arm_dir: Path, runs: Sequence[tuple[Path, dict[str, Any]]]) 
 
 
 def run_state(config: TrainConfig) -> tuple[str, Path | None]:
-    """("finished", None), ("resume", latest checkpoint) or ("new", None) for one seed's run."""
+    """("finished", None), ("resume", latest checkpoint), ("restart", None) or ("new", None)
+    for one seed's run."""
     run_dir = Path(config.run_dir)
     found = checkpoints(run_dir)
     if found:
@@ -117,7 +121,30 @@ def run_state(config: TrainConfig) -> tuple[str, Path | None]:
         check_run_holds(run_dir, recorded, config.seed)
         _check_same_settings(config, recorded, run_dir / "config.json")
         return "finished", None
-    return ("resume", found[-1]) if found else ("new", None)
+    if found:
+        return "resume", found[-1]
+    if last_logged_step(run_dir) < 0:
+        return "new", None
+    recorded = read_run_config(run_dir / "config.json")
+    check_run_holds(run_dir, recorded, config.seed)
+    _check_same_settings(config, recorded, run_dir / "config.json")
+    return "restart", None
+
+
+RESTARTED = (LOG_FILE, "rollouts", "eval", "tensorboard", CHECKPOINTS_DIR)
+"""What a run stopped before its first checkpoint leaves that its restart writes anew."""
+
+
+def clear_partial_run(run_dir: Path) -> None:
+    """Delete a run's partial log and outputs (:data:`RESTARTED`) so that it starts again:
+    with no complete checkpoint nothing of it can be resumed, and training refuses to
+    append a new run to an old log."""
+    for name in RESTARTED:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
@@ -134,12 +161,15 @@ def train_seeds(
     on_run: Callable[[TrainConfig, str], None] | None = None,
     keep_checkpoints: int = 0,
     force: bool = False,
+    progress: Any = None,
 ) -> list[Path]:
-    """Train ``config`` once per seed, in ``run_dir/seed-S``, skipping finished runs and
-    resuming interrupted ones; returns the runs' directories.
+    """Train ``config`` once per seed, in ``run_dir/seed-S``, skipping finished runs,
+    resuming interrupted ones and restarting those stopped before their first checkpoint;
+    returns the runs' directories.
 
     ``on_run(config, state)`` is told each seed's run and what happens to it (finished,
-    resume, new) before it starts.
+    resume, restart, new) before it starts; ``progress`` shows each run's reference cache
+    build and set-up notes, as for one run (:func:`~basis_bench.train.loop.train`).
     """
     from basis_bench.train.loop import train
 
@@ -155,13 +185,15 @@ def train_seeds(
             on_run(one, state)
         if state != "finished":
             run_dir = Path(one.run_dir)
+            if state == "restart":
+                clear_partial_run(run_dir)
 
             def record(r: Record, run_dir: Path = run_dir) -> None:
                 prune_checkpoints(run_dir, keep_checkpoints)
                 if on_record is not None:
                     on_record(r)
 
-            train(one, resume=checkpoint, on_record=record, force=force)
+            train(one, resume=checkpoint, on_record=record, force=force, progress=progress)
         done.append(Path(one.run_dir))
     return done
 
@@ -170,8 +202,8 @@ def read_run_config(path: Path) -> dict[str, Any]:
     """A finished run's config.json through the package's one small-file reader: missing,
     not a regular file (a FIFO), not UTF-8 or not a JSON object is one line (it was a
     ``json.loads`` traceback, or a wait on a FIFO)."""
-    from basis_bench import bounded_json
-    from basis_bench.folders import read_small
+    from basis_bench.guards import bounded_json
+    from basis_bench.guards.folders import read_small
 
     raw = read_small(path)
     try:

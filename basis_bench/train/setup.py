@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from basis_bench.errors import InputError
+from basis_bench.errors import InputError, OneLineWarning
 from basis_bench.settings import replaced
 from basis_bench.train.config import TrainConfig, check_probe
 
@@ -48,13 +48,6 @@ def torch_runtime(config: TrainConfig) -> str:
         torch.set_num_threads(config.cpu_threads)
     torch.manual_seed(config.seed)
     return device
-
-
-def autocast_dtype(autocast: str) -> Any:
-    """The torch dtype of the forward-pass precision ``autocast``; None for "none"."""
-    import torch
-
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(autocast)
 
 
 def engine_dtype(config: TrainConfig) -> str:
@@ -88,13 +81,19 @@ class Data:
     pool: Any = None  # grading processes, or None to grade in this process
 
 
-def load_data(config: TrainConfig, note: Callable[[str], None] = warnings.warn) -> Data:
+def one_line_note(text: str) -> None:
+    """A note of training's set-up where no progress display takes it: one ``warning:`` line
+    on the command line (a plain UserWarning showed the source file, line and call)."""
+    warnings.warn(OneLineWarning(text), stacklevel=2)
+
+
+def load_data(config: TrainConfig, note: Callable[[str], None] = one_line_note) -> Data:
     """Training prompts and held-out prompts: the held-out source minus any training prompt
     (``note`` says how many were left out), then its first ``heldout_limit``, so the limit
     counts prompts that are really held out."""
     from basis_bench.rollouts.prompts import load_prompt_source
-    from basis_bench.rollouts.reward_function import check_answers
     from basis_bench.rollouts.rewards import scoring_pool
+    from basis_bench.rollouts.scoring import check_answers
 
     train_set = config.train.load()
     asked = load_prompt_source(config.heldout_prompts)
@@ -362,13 +361,13 @@ ORACLE_CHUNK_PROMPTS = 16  # the reference cache's oracle samples 16 prompts a p
 
 def check_train_sizes(config: TrainConfig, prompts_per_step: int, n_train: int) -> None:
     """The run's allocation-sized settings against the memory budget, before a model loads
-    (:func:`~basis_bench.memory_check.check_sizes`): rollouts a step, the value probe's
+    (:func:`~basis_bench.guards.memory_check.check_sizes`): rollouts a step, the value probe's
     probe_prompts x probe_samples and the reference cache's ref_n samples of every training
     prompt (a part of 16 prompts sampled at once, then the whole cache read as a matrix).
     probe_samples=2000000 and ref_n=50000000 ended in a MemoryError after the model had
     loaded."""
     from basis_bench import estimators as E
-    from basis_bench.memory_check import Size, check_sizes, sampled_rollout_bytes
+    from basis_bench.guards.memory_check import Size, check_sizes, sampled_rollout_bytes
 
     rollout = sampled_rollout_bytes(
         config.generation.sampling(1, config.train.prompts).max_new_tokens
@@ -401,14 +400,17 @@ def setup(
     resume: str | os.PathLike[str] | None = None,
     force: bool = False,
     progress: Any = None,
+    before_models: Callable[[], None] | None = None,
 ) -> Run:
     """Check the settings against the estimator and claim the run directory (new, empty or
     a training run: never a dataset, unless ``force``), then load data, models, sampler,
     cache. ``progress`` (an :class:`~basis_bench.rollouts.oracle.OracleProgress`) shows the
-    reference cache's build and notes on the data; None: Python warnings only."""
+    reference cache's build and notes on the data; None: Python warnings only.
+    ``before_models`` runs once every check has passed, before a model loads (training
+    opens its trackers there)."""
     from basis_bench import estimators as E
-    from basis_bench.folders import appended_inside, read_small, refuse_long_names
-    from basis_bench.outputs import claim_output_dir
+    from basis_bench.guards.folders import appended_inside, read_small, refuse_long_names
+    from basis_bench.guards.outputs import claim_output_dir
     from basis_bench.rollouts.sampling.registry import (
         AUTO,
         auto_note,
@@ -433,9 +435,11 @@ def setup(
     backend = training_backend(config, device)
     fallback = config.generation.backend == AUTO
     config = replaced(config, backend=backend.backend)  # recorded: auto resolved
-    data = load_data(config, progress.warning if progress is not None else warnings.warn)
+    data = load_data(config, progress.warning if progress is not None else one_line_note)
     check_probe(config, group, data.train_set.height)
     check_train_sizes(config, prompts_per_step, data.train_set.height)
+    if before_models is not None:
+        before_models()
     models = load_models(config, device, resume)
     sampler = start_sampler(  # hf, where the engine auto chose does not start
         backend,
@@ -446,7 +450,7 @@ def setup(
     config = replaced(config, backend=backend.backend)
     note = auto_note(device) if fallback else None  # why auto samples with hf: once it does
     if note:
-        (progress.warning if progress is not None else warnings.warn)(note)
+        (progress.warning if progress is not None else one_line_note)(note)
     ref_rewards = features = None
     if E.get(config.estimator).uses_cache:
         of_reference = functools.partial(

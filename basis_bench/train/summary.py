@@ -66,8 +66,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.guards import bounded_json
 from basis_bench.train.config import OBSERVATIONAL_KEYS
 from basis_bench.train.loop import read_log
 
@@ -406,7 +406,7 @@ def _cell(mean: float | None, half: float | None, digits: int) -> str:
 def write_tables(arms: Sequence[Arm], labels: Sequence[str], out: Path) -> list[Path]:
     """``training_runs.csv`` (per run), ``training_table.csv`` and ``training_table.md``
     (per arm, with intervals) in ``out``."""
-    from basis_bench.outputs import atomic_write, write_text_atomic
+    from basis_bench.guards.outputs import atomic_write, write_text_atomic
 
     runs = runs_table(arms, labels)
     table = arms_table(runs)

@@ -23,12 +23,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from basis_bench.errors import InputError, first_line
-from basis_bench.outputs import finite
+from basis_bench.guards.outputs import finite
 
 REPORTERS = ("tensorboard", "wandb", "trackio", "none")
 PROJECT = "basis-bench"
@@ -36,9 +37,16 @@ _MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"
 
 
 class Tracker(Protocol):
+    made: Path | None  # the folder of the run its start created (None: none, or elsewhere)
+
     def log(self, scalars: Mapping[str, float], step: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+def _new(folder: Path) -> Path | None:
+    """``folder`` where it does not exist yet (a tracker's start is about to make it)."""
+    return None if os.path.lexists(folder) else folder
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
@@ -89,6 +97,7 @@ class _TensorBoard:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: events at steps >= start, from the run before a resume, are hidden
+        self.made = _new(run_dir / "tensorboard")
         self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start)
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
@@ -107,6 +116,7 @@ class _WandB:
         # no tracker needs a network: offline unless the user chose a mode (wandb sync
         # uploads an offline run later); a login or network failure was a traceback
         os.environ.setdefault("WANDB_MODE", "offline")
+        self.made = _new(run_dir / "wandb")
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", PROJECT),
             name=run_dir.name,
@@ -126,6 +136,7 @@ class _Trackio:
         import trackio
 
         self.trackio = trackio
+        self.made: Path | None = None  # its runs are stored in trackio's own folder
         trackio.init(
             project=os.environ.get("TRACKIO_PROJECT", PROJECT),
             name=run_dir.name,
@@ -154,6 +165,14 @@ class Trackers:
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.close()
+
+    def discard(self) -> None:
+        """Close them and remove the folders their start made: training stopped before it
+        began (a model that does not load), so the run directory keeps nothing of them."""
+        self.close()
+        for tracker in self.trackers:
+            if tracker.made is not None:
+                shutil.rmtree(tracker.made, ignore_errors=True)
 
 
 def open_trackers(

@@ -20,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from basis_bench.outputs import file_sha256, read_metadata
+from basis_bench.guards.outputs import read_metadata
+from basis_bench.guards.provenance import file_sha256
 from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.grading import Grading
 from basis_bench.rollouts.models import resolve_checkpoint

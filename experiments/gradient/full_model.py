@@ -50,9 +50,9 @@ def sketch(args: argparse.Namespace) -> None:
     """Full-model sketches of the subset, CHUNK prompts a part; finished parts are kept."""
     from basis_bench.rollouts.model_sketch import model_score_sketches
     from basis_bench.rollouts.models import resolve_checkpoint
-    from basis_bench.rollouts.prompts import PromptTemplate
     from basis_bench.rollouts.sampling import make_sampler
     from basis_bench.rollouts.score_sketch import projection_of, score_sketches
+    from basis_bench.rollouts.templates import PromptTemplate
 
     prompts = pl.read_parquet(SRC / "prompts.parquet").head(args.prompts)
     parts = args.out / "parts"

@@ -1,14 +1,15 @@
 """Importers: rollouts researchers already have, turned into a rollouts dataset.
 
-Five source formats, one module each (docs/schema.md has an example of each): ``counts``,
-``eval-jsonl``, ``acc-history``, ``long`` and ``lm-eval`` (lm-evaluation-harness's samples
-files). :mod:`.options` says how to read the sources,
+Five source formats, one module each, registered in :data:`IMPORTERS` (docs/schema.md has
+an example of each): ``counts``, ``eval-jsonl``, ``acc-history``, ``long`` and ``lm-eval``
+(lm-evaluation-harness's samples files). :mod:`.options` says how to read the sources,
 :mod:`.reading` reads them and reports every malformed row, :func:`import_sources` reads and
 checks one import (nothing written) and :func:`write_import` (:mod:`.publishing`)
 publishes it into a dataset.
 
-Only :class:`ImportOptions` loads with the package; the other names load their module (and
-polars) on first use, so the CLI reads the options at startup cheaply.
+Only :class:`ImportOptions` loads with the package; the other names load their module on
+first use, and :data:`IMPORTERS` loads a format's module when it is first used, so the CLI
+reads the options and lists the formats at startup cheaply.
 """
 
 from __future__ import annotations

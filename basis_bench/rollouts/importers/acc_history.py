@@ -12,8 +12,8 @@ from typing import Any
 
 import polars as pl
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
+from basis_bench.guards import bounded_json
 from basis_bench.rollouts.importers.checks import add_prompt_ids, report_duplicates
 from basis_bench.rollouts.importers.counts import expand_counts
 from basis_bench.rollouts.importers.options import ImportOptions

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from basis_bench.memory_check import IMPORT_BYTES_PER_ROLLOUT, check_rollouts_fit
+from basis_bench.guards.memory_check import IMPORT_BYTES_PER_ROLLOUT, check_rollouts_fit
 from basis_bench.rollouts.importers.checks import (
     add_prompt_ids,
     integer_column,

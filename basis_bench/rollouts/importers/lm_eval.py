@@ -17,8 +17,8 @@ the lines name several):
 Several files of one task (one run per seed) are more samples of each document, appended in
 file order, as ``eval-jsonl`` does; within one file a document is on one line per filter.
 Prompt ids are the ``doc_id`` (``--id-format`` as elsewhere); the problem is the document's
-``--problem-col`` (default: the first of problem, question, Problem, Question it has) and
-the answer its ``--answer-col``, else lm-eval's ``target``: text or an integer (its digits);
+``--problem-col`` (default: the first of problem, question, Problem, Question the docs of its
+file have) and the answer its ``--answer-col``, else lm-eval's ``target``: text or an integer (its digits);
 anything else there (a float, null, a list) is refused at its line, as is an empty problem.
 A GSM8K-style full solution (gsm8k's target is the whole ``answer`` field, ending in
 ``#### 42``) is stored as its final answer, ``42``.
@@ -85,13 +85,19 @@ def _filter(row: dict[str, Any]) -> str:
 
 def _choose(given: str | None, found: Sequence[str], what: str, flag: str, files: str) -> str:
     """The filter or metric to read: the one named (it must occur), else the only one."""
-    names = ", ".join(found) or "none"
+    held = (
+        f"{what}s {', '.join(found)}"
+        if found
+        else f"no {what} (a field lm-eval writes on every line is none)"
+    )
     if given is not None:
         if given not in found:
-            raise InputError(f"{flag} {given!r}: the lines of {files} hold {what}s {names}")
+            raise InputError(f"{flag} {given!r}: the lines of {files} hold {held}")
         return given
+    if not found:  # "hold metrics none; pick one with --metric" offered nothing to pick
+        raise InputError(f"{files}: the lines hold {held}")
     if len(found) != 1:
-        raise InputError(f"{files}: the lines hold {what}s {names}; pick one with {flag}")
+        raise InputError(f"{files}: the lines hold {held}; pick one with {flag}")
     return found[0]
 
 
@@ -192,19 +198,27 @@ def _line_record(
     }
 
 
-def _doc_fields(
-    lines: Sequence[Line], opt: ImportOptions, files: str
-) -> tuple[str, str | None, str | None]:
-    """The line's id field (``--id-col``, default doc_id) and the document fields of the
-    problem and the answer: those named (some document must have each, or a misspelt name
-    would go unused), else the first of :data:`PROBLEM_FIELDS` a document has, and no
-    answer field (lm-eval's target)."""
-    docs = [row["doc"] for _, row in lines if isinstance(row.get("doc"), dict)]
+def _docs(lines: Sequence[Line]) -> list[dict[str, Any]]:
+    return [row["doc"] for _, row in lines if isinstance(row.get("doc"), dict)]
+
+
+def _check_named_fields(lines: Sequence[Line], opt: ImportOptions, files: str) -> None:
+    """A document field the user names (``--problem-col``, ``--answer-col``) must be in some
+    document, or a misspelt name would go unused."""
+    docs = _docs(lines)
     for flag, name in (("--problem-col", opt.problem_col), ("--answer-col", opt.answer_col)):
         if name is not None and not any(name in d for d in docs):
             raise InputError(f"{flag} {name!r}: no doc in {files} has that field")
+
+
+def _doc_fields(lines: Sequence[Line], opt: ImportOptions) -> tuple[str, str | None, str | None]:
+    """One file's line id field (``--id-col``, default doc_id) and the document fields of
+    the problem and the answer: those named, else the first of :data:`PROBLEM_FIELDS` a
+    document of this file has (per file: gsm8k's docs say question, MATH's problem, and one
+    choice for both stored gsm8k's problems as empty text), and no answer field (lm-eval's
+    target)."""
     problem = opt.problem_col or next(
-        (f for f in PROBLEM_FIELDS if any(f in d for d in docs)), None
+        (f for f in PROBLEM_FIELDS if any(f in d for d in _docs(lines))), None
     )
     return opt.id_col or "doc_id", problem, opt.answer_col
 
@@ -219,10 +233,12 @@ def import_lm_eval(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Im
     parsed = [[line for line in lines if _filter(line[1]) == chosen] for lines in parsed]
     kept = [line for lines in parsed for line in lines]
     metric = _choose(opt.metric, _metric_names(kept), "metric", "--metric", files)
-    fields = _doc_fields(kept, opt, files)
-    frames, sources = [], []
+    _check_named_fields(kept, opt, files)
+    frames, sources, problem_fields = [], [], []
     for path, lines in zip(paths, parsed, strict=True):
         src = Source(path, "line")
+        fields = _doc_fields(lines, opt)
+        problem_fields.append(fields[1])
         rows = [_line_record(line, src, metric, fields, problems) for line in lines]
         frame = pl.DataFrame(
             rows,
@@ -249,7 +265,14 @@ def import_lm_eval(paths: Sequence[Path], policy: str, opt: ImportOptions) -> Im
         prompts_from(table, "problem", "answer") if table["problem"].is_not_null().any() else None,
         [describe_source(s.path, f.height) for s, f in zip(sources, frames, strict=True)],
         "source",
-        {"filter": chosen, "metric": metric, "fields": {"id": fields[0], "problem": fields[1]}},
+        {
+            "filter": chosen,
+            "metric": metric,
+            "fields": {
+                "id": opt.id_col or "doc_id",
+                "problem": ", ".join(dict.fromkeys(f for f in problem_fields if f)) or None,
+            },
+        },
     )
 
 

@@ -6,6 +6,7 @@ file of its own behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -17,18 +18,24 @@ from typing import Any
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.folders import inside_claim
-from basis_bench.outputs import (
+from basis_bench.guards.folders import inside_claim
+from basis_bench.guards.locks import publishing
+from basis_bench.guards.outputs import (
     REPLACED_SUFFIX,
     claim_output_dir,
     holds_output_locks,
-    provenance,
-    publishing,
     read_metadata,
     write_parquet_atomic,
 )
+from basis_bench.guards.provenance import provenance
 from basis_bench.rollouts.importers.reading import Imported
-from basis_bench.rollouts.store import file_policies, part_path, rollout_files, write_prompts_table
+from basis_bench.rollouts.store import (
+    file_policies,
+    merged_prompts,
+    part_path,
+    rollout_files,
+    write_prompts_table,
+)
 from basis_bench.rollouts.training_record import STEPS_KEY
 from basis_bench.schema import PROMPTS_FILE
 from basis_bench.version import __version__
@@ -135,12 +142,15 @@ def _publish(
 ) -> list[Path]:
     """Stage every part, then, under the dataset's publish lock, set the replaced files
     aside and rename the new ones into place: all or nothing. Any error or interruption
-    puts the old files and the old prompts table back and leaves no staged file."""
+    puts the old files and the old prompts table back and leaves no staged file, nor a
+    policy folder it made (an empty ``rollouts/POLICY`` was left)."""
     out.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:12]
     staged: list[tuple[Path, Path]] = []
     aside: list[tuple[Path, Path]] = []
     published: list[Path] = []
+    folders = [part_path(out, name, 0).parent for name in result.policies]
+    made = [f for f in (folders[0].parent, *folders) if not f.exists()] if folders else []
     try:
         for name, rows in _policy_rows(result.rollouts):
             final = part_path(out, name, 0)
@@ -164,6 +174,9 @@ def _publish(
             path.unlink(missing_ok=True)
         for original, kept in reversed(aside):
             os.replace(kept, original)
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # not empty: another writer's since
+                folder.rmdir()
         raise
     finally:
         for stage, _ in staged:
@@ -237,6 +250,8 @@ def write_import(
             ],
             how="diagonal_relaxed",
         )
+    if table is not None:  # a held id with another problem or answer: before any write
+        merged_prompts(table, out)
     base = _import_metadata(result, label, reference, step)
     if reference:
         _check_one_reference(out, result.policies[0], to_remove)

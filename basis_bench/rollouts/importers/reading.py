@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError
-from basis_bench.folders import regular_file
-from basis_bench.outputs import file_sha256
+from basis_bench.guards import bounded_json
+from basis_bench.guards.folders import regular_file
+from basis_bench.guards.provenance import file_sha256
 from basis_bench.rollouts.store import check_read_fits
 
 MAX_LISTED = 50  # malformed rows listed in one error message (the total is always given)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from basis_bench.rollouts.models import Checkpoint
-from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import (
     Capabilities,
     Progress,
@@ -29,6 +28,7 @@ from basis_bench.rollouts.sampling.registry import (
     register_sampler,
     sampler_class,
 )
+from basis_bench.rollouts.templates import DEFAULT_TEMPLATE, PromptTemplate
 
 __all__ = [
     "Capabilities",

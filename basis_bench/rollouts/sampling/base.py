@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from basis_bench.errors import InputError
-from basis_bench.rollouts.prompts import PromptTemplate, model_prompt
+from basis_bench.rollouts.templates import PromptTemplate, model_prompt
 from basis_bench.settings import check_scalar
 
 if TYPE_CHECKING:
@@ -124,6 +124,9 @@ class Sampler(ABC):
     capabilities: ClassVar[Capabilities]
     Settings: ClassVar[type[Any]]
     """The frozen dataclass of this backend's own settings (batch size, engine memory, ...)."""
+    preferred: ClassVar[bool] = False
+    """Whether ``auto`` takes it wherever it serves the device (:meth:`check_device`), before
+    the fallback (the registry's ``_choose``)."""
 
     def __init__(self, tokenizer: Any, stop_ids: Sequence[int], template: PromptTemplate) -> None:
         self.tokenizer = tokenizer
@@ -189,7 +192,7 @@ class Sampler(ABC):
 
     def prompt_token_ids(self, problems: Sequence[Any]) -> list[list[int]]:
         """Token ids of each problem's prompt (chat template + instruction), or of a trainer's
-        own prompt rendered as the trainer does (:func:`~basis_bench.rollouts.prompts.model_prompt`)."""
+        own prompt rendered as the trainer does (:func:`~basis_bench.rollouts.templates.model_prompt`)."""
         rendered = [model_prompt(self.tokenizer, p, self.template) for p in problems]
         ids: list[list[int]] = [[] for _ in rendered]
         # A chat template writes its own special tokens; plain prompts get the tokenizer's.

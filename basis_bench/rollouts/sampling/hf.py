@@ -30,7 +30,6 @@ from basis_bench.rollouts.models import (
     resolve_device,
     stop_token_ids,
 )
-from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import (
     Capabilities,
     Progress,
@@ -39,6 +38,7 @@ from basis_bench.rollouts.sampling.base import (
     TokenSamples,
 )
 from basis_bench.rollouts.sampling.continuous import DecodeStats, decode
+from basis_bench.rollouts.templates import DEFAULT_TEMPLATE, PromptTemplate
 
 ENGINES = ("continuous", "generate")
 

@@ -4,17 +4,20 @@ preferred backend cannot run or its engine does not start; everything else asks 
 class's :class:`~basis_bench.rollouts.sampling.base.Capabilities`.
 
 A backend is a :class:`~basis_bench.rollouts.sampling.base.Sampler` subclass in a module
-of its own, registered once with :func:`register_sampler` (docs/development.md shows one).
+of its own, registered once with :func:`register_sampler` in :data:`SAMPLERS`, a
+:class:`~basis_bench.registry.Registry` (docs/development.md shows one); a third-party
+package registers through the entry point group ``basis_bench.samplers``, which the
+oracle's spawned workers load too.
 """
 
 from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from basis_bench.errors import InputError, OneLineWarning, first_line
+from basis_bench.registry import Registry
 from basis_bench.rollouts.sampling.base import EngineFailed, Sampler
 from basis_bench.rollouts.sampling.hf import HFSampler
 from basis_bench.rollouts.sampling.vllm import VLLMSampler
@@ -24,14 +27,12 @@ AUTO = "auto"
 else :data:`FALLBACK`."""
 FALLBACK = "hf"
 
-SAMPLERS: dict[str, type[Sampler]] = {}
-PREFERRED: list[str] = []
-"""Backends ``auto`` tries, in registration order, before :data:`FALLBACK`."""
+SAMPLERS: Registry[type[Sampler]] = Registry("sampling backend", "basis_bench.samplers")
 
 
-def register_sampler(sampler: type[Sampler], *, preferred: bool = False) -> type[Sampler]:
-    """Register ``sampler`` under its ``backend`` name; ``preferred``: ``auto`` chooses it
-    wherever it serves the device (its :meth:`~Sampler.check_device` passes)."""
+def register_sampler(sampler: type[Sampler]) -> type[Sampler]:
+    """Register ``sampler`` under its ``backend`` name (``auto`` tries it, in registration
+    order, where it declares ``preferred``)."""
     missing = [
         name for name in ("backend", "capabilities", "Settings") if not hasattr(sampler, name)
     ]
@@ -39,17 +40,14 @@ def register_sampler(sampler: type[Sampler], *, preferred: bool = False) -> type
         missing.append("start")
     if missing:
         raise TypeError(f"{sampler.__name__} does not define {', '.join(missing)}")
-    if sampler.backend in (AUTO, *SAMPLERS):
-        raise ValueError(f"the sampling backend name {sampler.backend!r} is taken")
-    SAMPLERS[sampler.backend] = sampler
-    if preferred:
-        PREFERRED.append(sampler.backend)
-    return sampler
+    if sampler.backend == AUTO:
+        raise ValueError(f"the sampling backend name {AUTO!r} is taken: it picks a backend")
+    return SAMPLERS.add(sampler.backend, sampler)
 
 
 def backend_names() -> tuple[str, ...]:
     """What ``--backend`` and ``backend = ...`` accept: ``auto`` and every registered name."""
-    return (AUTO, *SAMPLERS)
+    return (AUTO, *SAMPLERS.names())
 
 
 def sampler_class(name: str, device: str = "auto") -> type[Sampler]:
@@ -57,12 +55,7 @@ def sampler_class(name: str, device: str = "auto") -> type[Sampler]:
     ``device`` (``auto``: a GPU if visible, else the CPU), else :data:`FALLBACK`."""
     if name == AUTO:
         return _choose(device)[0]
-    try:
-        return SAMPLERS[name]
-    except KeyError:
-        raise InputError(
-            f"--backend must be one of {', '.join(backend_names())}, got {name!r}"
-        ) from None
+    return SAMPLERS.get(name)
 
 
 class BackendFallback(OneLineWarning):
@@ -100,32 +93,21 @@ def start_sampler(
 
 def _choose(device: str) -> tuple[type[Sampler], list[str]]:
     """The backend ``auto`` takes on ``device``, and why it passed over each preferred one."""
-    if PREFERRED and device == "auto":
+    preferred = [s for s in SAMPLERS.available().values() if s.preferred]
+    if preferred and device == "auto":
         from basis_bench.rollouts.models import resolve_device
 
         device = resolve_device(device)
     skipped = []
-    for name in PREFERRED:
+    for sampler in preferred:
         try:
-            SAMPLERS[name].check_device(device)
+            sampler.check_device(device)
         except InputError as err:  # not installed here, or built for another device
             skipped.append(first_line(err))
             continue
-        return SAMPLERS[name], skipped
+        return sampler, skipped
     return SAMPLERS[FALLBACK], skipped
 
 
-@contextmanager
-def temporary() -> Iterator[dict[str, type[Sampler]]]:
-    """Registrations made inside the block are removed when it ends (for tests)."""
-    saved, preferred = dict(SAMPLERS), list(PREFERRED)
-    try:
-        yield SAMPLERS
-    finally:
-        SAMPLERS.clear()
-        SAMPLERS.update(saved)
-        PREFERRED[:] = preferred
-
-
 register_sampler(HFSampler)
-register_sampler(VLLMSampler, preferred=True)
+register_sampler(VLLMSampler)

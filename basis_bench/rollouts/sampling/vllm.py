@@ -40,7 +40,6 @@ from basis_bench.rollouts.models import (
     load_tokenizer,
     stop_token_ids,
 )
-from basis_bench.rollouts.prompts import DEFAULT_TEMPLATE, PromptTemplate
 from basis_bench.rollouts.sampling.base import (
     Capabilities,
     EngineFailed,
@@ -48,6 +47,7 @@ from basis_bench.rollouts.sampling.base import (
     Sampler,
     SamplingConfig,
 )
+from basis_bench.rollouts.templates import DEFAULT_TEMPLATE, PromptTemplate
 
 GIB = 1 << 30
 CPU_KV_CACHE_MAX_GIB = 4.0
@@ -148,6 +148,13 @@ class _DropTokenizerlessWarmup(logging.Filter):
 _WARMUP_FILTER = _DropTokenizerlessWarmup()  # one instance: addFilter adds it once
 
 
+# vLLM's words for a KV cache smaller than one block, or than one request of the context
+_CACHE_TOO_SMALL = (
+    "no available memory for the cache blocks",
+    "larger than the available kv cache",
+)
+
+
 def start_engine(args: dict[str, Any]) -> Any:
     """``vllm.LLM(**args)`` in this process; any failure of it is one line,
     :class:`EngineFailed` (``--backend auto`` then samples with hf), a KV cache that does not
@@ -163,9 +170,16 @@ def start_engine(args: dict[str, Any]) -> Any:
         logging.getLogger("vllm.renderers.base").addFilter(_WARMUP_FILTER)
         return LLM(**args)
     except Exception as err:  # CUDA, compilation, memory, a model vLLM does not support
-        if isinstance(err, ValueError) and "memory" in str(err).lower():
-            wanted = args.get("kv_cache_memory_bytes")
-            size = f"{wanted / GIB:.2f} GiB" if wanted else "its share of memory"
+        said = str(err).lower()
+        wanted = args.get("kv_cache_memory_bytes")
+        size = f"{wanted / GIB:.2g} GiB" if wanted else "its share of memory"
+        if isinstance(err, ValueError) and any(s in said for s in _CACHE_TOO_SMALL):
+            # --kv-cache-gib 1e-5 was told "not enough free memory; pass a smaller" one
+            reason = (
+                f"vLLM's KV cache of {size} is too small to hold one request ({first_line(err)}); "
+                "pass a larger --kv-cache-gib"
+            )
+        elif isinstance(err, ValueError) and "memory" in said:
             reason = (
                 f"vLLM could not reserve {size} for its KV cache: not enough free memory; "
                 "pass a smaller --kv-cache-gib"
@@ -199,6 +213,7 @@ class VLLMSampler(Sampler):
     """
 
     backend = "vllm"
+    preferred = True
     capabilities = Capabilities(
         devices=("cpu", "cuda"),  # the installed build serves one of them
         per_prompt_seeds=True,

@@ -1,4 +1,4 @@
-"""Everything the package writes, whatever it is: atomic files, output folders, provenance.
+"""Everything the package writes, whatever it is: atomic files and output folders.
 
 - :func:`atomic_write` is the one writer every output goes through (unique temporary name,
   fsync, rename), so a crash never leaves a half file under a final name;
@@ -6,29 +6,22 @@
   key-value metadata under ``basis_bench`` (:func:`read_metadata` reads it back).
 - :func:`claim_output_dir` makes a folder the output of one command and refuses a folder
   that holds another command's output (by its marker file, or for folders written before
-  markers, by its files: :func:`recognise_output`).
-- :func:`provenance` says where a result came from (git commit, date, argv, versions).
+  markers, by its files: :func:`recognise_output`), and locks it for the call
+  (:func:`holds_output_locks`; the locks themselves: :mod:`.locks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
-import fcntl
 import functools
-import hashlib
 import json
 import math
 import os
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from importlib import metadata as importlib_metadata
 from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -37,10 +30,25 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from basis_bench import bounded_json
 from basis_bench.errors import InputError, write_failed
-from basis_bench.folders import claimed, inside_claim, read_small, real_path, walk
+from basis_bench.guards import bounded_json
+from basis_bench.guards.folders import (
+    FILE_MODE,
+    claimed,
+    inside_claim,
+    read_small,
+    real_path,
+    walk,
+)
+from basis_bench.guards.locks import (
+    LOCK_FILE,
+    LockFile,
+    let_go_writer_lock,
+    take_writer_lock,
+    writes_alone,
+)
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
+from basis_bench.settings import option_given, option_label
 from basis_bench.version import __version__
 
 METADATA_KEY = "basis_bench"
@@ -66,7 +74,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp = Path(name)
         try:
             yield tmp
-            os.chmod(tmp, _FILE_MODE)  # mkstemp's 0600 would make every output private
+            os.chmod(tmp, FILE_MODE)  # mkstemp's 0600 would make every output private
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -87,15 +95,6 @@ def naming_failed_writes(path: str | os.PathLike[str]) -> Iterator[None]:
         if failed is None or failed is err:
             raise
         raise failed from err
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -199,7 +198,6 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- output folders
 
 OUTPUT_MARKER = ".basis-bench-output.json"
-LOCK_FILE = ".basis-bench.lock"  # writers' and readers' advisory locks (lock_output)
 _KIND_WORDS = {
     "rollouts": "a rollouts dataset",
     "train-run": "a training run",
@@ -342,6 +340,8 @@ def claim_output_dir(
     oracle's shards, which write disjoint parts of one dataset side by side). The shipped
     dataset (installed package data) is read-only to every command.
     """
+    force_hint = f" (or pass {option_given('--force')} to write into it anyway)"
+    option = option_label(option)  # the argument's name in the notebook API
     path = _writable_folder(Path(path), option)
     if not force:
         _check_not_nested(path, option)
@@ -353,7 +353,7 @@ def claim_output_dir(
             raise
         found = {"kind": None}
     if found is not None and not force:
-        _check_claim(path, kind, simulated, found, option, force_flag)
+        _check_claim(path, kind, simulated, found, option, force_hint if force_flag else "")
     lock_output(path, shared=shared, option=option)  # after the checks: a refusal writes nothing
     claimed(path)
     scope = _SCOPES.stack
@@ -389,7 +389,7 @@ def _check_not_nested(path: Path, option: str) -> None:
         if (held is not None and held.get("kind") == "rollouts") or (held is None and layout):
             raise InputError(
                 f"{option} {path} is inside the rollouts dataset {above}; give that dataset's "
-                f"folder ({option} {above}) or one outside it (its files would be read as the "
+                f"folder ({option_given(option, above)}) or one outside it (its files would be read as the "
                 "dataset's by every later command)"
             )
         if held is not None:
@@ -406,7 +406,7 @@ def _writable_folder(path: Path, option: str) -> Path:
         home = Path.home().joinpath(*path.parts[1:])
         raise InputError(
             f"{option} {path} starts with a literal ~ (a shell expands it only unquoted and "
-            f"not after '='); give the path in full, e.g. {option} {home}"
+            f"not after '='); give the path in full, e.g. {option_given(option, home)}"
         )
     real = real_path(path, option)
     if real.exists() and not real.is_dir():
@@ -423,8 +423,7 @@ def _writable_folder(path: Path, option: str) -> Path:
     return real
 
 
-_HELD_LOCKS: dict[Path, int] = {}  # lock file -> open descriptor, for this process's life
-_WRITERS, _PUBLISH = 0, 1  # the lock file's bytes: who writes, and who swaps files in
+# --------------------------------------------------------------------------- locks held by a call
 
 
 class _ThreadScopes(threading.local):
@@ -436,16 +435,11 @@ class _ThreadScopes(threading.local):
 
 
 _SCOPES = _ThreadScopes()
-# The thread of this process that holds each writer lock (by its descriptor): a POSIX lock
-# is the process's, so a second thread writing one out= was let in; now it is refused as a
-# second process is.
-_LOCK_THREADS: dict[int, int] = {}
-_LOCK_THREADS_GUARD = threading.Lock()
 
 
 @dataclasses.dataclass
 class _Claims:
-    locks: list[int] = dataclasses.field(default_factory=list)  # writer locks taken
+    locks: list[LockFile] = dataclasses.field(default_factory=list)  # writer locks taken
     created: list[Path] = dataclasses.field(default_factory=list)  # folders made by a claim
     emptied: list[Path] = dataclasses.field(default_factory=list)  # empty folders claimed
 
@@ -456,10 +450,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 def holds_output_locks(fn: F) -> F:
     """Decorate a library entry point that claims output folders: the writer locks it takes
     are released when it returns, so one process can call it again and again, and another
-    process can write there afterwards. If it fails before writing anything into a folder
-    it claimed new or empty, the folder is left as it was: a folder the claim created is
-    removed, an empty one loses the marker and lock file again. (Outside such a call, as
-    in the CLI, a lock is held until the process exits.)"""
+    process can write there afterwards; the last to let a folder go removes its lock file.
+    If it fails before writing anything into a folder it claimed new or empty, the folder is
+    left as it was: a folder the claim created is removed, an empty one loses the marker
+    again. (Outside such a call a lock is held, and its file kept, until the process exits.)"""
 
     @functools.wraps(fn)
     def scoped(*args: Any, **kwargs: Any) -> Any:
@@ -493,28 +487,18 @@ def _release(claims: _Claims, failed: bool) -> None:
     does not undo a folder another shard is writing)."""
     for folder in (*claims.created, *claims.emptied) if failed else ():
         if _unused_and_ours(folder):
-            forget_lock(folder)
             if folder in claims.created:
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 (folder / OUTPUT_MARKER).unlink(missing_ok=True)
-                (folder / LOCK_FILE).unlink(missing_ok=True)
-    held = set(_HELD_LOCKS.values())
-    for fd in claims.locks:
-        if fd in held:
-            fcntl.lockf(fd, fcntl.LOCK_UN, 1, _WRITERS)
-        with _LOCK_THREADS_GUARD:
-            _LOCK_THREADS.pop(fd, None)
+    me = threading.get_ident()
+    for held in claims.locks:
+        let_go_writer_lock(held, me)
 
 
 def _unused_and_ours(folder: Path) -> bool:
     """Whether ``folder`` holds nothing but its marker and this process alone locks it."""
-    fd = _HELD_LOCKS.get(folder / LOCK_FILE)
-    if fd is None:
-        return False
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WRITERS)
-    except OSError:
+    if not writes_alone(folder):
         return False
     try:
         # the marker alone, or nothing (a full disk refused the marker; its lock file is made)
@@ -523,99 +507,23 @@ def _unused_and_ours(folder: Path) -> bool:
         return False
 
 
-def forget_lock(folder: Path) -> None:
-    """Close this process's descriptor of ``folder``'s lock file (its locks go with it),
-    before the file is removed: a later claim of the folder opens the new one."""
-    fd = _HELD_LOCKS.pop(folder / LOCK_FILE, None)
-    if fd is not None:
-        with _LOCK_THREADS_GUARD:  # the number may name another lock file next
-            _LOCK_THREADS.pop(fd, None)
-        os.close(fd)
-
-
-def lock_moved(src: Path, dst: Path) -> None:
-    """After the folder ``src`` was renamed onto ``dst``: this process's lock of ``src`` is
-    ``dst``'s now, and its lock of the folder ``dst`` was (set aside, to be removed) is let go."""
-    forget_lock(dst)
-    fd = _HELD_LOCKS.pop(src / LOCK_FILE, None)
-    if fd is not None:
-        _HELD_LOCKS[dst / LOCK_FILE] = fd
-
-
-def _lock_descriptor(folder: Path) -> int | None:
-    """The open lock file ``.basis-bench.lock`` in ``folder`` (None where none can be made,
-    such as a read-only folder: then nothing there is written by this package either)."""
-    lock = folder / LOCK_FILE
-    if lock not in _HELD_LOCKS:
-        try:
-            _HELD_LOCKS[lock] = os.open(lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
-        except OSError:
-            return None
-    return _HELD_LOCKS[lock]
-
-
 def lock_output(folder: Path, *, shared: bool = False, option: str = "--out") -> None:
     """Lock ``folder`` (created) for writing by this process (an advisory POSIX lock on its
     ``.basis-bench.lock``, which a killed process never leaves held). A folder another
     process writes is an :class:`InputError`; ``shared`` lets several oracle shards write
     one dataset. A results folder swapped whole at the end of a run gets its staging
     folder's lock file with it, which the writer holds (:func:`lock_moved`)."""
+    option = option_label(option)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = _lock_descriptor(folder)
-    if fd is None:
-        return
-    kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    busy = (
-        f"{option} {folder} is being written by another basis-bench command right now; "
-        "wait for it to finish (two writers of one folder would mix or lose outputs)"
-    )
-    me = threading.get_ident()
-    with _LOCK_THREADS_GUARD:
-        owner = _LOCK_THREADS.get(fd, me)
-        if owner != me and not shared:  # another thread of this process writes it
-            raise InputError(busy)
-        try:
-            fcntl.lockf(fd, kind | fcntl.LOCK_NB, 1, _WRITERS)
-        except OSError as err:
-            raise InputError(busy) from err
-        if not shared:
-            _LOCK_THREADS[fd] = owner
-    if _SCOPES.stack:
-        _SCOPES.stack[-1].locks.append(fd)
-
-
-def held_by_a_writer(folder: Path) -> bool:
-    """Whether a live process holds ``folder``'s writer lock (this one included; a folder
-    without a lock file has no writer): how a cleanup knows a leftover, never by a name."""
-    lock = folder / LOCK_FILE
-    if lock in _HELD_LOCKS:
-        return True
     try:
-        fd = os.open(lock, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _WRITERS)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-@contextlib.contextmanager
-def publishing(folder: Path, *, reading: bool = False) -> Iterator[None]:
-    """Hold ``folder``'s publish lock: exclusive while files are swapped into place, shared
-    while a reader lists and reads them, so a reader never sees a half-replaced dataset."""
-    fd = _lock_descriptor(Path(os.path.realpath(folder)))
-    if fd is None:
-        yield
-        return
-    fcntl.lockf(fd, fcntl.LOCK_SH if reading else fcntl.LOCK_EX, 1, _PUBLISH)
-    try:
-        yield
-    finally:
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _PUBLISH)
+        held = take_writer_lock(folder, shared=shared)
+    except OSError as err:  # another process or thread writes it
+        raise InputError(
+            f"{option} {folder} is being written by another basis-bench command right now; "
+            "wait for it to finish (two writers of one folder would mix or lose outputs)"
+        ) from err
+    if held is not None and _SCOPES.stack:
+        _SCOPES.stack[-1].locks.append(held)
 
 
 def _check_claim(
@@ -624,67 +532,20 @@ def _check_claim(
     simulated: bool | None,
     found: dict[str, Any],
     option: str,
-    force_flag: bool = True,
+    force_hint: str,
 ) -> None:
+    """``force_hint``: how to write anyway ('' for a command without --force)."""
     what = _KIND_WORDS.get(kind, f"a {kind!r} output")
     if found.get("kind") != kind:
-        hint = " (or pass --force to write into it anyway)" if force_flag else ""
         raise InputError(
             f"{option} {path} already holds {_describe(found)}, not {what}; choose a new or "
-            f"empty folder{hint}"
+            f"empty folder{force_hint}"
         )
     held = found.get("simulated")
     if kind == "rollouts" and simulated is not None and held is not None and held != simulated:
         new = "simulated" if simulated else "real"
         raise InputError(
             f"{option} {path} holds {_describe(found)}; writing {new} rollouts into it would "
-            "mix the two: choose a new or empty folder (or pass --force to mix them)"
+            f"mix the two: choose a new or empty folder (or pass {option_given('--force')} to "
+            "mix them)"
         )
-
-
-# --------------------------------------------------------------------------- provenance
-
-PROVENANCE_PACKAGES = ("numpy", "polars", "pyarrow", "torch", "transformers", "math-verify")
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file, read in 1 MiB blocks: how run.json ties tables to their run, how an
-    import records its sources, and the key of a converted checkpoint."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def provenance() -> dict[str, Any]:
-    """Where a result came from: package version, git commit (when run from a clone, with a
-    ``-dirty`` suffix for uncommitted changes), UTC date, argv, python and library versions.
-    Recorded in every run.json and training config.json."""
-    root = Path(__file__).resolve().parents[1]
-    commit = None
-    if (root / ".git").exists():
-        try:
-            commit = subprocess.run(
-                ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=40"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            commit = None
-    versions: dict[str, str | None] = {}
-    for name in PROVENANCE_PACKAGES:
-        try:
-            versions[name] = importlib_metadata.version(name)
-        except importlib_metadata.PackageNotFoundError:
-            versions[name] = None
-    return {
-        "basis_bench": __version__,
-        "git_commit": commit,
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "argv": list(sys.argv),
-        "python": platform.python_version(),
-        "versions": versions,
-    }

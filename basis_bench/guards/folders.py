@@ -9,7 +9,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 from basis_bench.errors import InputError
 
@@ -78,10 +78,16 @@ def read_small(path: Path, limit: int = SMALL_FILE_BYTES) -> bytes | None:
     cannot be read. A ``training.json`` FIFO was read as absent and evaluate switched the
     dense data from the step schedule to the epoch schedule, exit 0; opening one would
     wait for a writer that never comes, so the file is opened non-blocking and checked
-    again on its handle."""
+    again on its handle. A symbolic link to nothing is no absence either (a moved
+    training.json behind a link made the same switch): it is refused, naming its target."""
     try:
         info = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(path):
+            raise InputError(
+                f"{path} is a link to {os.readlink(path)}, which does not exist; remove the "
+                "link or restore its target"
+            ) from None
         return None
     except OSError as err:
         raise InputError(f"{path}: cannot read it ({err.strerror or err})") from err
@@ -96,13 +102,38 @@ def read_small(path: Path, limit: int = SMALL_FILE_BYTES) -> bytes | None:
         if not stat.S_ISREG(mode):  # swapped for a FIFO since the stat
             raise InputError(f"{path} is {_kind(mode)}, not a regular file; remove it")
         try:
-            data = fh.read(limit + 1)
+            data = _read_at_most(fh, limit + 1)
         except OSError as err:
             raise InputError(f"{path}: cannot read it ({err.strerror or err})") from err
     if len(data) > limit:
         raise InputError(f"{path} is larger than {limit:,} bytes: not a file this package wrote")
     return data
 
+
+_CHUNK = 1 << 20
+
+
+def _read_at_most(fh: BinaryIO, size: int) -> bytes:
+    """Up to ``size`` bytes of ``fh``, a chunk at a time: ``fh.read(size)`` reserves all of
+    ``size`` first (1 GiB for a 200-byte run.json, a MemoryError under ``ulimit -v``)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < size:
+        chunk = fh.read(min(_CHUNK, size - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()  # a new file's mode under this process's umask
 
 _CLAIMED: set[Path] = set()  # the real folders this process claimed
 
