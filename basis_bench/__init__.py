@@ -6,7 +6,7 @@ returning polars frames (``basis_bench.evaluate``, ``sensitivity``, ``load_rollo
 ``simulate``) in :mod:`basis_bench.api`.
 """
 
-from basis_bench.version import __version__
+from basis_bench.guards.provenance import __version__
 
 __all__ = ["__version__"]
 

@@ -1,5 +1,6 @@
-"""The package's shape, read from its source: no module over 600 lines, no function over 100,
-and no import circle among its modules, counting the imports made inside functions and under
+"""The package's shape, read from its source: at most 5 loose modules at its root (what a
+user imports or every layer needs), no module over 600 lines, no function over 100, and no
+import circle among its modules, counting the imports made inside functions and under
 TYPE_CHECKING (a circle closed that way is still one concept split in two)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "basis_bench"
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 100
+MAX_ROOT_MODULES = 5
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -86,6 +88,15 @@ def long_functions(root: Path = PACKAGE) -> list[str]:
 def import_cycle(root: Path = PACKAGE) -> list[str] | None:
     modules = _modules(root)
     return _cycle({m: _imports(m, p, modules) for m, p in modules.items()})
+
+
+def root_modules(root: Path = PACKAGE) -> list[str]:
+    """The package root's loose modules: ``__init__`` and ``__main__`` are the package's own."""
+    return sorted(p.stem for p in root.glob("*.py") if p.stem not in ("__init__", "__main__"))
+
+
+def test_the_package_root_holds_at_most_5_loose_modules():
+    assert len(root_modules()) <= MAX_ROOT_MODULES, root_modules()
 
 
 def test_no_module_is_over_600_lines():

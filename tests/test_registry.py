@@ -16,8 +16,10 @@ from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS, EstimatorInput
 from basis_bench.evaluation.figure_style import STYLES, colours, label, looks
 from basis_bench.registry import PluginWarning, Registry
+from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.importers import IMPORTERS, import_sources
 from basis_bench.rollouts.sampling.registry import SAMPLERS, backend_names, sampler_class
+from basis_bench.settings import setting_help
 from basis_bench.train.losses import POLICY_LOSSES
 
 
@@ -116,6 +118,7 @@ PLUGINS = {
 
         class Renamed(HFSampler):
             backend = "bb_plugin_hf"
+            summary = "a plug-in's"
 
         register_sampler(Renamed)
     """,
@@ -153,6 +156,8 @@ def test_each_extension_point_finds_its_installed_plugins(group, tmp_path, monke
             assert np.all(out == 0.5)
         elif registry is SAMPLERS:
             assert sampler_class(name).backend == name and name in backend_names()
+            shown = setting_help(Generation, "backend")  # --backend's help, read when shown
+            assert "hf (transformers; CPU or GPU)" in shown and f"{name} (a plug-in's)" in shown
         elif registry is POLICY_LOSSES:
             assert POLICY_LOSSES.get(name).fn is POLICY_LOSSES["gpg"].fn
         else:  # the plug-in's format reads a file

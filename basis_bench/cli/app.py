@@ -35,7 +35,7 @@ app = typer.Typer(
 
 def _print_version(given: bool) -> None:
     if given:
-        from basis_bench.version import __version__
+        from basis_bench.guards.provenance import __version__
 
         typer.echo(f"basis-bench {__version__}")
         raise typer.Exit()

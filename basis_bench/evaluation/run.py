@@ -72,12 +72,11 @@ from basis_bench.guards.outputs import (
     naming_failed_writes,
     write_text_atomic,
 )
-from basis_bench.guards.provenance import file_sha256, provenance
+from basis_bench.guards.provenance import __version__, file_sha256, provenance
 from basis_bench.guards.work_limit import check_draws
 from basis_bench.rollouts.features import check_feature_kind
 from basis_bench.rollouts.fingerprint import dataset_sha256
 from basis_bench.rollouts.store import load_prompts
-from basis_bench.version import __version__
 
 TABLES = ("summary", "g_sweep", "by_heterogeneity", "by_difficulty", "beta_choice", "fixed_beta")
 RUN_FILES = (

@@ -47,9 +47,9 @@ from basis_bench.guards.locks import (
     take_writer_lock,
     writes_alone,
 )
+from basis_bench.guards.provenance import __version__
 from basis_bench.schema import PROMPT_COLUMNS, PROMPTS_FILE, ROLLOUT_COLUMNS
 from basis_bench.settings import option_given, option_label
-from basis_bench.version import __version__
 
 METADATA_KEY = "basis_bench"
 TEMP_SUFFIX = ".tmp"

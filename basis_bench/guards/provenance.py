@@ -1,5 +1,5 @@
-"""Where a result came from: :func:`provenance` (package version, git commit, date, argv,
-versions) and :func:`file_sha256`, which ties a table, an import's source or a converted
+"""Where a result came from: ``__version__`` (the package's, which every output records),
+:func:`provenance` (package version, git commit, date, argv, versions) and :func:`file_sha256`, which ties a table, an import's source or a converted
 checkpoint to the bytes it was made from."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
-from basis_bench.version import __version__
-
+__version__ = "0.1.0"  # pyproject.toml's version (tests/test_packaging.py checks they agree)
 PROVENANCE_PACKAGES = ("numpy", "polars", "pyarrow", "torch", "transformers", "math-verify")
 
 

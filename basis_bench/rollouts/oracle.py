@@ -39,7 +39,7 @@ import polars as pl
 
 from basis_bench.errors import InputError
 from basis_bench.guards.outputs import claim_output_dir, holds_output_locks, read_metadata
-from basis_bench.guards.provenance import provenance
+from basis_bench.guards.provenance import __version__, provenance
 from basis_bench.rollouts import fingerprint
 from basis_bench.rollouts.features import FEATURE_COLUMN
 from basis_bench.rollouts.models import Checkpoint, resolve_checkpoint
@@ -78,7 +78,6 @@ from basis_bench.rollouts.trainer_prompts import model_inputs
 from basis_bench.rollouts.training_record import STEPS_KEY
 from basis_bench.schema import PROMPTS_FILE
 from basis_bench.settings import replaced
-from basis_bench.version import __version__
 
 
 def run_identity(job: OracleJob, model: Mapping[str, Any]) -> dict[str, Any]:

@@ -48,13 +48,13 @@ from basis_bench.guards.outputs import (
     read_metadata,
     write_parquet_atomic,
 )
+from basis_bench.guards.provenance import __version__
 from basis_bench.rollouts.simulation import (
     REFERENCE_POLICY,
     SimulationConfig,
 )
 from basis_bench.rollouts.store import rollout_files
 from basis_bench.schema import PROMPTS_FILE
-from basis_bench.version import __version__
 
 GENERATOR = "basis_bench.rollouts.simulate"
 ROLLOUTS_SUBDIR = "rollouts"

@@ -27,7 +27,7 @@ from basis_bench.guards.outputs import (
     read_metadata,
     write_parquet_atomic,
 )
-from basis_bench.guards.provenance import provenance
+from basis_bench.guards.provenance import __version__, provenance
 from basis_bench.rollouts.importers.reading import Imported
 from basis_bench.rollouts.store import (
     file_policies,
@@ -38,7 +38,6 @@ from basis_bench.rollouts.store import (
 )
 from basis_bench.rollouts.training_record import STEPS_KEY
 from basis_bench.schema import PROMPTS_FILE
-from basis_bench.version import __version__
 
 
 def existing_policies(out: Path) -> dict[str, list[Path]]:

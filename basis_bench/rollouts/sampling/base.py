@@ -124,6 +124,8 @@ class Sampler(ABC):
     capabilities: ClassVar[Capabilities]
     Settings: ClassVar[type[Any]]
     """The frozen dataclass of this backend's own settings (batch size, engine memory, ...)."""
+    summary: ClassVar[str] = ""
+    """A few words for ``--backend``'s help, which lists every registered backend with them."""
     preferred: ClassVar[bool] = False
     """Whether ``auto`` takes it wherever it serves the device (:meth:`check_device`), before
     the fallback (the registry's ``_choose``)."""

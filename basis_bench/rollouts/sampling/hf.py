@@ -167,6 +167,7 @@ class HFSampler(Sampler):
     """
 
     backend = "hf"
+    summary = "transformers; CPU or GPU"
     capabilities = Capabilities(
         devices=("cpu", "cuda"),
         per_prompt_seeds=True,  # the continuous engine's streams (seed, p, k); not "generate"'s
