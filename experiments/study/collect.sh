@@ -14,6 +14,9 @@ dest=${2:?destination, e.g. experiments/study/logs}
 src=$(realpath -m -- "$src")
 dest=$(realpath -m -- "$dest")
 cd "$(dirname "$0")/../.."
+# inside the repository, the destination as a path from its root: training_runs.csv records
+# the arms' and runs' folders as given, and a clone's absolute path is no one else's
+case "$dest" in "$PWD"/*) dest=${dest#"$PWD"/} ;; esac
 ORDER=${ORDER:-vanilla reinforce_pp grpo_g8 basis basis_track}
 # every run is read before any is copied: a bad one stops collect.sh with nothing copied (the
 # runs before it were copied, beside figures of the runs before)
