@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-import torch
+from conftest import import_extra
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -327,6 +327,7 @@ def test_baselines_match_hand_computed_examples():
 
 
 def test_numpy_and_torch_give_the_same_numbers_for_every_registered_estimator():
+    torch = import_extra("hf", "torch")
     rng = np.random.default_rng(30)
     betas = E.default_betas(8)
     ref = (rng.random((40, 32)) < rng.random((40, 1))).astype(float)
@@ -556,6 +557,8 @@ def _step_inputs(name: str) -> tuple[list[str], np.ndarray, np.ndarray]:
 def test_every_step_estimator_takes_any_real_rewards(name, dtype):
     """bfloat16, boolean, int8 and list rewards give the float64 baselines (they raised
     TypeError / RuntimeError / AttributeError past make_step_estimator's boundary)."""
+    if dtype in ("bfloat16", "torch_bool"):
+        torch = import_extra("hf", "torch")
     ids, cache, rewards = _step_inputs(name)
     expected = np.asarray(
         E.make_step_estimator(name, prompt_ids=ids, ref_rewards=cache)(ids, rewards).baselines
@@ -575,6 +578,7 @@ def test_every_step_estimator_takes_any_real_rewards(name, dtype):
 
 @pytest.mark.parametrize("name", sorted(E.available()))
 def test_every_step_estimator_takes_a_bfloat16_cache_and_refuses_an_empty_step(name):
+    torch = import_extra("hf", "torch")
     ids, cache, rewards = _step_inputs(name)
     expected = E.make_step_estimator(name, prompt_ids=ids, ref_rewards=cache)(ids, rewards)
     half = torch.tensor(cache, dtype=torch.bfloat16)  # 0/1 rewards are exact in bfloat16

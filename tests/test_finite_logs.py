@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from conftest import evaluate_args, run_main
+from conftest import evaluate_args, import_extra, run_main
 
 from basis_bench.estimators import StepOutput
 from basis_bench.evaluation.record import RunRecord
@@ -77,6 +76,7 @@ def _trl():
 
 
 def test_basis_metrics_for_trl_are_finite_and_replace_the_zero_std_share() -> None:
+    torch = import_extra("hf", "torch")
     from basis_bench.integrations.trl_advantages import step_metrics
 
     advantages = torch.tensor([0.0, 0.5, -0.25, 0.0])

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import torch
 from conftest import import_extra
 
 from basis_bench.errors import InputError
@@ -129,6 +128,7 @@ def test_reference_cache_needs_prompts_table(tmp_path: Path) -> None:
 
 def verl_batch(n: int, length: int = 7, seed: int = 0) -> dict:
     """token_level_rewards with the outcome on the last response token, as verl's reward managers write it."""
+    torch = import_extra("hf", "torch")
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, length + 1, n)
     mask = torch.tensor(np.arange(length)[None, :] < lengths[:, None], dtype=torch.float64)
@@ -150,6 +150,7 @@ def verl_batch(n: int, length: int = 7, seed: int = 0) -> dict:
 
 
 def test_verl_pure_functions() -> None:
+    torch = import_extra("hf", "torch")
     b = verl_batch(5)
     np.testing.assert_array_equal(sequence_rewards(b["tlr"], b["mask"]).numpy(), b["rewards"])
     adv = broadcast_advantages(torch.arange(5.0, dtype=torch.float64), b["mask"])
@@ -171,6 +172,7 @@ def test_verl_adapter_matches_basis_in_any_order(rollouts: Path) -> None:
 
 
 def test_verl_adapter_keys_by_prompt_content_not_uid(rollouts: Path) -> None:
+    torch = import_extra("hf", "torch")
     adapter = BasisVerl.from_rollouts(rollouts)
     adapter.remember(["u1", "u2"], [chat(PROBLEMS[3]), chat(PROBLEMS[3], system=True)])
     assert adapter.prompt_keys(["u1", "u2"]) == [prompt_key(PROBLEMS[3])] * 2
@@ -197,12 +199,14 @@ def test_verl_settings_from_config() -> None:
 
 
 def test_trl_total_rewards_follow_trl_weighting() -> None:
+    torch = import_extra("hf", "torch")
     per_func = torch.tensor([[1.0, 0.5], [float("nan"), 1.0], [float("nan"), float("nan")]])
     out = total_rewards(per_func, torch.tensor([1.0, 2.0]))
     assert out[:2].tolist() == [2.0, 2.0] and torch.isnan(out[2])
 
 
 def test_trl_adapter_matches_basis_in_any_order(rollouts: Path) -> None:
+    torch = import_extra("hf", "torch")
     basis = basis_from_rollouts(rollouts)
     idx = RNG.integers(0, 12, 20)
     prompts = [chat(PROBLEMS[i]) if k % 3 else PROBLEMS[i] for k, i in enumerate(idx)]
@@ -220,6 +224,7 @@ def test_trl_adapter_matches_basis_in_any_order(rollouts: Path) -> None:
 
 
 def test_trl_adapter_gives_unscored_completions_zero(rollouts: Path) -> None:
+    torch = import_extra("hf", "torch")
     basis = basis_from_rollouts(rollouts)
     rewards = torch.tensor([1.0, float("nan"), 0.0, 1.0], dtype=torch.float64)
     prompts = PROBLEMS[:4]
@@ -471,6 +476,7 @@ def _openrlhf_experience_maker(monkeypatch: pytest.MonkeyPatch) -> object:
 
 def openrlhf_batch(prompts: list[str], rewards: np.ndarray, length: int = 6) -> list:
     """Two of OpenRLHF's Experience micro-batches: outcome rewards (B,), response masks, no KL."""
+    torch = import_extra("hf", "torch")
     from openrlhf.trainer.ppo_utils.experience import Experience
 
     n = len(prompts)
@@ -493,6 +499,7 @@ def openrlhf_batch(prompts: list[str], rewards: np.ndarray, length: int = 6) -> 
 def test_real_openrlhf_flash_reinforce_takes_the_basis_baseline(
     rollouts: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    torch = import_extra("hf", "torch")
     from types import SimpleNamespace
 
     em = _openrlhf_experience_maker(monkeypatch)
@@ -583,6 +590,7 @@ def _smollm2_dir() -> Path | None:
 @pytest.mark.slow
 def test_real_trl_step_trains_with_basis_advantages(rollouts: Path, tmp_path: Path) -> None:
     """One real GRPO step of SmolLM2 on CPU, one completion per prompt, BASIS baselines."""
+    torch = import_extra("hf", "torch")
     _real("trl")
     model_dir = _smollm2_dir()
     if model_dir is None:

@@ -6,12 +6,16 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
+from conftest import import_extra
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from basis_bench.errors import InputError
-from basis_bench.train import losses
+
+# every test here needs torch: without the [hf] extra the module is skipped, naming it
+torch = import_extra("hf", "torch")
+
+from basis_bench.train import losses  # noqa: E402  (imports torch)
 
 # Two responses: 2 tokens and 1 token; the third column is padding (garbage on purpose).
 LOGP = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, -math.inf, -math.inf]])

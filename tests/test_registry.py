@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import import_extra
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import ESTIMATORS, EstimatorInput
@@ -20,7 +21,6 @@ from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.importers import IMPORTERS, import_sources
 from basis_bench.rollouts.sampling.registry import SAMPLERS, backend_names, sampler_class
 from basis_bench.settings import setting_help
-from basis_bench.train.losses import POLICY_LOSSES
 
 
 def _install(site: Path, dist: str, group: str, module: str, source: str) -> None:
@@ -46,21 +46,35 @@ def test_a_name_is_registered_once_and_an_unknown_one_lists_the_registered():
     assert "two" in widgets and "three" not in widgets and dict(widgets)["one"] == 1
 
 
-def test_each_extension_point_refuses_a_taken_name_and_lists_its_names():
-    for registry, name in (
-        (ESTIMATORS, "basis"),
-        (SAMPLERS, "hf"),
-        (POLICY_LOSSES, "grpo"),
-        (IMPORTERS, "counts"),
-    ):
-        with registry.temporary(), pytest.raises(ValueError, match="already registered"):
-            registry.add(name, registry[name])
-        with pytest.raises(InputError) as err:
-            registry.get("nope")
-        assert str(err.value) == (
-            f"unknown {registry.kind} 'nope'; registered: {', '.join(registry.names())}"
-        )
-        assert name in str(err.value)
+def _policy_losses() -> Registry:
+    """The policy-loss registry: its module holds the losses, torch functions, so a test of it
+    is skipped, naming the [hf] extra, where torch is not installed."""
+    import_extra("hf", "torch")
+    from basis_bench.train.losses import POLICY_LOSSES
+
+    return POLICY_LOSSES
+
+
+REGISTRIES = {  # each extension point, and a name its package registers
+    "estimators": (lambda: ESTIMATORS, "basis"),
+    "samplers": (lambda: SAMPLERS, "hf"),
+    "policy_losses": (_policy_losses, "grpo"),
+    "importers": (lambda: IMPORTERS, "counts"),
+}
+
+
+@pytest.mark.parametrize("point", list(REGISTRIES))
+def test_each_extension_point_refuses_a_taken_name_and_lists_its_names(point):
+    get, name = REGISTRIES[point]
+    registry = get()
+    with registry.temporary(), pytest.raises(ValueError, match="already registered"):
+        registry.add(name, registry[name])
+    with pytest.raises(InputError) as err:
+        registry.get("nope")
+    assert str(err.value) == (
+        f"unknown {registry.kind} 'nope'; registered: {', '.join(registry.names())}"
+    )
+    assert name in str(err.value)
 
 
 def test_a_lazy_entry_is_imported_on_first_use_only(tmp_path, monkeypatch):
@@ -73,6 +87,7 @@ def test_a_lazy_entry_is_imported_on_first_use_only(tmp_path, monkeypatch):
 
 
 def test_temporary_registrations_are_removed_and_the_others_kept():
+    POLICY_LOSSES = _policy_losses()
     before = list(POLICY_LOSSES)
     with POLICY_LOSSES.temporary() as losses:
         losses.add("test_tmp", POLICY_LOSSES["gpg"])
@@ -137,12 +152,14 @@ PLUGINS = {
 
 @pytest.mark.parametrize("group", list(PLUGINS))
 def test_each_extension_point_finds_its_installed_plugins(group, tmp_path, monkeypatch):
-    registry, name = {
-        "basis_bench.estimators": (ESTIMATORS, "bb_plugin_half"),
-        "basis_bench.samplers": (SAMPLERS, "bb_plugin_hf"),
-        "basis_bench.policy_losses": (POLICY_LOSSES, "bb_plugin_gpg"),
-        "basis_bench.importers": (IMPORTERS, "bb-plugin-counts"),
-    }[group]
+    point = group.split(".")[1]
+    registry = REGISTRIES[point][0]()
+    name = {
+        "estimators": "bb_plugin_half",
+        "samplers": "bb_plugin_hf",
+        "policy_losses": "bb_plugin_gpg",
+        "importers": "bb-plugin-counts",
+    }[point]
     assert registry.group == group
     module = "bb_plugin_" + group.split(".")[1]
     _install(tmp_path, module, group, module, PLUGINS[group])
@@ -158,8 +175,8 @@ def test_each_extension_point_finds_its_installed_plugins(group, tmp_path, monke
             assert sampler_class(name).backend == name and name in backend_names()
             shown = setting_help(Generation, "backend")  # --backend's help, read when shown
             assert "hf (transformers; CPU or GPU)" in shown and f"{name} (a plug-in's)" in shown
-        elif registry is POLICY_LOSSES:
-            assert POLICY_LOSSES.get(name).fn is POLICY_LOSSES["gpg"].fn
+        elif point == "policy_losses":
+            assert registry.get(name).fn is registry["gpg"].fn
         else:  # the plug-in's format reads a file
             src = tmp_path / "counts.csv"
             src.write_text("prompt_id,n,n_correct\nq1,4,1\nq2,2,2\n")

@@ -7,8 +7,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-import torch
-from conftest import rollouts_frame
+from conftest import import_extra, rollouts_frame
 
 from basis_bench.errors import InputError
 from basis_bench.estimators import (
@@ -77,6 +76,7 @@ def test_james_stein_hand_computed() -> None:
 
 
 def test_james_stein_torch_and_registry() -> None:
+    torch = import_extra("hf", "torch")
     r = RNG.integers(0, 2, (4, 6, 8)).astype(float)
     est = ESTIMATORS["james_stein"]
     assert est.group and not est.uses_cache and est.rollouts_per_prompt(8) == 8
@@ -145,6 +145,7 @@ def test_registered_apo_binary_is_exact() -> None:
 
 
 def test_registered_apo_continuous_from_grid() -> None:
+    torch = import_extra("hf", "torch")
     ref = RNG.random((9, 64))
     batch = _apo_input(ref, RNG.random((9, 1)), reward_range=None)
     np.testing.assert_allclose(ESTIMATORS["apo"](batch)[:, 0], apo_value(ref, 0.5), atol=1e-5)
@@ -206,6 +207,7 @@ def test_spo_step_vectorises_over_repeats() -> None:
 
 def test_spo_tracker_hand_computed() -> None:
     # n = 4 reference samples, k = 1: p0 = 1.5 / 5 = 0.3; decay 0.875 -> N0 = 8.
+    torch = import_extra("hf", "torch")
     tracker = SpoTracker(["a", "b"], np.array([[1.0, 0, 0, 0], [1, 1, 1, 1]]))
     np.testing.assert_allclose(tracker.state["alpha"], [2.4, 8 * 4.5 / 5])
     first = tracker(["a"], np.array([1.0])).baselines

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-import torch
+from conftest import import_extra
 
 from basis_bench import estimators as E
 
@@ -72,6 +72,7 @@ def test_robust_refine_matches_slow_reference(variant):
 
 
 def test_robust_refine_numpy_equals_torch():
+    torch = import_extra("hf", "torch")
     rng = np.random.default_rng(21)
     v = rng.uniform(0.02, 0.98, (6, 24))
     r = (rng.random((6, 24)) < 1.3 * v).astype(float)

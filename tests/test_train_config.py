@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
-import torch
+from conftest import import_extra
 
 from basis_bench.errors import InputError
 from basis_bench.estimators.normalise import normalise_advantages
@@ -175,22 +175,26 @@ def test_a_trainer_state_in_the_checkpoint_format_loads_into_the_step_estimator(
 # ---------------------------------------------------------------- the update, tiny model
 
 
-class TinyLM(torch.nn.Module):
+def tiny_lm(vocab: int = 11):
     """A bigram language model with the keyword interface token_logprobs calls."""
+    torch = import_extra("hf", "torch")
 
-    def __init__(self, vocab: int = 11) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(vocab, 8)
-        self.head = torch.nn.Linear(8, vocab)
+    class TinyLM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(vocab, 8)
+            self.head = torch.nn.Linear(8, vocab)
 
-    @property
-    def device(self) -> torch.device:
-        return self.head.weight.device
+        @property
+        def device(self) -> torch.device:
+            return self.head.weight.device
 
-    def forward(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep):
-        logits = self.head(self.emb(input_ids))
-        return SimpleNamespace(logits=logits[:, -logits_to_keep:])
+        def forward(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep):
+            logits = self.head(self.emb(input_ids))
+            return SimpleNamespace(logits=logits[:, -logits_to_keep:])
+
+    return TinyLM()
 
 
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
@@ -198,9 +202,10 @@ RESPONSES = [np.array([3, 4]), np.array([5, 6, 7]), np.array([8]), np.array([9, 
 
 
 def _update(config, advantages, model=None):
+    torch = import_extra("hf", "torch")
     from basis_bench.train.update import update_policy
 
-    model = model or TinyLM()
+    model = model or tiny_lm()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     stats = update_policy(
         model,
@@ -219,6 +224,7 @@ def _update(config, advantages, model=None):
 
 @pytest.mark.parametrize("loss", ["gpg", "grpo", "gspo"])
 def test_micro_batching_never_changes_the_step(loss):
+    torch = import_extra("hf", "torch")
     adv = [1.0, -0.5, 0.25, -1.0]
     whole, a = _update(make_config({}, [f"loss={loss}", "micro_batch_size=4"]), adv)
     parts, b = _update(make_config({}, [f"loss={loss}", "micro_batch_size=1"]), adv)
@@ -232,8 +238,9 @@ def test_micro_batching_never_changes_the_step(loss):
 def test_the_logged_entropy_is_the_sampling_policys_mean_token_entropy(epochs):
     # the bigram model's next-token distribution depends on the previous token alone, so each
     # response token's entropy is that of softmax(head(emb(previous)) / T), T = 0.7
+    torch = import_extra("hf", "torch")
     config = make_config({}, ["temperature=0.7", f"epochs={epochs}"])
-    model = TinyLM()
+    model = tiny_lm()
     with torch.no_grad():
         logp = torch.log_softmax(model.head(model.emb.weight) / 0.7, dim=-1)
         by_previous = -(logp.exp() * logp).sum(-1)
@@ -245,9 +252,10 @@ def test_the_logged_entropy_is_the_sampling_policys_mean_token_entropy(epochs):
 
 
 def test_a_non_finite_loss_stops_the_run_before_the_weights_move():
+    torch = import_extra("hf", "torch")
     from basis_bench.train.update import NonFiniteError
 
-    model = TinyLM()
+    model = tiny_lm()
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(NonFiniteError, match="step 7: the loss is nan"):
         _update(make_config({}, []), [1.0, math.nan, 0.0, 0.0], model)
@@ -255,9 +263,10 @@ def test_a_non_finite_loss_stops_the_run_before_the_weights_move():
 
 
 def test_non_finite_weights_stop_the_run():
+    torch = import_extra("hf", "torch")
     from basis_bench.train.update import NonFiniteError, _check_weights
 
-    model = TinyLM()
+    model = tiny_lm()
     _check_weights(1, model)
     with torch.no_grad():
         model.head.bias[0] = math.inf
@@ -269,6 +278,7 @@ def test_non_finite_weights_stop_the_run():
 
 
 def test_trainer_state_loads_weights_only_and_partial_checkpoints_are_refused(tmp_path):
+    torch = import_extra("hf", "torch")
     from basis_bench.train.checkpoint import TRAINER_STATE, load_trainer_state, resume_config
 
     ckpt = tmp_path / "run" / "checkpoints" / "step-000002"

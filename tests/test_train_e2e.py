@@ -13,11 +13,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import torch
+from conftest import import_extra
 
 from basis_bench.estimators import ESTIMATORS, EstimatorInput, grpo, register_estimator
 from basis_bench.train import make_config, read_log, resume_config, train
 from basis_bench.train.policy_measures import answer_diversity
+
+# every test here needs torch: without the [hf] extra the module is skipped, naming it
+torch = import_extra("hf", "torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

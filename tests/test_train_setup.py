@@ -9,7 +9,7 @@ import json
 import warnings
 
 import pytest
-import torch
+from conftest import import_extra
 
 from basis_bench.errors import InputError
 from basis_bench.rollouts.sampling import Sampler, register_sampler, registry
@@ -17,6 +17,9 @@ from basis_bench.rollouts.sampling.hf import HFSampler
 from basis_bench.train import make_config
 from basis_bench.train.loop import open_run
 from basis_bench.train.setup import load_models, setup, sync_sampler
+
+# every test here needs torch: without the [hf] extra the module is skipped, naming it
+torch = import_extra("hf", "torch")
 
 
 @pytest.fixture

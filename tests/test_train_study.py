@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import torch
-from conftest import assert_one_line_error, run_main
+from conftest import assert_one_line_error, import_extra, run_main
 
 from basis_bench.errors import InputError
 from basis_bench.train import make_config
@@ -136,6 +135,7 @@ def test_an_arms_seeds_must_share_their_settings(tmp_path):
 
 
 def _checkpoint(run_dir: Path, step: int, config) -> Path:
+    torch = import_extra("hf", "torch")
     path = run_dir / "checkpoints" / f"step-{step:06d}"
     path.mkdir(parents=True)
     state = {  # what save_checkpoint writes, as resume checks it
