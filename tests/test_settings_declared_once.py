@@ -1,12 +1,14 @@
 """Each setting is declared once: read from the source, so a second declaration fails here
 before anyone has to notice two help texts or two defaults drifting apart (issue 43).
 
-A setting is a ``setting()`` field of a class. A name declared in two classes is allowed
-only where it means different things there (ALLOWED, reviewed: the classes are listed, so a
-third declaration is reviewed again), or where the merge is planned and not yet done
-(NOT_YET_ONE, each with who does it; the test fails when one is merged, so the list only
-shrinks). Shared concerns are sections (:func:`basis_bench.settings.section`): Generation
-and Grading are held whole by the oracle's job and training's config.
+A setting is a ``setting()`` field of a class; a field made by a factory that returns a
+``setting()`` (``_seed()``) is declared in that factory, once for every class that calls it.
+A name declared in two places is allowed only where it means different things there
+(ALLOWED, reviewed: the places are listed, so a third declaration is reviewed again), or
+where the merge is planned and not yet done (NOT_YET_ONE, each with who does it; the test
+fails when one is merged, so the list only shrinks). Shared concerns are sections
+(:func:`basis_bench.settings.section`): Generation and Grading are held whole by the
+oracle's job and training's config.
 """
 
 from __future__ import annotations
@@ -26,14 +28,11 @@ PACKAGE = ROOT / "basis_bench"
 
 ALLOWED = {  # one name, different meanings: reviewed
     "seed": {  # each command's own random stream
+        "evaluation/config.py:_seed",  # evaluate's and sensitivity's
         "rollouts/importers/options.py:ImportOptions",
         "rollouts/oracle_job.py:OracleJob",
         "rollouts/simulation.py:SimulationConfig",
         "train/config.py:TrainConfig",
-    },
-    "batch_size": {  # sequences decoded together / prompts per batch draw B
-        "evaluation/config.py:EvaluateConfig",
-        "rollouts/generation.py:Generation",
     },
     "loss": {  # the policy loss / BASIS's calibration loss
         "train/config.py:TrainConfig",
@@ -63,7 +62,21 @@ NOT_YET_ONE = {  # one meaning, still declared twice: the merge is planned
     },
     "group_size": {"evaluation/config.py:EvaluateConfig", "train/config.py:TrainConfig"},
     "rollouts_per_step": {"evaluation/config.py:EvaluateConfig", "train/config.py:TrainConfig"},
-    "ref_n": {"rollouts/simulation.py:SimulationConfig", "train/config.py:TrainConfig"},
+    "ref_n": {
+        "evaluation/config.py:_ref_n",
+        "rollouts/simulation.py:SimulationConfig",
+        "train/config.py:TrainConfig",
+    },
+    # found once a factory's setting() counts as its declaration: evaluate and sensitivity
+    # declare B and the oracle's N apart; grid_size copies TableOptions' declaration; B is
+    # also generation's sequences decoded together (another meaning)
+    "batch_size": {
+        "evaluation/config.py:EvaluateConfig",
+        "evaluation/config.py:_batch_size",
+        "rollouts/generation.py:Generation",
+    },
+    "oracle_n": {"evaluation/config.py:EvaluateConfig", "evaluation/config.py:_oracle_n"},
+    "grid_size": {"estimators/options.py:TableOptions", "evaluation/config.py:_grid_size"},
     # BASIS's eps swept by sensitivity; JamesStein's eps is another thing (estimators/, being
     # rewritten elsewhere: BasisOptions/JamesSteinOptions and TableOptions/SpoOptions wait)
     "eps": {
@@ -86,36 +99,117 @@ def _trees() -> list[tuple[str, ast.Module]]:
     ]
 
 
-def declarations() -> dict[str, set[str]]:
-    """Every ``setting()`` field name -> the classes (``file:Class``) that declare it."""
-    found: dict[str, set[str]] = defaultdict(set)
-    for path, tree in _trees():
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            for stmt in cls.body:
-                if (
-                    isinstance(stmt, ast.AnnAssign)
-                    and isinstance(stmt.target, ast.Name)
-                    and isinstance(stmt.value, ast.Call)
-                    and _called(stmt.value.func) == "setting"
-                ):
-                    found[stmt.target.id].add(f"{path}:{cls.name}")
+def _factories(trees: list[tuple[str, ast.Module]]) -> dict[str, dict[str, str]]:
+    """The declaration factories: module-level functions that return a ``setting(...)``
+    (``_seed()``, ``ref_n_setting()``), by name -> {file: ``file:function``}. A field made by
+    one is declared there, once, however many classes hold it."""
+    found: dict[str, dict[str, str]] = defaultdict(dict)
+    for path, tree in trees:
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and any(
+                isinstance(node, ast.Return)
+                and isinstance(node.value, ast.Call)
+                and _called(node.value.func) == "setting"
+                for node in ast.walk(fn)
+            ):
+                found[fn.name][path] = f"{path}:{fn.name}"
     return found
 
 
-def test_no_setting_is_declared_in_two_classes_with_one_meaning():
-    twice = {name: owners for name, owners in declarations().items() if len(owners) > 1}
-    unreviewed = {
+def _where(call: ast.Call, path: str, factories: dict[str, dict[str, str]]) -> str | None:
+    """Where the field made by ``call`` (in ``path``) is declared: None if it is no setting."""
+    name = _called(call.func)
+    if name not in factories:
+        return None
+    places = factories[name]
+    if path in places:  # the file's own factory, else the one imported
+        return places[path]
+    assert len(places) == 1, f"{path}: which {name}? {sorted(places.values())}"
+    return next(iter(places.values()))
+
+
+def declarations(trees: list[tuple[str, ast.Module]] | None = None) -> dict[str, set[str]]:
+    """Every ``setting()`` field name -> where it is declared: the class (``file:Class``)
+    that calls ``setting()`` for it, or the factory (``file:function``) it calls."""
+    trees = _trees() if trees is None else trees
+    factories = _factories(trees)
+    found: dict[str, set[str]] = defaultdict(set)
+    for path, tree in trees:
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for stmt in cls.body:
+                if not (
+                    isinstance(stmt, ast.AnnAssign)
+                    and isinstance(stmt.target, ast.Name)
+                    and isinstance(stmt.value, ast.Call)
+                ):
+                    continue
+                if _called(stmt.value.func) == "setting":
+                    found[stmt.target.id].add(f"{path}:{cls.name}")
+                elif (where := _where(stmt.value, path, factories)) is not None:
+                    found[stmt.target.id].add(where)
+    return found
+
+
+def unreviewed(found: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The names declared in two places that ALLOWED does not list with exactly those."""
+    return {
         name: sorted(owners)
-        for name, owners in twice.items()
-        if owners != ALLOWED.get(name) and owners != NOT_YET_ONE.get(name)
+        for name, owners in found.items()
+        if len(owners) > 1 and owners != ALLOWED.get(name) and owners != NOT_YET_ONE.get(name)
     }
-    assert not unreviewed, (
-        f"settings declared in two classes: {unreviewed}; declare it once (a section both "
-        "hold, basis_bench.settings.section) or, if the names mean different things, add "
-        "it to ALLOWED with why"
+
+
+def test_no_setting_is_declared_in_two_classes_with_one_meaning():
+    found = declarations()
+    twice = {name for name, owners in found.items() if len(owners) > 1}
+    assert not unreviewed(found), (
+        f"settings declared in two classes: {unreviewed(found)}; declare it once (a section "
+        "both hold, basis_bench.settings.section, or one factory that returns the setting) or, "
+        "if the names mean different things, add it to ALLOWED with why"
     )
-    merged = sorted(set(NOT_YET_ONE) - set(twice))
+    merged = sorted(set(NOT_YET_ONE) - twice)
     assert not merged, f"{merged} are declared once now: take them off NOT_YET_ONE"
+    stale = sorted(set(ALLOWED) - twice)
+    assert not stale, f"{stale} are declared once now: take them off ALLOWED"
+
+
+PLANTED = """
+from basis_bench.settings import setting
+
+def _shared():
+    return setting(1, help="declared once, held by A and B")
+
+def _helper():
+    return 1
+
+class A:
+    twice: int = setting(1, help="declared here")
+    shared: int = _shared()
+    again: int = _shared()
+    plain: int = _helper()
+
+class B:
+    twice: int = setting(1, help="and here again")
+    shared: int = _shared()
+    plain: int = _helper()
+
+class C:
+    again: int = setting(1, help="a factory's setting declared beside it")
+"""
+
+
+def test_the_count_finds_a_planted_duplicate():
+    found = declarations([("planted.py", ast.parse(PLANTED))])
+    assert found == {
+        "twice": {"planted.py:A", "planted.py:B"},
+        "shared": {"planted.py:_shared"},
+        "again": {"planted.py:_shared", "planted.py:C"},
+    }
+    assert set(unreviewed(found)) == {"twice", "again"}
+    # a factory imported from another file is the same declaration
+    other = ast.parse("from planted import _shared\nclass D:\n    shared: int = _shared()\n")
+    both = declarations([("planted.py", ast.parse(PLANTED)), ("other.py", other)])
+    assert both["shared"] == {"planted.py:_shared"}
 
 
 def test_what_training_and_the_oracle_share_is_declared_once():
