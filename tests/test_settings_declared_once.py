@@ -34,6 +34,26 @@ ALLOWED = {  # one name, different meanings: reviewed
         "rollouts/simulation.py:SimulationConfig",
         "train/config.py:TrainConfig",
     },
+    "batch_size": {  # sequences decoded together / prompts per batch draw B
+        "evaluation/config.py:_batch_size",  # evaluate's and sensitivity's
+        "rollouts/generation.py:Generation",
+    },
+    # the estimators evaluate compares (default all) / the single-rollout ones sensitivity
+    # sweeps (default basis, 'all' refused)
+    "estimators": {
+        "evaluation/config.py:EvaluateConfig",
+        "evaluation/config.py:SensitivityConfig",
+    },
+    "repeats": {  # batch draws per checkpoint (1000) / per knob value and checkpoint (200)
+        "evaluation/config.py:EvaluateConfig",
+        "evaluation/config.py:SensitivityConfig",
+    },
+    # {estimator: {key: value}}, for each estimator evaluate or sensitivity runs / the one
+    # estimator training uses, {key: value}
+    "estimator_options": {
+        "evaluation/config.py:_estimator_options",
+        "train/config.py:TrainConfig",
+    },
     "loss": {  # the policy loss / BASIS's calibration loss
         "train/config.py:TrainConfig",
         "estimators/options.py:BasisOptions",
@@ -42,24 +62,6 @@ ALLOWED = {  # one name, different meanings: reviewed
 }
 
 NOT_YET_ONE = {  # one meaning, still declared twice: the merge is planned
-    # issue 43 item 2 (evaluate's and sensitivity's settings as sections)
-    "basis_options": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-    },
-    "estimator_options": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-        "train/config.py:TrainConfig",
-    },
-    "estimators": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-    },
-    "repeats": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-    },
     "group_size": {"evaluation/config.py:EvaluateConfig", "train/config.py:TrainConfig"},
     "rollouts_per_step": {"evaluation/config.py:EvaluateConfig", "train/config.py:TrainConfig"},
     "ref_n": {
@@ -67,15 +69,8 @@ NOT_YET_ONE = {  # one meaning, still declared twice: the merge is planned
         "rollouts/simulation.py:SimulationConfig",
         "train/config.py:TrainConfig",
     },
-    # found once a factory's setting() counts as its declaration: evaluate and sensitivity
-    # declare B and the oracle's N apart; grid_size copies TableOptions' declaration; B is
-    # also generation's sequences decoded together (another meaning)
-    "batch_size": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:_batch_size",
-        "rollouts/generation.py:Generation",
-    },
-    "oracle_n": {"evaluation/config.py:EvaluateConfig", "evaluation/config.py:_oracle_n"},
+    # found once a factory's setting() counts as its declaration: grid_size copies
+    # TableOptions' declaration
     "grid_size": {"estimators/options.py:TableOptions", "evaluation/config.py:_grid_size"},
     # BASIS's eps swept by sensitivity; JamesStein's eps is another thing (estimators/, being
     # rewritten elsewhere: BasisOptions/JamesSteinOptions and TableOptions/SpoOptions wait)
