@@ -54,6 +54,10 @@ ALLOWED = {  # one name, different meanings: reviewed
         "evaluation/config.py:_estimator_options",
         "train/config.py:TrainConfig",
     },
+    "eps": {  # BASIS's active-set threshold (sensitivity's too) / James-Stein's weight's epsilon
+        "estimators/options.py:eps_setting",
+        "estimators/options.py:JamesSteinOptions",
+    },
     "loss": {  # the policy loss / BASIS's calibration loss
         "train/config.py:TrainConfig",
         "estimators/options.py:BasisOptions",
@@ -69,17 +73,6 @@ NOT_YET_ONE = {  # one meaning, still declared twice: the merge is planned
         "rollouts/simulation.py:SimulationConfig",
         "train/config.py:TrainConfig",
     },
-    # found once a factory's setting() counts as its declaration: grid_size copies
-    # TableOptions' declaration
-    "grid_size": {"estimators/options.py:TableOptions", "evaluation/config.py:_grid_size"},
-    # BASIS's eps swept by sensitivity; JamesStein's eps is another thing (estimators/, being
-    # rewritten elsewhere: BasisOptions/JamesSteinOptions and TableOptions/SpoOptions wait)
-    "eps": {
-        "evaluation/config.py:SensitivityConfig",
-        "estimators/options.py:BasisOptions",
-        "estimators/options.py:JamesSteinOptions",
-    },
-    "prior": {"estimators/options.py:TableOptions", "estimators/options.py:SpoOptions"},
 }
 
 

@@ -42,6 +42,40 @@ JS_EPS = 1e-6  # the epsilon in the official JSPO code's lambda denominator
 T = TypeVar("T")
 
 
+# Settings that estimators' options share with each other and with the commands' configs,
+# declared once: each holder's field calls the factory.
+
+
+def eps_setting(note: str = "") -> Any:
+    """BASIS's active-set threshold: :class:`BasisOptions`' ``eps`` and the one sensitivity
+    holds while another knob varies (``note``: the holder's word on it)."""
+    return setting(
+        DEFAULT_EPS,
+        min_val=0,
+        help=f"Active-set threshold of BASIS's refinement: sources with s^2 > eps.{note}",
+    )
+
+
+def prior_setting() -> Any:
+    """The smoothing of the reference cache's rate: the tilt table's and SPO's ``prior``."""
+    return setting(
+        DEFAULT_PRIOR,
+        min_val=0,
+        help="Smoothing a of the binary reference rate (k + a)/(n + 2a); 0.5 is Jeffreys.",
+    )
+
+
+def grid_size_setting() -> Any:
+    """The tilt table's candidate betas: :class:`TableOptions`', evaluate's, sensitivity's."""
+    return setting(
+        DEFAULT_GRID_SIZE,
+        min_val=1,
+        max_val=MAX_GRID_SIZE,
+        help="Finite candidate betas (log-spaced in [0.05, 50], at most 1024); beta = inf is "
+        "always added.",
+    )
+
+
 def checked_options(options: Any, family: str) -> None:
     """Check every option against its declared range or choices (the message names
     ``family.option``) and store numbers as floats where the field is a float."""
@@ -113,11 +147,7 @@ class BasisOptions:
         "(of V~).",
     )
     loss: str = setting("squared", choices=LOSSES, help="Calibration loss: squared or log.")
-    eps: float = setting(
-        DEFAULT_EPS,
-        min_val=0,
-        help="Active-set threshold of BASIS's refinement: sources with s^2 > eps.",
-    )
+    eps: float = eps_setting()
     min_active: float = setting(
         DEFAULT_MIN_ACTIVE,
         min_val=0,
@@ -165,18 +195,8 @@ class BasisOptions:
 class TableOptions:
     """How the reference cache becomes the (K, P) tilt table shared by cache estimators."""
 
-    prior: float = setting(
-        DEFAULT_PRIOR,
-        min_val=0,
-        help="Smoothing a of the binary reference rate (k + a)/(n + 2a); 0.5 is Jeffreys.",
-    )
-    grid_size: int = setting(
-        DEFAULT_GRID_SIZE,
-        min_val=1,
-        max_val=MAX_GRID_SIZE,
-        help="Finite candidate betas (log-spaced in [0.05, 50], at most 1024); beta = inf is "
-        "always added.",
-    )
+    prior: float = prior_setting()
+    grid_size: int = grid_size_setting()
 
     def __post_init__(self) -> None:
         checked_options(self, "table")
@@ -219,9 +239,7 @@ class SpoOptions:
         include_boundaries="right",
         help="Forgetting factor per sighting of a prompt, in (0, 1].",
     )
-    prior: float = setting(
-        DEFAULT_PRIOR, min_val=0, help="Smoothing a of the cache rate (k + a)/(n + 2a)."
-    )
+    prior: float = prior_setting()
     weight: float | None = setting(
         None,
         min_val=0,

@@ -13,19 +13,13 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.estimators.options import (
-    DEFAULT_EPS,
-    DEFAULT_GRID_SIZE,
-    MAX_GRID_SIZE,
-    TableOptions,
-)
+from basis_bench.estimators.options import eps_setting, grid_size_setting
 from basis_bench.settings import (
     MAX_SEED,
     check_settings,
     renamed,
     setting,
     setting_given,
-    setting_help,
     setting_label,
 )
 
@@ -119,15 +113,6 @@ def _seed() -> Any:
     )
 
 
-def _grid_size() -> Any:
-    return setting(
-        DEFAULT_GRID_SIZE,
-        help=setting_help(TableOptions, "grid_size"),
-        min_val=1,
-        max_val=MAX_GRID_SIZE,
-    )
-
-
 def _basis_options() -> Any:
     return setting(
         default_factory=dict,
@@ -174,7 +159,7 @@ class EvaluateConfig:
     oracle_n: int | None = _oracle_n(fitted=True)
     ref_n: int = _ref_n()
     seed: int = _seed()
-    grid_size: int = _grid_size()
+    grid_size: int = grid_size_setting()
     basis_options: dict[str, Any] = _basis_options()
     estimator_options: dict[str, dict[str, Any]] = _estimator_options()
     write_estimates: bool = setting(
@@ -382,10 +367,8 @@ class SensitivityConfig:
     repeats: int = setting(200, help="Batch draws per setting and checkpoint.", min_val=1)
     oracle_n: int = _oracle_n()
     ref_n: int = _ref_n()
-    eps: float = setting(
-        DEFAULT_EPS, help="Active-set threshold while another knob varies.", min_val=0
-    )
-    grid_size: int = _grid_size()
+    eps: float = eps_setting(" Its value while another knob varies.")
+    grid_size: int = grid_size_setting()
     seed: int = _seed()
     basis_options: dict[str, Any] = _basis_options()
     estimator_options: dict[str, dict[str, Any]] = _estimator_options()
