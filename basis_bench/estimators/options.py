@@ -15,7 +15,7 @@ mapping into the dataclass, and an unknown key is an InputError that names the v
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,7 +43,57 @@ T = TypeVar("T")
 
 
 # Settings that estimators' options share with each other and with the commands' configs,
-# declared once: each holder's field calls the factory.
+# and the batch shape a command gives its estimators (n, G, R), declared once: each holder's
+# field calls the factory.
+DEFAULT_REF_N = 64  # the paper's n
+MAX_SAMPLES = 2**31 - 1  # a sample index is Int32
+
+
+def ref_n_setting(*, fitted: bool = False, was: Sequence[str] = ()) -> Any:
+    """n, the reference samples per prompt of the offline cache: what simulate writes,
+    training samples, evaluate and sensitivity read (``fitted``: unset until the data sets
+    it; ``was``: the holder's old names of it)."""
+    text = (
+        "Reference samples per prompt in the offline cache (n) of BASIS and the other "
+        "estimators that use one."
+    )
+    if not fitted:
+        return setting(DEFAULT_REF_N, min_val=1, max_val=MAX_SAMPLES, was=was, help=text)
+    return setting(
+        None,
+        optional=True,
+        min_val=1,
+        max_val=MAX_SAMPLES,
+        was=was,
+        help=f"{text} Unset: {DEFAULT_REF_N}, or every sample the reference has where it has "
+        "fewer.",
+    )
+
+
+def group_size_setting() -> Any:
+    """G, the rollouts per prompt of group estimators: training's and evaluate's."""
+    return setting(
+        8,
+        min_val=1,
+        help="Rollouts per prompt (G) for group estimators such as GRPO and RLOO (2 at least "
+        "when one of them runs); single-rollout ones take 1.",
+    )
+
+
+def rollouts_per_step_setting(*, replay: bool = False) -> Any:
+    """R, the rollouts a step: training's (16), and the step replay's equal budget
+    (``replay``: evaluate's, unset by default: a per-visit budget)."""
+    text = "Rollouts a step, R: an estimator that takes G rollouts per prompt visits R/G prompts."
+    if not replay:
+        return setting(16, min_val=1, help=text)
+    return setting(
+        None,
+        min_val=1,
+        optional=True,
+        help=f"Step replay: {text[0].lower()}{text[1:]} Every estimator spends the same R (the "
+        "paper's equal budget: 64 x 8 or 512 x 1). Unset: every estimator visits --batch-size "
+        "prompts a step (per visit).",
+    )
 
 
 def eps_setting(note: str = "") -> Any:

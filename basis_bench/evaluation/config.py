@@ -13,7 +13,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from basis_bench.errors import InputError
-from basis_bench.estimators.options import eps_setting, grid_size_setting
+from basis_bench.estimators.options import (
+    DEFAULT_REF_N,
+    eps_setting,
+    grid_size_setting,
+    group_size_setting,
+    ref_n_setting,
+    rollouts_per_step_setting,
+)
 from basis_bench.settings import (
     MAX_SEED,
     check_settings,
@@ -94,19 +101,6 @@ def _oracle_n(fitted: bool = False) -> Any:
     )
 
 
-DEFAULT_REF_N = 64
-
-
-def _ref_n() -> Any:
-    return setting(
-        None,
-        optional=True,
-        min_val=1,
-        help=f"Reference samples per prompt in BASIS's offline cache (n). Unset: "
-        f"{DEFAULT_REF_N}, or every sample the reference has where it has fewer.",
-    )
-
-
 def _seed() -> Any:
     return setting(
         0, help="Random seed: the same seed writes the same files.", min_val=0, max_val=MAX_SEED
@@ -151,13 +145,9 @@ class EvaluateConfig:
     )  # empty = every registered estimator
     batch_size: int | None = _batch_size(fitted=True)
     repeats: int = setting(1000, help="Batch draws (repeats) per checkpoint.", min_val=1)
-    group_size: int = setting(
-        8,
-        help="Rollouts per prompt (G) for GRPO and RLOO (2 at least when one of them runs).",
-        min_val=1,
-    )
+    group_size: int = group_size_setting()
     oracle_n: int | None = _oracle_n(fitted=True)
-    ref_n: int = _ref_n()
+    ref_n: int = ref_n_setting(fitted=True)
     seed: int = _seed()
     grid_size: int = grid_size_setting()
     basis_options: dict[str, Any] = _basis_options()
@@ -193,14 +183,7 @@ class EvaluateConfig:
         "checkpoint from a pool after the first --oracle-n samples, with replacement (the "
         "replay before issue 31). auto: steps when training.json gives every checkpoint a step and no epoch option (--trajectory-epochs, --trajectory-blend) is set.",
     )
-    rollouts_per_step: int | None = setting(
-        None,
-        min_val=1,
-        optional=True,
-        help="Step replay: the rollouts every estimator spends a step, so an estimator that "
-        "takes G rollouts per prompt visits R/G prompts (the paper's equal budget: 64 x 8 or "
-        "512 x 1). Unset: every estimator visits --batch-size prompts a step (per visit).",
-    )
+    rollouts_per_step: int | None = rollouts_per_step_setting(replay=True)
     folds: int = setting(
         2,
         min_val=2,
@@ -366,7 +349,7 @@ class SensitivityConfig:
     batch_size: int = _batch_size()
     repeats: int = setting(200, help="Batch draws per setting and checkpoint.", min_val=1)
     oracle_n: int = _oracle_n()
-    ref_n: int = _ref_n()
+    ref_n: int = ref_n_setting(fitted=True)
     eps: float = eps_setting(" Its value while another knob varies.")
     grid_size: int = grid_size_setting()
     seed: int = _seed()
