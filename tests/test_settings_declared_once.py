@@ -1,12 +1,14 @@
 """Each setting is declared once: read from the source, so a second declaration fails here
 before anyone has to notice two help texts or two defaults drifting apart (issue 43).
 
-A setting is a ``setting()`` field of a class. A name declared in two classes is allowed
-only where it means different things there (ALLOWED, reviewed: the classes are listed, so a
-third declaration is reviewed again), or where the merge is planned and not yet done
-(NOT_YET_ONE, each with who does it; the test fails when one is merged, so the list only
-shrinks). Shared concerns are sections (:func:`basis_bench.settings.section`): Generation
-and Grading are held whole by the oracle's job and training's config.
+A setting is a ``setting()`` field of a class; a field made by a factory that returns a
+``setting()`` (``_seed()``, ``ref_n_setting()``) is declared in that factory, once for every
+class that calls it. A name declared in two places is allowed only where it means different
+things there (ALLOWED, reviewed: the places are listed, so a third declaration is reviewed
+again). Shared concerns are sections (:func:`basis_bench.settings.section`): Generation and
+Grading are held whole by the oracle's job and training's config; single settings that
+several configs share are one factory each (estimators/options.py: n, G, R, eps, prior,
+grid size).
 """
 
 from __future__ import annotations
@@ -26,56 +28,41 @@ PACKAGE = ROOT / "basis_bench"
 
 ALLOWED = {  # one name, different meanings: reviewed
     "seed": {  # each command's own random stream
+        "evaluation/config.py:_seed",  # evaluate's and sensitivity's
         "rollouts/importers/options.py:ImportOptions",
         "rollouts/oracle_job.py:OracleJob",
         "rollouts/simulation.py:SimulationConfig",
         "train/config.py:TrainConfig",
     },
     "batch_size": {  # sequences decoded together / prompts per batch draw B
-        "evaluation/config.py:EvaluateConfig",
+        "evaluation/config.py:_batch_size",  # evaluate's and sensitivity's
         "rollouts/generation.py:Generation",
+    },
+    # the estimators evaluate compares (default all) / the single-rollout ones sensitivity
+    # sweeps (default basis, 'all' refused)
+    "estimators": {
+        "evaluation/config.py:EvaluateConfig",
+        "evaluation/config.py:SensitivityConfig",
+    },
+    "repeats": {  # batch draws per checkpoint (1000) / per knob value and checkpoint (200)
+        "evaluation/config.py:EvaluateConfig",
+        "evaluation/config.py:SensitivityConfig",
+    },
+    # {estimator: {key: value}}, for each estimator evaluate or sensitivity runs / the one
+    # estimator training uses, {key: value}
+    "estimator_options": {
+        "evaluation/config.py:_estimator_options",
+        "train/config.py:TrainConfig",
+    },
+    "eps": {  # BASIS's active-set threshold (sensitivity's too) / James-Stein's weight's epsilon
+        "estimators/options.py:eps_setting",
+        "estimators/options.py:JamesSteinOptions",
     },
     "loss": {  # the policy loss / BASIS's calibration loss
         "train/config.py:TrainConfig",
         "estimators/options.py:BasisOptions",
         "estimators/memory.py:MemoryOptions",
     },
-}
-
-NOT_YET_ONE = {  # one meaning, still declared twice: the merge is planned
-    # issue 43 item 2 (evaluate's and sensitivity's settings as sections)
-    "basis_options": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-    },
-    "estimator_options": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-        "train/config.py:TrainConfig",
-    },
-    "estimators": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-    },
-    "repeats": {
-        "evaluation/config.py:EvaluateConfig",
-        "evaluation/config.py:SensitivityConfig",
-    },
-    "group_size": {"evaluation/config.py:EvaluateConfig", "train/config.py:TrainConfig"},
-    "rollouts_per_step": {"evaluation/config.py:EvaluateConfig", "train/config.py:TrainConfig"},
-    "ref_n": {"rollouts/simulation.py:SimulationConfig", "train/config.py:TrainConfig"},
-    # BASIS's eps swept by sensitivity; JamesStein's eps is another thing (estimators/, being
-    # rewritten elsewhere: BasisOptions/JamesSteinOptions and TableOptions/SpoOptions wait)
-    "eps": {
-        "evaluation/config.py:SensitivityConfig",
-        "estimators/options.py:BasisOptions",
-        "estimators/options.py:JamesSteinOptions",
-    },
-    "prior": {"estimators/options.py:TableOptions", "estimators/options.py:SpoOptions"},
-}
-
-BIG_CALLS_NOT_YET = {  # settings objects still built with more than 8 arguments
-    ("estimators/calibrate.py", "BasisOptions"),  # estimators/, being rewritten elsewhere
 }
 
 
@@ -90,36 +77,115 @@ def _trees() -> list[tuple[str, ast.Module]]:
     ]
 
 
-def declarations() -> dict[str, set[str]]:
-    """Every ``setting()`` field name -> the classes (``file:Class``) that declare it."""
-    found: dict[str, set[str]] = defaultdict(set)
-    for path, tree in _trees():
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-            for stmt in cls.body:
-                if (
-                    isinstance(stmt, ast.AnnAssign)
-                    and isinstance(stmt.target, ast.Name)
-                    and isinstance(stmt.value, ast.Call)
-                    and _called(stmt.value.func) == "setting"
-                ):
-                    found[stmt.target.id].add(f"{path}:{cls.name}")
+def _factories(trees: list[tuple[str, ast.Module]]) -> dict[str, dict[str, str]]:
+    """The declaration factories: module-level functions that return a ``setting(...)``
+    (``_seed()``, ``ref_n_setting()``), by name -> {file: ``file:function``}. A field made by
+    one is declared there, once, however many classes hold it."""
+    found: dict[str, dict[str, str]] = defaultdict(dict)
+    for path, tree in trees:
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and any(
+                isinstance(node, ast.Return)
+                and isinstance(node.value, ast.Call)
+                and _called(node.value.func) == "setting"
+                for node in ast.walk(fn)
+            ):
+                found[fn.name][path] = f"{path}:{fn.name}"
     return found
 
 
-def test_no_setting_is_declared_in_two_classes_with_one_meaning():
-    twice = {name: owners for name, owners in declarations().items() if len(owners) > 1}
-    unreviewed = {
+def _where(call: ast.Call, path: str, factories: dict[str, dict[str, str]]) -> str | None:
+    """Where the field made by ``call`` (in ``path``) is declared: None if it is no setting."""
+    name = _called(call.func)
+    if name not in factories:
+        return None
+    places = factories[name]
+    if path in places:  # the file's own factory, else the one imported
+        return places[path]
+    assert len(places) == 1, f"{path}: which {name}? {sorted(places.values())}"
+    return next(iter(places.values()))
+
+
+def declarations(trees: list[tuple[str, ast.Module]] | None = None) -> dict[str, set[str]]:
+    """Every ``setting()`` field name -> where it is declared: the class (``file:Class``)
+    that calls ``setting()`` for it, or the factory (``file:function``) it calls."""
+    trees = _trees() if trees is None else trees
+    factories = _factories(trees)
+    found: dict[str, set[str]] = defaultdict(set)
+    for path, tree in trees:
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for stmt in cls.body:
+                if not (
+                    isinstance(stmt, ast.AnnAssign)
+                    and isinstance(stmt.target, ast.Name)
+                    and isinstance(stmt.value, ast.Call)
+                ):
+                    continue
+                if _called(stmt.value.func) == "setting":
+                    found[stmt.target.id].add(f"{path}:{cls.name}")
+                elif (where := _where(stmt.value, path, factories)) is not None:
+                    found[stmt.target.id].add(where)
+    return found
+
+
+def unreviewed(found: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The names declared in two places that ALLOWED does not list with exactly those."""
+    return {
         name: sorted(owners)
-        for name, owners in twice.items()
-        if owners != ALLOWED.get(name) and owners != NOT_YET_ONE.get(name)
+        for name, owners in found.items()
+        if len(owners) > 1 and owners != ALLOWED.get(name)
     }
-    assert not unreviewed, (
-        f"settings declared in two classes: {unreviewed}; declare it once (a section both "
-        "hold, basis_bench.settings.section) or, if the names mean different things, add "
-        "it to ALLOWED with why"
+
+
+def test_no_setting_is_declared_in_two_classes_with_one_meaning():
+    found = declarations()
+    twice = {name for name, owners in found.items() if len(owners) > 1}
+    assert not unreviewed(found), (
+        f"settings declared in two classes: {unreviewed(found)}; declare it once (a section "
+        "both hold, basis_bench.settings.section, or one factory that returns the setting) or, "
+        "if the names mean different things, add it to ALLOWED with why"
     )
-    merged = sorted(set(NOT_YET_ONE) - set(twice))
-    assert not merged, f"{merged} are declared once now: take them off NOT_YET_ONE"
+    stale = sorted(set(ALLOWED) - twice)
+    assert not stale, f"{stale} are declared once now: take them off ALLOWED"
+
+
+PLANTED = """
+from basis_bench.settings import setting
+
+def _shared():
+    return setting(1, help="declared once, held by A and B")
+
+def _helper():
+    return 1
+
+class A:
+    twice: int = setting(1, help="declared here")
+    shared: int = _shared()
+    again: int = _shared()
+    plain: int = _helper()
+
+class B:
+    twice: int = setting(1, help="and here again")
+    shared: int = _shared()
+    plain: int = _helper()
+
+class C:
+    again: int = setting(1, help="a factory's setting declared beside it")
+"""
+
+
+def test_the_count_finds_a_planted_duplicate():
+    found = declarations([("planted.py", ast.parse(PLANTED))])
+    assert found == {
+        "twice": {"planted.py:A", "planted.py:B"},
+        "shared": {"planted.py:_shared"},
+        "again": {"planted.py:_shared", "planted.py:C"},
+    }
+    assert set(unreviewed(found)) == {"twice", "again"}
+    # a factory imported from another file is the same declaration
+    other = ast.parse("from planted import _shared\nclass D:\n    shared: int = _shared()\n")
+    both = declarations([("planted.py", ast.parse(PLANTED)), ("other.py", other)])
+    assert both["shared"] == {"planted.py:_shared"}
 
 
 def test_what_training_and_the_oracle_share_is_declared_once():
@@ -178,9 +244,7 @@ def test_no_call_builds_a_settings_object_from_more_than_8_arguments():
             name = _called(call.func)
             if name in classes and len(call.args) + len(call.keywords) > 8:
                 big.add((path, name))
-    assert big <= BIG_CALLS_NOT_YET, sorted(big - BIG_CALLS_NOT_YET)
-    done = BIG_CALLS_NOT_YET - big
-    assert not done, f"{sorted(done)} are built from at most 8 arguments now: take them off"
+    assert not big, sorted(big)
 
 
 # ------------------------------------------------- the defaults that had drifted (changelog)
@@ -208,3 +272,20 @@ def test_the_drifted_defaults_are_one_now():
         make_config({}, ["temperature=0"])
     greedy = Generation(model="m", temperature=0.0).sampling(1, "arithmetic:n=4")
     assert greedy.temperature == 0.0 and greedy.max_new_tokens == 48
+
+
+def test_the_cache_size_has_one_range():
+    """ref_n had drifted: the simulator refused more than 2**31 - 1 samples (a sample index
+    is Int32), training and evaluate took any; one declaration, one range."""
+    import pytest
+
+    from basis_bench.errors import InputError
+    from basis_bench.evaluation.config import EvaluateConfig, SensitivityConfig
+    from basis_bench.rollouts.simulation import SimulationConfig
+
+    for make in (EvaluateConfig, SensitivityConfig, SimulationConfig):
+        with pytest.raises(InputError, match=r"--ref-n must be in \[1, 2147483647\]"):
+            make(ref_n=2**31)
+    with pytest.raises(InputError, match=r"ref_n must be in \[1, 2147483647\]"):
+        make_config({}, [f"ref_n={2**31}"])
+    assert make_config({}).ref_n == setting_default(SimulationConfig, "ref_n") == 64

@@ -16,6 +16,7 @@ batch's prompts are active are excluded, unless every candidate is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from array_api_compat import array_namespace
@@ -101,11 +102,20 @@ def select_beta(
     _check_grid(v_grid, rewards, var_grid)
     check_rewards(rewards, reward_range)
     var = v_grid * (1 - v_grid) if var_grid is None else var_grid
-    opts = BasisOptions(
+    opts = _options(criterion, loss, variant, eps, min_active, shrink, ratio_var)
+    return _select_beta(v_grid, var, rewards, opts)
+
+
+def _options(
+    criterion: str, loss: str, variant: str, eps: float, min_active: float, shrink: bool,
+    ratio_var: str,
+) -> BasisOptions:  # fmt: skip
+    """The options that choose beta, as :func:`select_beta` and :func:`basis_estimate` take
+    them one by one (checked here, where they are made)."""
+    return BasisOptions(
         criterion=criterion, loss=loss, variant=variant, eps=eps, min_active=min_active,
         shrink=shrink, ratio_var=ratio_var,
     )  # fmt: skip
-    return _select_beta(v_grid, var, rewards, opts)
 
 
 def _select_beta(
@@ -163,10 +173,8 @@ def basis_estimate(
     check_choice(calibration, CALIBRATIONS, "calibration")
     _check_grid(v_grid, rewards, var_grid)
     check_rewards(rewards, reward_range)
-    opts = BasisOptions(
-        variant=variant, criterion=criterion, loss=loss, eps=eps, min_active=min_active,
-        shrink=shrink, clip=clip, refine=refine_values, ratio_var=ratio_var,
-    )  # fmt: skip
+    chosen = _options(criterion, loss, variant, eps, min_active, shrink, ratio_var)
+    opts = dataclasses.replace(chosen, clip=clip, refine=refine_values)
     return estimate_with(v_grid, var_grid, rewards, opts, calibration, fixed_index, reward_range)
 
 

@@ -15,7 +15,7 @@ mapping into the dataclass, and an unknown key is an InputError that names the v
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,6 +40,90 @@ SPO_DECAY = 0.875  # SPO's lower clip of the forgetting factor rho
 JS_EPS = 1e-6  # the epsilon in the official JSPO code's lambda denominator
 
 T = TypeVar("T")
+
+
+# Settings that estimators' options share with each other and with the commands' configs,
+# and the batch shape a command gives its estimators (n, G, R), declared once: each holder's
+# field calls the factory.
+DEFAULT_REF_N = 64  # the paper's n
+MAX_SAMPLES = 2**31 - 1  # a sample index is Int32
+
+
+def ref_n_setting(*, fitted: bool = False, was: Sequence[str] = ()) -> Any:
+    """n, the reference samples per prompt of the offline cache: what simulate writes,
+    training samples, evaluate and sensitivity read (``fitted``: unset until the data sets
+    it; ``was``: the holder's old names of it)."""
+    text = (
+        "Reference samples per prompt in the offline cache (n) of BASIS and the other "
+        "estimators that use one."
+    )
+    if not fitted:
+        return setting(DEFAULT_REF_N, min_val=1, max_val=MAX_SAMPLES, was=was, help=text)
+    return setting(
+        None,
+        optional=True,
+        min_val=1,
+        max_val=MAX_SAMPLES,
+        was=was,
+        help=f"{text} Unset: {DEFAULT_REF_N}, or every sample the reference has where it has "
+        "fewer.",
+    )
+
+
+def group_size_setting() -> Any:
+    """G, the rollouts per prompt of group estimators: training's and evaluate's."""
+    return setting(
+        8,
+        min_val=1,
+        help="Rollouts per prompt (G) for group estimators such as GRPO and RLOO (2 at least "
+        "when one of them runs); single-rollout ones take 1.",
+    )
+
+
+def rollouts_per_step_setting(*, replay: bool = False) -> Any:
+    """R, the rollouts a step: training's (16), and the step replay's equal budget
+    (``replay``: evaluate's, unset by default: a per-visit budget)."""
+    text = "Rollouts a step, R: an estimator that takes G rollouts per prompt visits R/G prompts."
+    if not replay:
+        return setting(16, min_val=1, help=text)
+    return setting(
+        None,
+        min_val=1,
+        optional=True,
+        help=f"Step replay: {text[0].lower()}{text[1:]} Every estimator spends the same R (the "
+        "paper's equal budget: 64 x 8 or 512 x 1). Unset: every estimator visits --batch-size "
+        "prompts a step (per visit).",
+    )
+
+
+def eps_setting(note: str = "") -> Any:
+    """BASIS's active-set threshold: :class:`BasisOptions`' ``eps`` and the one sensitivity
+    holds while another knob varies (``note``: the holder's word on it)."""
+    return setting(
+        DEFAULT_EPS,
+        min_val=0,
+        help=f"Active-set threshold of BASIS's refinement: sources with s^2 > eps.{note}",
+    )
+
+
+def prior_setting() -> Any:
+    """The smoothing of the reference cache's rate: the tilt table's and SPO's ``prior``."""
+    return setting(
+        DEFAULT_PRIOR,
+        min_val=0,
+        help="Smoothing a of the binary reference rate (k + a)/(n + 2a); 0.5 is Jeffreys.",
+    )
+
+
+def grid_size_setting() -> Any:
+    """The tilt table's candidate betas: :class:`TableOptions`', evaluate's, sensitivity's."""
+    return setting(
+        DEFAULT_GRID_SIZE,
+        min_val=1,
+        max_val=MAX_GRID_SIZE,
+        help="Finite candidate betas (log-spaced in [0.05, 50], at most 1024); beta = inf is "
+        "always added.",
+    )
 
 
 def checked_options(options: Any, family: str) -> None:
@@ -113,11 +197,7 @@ class BasisOptions:
         "(of V~).",
     )
     loss: str = setting("squared", choices=LOSSES, help="Calibration loss: squared or log.")
-    eps: float = setting(
-        DEFAULT_EPS,
-        min_val=0,
-        help="Active-set threshold of BASIS's refinement: sources with s^2 > eps.",
-    )
+    eps: float = eps_setting()
     min_active: float = setting(
         DEFAULT_MIN_ACTIVE,
         min_val=0,
@@ -165,18 +245,8 @@ class BasisOptions:
 class TableOptions:
     """How the reference cache becomes the (K, P) tilt table shared by cache estimators."""
 
-    prior: float = setting(
-        DEFAULT_PRIOR,
-        min_val=0,
-        help="Smoothing a of the binary reference rate (k + a)/(n + 2a); 0.5 is Jeffreys.",
-    )
-    grid_size: int = setting(
-        DEFAULT_GRID_SIZE,
-        min_val=1,
-        max_val=MAX_GRID_SIZE,
-        help="Finite candidate betas (log-spaced in [0.05, 50], at most 1024); beta = inf is "
-        "always added.",
-    )
+    prior: float = prior_setting()
+    grid_size: int = grid_size_setting()
 
     def __post_init__(self) -> None:
         checked_options(self, "table")
@@ -219,9 +289,7 @@ class SpoOptions:
         include_boundaries="right",
         help="Forgetting factor per sighting of a prompt, in (0, 1].",
     )
-    prior: float = setting(
-        DEFAULT_PRIOR, min_val=0, help="Smoothing a of the cache rate (k + a)/(n + 2a)."
-    )
+    prior: float = prior_setting()
     weight: float | None = setting(
         None,
         min_val=0,

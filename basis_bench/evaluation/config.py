@@ -14,10 +14,12 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators.options import (
-    DEFAULT_EPS,
-    DEFAULT_GRID_SIZE,
-    MAX_GRID_SIZE,
-    TableOptions,
+    DEFAULT_REF_N,
+    eps_setting,
+    grid_size_setting,
+    group_size_setting,
+    ref_n_setting,
+    rollouts_per_step_setting,
 )
 from basis_bench.settings import (
     MAX_SEED,
@@ -25,7 +27,6 @@ from basis_bench.settings import (
     renamed,
     setting,
     setting_given,
-    setting_help,
     setting_label,
 )
 
@@ -66,31 +67,37 @@ DEFAULT_ORACLE_N = 256  # the paper's oracle samples per prompt
 POOL_SAMPLES = 16  # what the default dataset keeps for the pool beside its 256
 
 
-def _batch_size() -> Any:
-    return setting(
-        DEFAULT_BATCH, help="Prompts per batch draw (B; leave-one-out needs 2 at least).", min_val=2
-    )
-
-
-def _oracle_n() -> Any:
-    return setting(
-        DEFAULT_ORACLE_N,
-        help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out "
-        "oracle value (2 at least: its noise estimate needs a variance).",
-        min_val=2,
-    )
-
-
-DEFAULT_REF_N = 64
-
-
-def _ref_n() -> Any:
+def _batch_size(fitted: bool = False) -> Any:
+    """B; ``fitted``: unset until :meth:`EvaluateConfig.fit` sets it from the data."""
+    text = "Prompts per batch draw (B; leave-one-out needs 2 at least)."
+    if not fitted:
+        return setting(DEFAULT_BATCH, help=text, min_val=2)
     return setting(
         None,
+        min_val=2,
         optional=True,
-        min_val=1,
-        help=f"Reference samples per prompt in BASIS's offline cache (n). Unset: "
-        f"{DEFAULT_REF_N}, or every sample the reference has where it has fewer.",
+        help=f"{text} Default: {DEFAULT_BATCH}, or every prompt of a checkpoint with fewer; the "
+        "step replay's per-visit prompts a step default to the training run's rate "
+        "(training.json's prompts_per_step / train_prompts of the prompts). run.json has the B "
+        "used.",
+    )
+
+
+def _oracle_n(fitted: bool = False) -> Any:
+    """The oracle's N; ``fitted``: unset until :meth:`EvaluateConfig.fit` sets it."""
+    text = (
+        "A checkpoint's first N samples per prompt (by sample_idx) form the held-out oracle "
+        "value (2 at least: its noise estimate needs a variance)."
+    )
+    if not fitted:
+        return setting(DEFAULT_ORACLE_N, help=text, min_val=2)
+    return setting(
+        None,
+        min_val=2,
+        optional=True,
+        help=f"{text} Default: {DEFAULT_ORACLE_N}, or all but a pool of {POOL_SAMPLES} where a "
+        f"checkpoint has fewer than {DEFAULT_ORACLE_N + POOL_SAMPLES} samples of a prompt "
+        "(run.json has the N used).",
     )
 
 
@@ -100,23 +107,22 @@ def _seed() -> Any:
     )
 
 
-def _grid_size() -> Any:
+def _basis_options() -> Any:
     return setting(
-        DEFAULT_GRID_SIZE,
-        help=setting_help(TableOptions, "grid_size"),
-        min_val=1,
-        max_val=MAX_GRID_SIZE,
+        default_factory=dict,
+        help="BASIS options given to every BASIS-type estimator ({key: value}; the CLI sets "
+        "them with --calibration, --criterion, --loss, --eps, --fixed-beta).",
     )
 
 
-BASIS_OPTIONS_HELP = (
-    "BASIS options given to every BASIS-type estimator ({key: value}; the CLI sets them "
-    "with --calibration, --criterion, --loss, --eps, --fixed-beta)."
-)
-OPTION_HELP = (
-    "One estimator's option as ESTIMATOR.KEY=VALUE (e.g. apo.beta=1.0, james_stein.eps=1e-4, "
-    "basis_vop.shrink=true); repeat. Overrides the BASIS options above."
-)
+def _estimator_options() -> Any:
+    return setting(
+        default_factory=dict,
+        flag="--option",
+        help="One estimator's option as ESTIMATOR.KEY=VALUE (e.g. apo.beta=1.0, "
+        "james_stein.eps=1e-4, basis_vop.shrink=true); repeat. Overrides the BASIS options "
+        "above.",
+    )
 
 
 def _check_flags(config: Any) -> None:
@@ -137,37 +143,15 @@ class EvaluateConfig:
         (),
         help="Comma-separated registered estimator names (plug-ins included), or 'all'.",
     )  # empty = every registered estimator
-    batch_size: int | None = setting(
-        None,
-        min_val=2,
-        optional=True,
-        help=f"Prompts per batch draw (B; leave-one-out needs 2 at least). Default: "
-        f"{DEFAULT_BATCH}, or every prompt of a checkpoint with fewer; the step replay's "
-        "per-visit prompts a step default to the training run's rate (training.json's "
-        "prompts_per_step / train_prompts of the prompts). run.json has the B used.",
-    )
+    batch_size: int | None = _batch_size(fitted=True)
     repeats: int = setting(1000, help="Batch draws (repeats) per checkpoint.", min_val=1)
-    group_size: int = setting(
-        8,
-        help="Rollouts per prompt (G) for GRPO and RLOO (2 at least when one of them runs).",
-        min_val=1,
-    )
-    oracle_n: int | None = setting(
-        None,
-        min_val=2,
-        optional=True,
-        help="A checkpoint's first N samples per prompt (by sample_idx) form the held-out oracle "
-        f"value (2 at least: its noise estimate needs a variance). Default: {DEFAULT_ORACLE_N}, "
-        f"or all but a pool of {POOL_SAMPLES} where a checkpoint has fewer than "
-        f"{DEFAULT_ORACLE_N + POOL_SAMPLES} samples of a prompt (run.json has the N used).",
-    )
-    ref_n: int = _ref_n()
+    group_size: int = group_size_setting()
+    oracle_n: int | None = _oracle_n(fitted=True)
+    ref_n: int = ref_n_setting(fitted=True)
     seed: int = _seed()
-    grid_size: int = _grid_size()
-    basis_options: dict[str, Any] = setting(default_factory=dict, help=BASIS_OPTIONS_HELP)
-    estimator_options: dict[str, dict[str, Any]] = setting(
-        default_factory=dict, flag="--option", help=OPTION_HELP
-    )
+    grid_size: int = grid_size_setting()
+    basis_options: dict[str, Any] = _basis_options()
+    estimator_options: dict[str, dict[str, Any]] = _estimator_options()
     write_estimates: bool = setting(
         True,
         flag="--estimates/--no-estimates",
@@ -199,14 +183,7 @@ class EvaluateConfig:
         "checkpoint from a pool after the first --oracle-n samples, with replacement (the "
         "replay before issue 31). auto: steps when training.json gives every checkpoint a step and no epoch option (--trajectory-epochs, --trajectory-blend) is set.",
     )
-    rollouts_per_step: int | None = setting(
-        None,
-        min_val=1,
-        optional=True,
-        help="Step replay: the rollouts every estimator spends a step, so an estimator that "
-        "takes G rollouts per prompt visits R/G prompts (the paper's equal budget: 64 x 8 or "
-        "512 x 1). Unset: every estimator visits --batch-size prompts a step (per visit).",
-    )
+    rollouts_per_step: int | None = rollouts_per_step_setting(replay=True)
     folds: int = setting(
         2,
         min_val=2,
@@ -372,16 +349,12 @@ class SensitivityConfig:
     batch_size: int = _batch_size()
     repeats: int = setting(200, help="Batch draws per setting and checkpoint.", min_val=1)
     oracle_n: int = _oracle_n()
-    ref_n: int = _ref_n()
-    eps: float = setting(
-        DEFAULT_EPS, help="Active-set threshold while another knob varies.", min_val=0
-    )
-    grid_size: int = _grid_size()
+    ref_n: int = ref_n_setting(fitted=True)
+    eps: float = eps_setting(" Its value while another knob varies.")
+    grid_size: int = grid_size_setting()
     seed: int = _seed()
-    basis_options: dict[str, Any] = setting(default_factory=dict, help=BASIS_OPTIONS_HELP)
-    estimator_options: dict[str, dict[str, Any]] = setting(
-        default_factory=dict, flag="--option", help=OPTION_HELP
-    )
+    basis_options: dict[str, Any] = _basis_options()
+    estimator_options: dict[str, dict[str, Any]] = _estimator_options()
 
     def __post_init__(self) -> None:
         if "n" in self.parameters:  # the knob's name before it was the setting's

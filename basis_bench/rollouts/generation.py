@@ -58,8 +58,7 @@ def _backend_help() -> str:
     preferred = " or ".join(n for n, s in samplers.items() if s.preferred)
     auto = f"{preferred} where it imports and serves the device, else " if preferred else ""
     return (
-        f"Sampling backend: {listed}; {AUTO}: {auto}{FALLBACK} (the output records the one "
-        "used)."
+        f"Sampling backend: {listed}; {AUTO}: {auto}{FALLBACK} (the output records the one used)."
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from basis_bench import settings
 from basis_bench.errors import InputError
+from basis_bench.estimators.options import MAX_SAMPLES, ref_n_setting
 
 REFERENCE_POLICY = "reference"
 # The store's policy-name rule (store.check_policy_name), not imported: this module is light.
@@ -67,19 +68,13 @@ class SimulationConfig:
     """Everything that determines a simulated dataset; stored in its metadata."""
 
     n_prompts: int = settings.setting(600, flag="--prompts", help="Number of prompts.", min_val=2)
-    ref_n: int = settings.setting(
-        64,
-        was=("reference_n",),
-        help="Reference-policy samples per prompt (BASIS's cache).",
-        min_val=1,
-        max_val=2**31 - 1,  # a sample index is Int32
-    )
+    ref_n: int = ref_n_setting(was=("reference_n",))
     checkpoint_n: int = settings.setting(
         320,
         help="Samples per prompt for each checkpoint: the oracle (--oracle-n of evaluate) "
         "plus the pool.",
         min_val=1,
-        max_val=2**31 - 1,
+        max_val=MAX_SAMPLES,
     )
     setting: str = settings.setting(
         "tilt",

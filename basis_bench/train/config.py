@@ -19,6 +19,11 @@ from typing import Any
 
 from basis_bench.errors import InputError
 from basis_bench.estimators.normalise import ADVANTAGE_NORMS
+from basis_bench.estimators.options import (
+    group_size_setting,
+    ref_n_setting,
+    rollouts_per_step_setting,
+)
 from basis_bench.guards.folders import regular_file
 from basis_bench.rollouts.generation import Generation
 from basis_bench.rollouts.grading import Grading
@@ -141,22 +146,10 @@ class TrainConfig:
     # grading
     grading: Grading = section(Grading)
     # rollouts
-    rollouts_per_step: int = setting(
-        16, help="Rollouts sampled per step (prompts per step x group size).", min_val=1
-    )
-    group_size: int = setting(
-        8,
-        help="Rollouts per prompt (G) for group estimators; single-rollout ones always sample 1.",
-        min_val=1,
-    )
+    rollouts_per_step: int = rollouts_per_step_setting()
+    group_size: int = group_size_setting()
     # reference cache (only for estimators that use it)
-    ref_n: int = setting(
-        64,
-        was=("ref_samples",),
-        help="Reference samples per prompt in the estimator's offline cache (estimators "
-        "that use it).",
-        min_val=1,
-    )
+    ref_n: int = ref_n_setting(was=("ref_samples",))
     cache_dir: str = setting(
         "runs/cache", help="Directory of reference caches, reused across runs."
     )
