@@ -5,7 +5,8 @@ whole batch), the filters' mixing scores, the drift's arguments and the state's 
 which numpy ran as some hundred small calls a step. ``TrackKernel._step`` calls them in
 order around the row loops of :mod:`loops` (the predictions, the drift), which it calls
 itself: numba's on-disk cache knows a compiled loop's own file only, so no loop here calls
-one of another file (a change there would leave a stale copy here).
+one of another file (a change there would leave a stale copy here) but the prefetch hint
+:func:`loops._prefetch`, which changes no number.
 
 The exponentials and logarithms stay in numpy: on CPUs with AVX-512 its vectorised exp,
 log and log1p differ from the C library's (numba's) in the last bit, which the filter's
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from basis_bench.estimators.loops import _prefetch
 
 # rows of the (WORK, N) scratch the kernels pass on
 LAST, LAST_JUMPS, MOVED, VAR, NEG, RESID, CURV = range(7)
@@ -46,9 +49,18 @@ def gather(
     jump_clock_m - last_jumps the drift's var = rho gap + kappa J and neg = -eta J (its
     jump probability 1 - e^neg); drift (C, 3) each filter's (rho, kappa, eta). first[s,
     b]: the batch's first row of the same prompt; which (N,): a 0/1 reward's likelihood
-    line (its value). Returns COPIES | FRACTIONAL as found."""
+    line (its value). Returns COPIES | FRACTIONAL as found. The rows' cache lines are
+    asked for first, all at once (:func:`loops._prefetch`): the state's (S, C, P) arrays are
+    read at random, and a read waiting on memory stalls the loop where a prefetch does not."""
     n_s, n_b = cols.shape
     n_c, n_p = level.shape[1], last_level.shape[2]
+    for s in range(n_s):
+        for b in range(n_b):
+            _prefetch(last_visit, s, cols[s, b])
+        for c in range(n_c):
+            for b in range(n_b):
+                _prefetch(last_level[s], c, cols[s, b])
+                _prefetch(last_jump_clock[s], c, cols[s, b])
     flags = 0
     for s in range(n_s):
         for b in range(n_b):
