@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import track_before
+import track_numpy_before
 
 from basis_bench.estimators import make_step_estimator
 from basis_bench.estimators.step import StepEstimator
@@ -186,7 +187,13 @@ def test_the_leave_one_out_sum_is_numpys_bit_for_bit(shape):
     """The compiled sum without each term (along the last axis, or the one before it as the
     filters' mixing sums its bins) against numpy's cumulative sums: the same bits, signed
     zeros included (most of the mixing's terms are zeros)."""
-    from basis_bench.estimators.track import _sum_without
+    from basis_bench.estimators.track_loops import sum_without
+
+    def _sum_without(x, axis=-1):
+        flat = x.reshape(-1, x.shape[axis], 1 if axis == -1 else x.shape[-1])
+        out = np.empty_like(flat)
+        sum_without(np.ascontiguousarray(flat), out)
+        return out.reshape(x.shape)
 
     rng = np.random.default_rng(len(shape))
     x = rng.normal(size=shape) * (rng.random(shape) < 0.6)
@@ -216,7 +223,7 @@ def test_the_filters_mixing_is_numpys_bit_for_bit(pool, batch):
     (a bin's own evidence plus the batch's other prompts in it, pooled with the other bins')
     against numpy's: the same bits, signed zeros included, on random evidence and
     log-likelihoods of magnitudes 1e-3 to 1e3."""
-    from basis_bench.estimators import loops
+    from basis_bench.estimators import track_loops
 
     rng = np.random.default_rng(batch)
     for _ in range(20):
@@ -225,7 +232,75 @@ def test_the_filters_mixing_is_numpys_bit_for_bit(pool, batch):
         where = rng.integers(0, k, (s, batch))
         ll = -rng.exponential(size=(s, c, batch)) * 10 ** rng.uniform(-3, 3, (s, c, batch))
         mixed, counts = np.empty(ll.shape), np.empty(evidence.shape)
-        loops.track_mixing(evidence, where, ll, pool, mixed, counts)
+        track_loops.track_mixing(evidence, where, ll, pool, mixed, counts)
         want_mixed, want_counts = _mixing_before(evidence, where, ll, pool)
         np.testing.assert_array_equal(mixed.view(np.int64), want_mixed.view(np.int64))
         np.testing.assert_array_equal(counts.view(np.int64), want_counts.view(np.int64))
+
+
+def _numpy_pair(p: int, streams: int | None, seed: int, options: dict | None = None):
+    """basis_track now and with its per-step numpy code of main eee2e6e
+    (tests/track_numpy_before.py), over ``streams`` parallel streams (None: no lead axis)."""
+    lead = () if streams is None else (streams,)
+    rng = np.random.default_rng(seed)
+    ref = (rng.random((p, 32)) < rng.uniform(0.0, 1.0, (p, 1))).astype(float)
+    ids = [f"q{i}" for i in range(p)]
+    new = make_step_estimator("basis_track", options, prompt_ids=ids, ref_rewards=ref, lead=lead)
+    kernel = track_numpy_before.TrackKernel(new.estimator, new.options, None, ref, new.reward_range)
+    old = StepEstimator(new.estimator, new.options, kernel, None, new.reward_range, lead)
+    return new, old, rng
+
+
+@pytest.mark.parametrize(
+    ("streams", "batch", "options", "seed"),
+    [
+        (3, 8, None, 0),
+        (2, 1, None, 1),
+        (1, 2, {"pooling": 0.3, "memory": 0.8}, 2),
+        (4, 7, {"pooling": 0.0}, 3),
+        (None, 5, None, 4),
+    ],
+    ids=["default", "batch-of-one", "by-bin", "unpooled", "no-lead-axis"],
+)
+def test_the_compiled_step_is_the_numpy_step_bit_for_bit(streams, batch, options, seed):
+    """The step's arithmetic compiled (track_loops) against the numpy code it replaced, on
+    random data over 60 steps of ``batch`` of 20 prompts (some 20 visits a prompt): 0/1
+    rewards, fractional ones, a prompt twice in a batch (twice in a row too), a level that
+    has jumped (the filters with eta J > 0 then mix in the redrawn posterior; eta = 0 and
+    the first visits have eta J = 0). Every baseline and the whole state, the same bits."""
+    p = 20
+    new, old, rng = _numpy_pair(p, streams, seed, options)
+    shape = (1 if streams is None else streams, batch)
+    value = rng.uniform(0.0, 1.0, p)
+    for t in range(60):
+        if t == 30:
+            value = 1.0 - value  # the policy jumps: the levels move, J grows
+        cols = np.argsort(rng.random((shape[0], p)), axis=1)[:, :batch]
+        if t % 7 == 3 and batch > 1:
+            cols[:, 1] = cols[:, 0]  # a training batch across two epochs
+        if t % 11 == 5 and batch > 2:
+            cols[:, 2] = cols[:, 1] = cols[:, 0]
+        r = (rng.random(shape) < value[cols]).astype(float)
+        if t % 5 == 4:
+            r = rng.random(shape)  # fractional rewards in [0, 1]
+        if streams is None:
+            cols, r = cols[0], r[0]
+        got = np.asarray(new.step_columns(cols, r[..., None]).baselines)
+        want = np.asarray(old.step_columns(cols, r[..., None]).baselines)
+        np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64), f"step {t}")
+    for key, state in old.state.items():
+        np.testing.assert_array_equal(new.state[key], state, err_msg=key)
+    assert np.any(new.state["jump_clock"] > 1.5)  # the levels jumped: eta J > 0 was tried
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 13, 64, 127, 128, 129, 300, 1000])
+def test_the_batch_sum_is_numpys_pairwise_sum(n):
+    """The compiled sum over a batch against numpy's reduction along a contiguous axis (its
+    pairwise summation): the same bits, at each of its branches' lengths."""
+    from basis_bench.estimators import track_loops
+
+    rng = np.random.default_rng(n)
+    for _ in range(20):
+        x = rng.normal(size=n) * 10 ** rng.uniform(-8, 8, n)
+        got = 0.0 + track_loops._pairwise_sum(x)
+        assert np.float64(got).view(np.int64) == x.sum().view(np.int64)

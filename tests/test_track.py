@@ -457,10 +457,14 @@ def test_training_loop_builds_it_and_its_checkpoint_resumes_exactly(cache, tmp_p
 def test_the_level_step_stays_finite_when_the_batch_carries_no_information() -> None:
     """Every prediction of the batch at 0 or 1 rounds the sensitivity H to 0 or a hair below
     (seen on the default data at B = 12, 100 repeats: a NaN level, then an IndexError)."""
-    from basis_bench.estimators.track import level_step
+    from basis_bench.estimators.track import LEVEL_NOISE
+    from basis_bench.estimators.track_loops import level_collapse, level_spreads
 
+    noise = np.array(LEVEL_NOISE)
     for curv in (0.0, -1.1e-16, -3e-31):
-        mean, var, jumped = level_step(
-            np.array(0.3), np.array(204.8), np.array(0.43), np.array(0.0), np.array(curv)
+        spreads = [level_spreads(curv, 204.8 + q) for q in LEVEL_NOISE]
+        ev = [-0.5 * (np.log(x) + 0.0**2 / x) for x in spreads]
+        mean, var, jumped = level_collapse(
+            0.3, 204.8, 0.43, 0.0, curv, np.exp(ev[0] - ev[1]), noise
         )
         assert np.isfinite([mean, var, jumped]).all()

@@ -233,68 +233,6 @@ def _first_min(
 
 
 @njit(cache=True, error_model="numpy")
-def sum_without(x: np.ndarray, out: np.ndarray) -> None:
-    """out[m, i, k] = sum_{j < i} x[m, j, k] + sum_{j > i} x[m, j, k]: the terms before i
-    summed from the first on, those after i from the last back, and the two added (0 for an
-    empty side), as numpy's cumulative sums would: no x_i enters, not even as rounding."""
-    n_m, n_b, n_k = x.shape
-    for m in range(n_m):
-        for k in range(n_k):
-            out[m, 0, k] = 0.0
-            if n_b > 1:
-                acc = x[m, 0, k]
-                out[m, 1, k] = acc
-                for i in range(2, n_b):
-                    acc += x[m, i - 1, k]
-                    out[m, i, k] = acc
-                acc = x[m, n_b - 1, k]
-                out[m, n_b - 2, k] += acc
-                for i in range(n_b - 3, -1, -1):
-                    acc += x[m, i + 1, k]
-                    out[m, i, k] += acc
-            out[m, n_b - 1, k] += 0.0
-
-
-@njit(cache=True, error_model="numpy")
-def track_mixing(
-    evidence: np.ndarray,
-    where: np.ndarray,
-    ll: np.ndarray,
-    pool: float,
-    mixed: np.ndarray,
-    counts: np.ndarray,
-) -> None:
-    """``basis_track``'s filters' scores before their softmax, mixed (S, C, B) = (1 - pool)
-    a_{c,k_i} + pool sum_k a_{c,k} with a_{c,k} = evidence[s, c, k] + the log-likelihoods
-    ll (S, C, B) of the batch's other prompts in bin k (:func:`sum_without`; ``where`` (S, B)
-    each prompt's bin), and each bin's log-likelihoods counts (S, C, K): numpy's
-    arithmetic in numpy's order (a prompt's term ll x 1 in its bin, ll x 0 in the others;
-    the sums over bins and over the batch in order)."""
-    n_s, n_c, n_b = ll.shape
-    n_k = evidence.shape[2]
-    terms, others = np.empty((1, n_b, n_k)), np.empty((1, n_b, n_k))
-    for s in range(n_s):
-        for c in range(n_c):
-            for b in range(n_b):
-                for k in range(n_k):
-                    terms[0, b, k] = ll[s, c, b] * (1.0 if where[s, b] == k else 0.0)
-            sum_without(terms, others)
-            for k in range(n_k):
-                acc = 0.0  # numpy's reduction starts from 0 (a sum of -0s is 0)
-                for b in range(n_b):
-                    acc += terms[0, b, k]
-                counts[s, c, k] = acc
-            for b in range(n_b):
-                total = own = evidence[s, c, 0] + others[0, b, 0]
-                for k in range(1, n_k):
-                    score = evidence[s, c, k] + others[0, b, k]
-                    total += score
-                    if where[s, b] == k:
-                        own = score
-                mixed[s, c, b] = (1.0 - pool) * own + pool * total
-
-
-@njit(cache=True, error_model="numpy")
 def track_predict(
     weights: np.ndarray,
     rows: np.ndarray,
