@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,51 @@ ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def _no_extra(extra: str) -> str:
     return f"the optional {extra} extra is not installed: pip install 'basis-bench[{extra}]'"
+
+
+# The optional extras' modules: a test that needs one where it is not installed is skipped,
+# naming the install (below), rather than failing for want of it.
+EXTRA_OF_MODULE = {
+    "torch": "hf",
+    "transformers": "hf",
+    "gguf": "hf",
+    "accelerate": "hf",
+    "trl": "trl",
+    "datasets": "datasets",
+    "tensorboard": "tensorboard",
+}
+_NEEDS = re.compile(r"needs '([\w.]+)', which the \[(\w+)\] extra installs")
+
+
+def missing_extra(exc: BaseException) -> str | None:
+    """The optional extra whose absence ``exc`` is, where that module is really not installed:
+    an import of it, or the one-line refusal a command gives without it
+    (:mod:`basis_bench.guards.extras`). None for anything else, which stays a failure."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        module = exc.name.split(".")[0]
+        extra = EXTRA_OF_MODULE.get(module)
+    elif (found := _NEEDS.search(str(exc))) is not None:
+        module, extra = found.group(1).split(".")[0], found.group(2)
+    else:
+        return None
+    return extra if extra and importlib.util.find_spec(module) is None else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A test that failed only because an optional extra is not installed here is reported
+    as skipped, with the install that adds it: `pytest` passes without the extras."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None:
+        extra = missing_extra(call.excinfo.value)
+        if extra is not None:
+            report.outcome = "skipped"
+            report.longrepr = (
+                str(item.path),
+                item.location[1] or 0,
+                f"Skipped: {_no_extra(extra)}",
+            )
 
 
 def needs_extra(extra: str, module: str | None = None) -> pytest.MarkDecorator:
