@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import track_before
 import track_numpy_before
+from numba import njit
 
 from basis_bench.estimators import make_step_estimator
 from basis_bench.estimators.step import StepEstimator
@@ -131,6 +132,63 @@ def test_the_gaussians_running_products_equal_the_exponentials(var):
         loops._redrawn(moments, shift, var, JUMP_VAR, theta, out)
         logd = -((theta - mean - shift) ** 2) / (2.0 * (0.4 + var + JUMP_VAR))
         np.testing.assert_allclose(out, np.exp(logd - logd.max()), rtol=1e-12)
+
+
+@njit(fastmath={"reassoc"}, error_model="numpy")
+def _dot_before(x, y):
+    acc = 0.0
+    for g in range(x.size):
+        acc += x[g] * y[g]
+    return acc
+
+
+@njit(fastmath={"reassoc"}, error_model="numpy")
+def _toeplitz_before(dens, x, out):
+    """The blur's Toeplitz product as main f123b52 computed it (loops._toeplitz, verbatim)."""
+    g_n = x.size
+    top = g_n - g_n % 4
+    for h in range(0, top, 4):
+        a0 = a1 = a2 = a3 = 0.0
+        d = dens[g_n - 4 - h :]
+        for g in range(g_n):
+            xg = x[g]
+            a0 += xg * d[g + 3]
+            a1 += xg * d[g + 2]
+            a2 += xg * d[g + 1]
+            a3 += xg * d[g]
+        out[h], out[h + 1], out[h + 2], out[h + 3] = a0, a1, a2, a3
+    for h in range(top, g_n):
+        out[h] = _dot_before(x, dens[g_n - 1 - h : 2 * g_n - 1 - h])
+
+
+@pytest.mark.parametrize("g", [64, 96, 40, 7])
+def test_the_blur_equals_the_kernel_before(g):
+    """The blur on vectors of loops.LANES doubles with fused multiply-adds (G a multiple of
+    4 LANES: 64, 96) or as dot products (40, 7) against the kernel of main f123b52, on
+    random posteriors whose cells span 1e-250 (the state's floor) to 1 and blurs from none
+    to wider than the grid: every cell to 1e-12 relative. A sum of terms >= 0 in any order
+    is within G u (7.1e-15 at G = 64) of the exact sum: the two orders agree to twice that."""
+    from basis_bench.estimators import loops
+
+    rng = np.random.default_rng(g)
+    spacing, worst = 16.0 / (g - 1), 0.0
+    cum, dens, norm = np.empty(g), np.empty(2 * g - 1), np.empty(g)
+    got, want = np.empty(g), np.empty(g)
+    for var in (1e-3, 0.02, 0.3, 0.6, 2.0, 5.0, 40.0, 300.0):
+        q = np.exp(-spacing * spacing / (2.0 * var))
+        for _ in range(20):
+            w = rng.dirichlet(np.full(g, 0.3)) * 10.0 ** rng.uniform(-250.0, 0.0, g)
+            w = np.maximum(w / w.sum(), 1e-250)
+            loops._masses(w, q, cum, dens, norm)
+            if q == 0.0:
+                continue  # no blur: the drift skips it
+            x = w / (2.0 * norm)
+            loops._toeplitz(dens, x, got)
+            _toeplitz_before(dens, x, want)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=f"var {var}")
+            worst = max(worst, float(np.max(np.abs(got - want) / want)))
+    u = np.finfo(float).eps / 2
+    assert worst < 2 * g * u, worst  # the bound; in practice some 1e-15
 
 
 def test_no_blur_leaves_only_the_cumulative_mass():

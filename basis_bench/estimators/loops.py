@@ -1,18 +1,20 @@
-"""The stateful estimators' inner loops, compiled with numba: what numpy would run as a
-dozen passes over arrays of candidates (``basis_memory``, ``basis_context``) or of posterior
-rows (``basis_track``), one pass here, element by element.
+"""``basis_track``'s row loops, compiled with numba: each posterior row of a batch read from
+the state by index, moved, blurred, mixed with the redrawn Gaussian, valued and updated in
+one pass, element by element, where numpy ran a dozen passes over (rows, G) arrays. The
+Gaussians are running products (:func:`_gauss_cells`), the sums reassociated as numpy's own
+products are (``fastmath={"reassoc"}``), and the blur (:func:`_toeplitz`) runs on vectors
+of LANES doubles with fused multiply-adds, in an order of its own (its docstring bounds the
+difference: some 1e-14 relative a cell). Imported on first use: ``import numba`` costs a
+fraction of a second, and ``cache=True`` keeps the compiled loops on disk beside this file
+(numba's user cache directory where that is not writable). ``basis_memory``'s and
+``basis_context``'s loops are :mod:`memory_loops`'.
 
-Each loop does the floating point operations of the numpy expression it replaces, in the
-same order (numba contracts no multiply-add and reorders no sum), so ``basis_memory``'s
-and ``basis_context``'s numbers are the numpy ones bit for bit. The exponentials stay in
-numpy (its vectorised ``exp`` is several times libm's speed): the loops take them as
-arguments. Imported on first use: ``import numba`` costs a fraction of a second, and
-``cache=True`` keeps the compiled loops on disk beside this file (numba's user cache
-directory where that is not writable).
-
-``basis_track``'s loops read the state's rows by index, in no order the CPU can guess: each
-asks for the row AHEAD rows on (a prefetch, :func:`_prefetch`) before working on its own, so
-the reads from memory overlap the arithmetic instead of stalling it (the same numbers).
+The loops read the state's rows by index, in no order the CPU can guess: each asks for the
+row AHEAD rows on (a prefetch, :func:`_prefetch`) before working on its own, so the reads
+from memory overlap the arithmetic instead of stalling it (the same numbers). The prefetch
+and the blur's vector operations are numba intrinsics (LLVM instructions written out),
+defined here beside the loops that use them: numba's disk cache knows a compiled loop's own
+file only, and an intrinsic is compiled into its caller.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, models, register_model
 
 AHEAD = 4  # rows prefetched ahead of the one being worked on
+LANES = 8  # doubles a vector of the blur: one 512-bit register (two 256-bit, four 128-bit)
+_VECTOR = ir.VectorType(ir.DoubleType(), LANES)
 
 
 def _prefetch_typed(typingctx: Any, array: Any, i: Any, j: Any) -> tuple[Any, Any]:
@@ -61,175 +65,102 @@ def _prefetch_row(array: np.ndarray, rows: np.ndarray, n: int) -> None:
         _prefetch(array, rows[n], last)
 
 
-@njit(cache=True, error_model="numpy")
-def memory_predictions(
-    v: np.ndarray,
-    s: np.ndarray,
-    n: np.ndarray,
-    weights: np.ndarray,
-    factors: np.ndarray,
-    moved: np.ndarray,
-    unmoved: np.ndarray,
-    r: np.ndarray,
-    squared: bool,
-    pred: np.ndarray,
-    total: np.ndarray,
-) -> None:
-    """Every candidate's prediction pred (S, B, C) and, if ``squared``, the batch's loss per
-    candidate total (S, C) = sum_i (r_i - pred_ic)^2, summed prompt after prompt.
+class _Lanes(types.Type):
+    """LANES doubles as one LLVM vector value, held in registers (numba has no such type)."""
 
-    b = (m v_k + s_g) / (m + n_g) for the candidates (k, g, m, d) in C order, served as
-    1 / ((1 - b) / b x factors[d] + 1) = sigmoid(logit b + delta_d) (factors e^-delta; an
-    empty ``factors``: b itself); with ``moved`` (S, B) of e^-shift (an empty first axis:
-    none), the grid's second copy 1 / ((1 - p) e^-shift / p + 1) of each first-copy p, p
-    itself where ``unmoved`` (S, B: the shift is 0). v (K, S, B); s, n (S, Gm, B); r (S, B).
-    Each formula runs as one loop over a prompt's candidates (operands repeated to their
-    length first), which the compiler vectorises: elementwise, the same numbers."""
-    n_k, n_s, n_b = v.shape
-    n_g, n_m, n_d = s.shape[1], weights.size, max(factors.size, 1)
-    n_post = n_k * n_g * n_m
-    half = n_post * n_d
-    numer_w, vk, add = np.empty(n_post), np.empty(n_post), np.empty(n_post)
-    denom, post = np.empty(n_post), np.empty(n_post)
-    odds, factor, second = np.empty(half), np.empty(half), np.empty(half)
-    for j in range(n_post):
-        numer_w[j] = weights[j % n_m]
-    for c in range(half if factors.size else 0):
-        factor[c] = factors[c % n_d]
-    for a in range(n_s):
-        for i in range(n_b):
-            row = pred[a, i]
-            _operands(v[:, a, i], s[a, :, i], n[a, :, i], weights, vk, add, denom)
-            _posterior(numer_w, vk, add, denom, post)
-            if factors.size == 0:
-                row[:half] = post
-            else:
-                _inverse_odds(post)
-                _repeat(post, n_d, odds)
-                _shifted(odds, factor, row[:half])
-            if moved.shape[0]:
-                if unmoved[a, i]:
-                    row[half:] = row[:half]
-                else:
-                    second[:] = row[:half]
-                    _moved(second, moved[a, i], row[half:])
-            if squared:
-                _add_squared(r[a, i], row, total[a], i == 0)
+    def __init__(self) -> None:
+        super().__init__(name=f"lanes{LANES}xf64")
 
 
-@njit(error_model="numpy")
-def _operands(
-    v: np.ndarray, s: np.ndarray, n: np.ndarray, weights: np.ndarray, vk: np.ndarray,
-    add: np.ndarray, denom: np.ndarray,
-) -> None:  # fmt: skip
-    """v_k, s_g and m + n_g at every (k, g, m) in C order."""
-    j = 0
-    for k in range(v.size):
-        for g in range(s.size):
-            for m in range(weights.size):
-                vk[j], add[j], denom[j] = v[k], s[g], weights[m] + n[g]
-                j += 1
+_LANES = _Lanes()
 
 
-@njit(error_model="numpy")
-def _repeat(x: np.ndarray, times: int, out: np.ndarray) -> None:
-    c = 0
-    for j in range(x.size):
-        for _ in range(times):
-            out[c] = x[j]
-            c += 1
+@register_model(_Lanes)
+class _LanesModel(models.PrimitiveModel):
+    def __init__(self, dmm: Any, fe_type: Any) -> None:
+        super().__init__(dmm, fe_type, _VECTOR)
 
 
-@njit(error_model="numpy")
-def _posterior(w: np.ndarray, v: np.ndarray, s: np.ndarray, d: np.ndarray, out: np.ndarray) -> None:
-    for j in range(out.size):
-        out[j] = (w[j] * v[j] + s[j]) / d[j]
+def _contiguous(array: Any) -> bool:
+    """Whether ``array`` is a 1-d contiguous float64 array (what _load and _store take)."""
+    kind = isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
+    return kind and array.dtype == types.float64
 
 
-@njit(error_model="numpy")
-def _inverse_odds(x: np.ndarray) -> None:
-    for c in range(x.size):
-        x[c] = (1.0 - x[c]) / x[c]
+def _lanes_at(context: Any, builder: Any, kind: Any, array: Any, i: Any) -> Any:
+    """A pointer to array[i : i + LANES] as one vector (unchecked: the caller's bounds)."""
+    data = context.make_array(kind)(context, builder, array)
+    ptr = cgutils.get_item_pointer(context, builder, kind, data, [i])
+    return builder.bitcast(ptr, _VECTOR.as_pointer())
 
 
-@njit(error_model="numpy")
-def _shifted(odds: np.ndarray, factor: np.ndarray, out: np.ndarray) -> None:
-    for c in range(out.size):
-        out[c] = 1.0 / (odds[c] * factor[c] + 1.0)
+def _load_typed(typingctx: Any, array: Any, i: Any) -> tuple[Any, Any] | None:
+    """_load(array, i): array[i : i + LANES] of a contiguous 1-d float64 array."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.load(_lanes_at(context, builder, signature.args[0], *args), align=8)
+
+    return (_LANES(array, i), codegen) if _contiguous(array) else None
 
 
-@njit(error_model="numpy")
-def _moved(p: np.ndarray, f: float, out: np.ndarray) -> None:
-    for c in range(out.size):
-        out[c] = 1.0 / ((1.0 - p[c]) * f / p[c] + 1.0)
+def _store_typed(typingctx: Any, array: Any, i: Any, v: Any) -> tuple[Any, Any] | None:
+    """_store(array, i, v): array[i : i + LANES] = v."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ptr = _lanes_at(context, builder, signature.args[0], args[0], args[1])
+        builder.store(args[2], ptr, align=8)
+        return context.get_dummy_value()
+
+    return (types.void(array, i, v), codegen) if _contiguous(array) else None
 
 
-@njit(error_model="numpy")
-def _add_squared(r: float, p: np.ndarray, total: np.ndarray, first: bool) -> None:
-    if first:
-        for c in range(p.size):
-            total[c] = (r - p[c]) * (r - p[c])
-    else:
-        for c in range(p.size):
-            total[c] += (r - p[c]) * (r - p[c])
+def _splat_typed(typingctx: Any, x: Any) -> tuple[Any, Any]:
+    """_splat(x): x in every lane."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), args[0], ir.IntType(32)(0))
+        every = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined), every)
+
+    return _LANES(types.float64), codegen
 
 
-@njit(cache=True, error_model="numpy")
-def memory_choice(
-    pred: np.ndarray,
-    loss: np.ndarray,
-    r: np.ndarray,
-    past: np.ndarray,
-    loo: bool,
-    total: np.ndarray,
-    worst: np.ndarray,
-    choice: np.ndarray,
-    values: np.ndarray,
-) -> None:
-    """Each prompt's choice (S, B), argmin_c of score_c - loss_ic (``loo``) or of score_c,
-    the first on ties, score = total + past (an empty ``past``: total), and its value
-    pred[., i, choice] (S, B); loss (S, B, C) as given, or (an empty ``loss``) the squared
-    loss (r_i - pred_ic)^2; worst (S,): a bound on each stream's losses.
+def _fma_typed(typingctx: Any, x: Any, y: Any, acc: Any) -> tuple[Any, Any]:
+    """_fma(x, y, acc): x y + acc lane by lane, fused (one rounding) where the CPU has a
+    fused multiply-add, a product and a sum where it has none (LLVM's fmuladd)."""
 
-    Leave-one-out, only a candidate with score_c - worst <= min(score) can win (any other
-    has score_c - loss_ic >= score_c - worst > min(score) >= score_c* - loss_ic* at c* =
-    argmin score, and rounding keeps these orders): those are compared, in order."""
-    n_s, n_b, n_c = pred.shape
-    score = np.empty(n_c)
-    keep = np.empty(n_c, dtype=np.intp)
-    none = np.empty(0)
-    for a in range(n_s):
-        for c in range(n_c):
-            score[c] = total[a, c] + past[a, c] if past.shape[0] else total[a, c]
-        best = np.argmin(score)  # the first minimum
-        if not loo:
-            choice[a] = best
-            for i in range(n_b):
-                values[a, i] = pred[a, i, best]
-            continue
-        kept = 0
-        for c in range(n_c):
-            if score[c] - worst[a] <= score[best]:
-                keep[kept] = c
-                kept += 1
-        for i in range(n_b):
-            own = loss[a, i] if loss.shape[0] else none
-            choice[a, i] = _first_min(score, keep[:kept], own, r[a, i], pred[a, i])
-            values[a, i] = pred[a, i, choice[a, i]]
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        kind = ir.FunctionType(_VECTOR, [_VECTOR] * 3)
+        name = f"llvm.fmuladd.v{LANES}f64"
+        return builder.call(cgutils.get_or_insert_function(builder.module, kind, name), args)
+
+    return _LANES(_LANES, _LANES, _LANES), codegen
 
 
-@njit(error_model="numpy")
-def _first_min(
-    score: np.ndarray, keep: np.ndarray, loss: np.ndarray, r: float, pred: np.ndarray
-) -> int:
-    """argmin of score_c - loss_c over the candidates ``keep``, the first on ties; the loss
-    as given, or (an empty ``loss``) the squared loss (r - pred_c)^2."""
-    arg, low = -1, np.inf
-    for c in keep:
-        x = score[c] - loss[c] if loss.size else score[c] - (r - pred[c]) * (r - pred[c])
-        if arg < 0 or x < low:
-            arg, low = c, x
-    return arg
+def _add_typed(typingctx: Any, x: Any, y: Any) -> tuple[Any, Any]:
+    """_add(x, y): x + y lane by lane."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fadd(*args)
+
+    return _LANES(_LANES, _LANES), codegen
+
+
+def _zero_typed(typingctx: Any) -> tuple[Any, Any]:
+    """_zero(): 0 in every lane."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return ir.Constant(_VECTOR, [0.0] * LANES)
+
+    return _LANES(), codegen
+
+
+_load: Any = intrinsic(_load_typed)
+_store: Any = intrinsic(_store_typed)
+_splat: Any = intrinsic(_splat_typed)
+_fma: Any = intrinsic(_fma_typed)
+_add: Any = intrinsic(_add_typed)
+_zero: Any = intrinsic(_zero_typed)
 
 
 @njit(cache=True, error_model="numpy")
@@ -450,26 +381,56 @@ def _normalised(w: np.ndarray, norm: np.ndarray, centre: float, out: np.ndarray)
         out[g] = w[g] / (norm[g] - centre)
 
 
-@njit(fastmath={"reassoc"}, error_model="numpy")
+@njit(error_model="numpy")
 def _toeplitz(dens: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out_h = sum_g dens[G - 1 - h + g] x_g, four outputs a pass over x, each sum in the
-    order the compiler vectorises it (reassociated, as numpy's own products are). Every
-    index is a loop counter plus a constant: with an offset computed at run time the
-    compiler cannot rule out a negative index (numba wraps those) and does not vectorise."""
+    """out_h = sum_g dens[G - 1 - h + g] x_g, dens (2 G - 1,) symmetric about G - 1 (as
+    :func:`_masses` writes it), x >= 0: 4 LANES outputs at a time (:func:`_toeplitz_block`),
+    or, where G is no multiple of 4 LANES, each output a dot product.
+
+    Every term is >= 0, so a sum in any order is within (G - 1) u of the exact sum, u =
+    2^-53, relative, and each product (unless fused) within u: each out_h within G u = 7.1e-15
+    (G = 64) of the exact out_h, relative, and two orders within twice that of each other
+    (while the products stay above 2^-1022, where they are exact to u relative; a posterior
+    raised to its floor of 1e-250 keeps every out_h far above the underflowing terms)."""
     g_n = x.size
-    top = g_n - g_n % 4
-    for h in range(0, top, 4):
-        a0 = a1 = a2 = a3 = 0.0
-        d = dens[g_n - 4 - h :]
-        for g in range(g_n):
-            xg = x[g]
-            a0 += xg * d[g + 3]
-            a1 += xg * d[g + 2]
-            a2 += xg * d[g + 1]
-            a3 += xg * d[g]
-        out[h], out[h + 1], out[h + 2], out[h + 3] = a0, a1, a2, a3
-    for h in range(top, g_n):
-        out[h] = _dot(x, dens[g_n - 1 - h : 2 * g_n - 1 - h])
+    if g_n % (4 * LANES):
+        for h in range(g_n):
+            out[h] = _dot(x, dens[g_n - 1 - h : 2 * g_n - 1 - h])
+        return
+    for h in range(0, g_n, 4 * LANES):
+        _toeplitz_block(dens, x, h, out)
+
+
+@njit(error_model="numpy")
+def _toeplitz_block(dens: np.ndarray, x: np.ndarray, h: int, out: np.ndarray) -> None:
+    """out[h : h + 4 LANES] of :func:`_toeplitz` as 4 vectors of sums, out[h + i] = sum_g
+    dens[G - 1 + h + i - g] x_g (dens symmetric). Source g needs the densities from o_g +
+    k LANES, k < 4, o_g = G - 1 + h - g, and source g + LANES those from o_g + (k - 1) LANES:
+    along each residue class of g mod LANES a vector is loaded once and handed down, one
+    load, a broadcast and 4 fused multiply-adds a source (not the 5 loads, 4 products and 4
+    sums of the scalar loop). Two classes at a time, r (into a) and r + 1 (into b): 8 chains
+    of sums, none waiting on the last's result; each output is a + b, a the sum of the even
+    classes' terms in order (g = 0, 8, .., 56, then 2, 10, ..), b the odd classes'."""
+    g_n, w = x.size, LANES
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _zero()
+    for r in range(0, w, 2):
+        o = g_n - 1 + h - r
+        d0, d1 = _load(dens, o), _load(dens, o + w)
+        d2, d3 = _load(dens, o + 2 * w), _load(dens, o + 3 * w)
+        e0, e1 = _load(dens, o - 1), _load(dens, o - 1 + w)
+        e2, e3 = _load(dens, o - 1 + 2 * w), _load(dens, o - 1 + 3 * w)
+        for g in range(r, g_n, w):
+            xa, xb = _splat(x[g]), _splat(x[g + 1])
+            a0, a1, a2, a3 = _fma(xa, d0, a0), _fma(xa, d1, a1), _fma(xa, d2, a2), _fma(xa, d3, a3)
+            b0, b1, b2, b3 = _fma(xb, e0, b0), _fma(xb, e1, b1), _fma(xb, e2, b2), _fma(xb, e3, b3)
+            if g + w < g_n:
+                o -= w
+                d0, d1, d2, d3 = _load(dens, o), d0, d1, d2
+                e0, e1, e2, e3 = _load(dens, o - 1), e0, e1, e2
+    _store(out, h, _add(a0, b0))
+    _store(out, h + w, _add(a1, b1))
+    _store(out, h + 2 * w, _add(a2, b2))
+    _store(out, h + 3 * w, _add(a3, b3))
 
 
 @njit(error_model="numpy")

@@ -168,10 +168,10 @@ def memory_values(
     batch, so that r_i enters neither prompt i's choice nor its value). The streams (lead)
     go through in chunks of about ``_CHUNK_ELEMENTS`` candidate predictions, written into a
     buffer that every chunk reuses (and one of their losses for the log loss, whose
-    logarithms numpy takes), by the compiled loops of :mod:`basis_bench.estimators.loops`:
-    the numpy arithmetic's numbers, bit for bit.
+    logarithms numpy takes), by the compiled loops of
+    :mod:`basis_bench.estimators.memory_loops`: the numpy arithmetic's numbers, bit for bit.
     """
-    from basis_bench.estimators import loops  # numba, imported on first use
+    from basis_bench.estimators import memory_loops  # numba, imported on first use
 
     lead, b = rewards.shape[:-1], rewards.shape[-1]
     if options.selection == "loo" and b < 2:
@@ -201,7 +201,7 @@ def memory_values(
     for a in range(0, streams, step):
         z, c = slice(a, a + step), min(step, streams - a)
         pred, loss = predictions[:c], losses[:c]
-        loops.memory_predictions(
+        memory_loops.memory_predictions(
             v[:, z], s[z], n[z], weights, factors, moved[z], unmoved[z], r[z], squared,
             pred, total[z],
         )  # fmt: skip
@@ -209,7 +209,7 @@ def memory_values(
             _log_losses(pred, r[z, :, None], out=loss)
             loss.sum(axis=1, out=total[z])
             loss.max(axis=(1, 2), out=worst[:c])
-        loops.memory_choice(
+        memory_loops.memory_choice(
             pred, loss, r[z], prior[z], options.selection == "loo", total[z], worst[:c],
             choice[z], values[z],
         )  # fmt: skip
