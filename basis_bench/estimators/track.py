@@ -294,10 +294,10 @@ class TrackKernel:
         jump = 1.0 - np.exp(work[track_loops.NEG])
         none = np.empty((0, g)), np.empty(0, np.intp)
         out, value = np.empty((1 if first is None else len(rows), g)), np.empty(len(rows))
+        likelihood, which = update if first is None else none
         loops.track_drift(
             weights, rows, work[track_loops.MOVED], work[track_loops.VAR], jump, moments,
-            self.theta, self.sig, JUMP_VAR, out, value,
-            *(update if first is None else none), _FLOOR,
+            self.theta, self.sig, JUMP_VAR, out, value, likelihood, which, _FLOOR,
         )  # fmt: skip
         if first is not None:
             s, b = first.shape
