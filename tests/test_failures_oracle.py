@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 from typing import Any
 
 import numpy as np
@@ -141,6 +142,21 @@ def test_an_oracle_whose_model_cannot_load_leaves_the_out_folder_as_it_was(
     )
     fresh = claim_output_dir(out, "rollouts", simulated=False)  # and the next claim is clean
     assert read_output_marker(fresh)["kind"] == "rollouts"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_oracle_without_torch_is_one_line_before_any_worker_starts(
+    monkeypatch, capsys, fake_ckpt, tmp_path, workers
+):
+    """Without the [hf] extra, --workers 2 spawned processes that died on the import: the
+    parent's "oracle worker oracle-0 died" traceback. Now one line names the install."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails as if absent
+    out = tmp_path / "out"
+    args = oracle_args(fake_ckpt, out)
+    args[args.index("--workers") + 1] = workers
+    result = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(result, "needs 'torch'", "pip install 'basis-bench[hf]'")
+    assert not out.exists()
 
 
 def test_oracle_refuses_a_simulated_dataset(monkeypatch, capsys, fake_ckpt, sim_dataset):

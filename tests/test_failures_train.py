@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, mounted_tmpfs, run_main, snapshot
+from conftest import assert_one_line_error, mounted_tmpfs, needs_extra, run_main, snapshot
 
 from basis_bench.errors import InputError
 
@@ -298,6 +298,7 @@ def test_train_figures_refuses_a_run_given_twice_and_train_a_setting_set_twice(
 # --------------------------------------------------------------------------- the messages
 
 
+@needs_extra("hf", "torch")  # train checks its extra before it starts
 def test_ctrl_c_in_train_does_not_promise_an_oracle_resume(monkeypatch, capsys, tmp_path):
     import basis_bench.train as train_pkg
 

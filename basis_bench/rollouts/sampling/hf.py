@@ -168,6 +168,16 @@ class HFSampler(Sampler):
 
     backend = "hf"
     summary = "transformers; CPU or GPU"
+
+    @classmethod
+    def check_device(cls, device: str, in_config: bool = False) -> None:
+        """As every backend's, and torch and transformers must import: without the [hf]
+        extra a command stops here, in the one line that names it, before the oracle's
+        worker processes start (each died on the import, a traceback in the parent)."""
+        super().check_device(device, in_config)
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
     capabilities = Capabilities(
         devices=("cpu", "cuda"),
         per_prompt_seeds=True,  # the continuous engine's streams (seed, p, k); not "generate"'s
