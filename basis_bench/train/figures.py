@@ -176,24 +176,39 @@ def plot_training(
     return written + _only_if_drawn(findings, out, "training_findings", ("csv", "md"))
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P")
+LINE_STYLES = ("-", "--", "-.", ":")
+
+
 def learning_curves(
     arms: Sequence[Arm], names: Sequence[str], colours: Sequence[str], smooth: int
 ) -> Any:
     """Held-out accuracy (left) and the rolling-mean training reward (right) against step:
     each arm's mean over its seeds, with the 95% t-interval as a band."""
     import matplotlib.pyplot as plt
+    from matplotlib import patheffects
     from matplotlib.ticker import MaxNLocator
 
     fig, (acc_ax, rew_ax) = plt.subplots(1, 2, figsize=(6.75, 2.6), sharex=True)
-    for arm, name, colour in zip(arms, names, colours, strict=True):
+    for i, (arm, name, colour) in enumerate(zip(arms, names, colours, strict=True)):
         seeds = len(arm.runs)
         legend = name if seeds == 1 else f"{name}, {seeds} seeds"
+        # arms whose means coincide hid each other, and a grey line vanished on the bands
+        # (the study's vanilla): each arm has its own marker and line style, a white edge,
+        # and the first-listed arms are drawn on top
+        look = {
+            "ls": LINE_STYLES[i % len(LINE_STYLES)],
+            "zorder": 3 + len(arms) - i,
+            "path_effects": [patheffects.withStroke(linewidth=2.2, foreground="white")],
+        }
         for ax, column, window, marker in (
-            (acc_ax, "eval_accuracy", 1, "o"),
+            (acc_ax, "eval_accuracy", 1, MARKERS[i % len(MARKERS)]),
             (rew_ax, "mean_reward", smooth, None),
         ):
             band = step_bands(arm, column, window)
-            ax.plot(band["step"], band["mean"], marker=marker, ms=3, color=colour, label=legend)
+            ax.plot(
+                band["step"], band["mean"], marker=marker, ms=3, color=colour, label=legend, **look
+            )
             half = band["ci95"].fill_null(0.0)  # accuracy and reward lie in [0, 1]
             low, high = (band["mean"] - half).clip(0, 1), (band["mean"] + half).clip(0, 1)
             ax.fill_between(band["step"], low, high, color=colour, alpha=0.2, lw=0)
