@@ -26,6 +26,8 @@ from typing import NamedTuple
 import polars as pl
 import pytest
 
+from basis_bench.guards import extras
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
@@ -51,17 +53,9 @@ def _no_extra(extra: str) -> str:
     return f"the optional {extra} extra is not installed: pip install 'basis-bench[{extra}]'"
 
 
-# The optional extras' modules: a test that needs one where it is not installed is skipped,
-# naming the install (below), rather than failing for want of it.
-EXTRA_OF_MODULE = {
-    "torch": "hf",
-    "transformers": "hf",
-    "gguf": "hf",
-    "accelerate": "hf",
-    "trl": "trl",
-    "datasets": "datasets",
-    "tensorboard": "tensorboard",
-}
+# A test that needs an optional extra's module where it is not installed is skipped, naming
+# the install (below), rather than failing for want of it: the package's own map of module to
+# extra (basis_bench.guards.extras.EXTRA_OF) says which.
 _NEEDS = re.compile(r"needs '([\w.]+)', which the \[(\w+)\] extra installs")
 
 
@@ -71,7 +65,7 @@ def missing_extra(exc: BaseException) -> str | None:
     (:mod:`basis_bench.guards.extras`). None for anything else, which stays a failure."""
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         module = exc.name.split(".")[0]
-        extra = EXTRA_OF_MODULE.get(module)
+        extra = extras.EXTRA_OF.get(module)
     elif (found := _NEEDS.search(str(exc))) is not None:
         module, extra = found.group(1).split(".")[0], found.group(2)
     else:

@@ -9,8 +9,10 @@ def test_only_a_missing_extra_turns_a_failure_into_a_skip(monkeypatch):
     only where that module is really absent: any other failure stays one."""
     import conftest
 
-    monkeypatch.setitem(conftest.EXTRA_OF_MODULE, "bb_absent_module", "bbx")
-    monkeypatch.setitem(conftest.EXTRA_OF_MODULE, "numpy", "bbx")  # installed here
+    from basis_bench.guards.extras import EXTRA_OF
+
+    monkeypatch.setitem(EXTRA_OF, "bb_absent_module", "bbx")
+    monkeypatch.setitem(EXTRA_OF, "numpy", "bbx")  # installed here
     absent = ModuleNotFoundError("No module named 'bb_absent_module.sub'")
     absent.name = "bb_absent_module.sub"
     assert conftest.missing_extra(absent) == "bbx"
