@@ -17,6 +17,7 @@ from basis_bench.estimators import (
     get,
     make_step_estimator,
 )
+from basis_bench.estimators.memory import MEMORY_SHIFTS
 from basis_bench.estimators.tilt import default_betas, tilted_moments
 
 P, N_REF = 12, 16
@@ -165,19 +166,22 @@ def _exact_memory_values(v, s, n, rewards, options, past=None, prompt_shift=None
 )
 @pytest.mark.parametrize("chunk_streams", [None, 2])
 @pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("shifts", [MEMORY_SHIFTS, (0.0,), (0.5,), (-1.0, 0.0, 0.5, 1.0, 3.0)])
 def test_memory_values_agree_with_an_exact_reference_to_the_bit(
-    monkeypatch, loss, selection, chunk_streams, context
+    monkeypatch, loss, selection, chunk_streams, context, shifts
 ):
     """Baselines, choices and the batch's losses equal the reference's bit for bit: on a
     first step (no history, no past: every discount ties) and on later steps whose
     accumulated losses leave a few candidates in the running (the leave-one-out choice
     computes only theirs); in chunks of 2 streams and 1, or all at once; with the copy of
-    the grid moved by a per-prompt shift (basis_context), some of the shifts 0."""
+    the grid moved by a per-prompt shift (basis_context), some of the shifts 0; with the
+    default 4 logit shifts, none (b itself), one, and 5 (the compiled loop is specialised
+    to the number of shifts)."""
     from basis_bench.estimators import memory, memory_values
 
     rng = np.random.default_rng(7)
     lead, b, k = (3,), 6, 5
-    options = MemoryOptions(selection=selection, loss=loss)
+    options = MemoryOptions(selection=selection, loss=loss, shifts=shifts)
     n_cand = k * len(options.gammas) * len(options.weights) * len(options.shifts)
     n_cand *= 2 if context else 1
     if chunk_streams is not None:

@@ -178,8 +178,8 @@ def memory_values(
         raise InputError("basis_memory's leave-one-out calibration needs B >= 2 prompts")
     weights = np.asarray(options.weights, dtype=np.float64)
     shifts = np.asarray(options.shifts, dtype=np.float64)
-    # no shift at all: b itself, bit for bit (an empty list of factors)
-    factors = np.exp(-shifts) if shifts.shape != (1,) or shifts[0] != 0.0 else np.empty(0)
+    # no shift at all: b itself, bit for bit (no factors)
+    factors = tuple(np.exp(-shifts)) if shifts.shape != (1,) or shifts[0] != 0.0 else ()
     grid = (len(v), s.shape[-2], len(weights), len(shifts))
     variants = 1 if prompt_shift is None else 2
     n_cand = variants * math.prod(grid)

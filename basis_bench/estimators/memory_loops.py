@@ -6,8 +6,8 @@ same order (numba contracts no multiply-add and reorders no sum), so the numbers
 numpy ones bit for bit. The exponentials stay in numpy (its vectorised ``exp`` is several
 times libm's speed): the loops take them as arguments. Imported on first use: ``import
 numba`` costs a fraction of a second, and ``cache=True`` keeps the compiled loops on disk
-beside this file (numba's user cache directory where that is not writable). (Moved here
-from :mod:`basis_bench.estimators.loops`, unchanged, which keeps ``basis_track``'s.)
+beside this file (numba's user cache directory where that is not writable).
+(:mod:`basis_bench.estimators.loops` keeps ``basis_track``'s.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def memory_predictions(
     s: np.ndarray,
     n: np.ndarray,
     weights: np.ndarray,
-    factors: np.ndarray,
+    factors: tuple[float, ...],
     moved: np.ndarray,
     unmoved: np.ndarray,
     r: np.ndarray,
@@ -31,74 +31,62 @@ def memory_predictions(
     total: np.ndarray,
 ) -> None:
     """Every candidate's prediction pred (S, B, C) and, if ``squared``, the batch's loss per
-    candidate total (S, C) = sum_i (r_i - pred_ic)^2, summed prompt after prompt.
+    candidate total (S, C) = sum_i (r_i - pred_ic)^2, summed prompt after prompt (from 0:
+    0 + x is x).
 
     b = (m v_k + s_g) / (m + n_g) for the candidates (k, g, m, d) in C order, served as
-    1 / ((1 - b) / b x factors[d] + 1) = sigmoid(logit b + delta_d) (factors e^-delta; an
-    empty ``factors``: b itself); with ``moved`` (S, B) of e^-shift (an empty first axis:
-    none), the grid's second copy 1 / ((1 - p) e^-shift / p + 1) of each first-copy p, p
-    itself where ``unmoved`` (S, B: the shift is 0). v (K, S, B); s, n (S, Gm, B); r (S, B).
-    Each formula runs as one loop over a prompt's candidates (operands repeated to their
-    length first), which the compiler vectorises: elementwise, the same numbers."""
+    1 / ((1 - b) / b x factors[d] + 1) = sigmoid(logit b + delta_d) (factors e^-delta, a
+    tuple: its length is a constant of the compiled loop, which unrolls the D shifts of each
+    b and vectorises across them; an empty tuple: b itself); with ``moved`` (S, B) of
+    e^-shift (an empty first axis: none), the grid's second copy 1 / ((1 - p) e^-shift / p +
+    1) of each first-copy p, p itself where ``unmoved`` (S, B: the shift is 0). v (K, S, B);
+    s, n (S, Gm, B); r (S, B). Each formula is one loop over a prompt's candidates that
+    writes each prediction once and adds its loss while it is in a register."""
     n_k, n_s, n_b = v.shape
-    n_g, n_m, n_d = s.shape[1], weights.size, max(factors.size, 1)
-    n_post = n_k * n_g * n_m
-    half = n_post * n_d
-    numer_w, vk, add = np.empty(n_post), np.empty(n_post), np.empty(n_post)
-    denom, post = np.empty(n_post), np.empty(n_post)
-    odds, factor, second = np.empty(half), np.empty(half), np.empty(half)
-    for j in range(n_post):
-        numer_w[j] = weights[j % n_m]
-    for c in range(half if factors.size else 0):
-        factor[c] = factors[c % n_d]
+    n_q = s.shape[1] * weights.size
+    half = n_k * n_q * max(len(factors), 1)
+    wq, sq, dq, post = np.empty(n_q), np.empty(n_q), np.empty(n_q), np.empty(n_k * n_q)
     for a in range(n_s):
+        if squared:
+            total[a] = 0.0
         for i in range(n_b):
-            row = pred[a, i]
-            _operands(v[:, a, i], s[a, :, i], n[a, :, i], weights, vk, add, denom)
-            _posterior(numer_w, vk, add, denom, post)
-            if factors.size == 0:
+            row, ri = pred[a, i], r[a, i]
+            _operands(s[a, :, i], n[a, :, i], weights, wq, sq, dq)
+            for k in range(n_k):
+                _posterior(wq, sq, dq, v[k, a, i], post[k * n_q : (k + 1) * n_q])
+            if len(factors) == 0:
                 row[:half] = post
+                if squared:
+                    _add_squared(ri, row[:half], total[a, :half])
             else:
                 _inverse_odds(post)
-                _repeat(post, n_d, odds)
-                _shifted(odds, factor, row[:half])
-            if moved.shape[0]:
-                if unmoved[a, i]:
-                    row[half:] = row[:half]
-                else:
-                    second[:] = row[:half]
-                    _moved(second, moved[a, i], row[half:])
-            if squared:
-                _add_squared(r[a, i], row, total[a], i == 0)
+                _shifted(post, factors, row[:half], ri, total[a, :half], squared)
+            if moved.shape[0] and unmoved[a, i]:
+                row[half:] = row[:half]
+                if squared:
+                    _add_squared(ri, row[half:], total[a, half:])
+            elif moved.shape[0]:
+                _moved(row[:half], moved[a, i], row[half:], ri, total[a, half:], squared)
 
 
 @njit(error_model="numpy")
 def _operands(
-    v: np.ndarray, s: np.ndarray, n: np.ndarray, weights: np.ndarray, vk: np.ndarray,
-    add: np.ndarray, denom: np.ndarray,
+    s: np.ndarray, n: np.ndarray, weights: np.ndarray, wq: np.ndarray, sq: np.ndarray,
+    dq: np.ndarray,
 ) -> None:  # fmt: skip
-    """v_k, s_g and m + n_g at every (k, g, m) in C order."""
-    j = 0
-    for k in range(v.size):
-        for g in range(s.size):
-            for m in range(weights.size):
-                vk[j], add[j], denom[j] = v[k], s[g], weights[m] + n[g]
-                j += 1
+    """m, s_g and m + n_g at every (g, m) in C order: what b needs besides v_k."""
+    q = 0
+    for g in range(s.size):
+        for m in range(weights.size):
+            wq[q], sq[q], dq[q] = weights[m], s[g], weights[m] + n[g]
+            q += 1
 
 
 @njit(error_model="numpy")
-def _repeat(x: np.ndarray, times: int, out: np.ndarray) -> None:
-    c = 0
-    for j in range(x.size):
-        for _ in range(times):
-            out[c] = x[j]
-            c += 1
-
-
-@njit(error_model="numpy")
-def _posterior(w: np.ndarray, v: np.ndarray, s: np.ndarray, d: np.ndarray, out: np.ndarray) -> None:
-    for j in range(out.size):
-        out[j] = (w[j] * v[j] + s[j]) / d[j]
+def _posterior(wq: np.ndarray, sq: np.ndarray, dq: np.ndarray, vk: float, out: np.ndarray) -> None:
+    """b = (m v_k + s_g) / (m + n_g) over (g, m), for one v_k."""
+    for q in range(out.size):
+        out[q] = (wq[q] * vk + sq[q]) / dq[q]
 
 
 @njit(error_model="numpy")
@@ -108,25 +96,41 @@ def _inverse_odds(x: np.ndarray) -> None:
 
 
 @njit(error_model="numpy")
-def _shifted(odds: np.ndarray, factor: np.ndarray, out: np.ndarray) -> None:
-    for c in range(out.size):
-        out[c] = 1.0 / (odds[c] * factor[c] + 1.0)
-
-
-@njit(error_model="numpy")
-def _moved(p: np.ndarray, f: float, out: np.ndarray) -> None:
-    for c in range(out.size):
-        out[c] = 1.0 / ((1.0 - p[c]) * f / p[c] + 1.0)
-
-
-@njit(error_model="numpy")
-def _add_squared(r: float, p: np.ndarray, total: np.ndarray, first: bool) -> None:
-    if first:
-        for c in range(p.size):
-            total[c] = (r - p[c]) * (r - p[c])
+def _shifted(
+    odds: np.ndarray, factors: tuple[float, ...], out: np.ndarray, r: float, total: np.ndarray,
+    squared: bool,
+) -> None:  # fmt: skip
+    n_d = len(factors)
+    if squared:
+        for j in range(odds.size):
+            for d in range(n_d):
+                x = 1.0 / (odds[j] * factors[d] + 1.0)
+                out[j * n_d + d] = x
+                total[j * n_d + d] += (r - x) * (r - x)
     else:
-        for c in range(p.size):
-            total[c] += (r - p[c]) * (r - p[c])
+        for j in range(odds.size):
+            for d in range(n_d):
+                out[j * n_d + d] = 1.0 / (odds[j] * factors[d] + 1.0)
+
+
+@njit(error_model="numpy")
+def _moved(
+    p: np.ndarray, f: float, out: np.ndarray, r: float, total: np.ndarray, squared: bool
+) -> None:
+    if squared:
+        for c in range(out.size):
+            x = 1.0 / ((1.0 - p[c]) * f / p[c] + 1.0)
+            out[c] = x
+            total[c] += (r - x) * (r - x)
+    else:
+        for c in range(out.size):
+            out[c] = 1.0 / ((1.0 - p[c]) * f / p[c] + 1.0)
+
+
+@njit(error_model="numpy")
+def _add_squared(r: float, p: np.ndarray, total: np.ndarray) -> None:
+    for c in range(p.size):
+        total[c] += (r - p[c]) * (r - p[c])
 
 
 @njit(cache=True, error_model="numpy")
