@@ -227,6 +227,38 @@ def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
         np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)
 
 
+def test_estimators_in_sets_of_their_own_passes_are_the_replay_of_all_in_one(monkeypatch):
+    """A big state (basis_track's) runs its streams in many passes and the small ones
+    (stateless, the SPO tracker's) in few, each set drawing the same epochs: the table, the
+    visits' noise counted once (mse_noise_corrected, the 0/1 share, the next checkpoint's
+    share) and the curves are those of every estimator in one pass, up to rounding order."""
+    names = ["grpo", "basis", "spo_tracker", "basis_memory", "basis_track"]
+    plan = ReplayPlan(repeats=8, group_size=2, ref_n=8, seed=3)
+    epochs = EpochSchedule(batch_size=3, epochs_per_checkpoint=2, oracle_n=4, blend=True)
+    df = _rollouts()
+    whole, whole_curves = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
+    # a stream at 20 prompts: 320 bytes shuffled, basis_memory 39 KiB (its losses), basis_track
+    # 167 KiB, the others < 1 KiB: 8 streams a pass without basis_track, 1 with it
+    monkeypatch.setattr(replay_plan, "STREAM_BYTES", 330_000)
+    kernels = [get(n).kernel(get(n), get(n).parse_options(None), *_cache_table(df), (0, 1))
+               for n in names]  # fmt: skip
+    sets = replay_plan.stream_sets(plan.repeats, 20, kernels)
+    assert [[names[i] for i in m] for m, _ in sets] == [names[:4], ["basis_track"]]
+    assert [g for _, g in sets] == [8, 1]
+    parts, part_curves = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
+    assert_frame_equal(parts, whole, rtol=1e-12)
+    for name in names:
+        np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)
+    monkeypatch.setattr(replay_plan, "SPLIT_PASSES", 8)  # 8 passes of one: not past 8 x 1
+    assert len(replay_plan.stream_sets(plan.repeats, 20, kernels)) == 1
+
+
+def _cache_table(df):
+    ids, _ = shared_prompts(df, "reference", ["a", "b"])
+    cache = reward_matrix(df, "reference", ids)[:, :8]
+    return TiltTable.from_cache(cache, None, PLAN.prior, list(ids)), cache
+
+
 def test_only_previous_calibration_makes_basis_carry_state():
     """The trajectory gives a block of steps to one call of an estimator that carries
     nothing between steps: BASIS does only with ``previous`` calibration."""

@@ -29,6 +29,7 @@ from basis_bench.rollouts.features import prompt_features
 
 SHUFFLE_BYTES = 16  # per stream and prompt: an epoch's sort keys and their order
 STREAM_BYTES = 64 * 2**20  # streams run together in one pass up to this much state
+SPLIT_PASSES = 4  # estimators run in separate sets of passes past this many times the passes
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,34 @@ def reward_range(*arrays: np.ndarray) -> tuple[float, float] | None:
 def stream_group(repeats: int, stream_bytes: int) -> int:
     """Streams run together in one pass: as many as STREAM_BYTES hold, ``stream_bytes`` each."""
     return max(1, min(repeats, STREAM_BYTES // max(stream_bytes, 1)))
+
+
+def stream_sets(
+    repeats: int, prompts: int, kernels: Sequence[StepKernel]
+) -> list[tuple[list[int], int]]:
+    """The kernels (by position) whose streams run together, each set with its streams per
+    pass. In order of state size, a kernel joins the set before it unless that would take
+    the set's passes past SPLIT_PASSES times as many, else starts a set. One set for all
+    runs every estimator in the passes the largest state needs (``basis_track``'s 8 KiB a
+    prompt: each of them in 200 passes of one stream at 17,398 prompts, every pass paying
+    each step's calls again); each set draws every epoch's rollouts again (with G = 8 about
+    1 CPU-s per 1,000 prompts and 200 streams), so not a set each."""
+    shuffle = SHUFFLE_BYTES * prompts
+    state = [stream_bytes(prompts, [k]) - shuffle for k in kernels]
+
+    def group(members: list[int]) -> int:
+        return stream_group(repeats, shuffle + sum(state[i] for i in members))
+
+    def passes(members: list[int]) -> int:
+        return -(-repeats // group(members))
+
+    sets: list[list[int]] = []
+    for i in sorted(range(len(kernels)), key=state.__getitem__):
+        if sets and passes([*sets[-1], i]) <= SPLIT_PASSES * passes(sets[-1]):
+            sets[-1].append(i)
+        else:
+            sets.append([i])
+    return [(members, group(members)) for members in sets]
 
 
 def stream_bytes(prompts: int, kernels: Sequence[StepKernel]) -> int:

@@ -8,7 +8,8 @@ replay, per repeat (R repeats run as parallel streams of one
 :class:`~basis_bench.estimators.StepEstimator` each, so the Python loop is over steps and
 estimators only, never over prompts or repeats; an estimator that carries nothing from one
 step to the next takes a block of steps in one call, so the time stays linear in prompts
-when memory splits the streams into several passes):
+when memory splits the streams into several passes; estimators whose states differ in size
+by much run in separate sets of passes, each drawing the same rollouts):
 
 * every estimator starts from its initial state (built from the reference cache: the
   reference policy's first ``ref_n`` samples of each prompt);
@@ -56,8 +57,7 @@ from basis_bench.evaluation.replay_plan import (
     ReplayPlan,
     ReplayStart,
     reward_range,
-    stream_bytes,
-    stream_group,
+    stream_sets,
     summarise,
 )
 from basis_bench.guards.memory_check import Size, check_sizes
@@ -223,22 +223,24 @@ def replay_trajectory(
         {n: np.zeros(n_epochs) for n in names}, np.zeros(n_epochs), np.zeros(n_epochs),
         dict.fromkeys(names, np.zeros(0)), np.zeros(n_epochs),
     )  # fmt: skip
-    group = stream_group(plan.repeats, stream_bytes(p, [s.kernel for s in steppers]))
-    for lo in range(0, plan.repeats, group):
-        streams = (lo, min(lo + group, plan.repeats))
-        tracks = {
-            s.estimator.name: _Track(
-                start.stream(s, rr, (streams[1] - lo,)),
-                s.estimator.rollouts_per_prompt(plan.group_size),
-            )
-            for s in steppers
-        }
-        _replay_streams(
-            (plan, sched), checkpoints, splits, tracks, streams, g_max, totals, progress
-        )
-        for name, t in tracks.items():
-            curve = np.asarray(t.curve)
-            totals.curve[name] = curve if lo == 0 else totals.curve[name] + curve
+    sets = stream_sets(plan.repeats, p, [s.kernel for s in steppers])
+    for k, (members, group) in enumerate(sets):
+        for lo in range(0, plan.repeats, group):
+            streams = (lo, min(lo + group, plan.repeats))
+            tracks = {
+                steppers[i].estimator.name: _Track(
+                    start.stream(steppers[i], rr, (streams[1] - lo,)),
+                    steppers[i].estimator.rollouts_per_prompt(plan.group_size),
+                )
+                for i in members
+            }
+            _replay_streams(
+                (plan, sched), checkpoints, splits, tracks, streams, g_max, totals,
+                progress, visits=k == 0,
+            )  # fmt: skip
+            for name, t in tracks.items():
+                curve = np.asarray(t.curve)
+                totals.curve[name] = curve if lo == 0 else totals.curve[name] + curve
     g = {e.name: e.rollouts_per_prompt(plan.group_size) for e in ests}
     table_rows = _rows((plan, sched), checkpoints, per_epoch, g, totals)
     curves = {n: totals.curve[n] / (plan.repeats * b * g[n]) for n in names}
@@ -248,11 +250,13 @@ def replay_trajectory(
 def _replay_streams(
     settings: tuple[ReplayPlan, EpochSchedule], checkpoints: Sequence[str],
     splits: Sequence[_Split], tracks: Mapping[str, _Track], streams: tuple[int, int],
-    g_max: int, totals: _Totals, progress: Callable[[str, int], None] | None,
+    g_max: int, totals: _Totals, progress: Callable[[str, int], None] | None, visits: bool,
 ) -> None:  # fmt: skip
-    """Repeats [lo, hi) over every checkpoint and epoch, added into ``totals``. Each draw reads
-    its rows of the seeded stream (:class:`_Uniforms`), so a pass of some repeats draws what
-    one pass of all would for them."""
+    """Repeats [lo, hi) over every checkpoint and epoch, added into ``totals``; what the
+    visits alone give (oracle noise, V(1 - V), the next checkpoint's share) too if
+    ``visits`` (one set of estimators counts them). Each draw reads its rows of the seeded
+    stream (:class:`_Uniforms`), so a pass of some repeats draws what one pass of all would
+    for them, whichever estimators it runs."""
     plan, s = settings
     rng = np.random.default_rng(plan.seed)
     p, b = len(splits[0].oracle), s.batch_size
@@ -271,9 +275,10 @@ def _replay_streams(
                 # the mixture policy: each rollout is the next checkpoint's with probability share
                 oracle = (1 - share) * oracle + share * mixing.oracle
                 noise = (1 - share) ** 2 * noise + share**2 * mixing.noise
-            totals.noise[e] += float(noise[index].sum())
-            totals.spread[e] += float((oracle * (1 - oracle) + noise)[index].sum())
-            totals.share[e] = share
+            if visits:
+                totals.noise[e] += float(noise[index].sum())
+                totals.spread[e] += float((oracle * (1 - oracle) + noise)[index].sum())
+                totals.share[e] = share
             epoch_sq = _run_epoch(tracks, draws, oracle, b)
             for name, t in tracks.items():
                 totals.sq[name][e, streams[0] : streams[1]] = epoch_sq[name]
