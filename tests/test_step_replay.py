@@ -12,7 +12,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from basis_bench.errors import InputError
-from basis_bench.evaluation import replay_plan
+from basis_bench.evaluation import replay_plan, step_replay
 from basis_bench.evaluation.counter_random import permute, uniforms
 from basis_bench.evaluation.replay_plan import ReplayPlan
 from basis_bench.evaluation.step_replay import (
@@ -233,6 +233,30 @@ def test_memory_passes_change_no_number(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(replay_plan, "STREAM_BYTES", 1)  # one stream a pass
     split, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, plan, s)
     assert_frame_equal(whole, split)
+
+
+def test_estimators_in_sets_of_passes_change_no_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    """basis_track's state (8 KiB a prompt) in passes of one stream, the others' in one
+    pass, each set drawing the same visits: the table of all in one pass (the visits'
+    noise and reuse counted once), up to rounding order."""
+    rng = np.random.default_rng(4)
+    v = rng.uniform(0.1, 0.9, 24)
+    df = _frame({"reference": v, "a": v, "b": np.clip(v + 0.2, 0, 1)},
+                {"reference": 16, "a": 40, "b": 40})  # fmt: skip
+    plan, s = ReplayPlan(repeats=6, ref_n=16, group_size=4), StepSchedule(batch_size=8)
+    names = ["basis_memory", "grpo", "basis", "basis_track"]
+    whole, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, plan, s)
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(replay_plan.stream_sets(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(step_replay, "stream_sets", spy)
+    monkeypatch.setattr(replay_plan, "STREAM_BYTES", 300_000)  # 1 stream of basis_track a pass
+    split, _ = replay_steps(df, "reference", ["a", "b"], [0, 6], names, plan, s)
+    assert [[g for _, g in sets] for sets in made] == [[6, 1]]  # B = 8 for all: one group
+    assert_frame_equal(whole, split, rel_tol=1e-12)
 
 
 def test_data_without_steps_in_its_parts_reads_training_json_alone() -> None:

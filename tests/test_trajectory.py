@@ -246,7 +246,7 @@ def test_estimators_in_sets_of_their_own_passes_are_the_replay_of_all_in_one(mon
     assert [[names[i] for i in m] for m, _ in sets] == [names[:4], ["basis_track"]]
     assert [g for _, g in sets] == [8, 1]
     parts, part_curves = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
-    assert_frame_equal(parts, whole, rtol=1e-12)
+    assert_frame_equal(parts, whole, rel_tol=1e-12)
     for name in names:
         np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)
     monkeypatch.setattr(replay_plan, "SPLIT_PASSES", 8)  # 8 passes of one: not past 8 x 1

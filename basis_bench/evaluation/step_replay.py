@@ -73,6 +73,7 @@ from basis_bench.evaluation.replay_plan import (
     reward_range,
     stream_bytes,
     stream_group,
+    stream_sets,
     summarise,
 )
 from basis_bench.guards.memory_check import Size, check_sizes
@@ -315,11 +316,13 @@ def replay_steps(
         run.sq = {e.name: np.zeros((n_t, plan.repeats)) for e, *_ in run.members}
         run.extreme = {e.name: np.zeros(n_t) for e, *_ in run.members}
         run.noise, run.reuse, run.spread = np.zeros(n_t), np.zeros(n_t), np.zeros(n_t)
-        per = stream_bytes(p, [k for _, _, k, _ in run.members]) + 4 * p * len(folds)
-        group = stream_group(plan.repeats, per)
-        for lo in range(0, plan.repeats, group):
-            span = (lo, min(lo + group, plan.repeats))
-            _replay_run(run, span, timeline, folds, (start, rr), s.folds, probe)
+        kernels = [k for _, _, k, _ in run.members]
+        sets = stream_sets(plan.repeats, p, kernels, 4 * p * len(folds))
+        for n, (members, group) in enumerate(sets):
+            for lo in range(0, plan.repeats, group):
+                span = (lo, min(lo + group, plan.repeats))
+                part = [run.members[i] for i in members]
+                _replay_run(run, part, span, timeline, folds, (start, rr), (s.folds, n == 0), probe)
         if progress is not None:
             progress(f"{run.batch} prompts a step", n_t)
     if probe is not None:
@@ -359,13 +362,17 @@ def _check_pools(runs: Sequence[_Run], folds: Sequence[Folds], names: Sequence[s
 
 
 def _replay_run(
-    run: _Run, rows: tuple[int, int], timeline: Timeline, folds: Sequence[Folds],
-    start: tuple[ReplayStart, tuple[float, float] | None], n_folds: int,
+    run: _Run, members: Sequence[tuple[Estimator, Any, Any, int]], rows: tuple[int, int],
+    timeline: Timeline, folds: Sequence[Folds],
+    start: tuple[ReplayStart, tuple[float, float] | None], folding: tuple[int, bool],
     probe: GradientProbe | None = None,
 ) -> None:  # fmt: skip
-    """Repeats [lo, hi) of one estimator group over every step, into the run's totals (and
-    the probe's gradients at the steps whose policy is a checkpoint's own, w = 0); ``start``
-    the replay's start and the rewards' range."""
+    """Repeats [lo, hi) of some of one estimator group's ``members`` over every step, into
+    the run's totals (and the probe's gradients at the steps whose policy is a checkpoint's
+    own, w = 0); ``start`` the replay's start and the rewards' range; ``folding`` the pool's
+    folds and whether these members count what the visits alone give (oracle noise, reuse,
+    V(1 - V), the probe's oracle arm: one set of the group's members does)."""
+    n_folds, visits = folding
     r_ids = np.arange(*rows)
     lead = (len(r_ids),)
     p = folds[0].oracle.shape[1]
@@ -373,7 +380,7 @@ def _replay_run(
     seed = built.plan.seed
     streams = {
         e.name: built.stream(Stepper(e, opts, kernel), rr or (0.0, 1.0), lead)
-        for e, opts, kernel, _ in run.members
+        for e, opts, kernel, _ in members
     }
     used = np.zeros((len(r_ids), p, len(folds)), dtype=np.int64)  # pool samples taken so far
     rho = r_ids % n_folds  # each repeat's pool fold
@@ -382,12 +389,13 @@ def _replay_run(
         nxt = min(int(k) + 1, len(folds) - 1)
         for key, cols in schedule.batches(u):  # cols (r, b): one batch of distinct prompts
             visit = _draw(run, folds, (int(k), nxt, float(w)), cols, rho, r_ids, used, seed, key)
-            run.noise[u] += float(visit.noise.sum())
-            run.spread[u] += float((visit.oracle * (1 - visit.oracle) + visit.noise).sum())
-            run.reuse[u] += float(visit.reused.sum())
+            if visits:
+                run.noise[u] += float(visit.noise.sum())
+                run.spread[u] += float((visit.oracle * (1 - visit.oracle) + visit.noise).sum())
+                run.reuse[u] += float(visit.reused.sum())
             gauge = probe if w == 0 else None  # the policy is checkpoint k's own
             drawn = gauge.gather(int(k), cols, visit.samples) if gauge is not None else None
-            for e, _, _, g in run.members:
+            for e, _, _, g in members:
                 out = streams[e.name].step_columns(cols, visit.rewards[..., :g])
                 base = np.asarray(out.baselines, dtype=np.float64)
                 err = (base - visit.oracle[..., None]) ** 2
@@ -399,7 +407,7 @@ def _replay_run(
                     gauge.add(e.name, g, u, rows, drawn[..., :g, :], adv, run.batch)
                     for arm, a in normalised_arms(e.name, adv, visit.rewards[..., :g]):
                         gauge.add(arm, g, u, rows, drawn[..., :g, :], a, run.batch)
-            if gauge is not None and drawn is not None:
+            if gauge is not None and drawn is not None and visits:
                 for g in sorted({g for *_, g in run.members}):
                     adv = visit.rewards[..., :g] - visit.oracle[..., None]  # b = v: the limit
                     at = (u, rows, drawn[..., :g, :], adv, run.batch, visit.noise)
