@@ -143,12 +143,13 @@ def stream_sets(
     repeats: int, prompts: int, kernels: Sequence[StepKernel], extra: int = 0
 ) -> list[tuple[list[int], int]]:
     """The kernels (by position) whose streams run together, each set with its streams per
-    pass (``extra``: a stream's bytes besides its shuffle and the states). In order of state size, a kernel joins the set before it unless that would take
-    the set's passes past SPLIT_PASSES times as many, else starts a set. One set for all
-    runs every estimator in the passes the largest state needs (``basis_track``'s 8 KiB a
-    prompt: each of them in 200 passes of one stream at 17,398 prompts, every pass paying
-    each step's calls again); each set draws every epoch's rollouts again (with G = 8 about
-    1 CPU-s per 1,000 prompts and 200 streams), so not a set each."""
+    pass (``extra``: a stream's bytes besides its shuffle and the states). In order of state
+    size, a kernel joins the set before it unless that would take the set's passes past
+    SPLIT_PASSES times as many, else starts a set. One set for all runs every estimator in
+    the passes the largest state needs (``basis_track``'s 8 KiB a prompt: each of them in
+    200 passes of one stream at 17,398 prompts, every pass paying each step's calls again);
+    each set draws every epoch's rollouts again (with G = 8 about 1 CPU-s per 1,000 prompts
+    and 200 streams), so not a set each."""
     shuffle = SHUFFLE_BYTES * prompts + extra
     state = [stream_bytes(prompts, [k]) - SHUFFLE_BYTES * prompts for k in kernels]
 
