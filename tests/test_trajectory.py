@@ -222,7 +222,7 @@ def test_epochs_in_blocks_and_repeats_in_passes_are_the_replay_at_once(
     whole, whole_curves = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
     monkeypatch.setattr(replay_plan if knob == "STREAM_BYTES" else trajectory, knob, 1)
     parts, part_curves = replay_trajectory(df, "reference", ["a", "b"], names, plan, epochs)
-    assert_frame_equal(parts, whole, rtol=1e-12)
+    assert_frame_equal(parts, whole, rel_tol=1e-12)
     for name in names:
         np.testing.assert_allclose(part_curves[name], whole_curves[name], rtol=1e-12)
 
