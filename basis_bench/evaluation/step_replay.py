@@ -319,9 +319,9 @@ def replay_steps(
         kernels = [k for _, _, k, _ in run.members]
         sets = stream_sets(plan.repeats, p, kernels, 4 * p * len(folds))
         for n, (members, group) in enumerate(sets):
+            part = [run.members[i] for i in members]
             for lo in range(0, plan.repeats, group):
                 span = (lo, min(lo + group, plan.repeats))
-                part = [run.members[i] for i in members]
                 _replay_run(run, part, span, timeline, folds, (start, rr), (s.folds, n == 0), probe)
         if progress is not None:
             progress(f"{run.batch} prompts a step", n_t)
