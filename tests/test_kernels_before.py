@@ -91,12 +91,12 @@ def test_the_sigmoids_running_product_equals_the_exponentials(shift):
     """The predictive's sigmoids 1 / (1 + e^-z_g), e^-z_g a running product along the grid
     (each cell's own exponential where an end passes e^+-700), against numpy's: to 1e-13
     relative, and where |z| is large to the rounding that z itself carries (eps |z|)."""
-    from basis_bench.estimators import loops
+    from basis_bench.estimators import predict_loops
 
     theta = logit_grid()
     for var in (0.0, 0.02, 1.7, 40.0):
         ez, got = np.empty(len(theta)), np.empty(len(theta))
-        loops._sigmoids(theta, shift, var, ez, got)
+        predict_loops._sigmoids(theta, shift, var, ez, got)
         z = (-theta - shift) * (1.0 / np.sqrt(1.0 + np.pi * var / 8.0))  # as the kernel before
         with np.errstate(over="ignore"):
             want = 1.0 / (1.0 + np.exp(z))
@@ -104,34 +104,48 @@ def test_the_sigmoids_running_product_equals_the_exponentials(shift):
         assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
 
 
+def _densities(var: float, g: int):
+    """loops._densities for a blur N(0, var) on a grid of g cells of 16 / (g - 1): the
+    densities (2 g - 1,), 1 / norm (g,) and q, as the drift calls it."""
+    from basis_bench.estimators import loops
+
+    h = 16.0 / (g - 1)
+    log_q = -h * h / (2.0 * var)
+    reach = int(min(np.sqrt(loops.LOG_TINY / log_q), g - 1.0))
+    dens, inv, scratch = np.full(2 * g - 1, np.nan), np.full(g, np.nan), np.empty(g)
+    loops._densities(np.exp(log_q), reach, dens, 0, inv, 0, scratch)
+    return dens, inv
+
+
 @pytest.mark.parametrize("var", [1e-3, 0.02, 0.6, 5.0, 300.0])
 def test_the_gaussians_running_products_equal_the_exponentials(var):
     """The blur's densities q^(k^2) and the redrawn posterior's cells, running products,
-    against numpy's exponentials: to 1e-12 relative wherever a cell is above 1e-290 (the
-    blur's far cells underflow through the subnormals, where a product keeps fewer digits).
-    The densities come with the row's cumulative mass and their own running sum (one loop):
-    those are numpy's cumulative sums bit for bit."""
+    against numpy's exponentials: to 1e-12 relative wherever a cell is at least TINY, and
+    0 (not a subnormal number, which would cost the CPU a hundred cycles a product) where
+    it is below; the normalisers 1 / norm_g against numpy's sums of the densities."""
     from basis_bench.estimators import loops
 
     theta = logit_grid()
     g, h = len(theta), theta[1] - theta[0]
-    w = np.random.default_rng(3).dirichlet(np.ones(g))
-    cum, dens, norm = np.empty(g), np.empty(2 * g - 1), np.empty(g)
-    q = np.exp(-h * h / (2.0 * var))
-    assert loops._masses(w, q, cum, dens, norm) == cum[-1]
-    np.testing.assert_array_equal(cum, np.cumsum(w))
+    dens, inv = _densities(var, g)
     d = dens[g - 1 :]
     np.testing.assert_array_equal(dens[: g - 1], d[:0:-1])
-    np.testing.assert_array_equal(norm, np.cumsum(d))
     want = np.exp(-((np.arange(g) * h) ** 2) / (2.0 * var))
-    big = want > 1e-290
+    big = want >= loops.TINY * (1 + 1e-12)
     np.testing.assert_allclose(d[big], want[big], rtol=1e-12)
-    assert np.all(d[~big] <= 1e-289)
+    assert np.all((d[~big] == 0.0) | (d[~big] >= loops.TINY * (1 - 1e-12)))
+    offsets = np.abs(np.arange(g)[:, None] - np.arange(g)[None, :])
+    np.testing.assert_allclose(1.0 / inv, d[offsets].sum(axis=0), rtol=1e-14)
     for mean, shift in ((0.3, 0.0), (-7.9, 0.5), (9.5, 1.0), (-20.0, -3.0)):
-        moments, out = np.array([mean, mean * mean + 0.4]), np.empty(len(theta))
-        loops._redrawn(moments, shift, var, JUMP_VAR, theta, out)
+        out = np.full(2 * g, np.nan)
+        loops._redrawn(mean, mean * mean + 0.4, shift, var + JUMP_VAR, theta, out, g)
         logd = -((theta - mean - shift) ** 2) / (2.0 * (0.4 + var + JUMP_VAR))
-        np.testing.assert_allclose(out, np.exp(logd - logd.max()), rtol=1e-12)
+        want = np.exp(logd - logd.max())
+        got = out[g:]
+        big = want >= loops.TINY * (1 + 1e-12)
+        np.testing.assert_allclose(got[big], want[big], rtol=1e-12)
+        assert np.all((got[~big] == 0.0) | (got[~big] >= loops.TINY * (1 - 1e-12)))
+        assert np.isnan(out[:g]).all()  # nothing written outside its slot
 
 
 @njit(fastmath={"reassoc"}, error_model="numpy")
@@ -164,43 +178,71 @@ def _toeplitz_before(dens, x, out):
 @pytest.mark.parametrize("g", [64, 96, 40, 7])
 def test_the_blur_equals_the_kernel_before(g):
     """The blur on vectors of loops.LANES doubles with fused multiply-adds (G a multiple of
-    4 LANES: 64, 96) or as dot products (40, 7) against the kernel of main f123b52, on
-    random posteriors whose cells span 1e-250 (the state's floor) to 1 and blurs from none
-    to wider than the grid: every cell to 1e-12 relative. A sum of terms >= 0 in any order
-    is within G u (7.1e-15 at G = 64) of the exact sum: the two orders agree to twice that."""
+    4 LANES: 64, 96) or as sums (40, 7) against the kernel of main f123b52, on random
+    posteriors whose cells span 1e-250 (the state's floor) to 1 and blurs from none to wider
+    than the grid, in either slot of the buffers: every cell to 1e-12 relative. A sum of
+    terms >= 0 in any order is within G u (7.1e-15 at G = 64) of the exact sum: the two
+    orders agree to twice that."""
     from basis_bench.estimators import loops
 
     rng = np.random.default_rng(g)
-    spacing, worst = 16.0 / (g - 1), 0.0
-    cum, dens, norm = np.empty(g), np.empty(2 * g - 1), np.empty(g)
-    got, want = np.empty(g), np.empty(g)
+    worst = 0.0
     for var in (1e-3, 0.02, 0.3, 0.6, 2.0, 5.0, 40.0, 300.0):
-        q = np.exp(-spacing * spacing / (2.0 * var))
-        for _ in range(20):
+        dens, inv = _densities(var, g)
+        for k in range(20):
             w = rng.dirichlet(np.full(g, 0.3)) * 10.0 ** rng.uniform(-250.0, 0.0, g)
-            w = np.maximum(w / w.sum(), 1e-250)
-            loops._masses(w, q, cum, dens, norm)
-            if q == 0.0:
-                continue  # no blur: the drift skips it
-            x = w / (2.0 * norm)
-            loops._toeplitz(dens, x, got)
+            x = np.maximum(w / w.sum(), 1e-250) * inv
+            slot = k % 2
+            got, want = np.full(2 * g, np.nan), np.empty(g)
+            loops._toeplitz(np.concatenate([dens] * 2), slot * (2 * g - 1), x, got, slot * g)
             _toeplitz_before(dens, x, want)
+            got = got[slot * g : slot * g + g]
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=f"var {var}")
             worst = max(worst, float(np.max(np.abs(got - want) / want)))
     u = np.finfo(float).eps / 2
     assert worst < 2 * g * u, worst  # the bound; in practice some 1e-15
 
 
-def test_no_blur_leaves_only_the_cumulative_mass():
-    """A blur whose density one cell away underflows to 0 is the identity: the loop then
-    writes the cumulative mass alone (numpy's bit for bit) and leaves the kernel's buffers."""
+def _moved_before(w: np.ndarray, move: float) -> np.ndarray:
+    """The move as the kernel before made it: the cumulative mass (0 below the grid, the
+    total above) read at every cell edge moved back, interpolated, and differenced."""
+    g = w.size
+    edges = np.arange(g + 1) - move
+    cum = np.concatenate([[0.0], np.cumsum(w)])
+    out = np.diff(np.interp(edges, np.arange(g + 1), cum))
+    out[0], out[-1] = (
+        np.interp(edges[1], np.arange(g + 1), cum),
+        cum[-1] - np.interp(edges[-2], np.arange(g + 1), cum),
+    )
+    return out
+
+
+@pytest.mark.parametrize("move", [0.0, 0.37, -0.37, 1.0, -2.5, 5.75, -40.2, 63.5, 70.0, -90.0])
+def test_the_move_spreads_each_cells_mass_over_its_moved_cell(move):
+    """loops._moved against the cumulative-mass interpolation of the kernel before: equal
+    to a few roundings of the total mass (4e-15) in every cell, the total kept (mass moved off the grid piles
+    into the end cells); and, each cell a sum of terms >= 0, within a few roundings of its
+    exact value however small, where a difference of cumulative masses carries the total's
+    rounding: a posterior at its floor of 1e-250 moves to cells of 1e-250, not of 1e-17."""
     from basis_bench.estimators import loops
 
-    w = np.random.default_rng(4).dirichlet(np.ones(64))
-    cum, dens, norm = np.empty(64), np.full(127, 7.0), np.full(64, 7.0)
-    assert loops._masses(w, 0.0, cum, dens, norm) == cum[-1]
-    np.testing.assert_array_equal(cum, np.cumsum(w))
-    assert np.all(dens == 7.0) and np.all(norm == 7.0)
+    g = 64
+    rng = np.random.default_rng(7)
+    w = rng.dirichlet(np.full(g, 0.3)) * 10.0 ** rng.uniform(-250.0, 0.0, g)
+    w = np.maximum(w / w.sum(), 1e-250)
+    got = np.full(2 * g, np.nan)
+    loops._moved(w[None, :], 0, move, np.ones(g), 0, got, g)
+    assert np.isnan(got[:g]).all()
+    got = got[g:]
+    np.testing.assert_allclose(got, _moved_before(w, move), rtol=0, atol=4e-15)
+    assert abs(got.sum() - w.sum()) < 1e-15
+    floor = np.full(g, 1e-250)
+    loops._moved(floor[None, :], 0, move, np.ones(g), 0, got, 0)
+    k = int(np.floor(-move))
+    inside = np.arange(g)
+    inside = inside[(inside + k >= 0) & (inside + k + 1 <= g - 1)]
+    inside = inside[(inside > 0) & (inside < g - 1)]
+    np.testing.assert_allclose(got[inside], 1e-250, rtol=1e-15)
 
 
 def test_the_drift_updated_in_place_equals_the_drift_then_the_update():

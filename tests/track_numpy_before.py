@@ -258,11 +258,11 @@ def _predict(
     predictive(var + JUMP_VAR) of the posterior weights[rows] moved by ``moved``; a row that
     cannot jump (jump = 0) takes the first term alone (x + 0 y = x). And each row's
     posterior moments (N, 2), for the redrawn posterior. The rows' arithmetic runs in a
-    compiled loop (:mod:`basis_bench.estimators.loops`)."""
-    from basis_bench.estimators import loops
+    compiled loop (:mod:`basis_bench.estimators.predict_loops`)."""
+    from basis_bench.estimators import predict_loops
 
     p, moments = np.empty(len(rows)), np.empty((len(rows), 2))
-    loops.track_predict(weights, rows, moved, var, jump, theta, JUMP_VAR, p, moments)
+    predict_loops.track_predict(weights, rows, moved, var, jump, theta, JUMP_VAR, p, moments)
     return p, moments
 
 

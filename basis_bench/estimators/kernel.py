@@ -48,7 +48,10 @@ class StepKernel(Protocol):
 
     A kernel whose options may leave its state unused says so with a ``carries_state``
     property (BASIS: only ``previous`` calibration); without one, a kernel with a state
-    carries it (:attr:`~basis_bench.estimators.step.StepEstimator.carries_state`)."""
+    carries it (:attr:`~basis_bench.estimators.step.StepEstimator.carries_state`). A kernel
+    with a large state may also have ``reset_state(state)``, which writes the initial state
+    into one that ``initial_state`` made, in place: a replay that restarts its streams
+    then reuses their memory, where a fresh state costs the system a page fault per 4 KiB."""
 
     def initial_state(self, lead: tuple[int, ...]) -> State: ...
 

@@ -1,13 +1,13 @@
 """``basis_track``'s row loops, compiled with numba: each posterior row of a batch read from
-the state by index, moved, blurred, mixed with the redrawn Gaussian, valued and updated in
-one pass, element by element, where numpy ran a dozen passes over (rows, G) arrays. The
-Gaussians are running products (:func:`_gauss_cells`), the sums reassociated as numpy's own
-products are (``fastmath={"reassoc"}``), and the blur (:func:`_toeplitz`) runs on vectors
-of LANES doubles with fused multiply-adds, in an order of its own (its docstring bounds the
-difference: some 1e-14 relative a cell). Imported on first use: ``import numba`` costs a
-fraction of a second, and ``cache=True`` keeps the compiled loops on disk beside this file
-(numba's user cache directory where that is not writable). ``basis_memory``'s and
-``basis_context``'s loops are :mod:`memory_loops`'.
+the state by index, moved, blurred, mixed with the redrawn Gaussian, valued and updated,
+element by element, where numpy ran a dozen passes over (rows, G) arrays. The Gaussians are
+running products (:func:`_gauss_cells`, :func:`_densities`), the sums reassociated as
+numpy's own products are (``fastmath={"reassoc"}``), and the blur (:func:`_toeplitz`) runs
+on vectors of LANES doubles with fused multiply-adds, in an order of its own (some 1e-14
+relative a cell). Imported on first use (``import numba`` costs a fraction of a second);
+``cache=True`` keeps the compiled loops on disk beside this file (numba's user cache
+directory where that is not writable). The predictions' loop is :mod:`predict_loops`';
+``basis_memory``'s and ``basis_context``'s :mod:`memory_loops`'.
 
 The loops read the state's rows by index, in no order the CPU can guess: each asks for the
 row AHEAD rows on (a prefetch, :func:`_prefetch`) before working on its own, so the reads
@@ -15,11 +15,19 @@ from memory overlap the arithmetic instead of stalling it (the same numbers). Th
 and the blur's vector operations are numba intrinsics (LLVM instructions written out),
 defined here beside the loops that use them: numba's disk cache knows a compiled loop's own
 file only, and an intrinsic is compiled into its caller.
+
+Three things cost more than the arithmetic, and the loops are written around them: numba
+counts the references of an array a function receives or a view it makes (an atomic add,
+which waits for the CPU's pending writes), so the helpers are compiled without (``_nrt=
+False``: they allocate nothing) and take rows by index, buffers at offsets, never views; a
+product of subnormal numbers (below 2^-1022) takes the CPU a hundred cycles or more, so the
+Gaussians' cells below TINY are 0; a vector read of cells just written one by one waits for
+every write to land, so the drift makes each row's blur a row ahead (:func:`track_drift`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from llvmlite import ir
@@ -28,8 +36,18 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 AHEAD = 4  # rows prefetched ahead of the one being worked on
+# a Gaussian's cells (the blur's densities, the redrawn posterior) below this are 0: each
+# product of the blur then stays far above 2^-1022 (posteriors are >= 1e-250), not subnormal
+TINY = 1e-50
+LOG_TINY = float(np.log(TINY))
 LANES = 8  # doubles a vector of the blur: one 512-bit register (two 256-bit, four 128-bit)
 _VECTOR = ir.VectorType(ir.DoubleType(), LANES)
+
+
+def _helper(**options: Any) -> Any:
+    """numba's njit for a helper of the loops: numpy's error model and no reference counts
+    (``_nrt=False``; a helper allocates nothing), so passing it arrays costs no atomic adds."""
+    return cast(Any, njit)(error_model="numpy", _nrt=False, **options)
 
 
 def _prefetch_typed(typingctx: Any, array: Any, i: Any, j: Any) -> tuple[Any, Any]:
@@ -55,7 +73,7 @@ def _prefetch_typed(typingctx: Any, array: Any, i: Any, j: Any) -> tuple[Any, An
 _prefetch: Any = intrinsic(_prefetch_typed)
 
 
-@njit(error_model="numpy")
+@_helper()
 def _prefetch_row(array: np.ndarray, rows: np.ndarray, n: int) -> None:
     """Prefetch every cache line of array[rows[n]] if there is such a row."""
     if n < rows.size:
@@ -114,15 +132,19 @@ def _store_typed(typingctx: Any, array: Any, i: Any, v: Any) -> tuple[Any, Any] 
     return (types.void(array, i, v), codegen) if _contiguous(array) else None
 
 
-def _splat_typed(typingctx: Any, x: Any) -> tuple[Any, Any]:
-    """_splat(x): x in every lane."""
+def _splat_at_typed(typingctx: Any, array: Any, i: Any) -> tuple[Any, Any] | None:
+    """_splat_at(array, i): array[i] in every lane (unchecked: the caller's bounds; no
+    wraparound of a negative i, which numba's array[i] would test for)."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), args[0], ir.IntType(32)(0))
+        kind = signature.args[0]
+        data = context.make_array(kind)(context, builder, args[0])
+        value = builder.load(cgutils.get_item_pointer(context, builder, kind, data, [args[1]]))
+        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value, ir.IntType(32)(0))
         every = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
         return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined), every)
 
-    return _LANES(types.float64), codegen
+    return (_LANES(array, i), codegen) if _contiguous(array) else None
 
 
 def _fma_typed(typingctx: Any, x: Any, y: Any, acc: Any) -> tuple[Any, Any]:
@@ -157,68 +179,10 @@ def _zero_typed(typingctx: Any) -> tuple[Any, Any]:
 
 _load: Any = intrinsic(_load_typed)
 _store: Any = intrinsic(_store_typed)
-_splat: Any = intrinsic(_splat_typed)
+_splat_at: Any = intrinsic(_splat_at_typed)
 _fma: Any = intrinsic(_fma_typed)
 _add: Any = intrinsic(_add_typed)
 _zero: Any = intrinsic(_zero_typed)
-
-
-@njit(cache=True, error_model="numpy")
-def track_predict(
-    weights: np.ndarray,
-    rows: np.ndarray,
-    moved: np.ndarray,
-    var: np.ndarray,
-    jump: np.ndarray,
-    theta: np.ndarray,
-    jump_var: float,
-    p: np.ndarray,
-    moments: np.ndarray,
-) -> None:
-    """Each row's prediction p (N,) = sum_g w_g sigmoid((theta_g + moved) / sqrt(1 + pi var
-    / 8)), w = weights[rows[n]] (the probit approximation of the predictive); a row with
-    jump != 0 mixed, (1 - jump) p + jump x the same at var + jump_var; and each row's
-    moments (N, 2) sum_g w_g theta_g and sum_g w_g theta_g^2."""
-    g_n = theta.size
-    sig, ez, square = np.empty(g_n), np.empty(g_n), theta * theta
-    for n in range(min(AHEAD, rows.size)):
-        _prefetch_row(weights, rows, n)
-    for n in range(rows.size):
-        _prefetch_row(weights, rows, n + AHEAD)
-        w = weights[rows[n]]
-        _sigmoids(theta, moved[n], var[n], ez, sig)
-        pn = _dot(w, sig)
-        if jump[n] != 0.0:
-            _sigmoids(theta, moved[n], var[n] + jump_var, ez, sig)
-            pn = (1.0 - jump[n]) * pn + jump[n] * _dot(w, sig)
-        p[n] = pn
-        moments[n, 0], moments[n, 1] = _dot(w, theta), _dot(w, square)
-
-
-@njit(error_model="numpy")
-def _sigmoids(theta: np.ndarray, shift: float, var: float, ez: np.ndarray, out: np.ndarray) -> None:
-    """out_g = 1 / (1 + e^-z_g), z_g = (theta_g + shift) / sqrt(1 + pi var / 8), on an evenly
-    spaced grid: e^-z_g as a running product, e^-z_0 times e^(-spacing scale) g times for the
-    first 8 cells and each cell the one 8 before times its 8th power (some 17 roundings at
-    most, the product vectorised by 8); each cell's own exponential where the ends leave
-    e^+-700 (no product near overflow)."""
-    scale = 1.0 / np.sqrt(1.0 + np.pi * var / 8.0)
-    first, last = (-theta[0] - shift) * scale, (-theta[-1] - shift) * scale
-    if -700.0 < last and first < 700.0:
-        step = np.exp(-(theta[1] - theta[0]) * scale)
-        ez[0] = np.exp(first)
-        for g in range(1, min(8, ez.size)):
-            ez[g] = ez[g - 1] * step
-        step2 = step * step
-        step4 = step2 * step2
-        step8 = step4 * step4
-        for g in range(8, ez.size):
-            ez[g] = ez[g - 8] * step8
-    else:
-        for g in range(ez.size):
-            ez[g] = np.exp((-theta[g] - shift) * scale)
-    for g in range(out.size):
-        out[g] = 1.0 / (1.0 + ez[g])
 
 
 @njit(cache=True, error_model="numpy")
@@ -244,148 +208,283 @@ def track_drift(
     scratch) but updated at once into weights[rows[n]] (:func:`track_update`, while the row
     is in cache): the rows must then be distinct.
 
-    * moved by shift[n] / spacing grid steps: each cell's mass spread uniformly over the
-      cell and moved, the cumulative mass (0 below the grid, the total above it) read at
-      every cell edge moved back, interpolated by the move's fraction;
-    * blurred by N(0, var[n]) unless that is the identity (the density one cell away
-      underflows to 0): out_h = sum_g K[h, g] w_g / norm_g, K[h, g] = d_|h - g| the
-      Gaussian's density at the offset, norm_g = sum_h K[h, g] as two partial sums of d;
+    * moved by shift[n] / spacing grid steps, each cell's mass spread uniformly over the
+      cell (:func:`_moved`);
+    * blurred by N(0, var[n]) unless the density one cell away is below TINY (then it
+      is the identity to 1e-50): out_h = sum_g K[h, g] w_g / norm_g, K[h, g] = d_|h - g|
+      the Gaussian's density at the offset (0 below TINY), norm_g = sum_h K[h, g]
+      (:func:`_densities`);
     * a row with jump != 0 mixed with the redrawn posterior, (1 - jump) out + jump
       redrawn: the Gaussian on the grid with the old posterior's mean (moments[n, 0]) moved
       by shift[n] and its variance (moments[n, 1] - mean^2) widened by var[n] + jump_var,
       normalised.
-
-    The Gaussians' cells are running products (:func:`_gauss_cells`).
     """
     n_rows, g_n = rows.size, out.shape[1]
-    spacing = theta[1] - theta[0]
-    near = spacing * spacing
-    ext = np.zeros(3 * g_n + 3)  # ext[g_n + 1 + j]: the mass below edge j, |j| <= 2 G + 1
-    edges = np.empty(g_n + 1)
-    dens, norm, x = np.empty(2 * g_n - 1), np.empty(g_n), np.empty(g_n)
+    spacing, span = theta[1] - theta[0], 2 * g_n - 1
+    x, scratch, ones = np.empty(g_n), np.empty(g_n), np.ones(g_n)
+    # two slots (at offsets) of a row's blur, redrawn posterior and result, row n's n % 2:
+    # each pass makes row n + 1's blur, finishes row n - 1 and moves and blurs row n, three
+    # independent chains the CPU overlaps, each reading buffers written a pass before
+    dens, inv = np.empty(2 * span), np.empty(2 * g_n)
+    redrawn, row = np.empty(2 * g_n), np.empty(2 * g_n)
+    totals = np.ones(2)
     for n in range(min(AHEAD, n_rows)):
         _prefetch_row(weights, rows, n)
     update = likelihood.shape[0] > 0
-    for n in range(n_rows):
+    q = 0.0
+    if n_rows:
+        q = _prepare(
+            0, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, totals, scratch
+        )
+    for n in range(n_rows + 1):
         _prefetch_row(weights, rows, n + AHEAD)
-        row = out[0] if update else out[n]
-        q = np.exp(-near / (2.0 * max(var[n], 1e-12)))  # the density one cell away
-        total = _masses(weights[rows[n]], q, ext[g_n + 2 : 2 * g_n + 2], dens, norm)
-        ext[2 * g_n + 2 :] = total
-        back = -(shift[n] / spacing)
-        whole = np.floor(back)
-        start = int(min(max(whole, -(g_n + 1)), g_n)) + g_n + 1
-        _interpolate(ext[start : start + g_n + 2], back - whole, edges)
-        edges[0], edges[g_n] = 0.0, total
-        _difference(edges, row)
+        if n > 0:
+            _finish(n - 1, jump, redrawn, totals, sig, row, values, likelihood, which, weights,
+                    rows, floor, update, out)  # fmt: skip
+        if n == n_rows:
+            break
+        q_next = 0.0
+        if n + 1 < n_rows:
+            q_next = _prepare(
+                n + 1, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, totals,
+                scratch,
+            )  # fmt: skip
+        at = (n % 2) * g_n
         if q > 0.0:
-            for g in range(g_n // 2):
-                a, b = norm[g], norm[g_n - 1 - g]
-                norm[g], norm[g_n - 1 - g] = a + b, b + a
-            if g_n % 2:
-                norm[g_n // 2] += norm[g_n // 2]
-            _normalised(row, norm, 1.0, x)
-            _toeplitz(dens, x, row)
-        if jump[n] != 0.0:
-            _redrawn(moments[n], shift[n], var[n], jump_var, theta, x)
-            _mix(row, jump[n], x, _sum(x))
-        values[n] = _dot(row, sig)
-        if update:
-            _bayes(row, likelihood[which[n]], weights[rows[n]], floor)
+            _moved(weights, rows[n], shift[n] / spacing, inv, at, x, 0)
+            _toeplitz(dens, (n % 2) * span, x, row, at)
+        else:
+            _moved(weights, rows[n], shift[n] / spacing, ones, 0, row, at)
+        q = q_next
 
 
-@njit(error_model="numpy")
-def _masses(w: np.ndarray, q: float, cum: np.ndarray, dens: np.ndarray, norm: np.ndarray) -> float:
-    """The running sum cum of w (its total returned) and, if q > 0, the blur's densities
-    dens[G - 1 +- k] = q^(k^2) (a running product, as :func:`_gauss_cells`) and their running
-    sum norm, in one loop: three chains of dependent additions and products, each waiting
-    on its last result, that the CPU runs side by side (the same numbers as three loops)."""
-    g_n = w.size
-    acc = w[0]
-    cum[0] = acc
-    if q > 0.0:
-        value, ratio, factor, mass = 1.0, q, q * q, 1.0
-        dens[g_n - 1], norm[0] = value, mass
-        for g in range(1, g_n):
-            acc += w[g]
-            cum[g] = acc
-            value *= ratio
-            ratio *= factor
-            dens[g_n - 1 + g] = value
-            dens[g_n - 1 - g] = value
-            mass += value
-            norm[g] = mass
+@_helper()
+def _finish(
+    n: int, jump: np.ndarray, redrawn: np.ndarray, totals: np.ndarray, sig: np.ndarray,
+    row: np.ndarray, values: np.ndarray, likelihood: np.ndarray, which: np.ndarray,
+    weights: np.ndarray, rows: np.ndarray, floor: float, update: bool, out: np.ndarray,
+) -> None:  # fmt: skip
+    """Row n's posterior, moved and blurred in row[at : at + G], at = (n % 2) G: mixed with
+    its redrawn one if jump[n] != 0, valued into values[n], then updated into weights[rows[n]]
+    (``update``) or written to out[n]."""
+    g_n = sig.size
+    at = (n % 2) * g_n
+    if jump[n] != 0.0:
+        _mix(row, at, jump[n], redrawn, totals[n % 2])
+    values[n] = _dot_at(row, at, sig)
+    if update:
+        _bayes(row, at, likelihood, which[n], weights, rows[n], floor)
     else:
-        for g in range(1, g_n):
-            acc += w[g]
-            cum[g] = acc
+        for g in range(g_n):
+            out[n, g] = row[np.uintp(at + g)]
+
+
+@_helper()
+def _prepare(
+    n: int, shift: np.ndarray, var: np.ndarray, jump: np.ndarray, moments: np.ndarray,
+    theta: np.ndarray, jump_var: float, dens: np.ndarray, inv: np.ndarray,
+    redrawn: np.ndarray, totals: np.ndarray, scratch: np.ndarray,
+) -> float:  # fmt: skip
+    """Row n's blur and redrawn posterior, into slot n % 2: the density one cell away q (0:
+    no blur, where it is below TINY) and, if q > 0, the densities and 1 / norm_g
+    (:func:`_densities`); if jump[n] != 0 the redrawn posterior (:func:`_redrawn`) and its
+    total. Returns q."""
+    g_n = theta.size
+    slot, spacing = n % 2, theta[1] - theta[0]
+    log_q = -spacing * spacing / (2.0 * max(var[n], 1e-12))
+    q = 0.0  # no blur where the density one cell away is below TINY
+    if log_q >= LOG_TINY:
+        q = np.exp(log_q)
+        reach = int(min(np.sqrt(LOG_TINY / log_q), g_n - 1.0))  # the last k: d_k >= TINY
+        _densities(q, reach, dens, slot * (2 * g_n - 1), inv, slot * g_n, scratch)
+    if jump[n] != 0.0:
+        mean, second = moments[n, 0], moments[n, 1]
+        totals[slot] = _redrawn(
+            mean, second, shift[n], var[n] + jump_var, theta, redrawn, slot * g_n
+        )
+    return q
+
+
+@_helper()
+def _moved(
+    weights: np.ndarray, i: int, move: float, scale: np.ndarray, at: int, out: np.ndarray,
+    out_at: int,
+) -> None:  # fmt: skip
+    """out[out_at : out_at + G] = w = weights[i] moved by ``move`` cells, each cell's mass
+    spread uniformly over it, times scale[at : at + G]: with back = -move = k + f (k whole,
+    0 <= f < 1), out_h = (1 - f) w_(h + k) + f w_(h + k + 1) (w 0 off the grid), and the
+    mass moved off either end kept in the end cells: out_0 = (1 - f) M(k + 1) + f M(k + 2), out_(G - 1) = (1 - f) T(k
+    + G - 1) + f T(k + G), M(j) the mass below cell j and T(j) the mass from cell j up.
+    Every cell a sum of terms >= 0, so within a few roundings of its exact value, however
+    small (a cell as the difference of two cumulative masses would carry the total's
+    rounding, some 1e-16)."""
+    g_n = weights.shape[1]
+    back = -move
+    whole = np.floor(back)
+    frac = back - whole
+    keep = 1.0 - frac
+    k = int(min(max(whole, -(g_n + 1.0)), float(g_n)))
+    first = _mass(weights, i, 0, k + 1) * keep + _mass(weights, i, 0, k + 2) * frac
+    last = _mass(weights, i, k + g_n - 1, g_n) * keep + _mass(weights, i, k + g_n, g_n) * frac
+    # h + k and h + k + 1 on the grid for lo <= h < hi; only one of them for h = -1 - k
+    # (k < 0) and h = G - 1 - k (k >= 0)
+    lo, hi = min(max(-k, 0), g_n), max(min(g_n - 1 - k, g_n), 0)
+    o = np.uintp(out_at)
+    for h in range(lo):
+        out[o + np.uintp(h)] = 0.0
+    for h in range(lo, hi):
+        u = np.uintp(h + k)
+        v = weights[i, u] * keep + weights[i, u + np.uintp(1)] * frac
+        out[o + np.uintp(h)] = v * scale[np.uintp(at + h)]
+    for h in range(hi, g_n):
+        out[o + np.uintp(h)] = 0.0
+    if -g_n <= k <= -1:
+        out[out_at - 1 - k] = weights[i, 0] * frac * scale[at - 1 - k]
+    if 0 <= k <= g_n - 1:
+        out[out_at + g_n - 1 - k] = weights[i, g_n - 1] * keep * scale[at + g_n - 1 - k]
+    out[out_at] = first * scale[at]
+    out[out_at + g_n - 1] = last * scale[at + g_n - 1]
+
+
+@_helper(fastmath={"reassoc"})
+def _mass(weights: np.ndarray, i: int, lo: int, hi: int) -> float:
+    """weights[i, lo:hi].sum() (lo, hi clipped to the grid), on vectors."""
+    g_n = weights.shape[1]
+    acc = 0.0
+    for g in range(min(max(lo, 0), g_n), min(max(hi, 0), g_n)):
+        acc += weights[i, np.uintp(g)]
     return acc
 
 
-@njit(error_model="numpy")
-def _redrawn(
-    moments: np.ndarray, shift: float, var: float, widen: float, theta: np.ndarray,
-    out: np.ndarray,
+@_helper()
+def _densities(
+    q: float, reach: int, dens: np.ndarray, at: int, inv: np.ndarray, inv_at: int,
+    scratch: np.ndarray,
 ) -> None:  # fmt: skip
-    """The Gaussian on the grid with mean moments[0] + shift and variance moments[1] -
-    moments[0]^2 + var + widen, 1 at the cell nearest its mean (unnormalised)."""
-    mean = moments[0]
-    spread = 2.0 * (moments[1] - mean * mean + var + widen)
-    centre, spacing = mean + shift, theta[1] - theta[0]
-    top = int(min(max(np.round((centre - theta[0]) / spacing), 0.0), theta.size - 1.0))
-    t = np.exp(-2.0 * spacing * spacing / spread)
-    lead = 2.0 * (theta[top] - centre) * spacing
-    out[top] = 1.0
-    _gauss_cells(1.0, np.exp(-(lead + spacing * spacing) / spread), t, out, top + 1, out.size, 1)
-    _gauss_cells(1.0, np.exp(-(spacing * spacing - lead) / spread), t, out, top - 1, -1, -1)
+    """The blur's densities dens[at + G - 1 +- k] = d_k = q^(k^2), 0 past ``reach`` (where
+    d_k < TINY), and each cell's 1 / norm_g into inv[inv_at + g], norm_g = sum_h d_|h - g|
+    = P_g + P_(G - 1 - g) - 1, P the running sum of d.
 
-
-@njit(error_model="numpy")
-def _gauss_cells(
-    value: float, ratio: float, factor: float, out: np.ndarray, lo: int, hi: int, by: int
-) -> None:
-    """A Gaussian's cells out[lo], out[lo + by], .. (up to hi) as a running product: each
-    the one before times ``ratio``, which is multiplied by ``factor`` a cell (the ratio of
-    neighbouring cells of e^(-c k^2) is e^(-c (2 k - 1)), each e^(-2 c) times the last)."""
-    for g in range(lo, hi, by):
+    d_k for k < 8 a running product (:func:`_gauss_cells`'s), then d_(k + 8) = d_k r_k,
+    r_k = q^(16 k + 64), r_(k + 8) = r_k q^128: two recurrences 8 apart, which run on
+    vectors (some 15 roundings a density at G = 64, not one chain of 64 products, each
+    waiting on the last); every factor >= TINY^3, no product subnormal. P in 4 runs of G /
+    4 side by side, each run's total added to the runs after it; norm_g the same from where
+    P stops growing (d_k below its last bit) to the middle, divided once."""
+    g_n = scratch.size
+    c = at + g_n - 1  # dens[c +- k] = d_k
+    r = inv_at  # inv[r + k] = r_k, until the normalisers are made
+    value, ratio, factor = 1.0, q, q * q
+    scratch[0] = 1.0
+    for k in range(1, min(8, reach + 1)):
         value *= ratio
         ratio *= factor
-        out[g] = value
+        scratch[k] = value
+    if reach >= 8:
+        q16 = scratch[4]
+        inv[np.uintp(r)] = value * ratio  # q^64
+        for k in range(1, 8):
+            inv[np.uintp(r + k)] = inv[np.uintp(r + k - 1)] * q16
+        q128 = inv[np.uintp(r)] * inv[np.uintp(r)]
+        for k in range(8, reach + 1):
+            scratch[k] = scratch[k - 8] * inv[np.uintp(r + k - 8)]
+            inv[np.uintp(r + k)] = inv[np.uintp(r + k - 8)] * q128
+    for k in range(reach + 1, g_n):
+        scratch[k] = 0.0
+    for k in range(g_n):
+        dens[np.uintp(c + k)] = scratch[k]
+    for k in range(g_n):
+        dens[np.uintp(c - k)] = scratch[k]
+    _normalisers(dens, c, inv, inv_at, scratch)
 
 
-@njit(error_model="numpy")
-def _cumsum(x: np.ndarray, out: np.ndarray) -> float:
-    acc = 0.0
-    for g in range(x.size):
-        acc += x[g]
-        out[g] = acc
-    return acc
+@_helper()
+def _normalisers(
+    dens: np.ndarray, c: int, inv: np.ndarray, inv_at: int, scratch: np.ndarray
+) -> None:  # fmt: skip
+    """inv[inv_at + g] = 1 / norm_g, norm_g = P_g + P_(G - 1 - g) - 1, P the running sum of
+    the densities d_k = dens[c + k] (:func:`_densities`)."""
+    g_n = scratch.size
+    if g_n % 4:  # P, into the scratch
+        acc = 0.0
+        for k in range(g_n):
+            acc += dens[np.uintp(c + k)]
+            scratch[k] = acc
+    else:
+        m = g_n // 4
+        a0 = a1 = a2 = a3 = 0.0
+        for i in range(m):
+            a0 += dens[np.uintp(c + i)]
+            a1 += dens[np.uintp(c + m + i)]
+            a2 += dens[np.uintp(c + 2 * m + i)]
+            a3 += dens[np.uintp(c + 3 * m + i)]
+            scratch[i], scratch[m + i], scratch[2 * m + i], scratch[3 * m + i] = a0, a1, a2, a3
+        b1 = a0
+        b2 = b1 + a1
+        b3 = b2 + a2
+        for i in range(m):
+            scratch[m + i] += b1
+            scratch[2 * m + i] += b2
+            scratch[3 * m + i] += b3
+    norm, v = 0.0, 0.0
+    for g in range((g_n + 1) // 2):  # a division where norm_g changes (P stops growing)
+        now = scratch[g] + scratch[g_n - 1 - g] - 1.0
+        if now != norm:
+            norm, v = now, 1.0 / now
+        inv[np.uintp(inv_at + g)], inv[np.uintp(inv_at + g_n - 1 - g)] = v, v
 
 
-@njit(error_model="numpy")
-def _interpolate(below: np.ndarray, frac: float, out: np.ndarray) -> None:
-    """out[k] = below[k] (1 - frac) + below[k + 1] frac."""
-    for k in range(out.size):
-        out[k] = below[k] * (1.0 - frac) + below[k + 1] * frac
+@_helper()
+def _redrawn(
+    mean: float, second: float, shift: float, widen: float, theta: np.ndarray,
+    out: np.ndarray, at: int,
+) -> float:  # fmt: skip
+    """out[at : at + G]: the Gaussian on the grid with mean ``mean`` + shift and variance
+    second - mean^2 + widen, 1 at the cell nearest its mean (unnormalised); its total. Cell top + k is
+    a^k b^(k^2) of it, b = e^(-spacing^2 / spread), a = e^(-lead / spread): two running
+    products from the top, up and down the grid side by side (:func:`_gauss_cells`)."""
+    g_n = theta.size
+    spread = 2.0 * (second - mean * mean + widen)
+    centre, spacing = mean + shift, theta[1] - theta[0]
+    top = int(min(max(np.round((centre - theta[0]) / spacing), 0.0), g_n - 1.0))
+    lead = 2.0 * (theta[top] - centre) * spacing
+    a, b = np.exp(-lead / spread), np.exp(-spacing * spacing / spread)
+    out[at + top] = 1.0
+    return _gauss_cells(a * b, b / a, b * b, out, at + top, top, g_n - 1 - top)
 
 
-@njit(error_model="numpy")
-def _difference(edges: np.ndarray, out: np.ndarray) -> None:
-    for h in range(out.size):
-        out[h] = edges[h + 1] - edges[h]
+@_helper()
+def _gauss_cells(
+    up: float, down: float, factor: float, out: np.ndarray, top: int, below: int, above: int
+) -> float:
+    """A Gaussian's cells out[top + k] and out[top - k], 1 <= k <= above (below), as running
+    products from out[top] (1): each the one before times its ratio (``up``, ``down`` at the
+    first), which is multiplied by ``factor`` a cell (the ratio of neighbouring cells of
+    e^(-c k^2) is e^(-c (2 k - 1)), each e^(-2 c) times the last); the two directions in
+    one loop, two chains the CPU runs side by side; their total returned. Cells past the
+    first below TINY are 0 (the product would go on into the subnormals)."""
+    hi, lo, rise, fall, total = 1.0, 1.0, up, down, 1.0
+    for k in range(1, max(below, above) + 1):
+        if k <= above:
+            if hi >= TINY:
+                hi *= rise
+                rise *= factor
+            out[top + k] = hi if hi >= TINY else 0.0
+            total += out[top + k]
+        if k <= below:
+            if lo >= TINY:
+                lo *= fall
+                fall *= factor
+            out[top - k] = lo if lo >= TINY else 0.0
+            total += out[top - k]
+    return total
 
 
-@njit(error_model="numpy")
-def _normalised(w: np.ndarray, norm: np.ndarray, centre: float, out: np.ndarray) -> None:
-    for g in range(w.size):
-        out[g] = w[g] / (norm[g] - centre)
-
-
-@njit(error_model="numpy")
-def _toeplitz(dens: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out_h = sum_g dens[G - 1 - h + g] x_g, dens (2 G - 1,) symmetric about G - 1 (as
-    :func:`_masses` writes it), x >= 0: 4 LANES outputs at a time (:func:`_toeplitz_block`),
-    or, where G is no multiple of 4 LANES, each output a dot product.
+@_helper()
+def _toeplitz(dens: np.ndarray, at: int, x: np.ndarray, out: np.ndarray, out_at: int) -> None:
+    """out[out_at + h] = sum_g dens[at + G - 1 - h + g] x_g, dens[at : at + 2 G - 1] symmetric about
+    its middle (as :func:`_densities` writes it), x >= 0: 4 LANES outputs at a time
+    (:func:`_toeplitz_block`), or, where G is no multiple of 4 LANES, each output a sum.
 
     Every term is >= 0, so a sum in any order is within (G - 1) u of the exact sum, u =
     2^-53, relative, and each product (unless fused) within u: each out_h within G u = 7.1e-15
@@ -395,63 +494,75 @@ def _toeplitz(dens: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     g_n = x.size
     if g_n % (4 * LANES):
         for h in range(g_n):
-            out[h] = _dot(x, dens[g_n - 1 - h : 2 * g_n - 1 - h])
+            acc, o = 0.0, at + g_n - 1 - h
+            for g in range(g_n):
+                acc += x[g] * dens[np.uintp(o + g)]
+            out[out_at + h] = acc
         return
     for h in range(0, g_n, 4 * LANES):
-        _toeplitz_block(dens, x, h, out)
+        _toeplitz_block(dens, at + g_n - 1 + h, x, out, out_at + h)
 
 
-@njit(error_model="numpy")
-def _toeplitz_block(dens: np.ndarray, x: np.ndarray, h: int, out: np.ndarray) -> None:
+@_helper()
+def _toeplitz_block(dens: np.ndarray, at: int, x: np.ndarray, out: np.ndarray, h: int) -> None:
     """out[h : h + 4 LANES] of :func:`_toeplitz` as 4 vectors of sums, out[h + i] = sum_g
-    dens[G - 1 + h + i - g] x_g (dens symmetric). Source g needs the densities from o_g +
+    dens[at + i - g] x_g (at: the slot's G - 1 + its first output; dens symmetric). Source g needs the densities from o_g +
     k LANES, k < 4, o_g = G - 1 + h - g, and source g + LANES those from o_g + (k - 1) LANES:
     along each residue class of g mod LANES a vector is loaded once and handed down, one
     load, a broadcast and 4 fused multiply-adds a source (not the 5 loads, 4 products and 4
     sums of the scalar loop). Two classes at a time, r (into a) and r + 1 (into b): 8 chains
     of sums, none waiting on the last's result; each output is a + b, a the sum of the even
-    classes' terms in order (g = 0, 8, .., 56, then 2, 10, ..), b the odd classes'."""
+    classes' terms in order (g = 0, 8, .., 56, then 2, 10, ..), b the odd classes'. Written
+    out 4 sources a class at a time, so that handing a vector down is a new name, not a
+    register copy (which would take the ports the multiply-adds need)."""
     g_n, w = x.size, LANES
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _zero()
     for r in range(0, w, 2):
-        o = g_n - 1 + h - r
+        o = at - r
         d0, d1 = _load(dens, o), _load(dens, o + w)
         d2, d3 = _load(dens, o + 2 * w), _load(dens, o + 3 * w)
         e0, e1 = _load(dens, o - 1), _load(dens, o - 1 + w)
         e2, e3 = _load(dens, o - 1 + 2 * w), _load(dens, o - 1 + 3 * w)
-        for g in range(r, g_n, w):
-            xa, xb = _splat(x[g]), _splat(x[g + 1])
+        for g in range(r, g_n, 4 * w):
+            xa, xb = _splat_at(x, g), _splat_at(x, g + 1)  # window (d0, d1, d2, d3)
             a0, a1, a2, a3 = _fma(xa, d0, a0), _fma(xa, d1, a1), _fma(xa, d2, a2), _fma(xa, d3, a3)
             b0, b1, b2, b3 = _fma(xb, e0, b0), _fma(xb, e1, b1), _fma(xb, e2, b2), _fma(xb, e3, b3)
-            if g + w < g_n:
-                o -= w
-                d0, d1, d2, d3 = _load(dens, o), d0, d1, d2
-                e0, e1, e2, e3 = _load(dens, o - 1), e0, e1, e2
+            n0, m0 = _load(dens, o - w), _load(dens, o - 1 - w)
+            xa, xb = _splat_at(x, g + w), _splat_at(x, g + w + 1)  # (n0, d0, d1, d2)
+            a0, a1, a2, a3 = _fma(xa, n0, a0), _fma(xa, d0, a1), _fma(xa, d1, a2), _fma(xa, d2, a3)
+            b0, b1, b2, b3 = _fma(xb, m0, b0), _fma(xb, e0, b1), _fma(xb, e1, b2), _fma(xb, e2, b3)
+            n1, m1 = _load(dens, o - 2 * w), _load(dens, o - 1 - 2 * w)
+            xa, xb = _splat_at(x, g + 2 * w), _splat_at(x, g + 2 * w + 1)  # (n1, n0, d0, d1)
+            a0, a1, a2, a3 = _fma(xa, n1, a0), _fma(xa, n0, a1), _fma(xa, d0, a2), _fma(xa, d1, a3)
+            b0, b1, b2, b3 = _fma(xb, m1, b0), _fma(xb, m0, b1), _fma(xb, e0, b2), _fma(xb, e1, b3)
+            n2, m2 = _load(dens, o - 3 * w), _load(dens, o - 1 - 3 * w)
+            xa, xb = _splat_at(x, g + 3 * w), _splat_at(x, g + 3 * w + 1)  # (n2, n1, n0, d0)
+            a0, a1, a2, a3 = _fma(xa, n2, a0), _fma(xa, n1, a1), _fma(xa, n0, a2), _fma(xa, d0, a3)
+            b0, b1, b2, b3 = _fma(xb, m2, b0), _fma(xb, m1, b1), _fma(xb, m0, b2), _fma(xb, e0, b3)
+            o -= 4 * w  # the next 4 sources' window (read at 0 after the last: not used)
+            d0, d1, d2, d3 = _load(dens, max(o, 0)), n2, n1, n0
+            e0, e1, e2, e3 = _load(dens, max(o - 1, 0)), m2, m1, m0
     _store(out, h, _add(a0, b0))
     _store(out, h + w, _add(a1, b1))
     _store(out, h + 2 * w, _add(a2, b2))
     _store(out, h + 3 * w, _add(a3, b3))
 
 
-@njit(error_model="numpy")
-def _mix(row: np.ndarray, jump: float, other: np.ndarray, total: float) -> None:
-    for g in range(row.size):
-        row[g] = (1.0 - jump) * row[g] + jump * (other[g] / total)
+@_helper()
+def _mix(row: np.ndarray, at: int, jump: float, other: np.ndarray, total: float) -> None:
+    """row[at : at + G] = (1 - jump) row + jump other[at : at + G] / total."""
+    scale = jump / total
+    for g in range(other.size // 2):
+        u = np.uintp(at + g)
+        row[u] = (1.0 - jump) * row[u] + scale * other[u]
 
 
-@njit(fastmath={"reassoc"}, error_model="numpy")
-def _sum(x: np.ndarray) -> float:
+@_helper(fastmath={"reassoc"})
+def _dot_at(x: np.ndarray, at: int, y: np.ndarray) -> float:
+    """x[at : at + y.size] . y, on vectors."""
     acc = 0.0
-    for g in range(x.size):
-        acc += x[g]
-    return acc
-
-
-@njit(fastmath={"reassoc"}, error_model="numpy")
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    acc = 0.0
-    for g in range(x.size):
-        acc += x[g] * y[g]
+    for g in range(y.size):
+        acc += x[np.uintp(at + g)] * y[g]
     return acc
 
 
@@ -470,15 +581,20 @@ def track_update(
         _prefetch_row(weights, rows, n)
     for n in range(rows.size):
         _prefetch_row(weights, rows, n + AHEAD)
-        _bayes(post[n], likelihood[which[n]], weights[rows[n]], floor)
+        _bayes(post[n], 0, likelihood, which[n], weights, rows[n], floor)
 
 
-@njit(error_model="numpy")
-def _bayes(w: np.ndarray, lik: np.ndarray, dst: np.ndarray, floor: float) -> None:
-    """dst = w x lik normalised (a sum in order), each cell raised to at least ``floor``."""
+@_helper(fastmath={"reassoc"})
+def _bayes(
+    w: np.ndarray, at: int, likelihood: np.ndarray, line: int, weights: np.ndarray, i: int,
+    floor: float,
+) -> None:  # fmt: skip
+    """weights[i] = w[at : at + G] x likelihood[line] normalised (its sum on vectors), each
+    cell raised to at least ``floor``."""
+    g_n = weights.shape[1]
     acc = 0.0
-    for g in range(w.size):
-        dst[g] = lik[g] * w[g]
-        acc += dst[g]
-    for g in range(w.size):
-        dst[g] = max(dst[g] / acc, floor)
+    for g in range(g_n):
+        acc += likelihood[line, g] * w[np.uintp(at + g)]
+    scale = 1.0 / acc
+    for g in range(g_n):
+        weights[i, g] = max((likelihood[line, g] * w[np.uintp(at + g)]) * scale, floor)

@@ -60,6 +60,8 @@ class StepEstimator:
         self.reward_range = reward_range
         self.lead = tuple(lead)
         self.state = kernel.initial_state(self.lead)
+        # the largest state made and its streams: reset writes into it (or its first streams)
+        self._room, self._room_lead = self.state, self.lead
 
     @property
     def carries_state(self) -> bool:
@@ -70,10 +72,19 @@ class StepEstimator:
         return bool(self.state) and getattr(self.kernel, "carries_state", True)
 
     def reset(self, lead: tuple[int, ...] | None = None) -> None:
-        """The initial state, for ``lead`` parallel streams (default: as before)."""
-        if lead is not None:
-            self.lead = tuple(lead)
-        self.state = self.kernel.initial_state(self.lead)
+        """The initial state, for ``lead`` parallel streams (default: as before). Where the
+        kernel can (``reset_state``) it is written into the largest state made so far, or
+        into its first streams for fewer: a replay that restarts its streams pass after
+        pass then allocates once (a copy of an old state is :meth:`state_dict`'s)."""
+        lead = self.lead if lead is None else tuple(lead)
+        refill = getattr(self.kernel, "reset_state", None)
+        if refill is not None and self._room and _fits(lead, self._room_lead):
+            self.state = {k: v[: lead[0]] for k, v in self._room.items()} if lead else self._room
+            refill(self.state)
+        else:
+            self.state = self._room = self.kernel.initial_state(lead)
+            self._room_lead = lead
+        self.lead = lead
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """A copy of the state: named numpy arrays (empty for a stateless estimator)."""
@@ -95,7 +106,8 @@ class StepEstimator:
                     f"got {value.shape} (another cache or number of streams?)"
                 )
             loaded[key] = value.copy()
-        self.state = loaded
+        self.state = self._room = loaded
+        self._room_lead = self.lead
 
     @property
     def previous_index(self) -> int | None:
@@ -186,3 +198,9 @@ def make_step_estimator(
     table = TiltTable.from_cache(ref, betas, prior, prompt_ids, features)
     kernel = est.kernel(est, opts, table, ref, reward_range)
     return StepEstimator(est, opts, kernel, table, reward_range, lead)
+
+
+def _fits(lead: tuple[int, ...], room: tuple[int, ...]) -> bool:
+    """Whether streams ``lead`` are the first of a state for ``room``: the same but for as
+    many or fewer along the first axis."""
+    return len(lead) == len(room) and lead[1:] == room[1:] and (not lead or lead[0] <= room[0])

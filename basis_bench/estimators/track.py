@@ -190,21 +190,33 @@ class TrackKernel:
         self.lines = np.stack([1.0 - self.sig, self.sig])  # a 0/1 reward's likelihood lines
 
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
-        p, c = self.prior.shape[0], len(self.models)
-        return {
-            "weights": np.broadcast_to(self.prior, (*lead, c, *self.prior.shape)).copy(),
-            "step": np.zeros(lead),
-            "last_visit": np.zeros((*lead, p)),
-            "level": np.zeros((*lead, c)),
-            "level_var": np.full((*lead, c), LEVEL_PRIOR_VAR),
-            "jumps": np.zeros((*lead, c)),  # discounted count of the level's jump steps
-            # the expected number of level jumps so far, and at each prompt's last visit:
-            # the reference counts as its regime's R jumps before the first step
-            "jump_clock": np.broadcast_to(self.regimes[:, 1], (*lead, c)).copy(),
-            "last_jump_clock": np.zeros((*lead, c, p)),
-            "last_level": np.zeros((*lead, c, p)),
-            "evidence": np.zeros((*lead, c, len(DIFFICULTY_EDGES) + 1)),  # per difficulty bin
+        (p, g), c = self.prior.shape, self.drift.shape[0]
+        state = {
+            "weights": np.empty((*lead, c, p, g)),
+            "step": np.empty(lead),
+            "last_visit": np.empty((*lead, p)),
+            "level": np.empty((*lead, c)),
+            "level_var": np.empty((*lead, c)),
+            "jumps": np.empty((*lead, c)),  # discounted count of the level's jump steps
+            # the expected number of level jumps so far, and at each prompt's last visit
+            "jump_clock": np.empty((*lead, c)),
+            "last_jump_clock": np.empty((*lead, c, p)),
+            "last_level": np.empty((*lead, c, p)),
+            "evidence": np.empty((*lead, c, len(DIFFICULTY_EDGES) + 1)),  # per difficulty bin
         }
+        self.reset_state(state)
+        return state
+
+    def reset_state(self, state: dict[str, np.ndarray]) -> None:
+        """The initial state, written into ``state`` (made by :meth:`initial_state`): every
+        posterior the prior; the level at 0 with variance LEVEL_PRIOR_VAR; the reference
+        its regime's R jumps before the first step; the rest 0."""
+        state["weights"][...] = self.prior
+        state["level_var"][...] = LEVEL_PRIOR_VAR
+        state["jump_clock"][...] = self.regimes[:, 1]
+        for key in ("step", "last_visit", "level", "jumps", "last_jump_clock", "last_level",
+                    "evidence"):  # fmt: skip
+            state[key][...] = 0.0
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
         check_rewards(rewards, self.reward_range)
@@ -226,7 +238,7 @@ class TrackKernel:
         enter with weight 0 (x + 0 y = x: the same numbers). The arithmetic on (S, C, B)
         arrays is compiled (:mod:`track_loops`) but for its exponentials and logarithms,
         numpy's, one call each on one buffer; the rows' (:mod:`loops`) between."""
-        from basis_bench.estimators import loops, track_loops  # numba, imported on first use
+        from basis_bench.estimators import predict_loops, track_loops  # numba, on first use
 
         s, b = cols.shape
         c, g = len(self.models), len(self.theta)
@@ -244,7 +256,7 @@ class TrackKernel:
         )  # fmt: skip
         pred, moments = np.empty(n), np.empty((n, 2))
         jump0 = 1.0 - np.exp(work[track_loops.NEG])
-        loops.track_predict(
+        predict_loops.track_predict(
             weights, rows, work[track_loops.MOVED], work[track_loops.VAR], jump0, self.theta,
             JUMP_VAR, pred, moments,
         )  # fmt: skip

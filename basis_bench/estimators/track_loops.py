@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from basis_bench.estimators.loops import _prefetch
+from basis_bench.estimators.loops import _helper, _prefetch
 
 # rows of the (WORK, N) scratch the kernels pass on
 LAST, LAST_JUMPS, MOVED, VAR, NEG, RESID, CURV = range(7)
@@ -133,14 +133,14 @@ def residuals(
             logs[3 * n_rows + k * n_m + m] = spread
 
 
-@njit(error_model="numpy")
+@_helper()
 def _clip(x: float, lo: float, hi: float) -> float:
     """numpy's clip: min(max(x, lo), hi), a tie to the bound."""
     x = x if x > lo else lo
     return x if x < hi else hi
 
 
-@njit(error_model="numpy")
+@_helper()
 def _pairwise_sum(x: np.ndarray) -> float:
     """numpy's sum of x, the pairwise summation of a reduction along a contiguous axis:
     below 8 terms in order; up to 128 eight running sums (term j into sum j mod 8) combined
@@ -169,7 +169,7 @@ def _pairwise_sum(x: np.ndarray) -> float:
     return acc
 
 
-@njit(error_model="numpy")
+@_helper()
 def level_spreads(h: float, prior: float) -> float:
     """The variance of the batch's residual sum E under a level of variance ``prior``
     (Laplace: E ~ N(0, H + H^2 prior), H = ``h`` the sensitivity), floored: a batch whose
@@ -221,7 +221,7 @@ def scores(
                 evidence[s, c, k] = (evidence[s, c, k] + counts[s, c, k]) * memory
 
 
-@njit(error_model="numpy")
+@_helper()
 def _jump_evidence(spreads: np.ndarray, logs: np.ndarray, e: float, calm: int, jump: int) -> float:
     """ev_c - ev_j, ev_q = -(log S_q + e^2 / S_q) / 2: S_q = spreads[i], log S_q = logs[i]."""
     ev_c = -0.5 * (logs[calm] + e * e / spreads[calm])
@@ -276,7 +276,7 @@ def advance(
         step[s] += 1.0
 
 
-@njit(error_model="numpy")
+@_helper()
 def level_collapse(
     u: float, v: float, rate: float, resid: float, h: float, odds: float, noise: np.ndarray
 ) -> tuple[float, float, float]:

@@ -101,9 +101,15 @@ class ReplayStart:
         return out
 
     def stream(
-        self, s: Stepper, rr: tuple[float, float] | None, lead: tuple[int, ...]
-    ) -> StepEstimator:
-        """``lead`` parallel streams of one estimator."""
+        self, s: Stepper, rr: tuple[float, float] | None, lead: tuple[int, ...],
+        reuse: StepEstimator | None = None,
+    ) -> StepEstimator:  # fmt: skip
+        """``lead`` parallel streams of one estimator, from their initial state: ``reuse``
+        (the last pass's streams of the same estimator) restarted, which keeps its state's
+        memory where it can (:meth:`StepEstimator.reset`), or new ones."""
+        if reuse is not None:
+            reuse.reset(lead)
+            return reuse
         return StepEstimator(s.estimator, s.options, s.kernel, self.table, rr, lead)
 
 
@@ -171,8 +177,11 @@ def stream_sets(
 def stream_bytes(prompts: int, kernels: Sequence[StepKernel]) -> int:
     """One stream's memory: its epoch's shuffle and every estimator's state (what
     ``initial_state`` allocates for one stream: basis_memory's and basis_context's
-    discounted histories, 64 bytes a prompt each, the SPO tracker's 16, ...)."""
-    state = sum(a.nbytes for k in kernels for a in k.initial_state((1,)).values())
+    discounted histories, 64 bytes a prompt each, the SPO tracker's 16, ...), read off the
+    shapes of a state for no streams: one for a stream would cost the system its pages."""
+    state = sum(
+        math.prod(a.shape[1:]) * a.itemsize for k in kernels for a in k.initial_state((0,)).values()
+    )
     return SHUFFLE_BYTES * prompts + state
 
 

@@ -54,7 +54,7 @@ import numpy as np
 import polars as pl
 
 from basis_bench.errors import InputError
-from basis_bench.estimators import Estimator
+from basis_bench.estimators import Estimator, StepEstimator
 from basis_bench.evaluation.config import named
 from basis_bench.evaluation.counter_random import permute, tag, uniforms
 from basis_bench.evaluation.dataset import Rewards
@@ -202,6 +202,8 @@ class _Run:
     noise: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,)
     spread: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,) V(1 - V) summed
     reuse: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,) reused draws
+    # each member's streams of the last pass, restarted for the next (their memory kept)
+    streams: dict[str, StepEstimator] = field(default_factory=dict)
 
 
 def _runs(steppers: Sequence[Stepper], group_size: int, s: StepSchedule, p: int) -> list[_Run]:
@@ -379,9 +381,12 @@ def _replay_run(
     built, rr = start
     seed = built.plan.seed
     streams = {
-        e.name: built.stream(Stepper(e, opts, kernel), rr or (0.0, 1.0), lead)
+        e.name: built.stream(
+            Stepper(e, opts, kernel), rr or (0.0, 1.0), lead, run.streams.get(e.name)
+        )
         for e, opts, kernel, _ in members
     }
+    run.streams.update(streams)
     used = np.zeros((len(r_ids), p, len(folds)), dtype=np.int64)  # pool samples taken so far
     rho = r_ids % n_folds  # each repeat's pool fold
     schedule = VisitSchedule(run.batch, p, r_ids, seed)

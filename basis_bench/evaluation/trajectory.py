@@ -225,12 +225,15 @@ def replay_trajectory(
     )  # fmt: skip
     sets = stream_sets(plan.repeats, p, [s.kernel for s in steppers])
     for k, (members, group) in enumerate(sets):
+        last: dict[int, StepEstimator] = {}  # the last pass's streams, restarted for the next
         for lo in range(0, plan.repeats, group):
             streams = (lo, min(lo + group, plan.repeats))
+            last = {
+                i: start.stream(steppers[i], rr, (streams[1] - lo,), last.get(i)) for i in members
+            }
             tracks = {
                 steppers[i].estimator.name: _Track(
-                    start.stream(steppers[i], rr, (streams[1] - lo,)),
-                    steppers[i].estimator.rollouts_per_prompt(plan.group_size),
+                    last[i], steppers[i].estimator.rollouts_per_prompt(plan.group_size)
                 )
                 for i in members
             }
