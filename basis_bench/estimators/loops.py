@@ -227,27 +227,23 @@ def track_drift(
     # independent chains the CPU overlaps, each reading buffers written a pass before
     dens, inv = np.empty(2 * span), np.empty(2 * g_n)
     redrawn, row = np.empty(2 * g_n), np.empty(2 * g_n)
-    totals = np.ones(2)
     for n in range(min(AHEAD, n_rows)):
         _prefetch_row(weights, rows, n)
     update = likelihood.shape[0] > 0
     q = 0.0
     if n_rows:
-        q = _prepare(
-            0, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, totals, scratch
-        )
+        q = _prepare(0, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, scratch)
     for n in range(n_rows + 1):
         _prefetch_row(weights, rows, n + AHEAD)
         if n > 0:
-            _finish(n - 1, jump, redrawn, totals, sig, row, values, likelihood, which, weights,
+            _finish(n - 1, jump, redrawn, sig, row, values, likelihood, which, weights,
                     rows, floor, update, out)  # fmt: skip
         if n == n_rows:
             break
         q_next = 0.0
         if n + 1 < n_rows:
             q_next = _prepare(
-                n + 1, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, totals,
-                scratch,
+                n + 1, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, scratch,
             )  # fmt: skip
         at = (n % 2) * g_n
         if q > 0.0:
@@ -260,9 +256,9 @@ def track_drift(
 
 @_helper()
 def _finish(
-    n: int, jump: np.ndarray, redrawn: np.ndarray, totals: np.ndarray, sig: np.ndarray,
-    row: np.ndarray, values: np.ndarray, likelihood: np.ndarray, which: np.ndarray,
-    weights: np.ndarray, rows: np.ndarray, floor: float, update: bool, out: np.ndarray,
+    n: int, jump: np.ndarray, redrawn: np.ndarray, sig: np.ndarray, row: np.ndarray,
+    values: np.ndarray, likelihood: np.ndarray, which: np.ndarray, weights: np.ndarray,
+    rows: np.ndarray, floor: float, update: bool, out: np.ndarray,
 ) -> None:  # fmt: skip
     """Row n's posterior, moved and blurred in row[at : at + G], at = (n % 2) G: mixed with
     its redrawn one if jump[n] != 0, valued into values[n], then updated into weights[rows[n]]
@@ -270,7 +266,7 @@ def _finish(
     g_n = sig.size
     at = (n % 2) * g_n
     if jump[n] != 0.0:
-        _mix(row, at, jump[n], redrawn, totals[n % 2])
+        _mix(row, at, jump[n], redrawn)
     values[n] = _dot_at(row, at, sig)
     if update:
         _bayes(row, at, likelihood, which[n], weights, rows[n], floor)
@@ -283,12 +279,12 @@ def _finish(
 def _prepare(
     n: int, shift: np.ndarray, var: np.ndarray, jump: np.ndarray, moments: np.ndarray,
     theta: np.ndarray, jump_var: float, dens: np.ndarray, inv: np.ndarray,
-    redrawn: np.ndarray, totals: np.ndarray, scratch: np.ndarray,
+    redrawn: np.ndarray, scratch: np.ndarray,
 ) -> float:  # fmt: skip
     """Row n's blur and redrawn posterior, into slot n % 2: the density one cell away q (0:
     no blur, where it is below TINY) and, if q > 0, the densities and 1 / norm_g
-    (:func:`_densities`); if jump[n] != 0 the redrawn posterior (:func:`_redrawn`) and its
-    total. Returns q."""
+    (:func:`_densities`); if jump[n] != 0 the redrawn posterior (:func:`_redrawn`). Returns
+    q."""
     g_n = theta.size
     slot, spacing = n % 2, theta[1] - theta[0]
     log_q = -spacing * spacing / (2.0 * max(var[n], 1e-12))
@@ -299,9 +295,7 @@ def _prepare(
         _densities(q, reach, dens, slot * (2 * g_n - 1), inv, slot * g_n, scratch)
     if jump[n] != 0.0:
         mean, second = moments[n, 0], moments[n, 1]
-        totals[slot] = _redrawn(
-            mean, second, shift[n], var[n] + jump_var, theta, redrawn, slot * g_n
-        )
+        _redrawn(mean, second, shift[n], var[n] + jump_var, theta, redrawn, slot * g_n)
     return q
 
 
@@ -362,15 +356,11 @@ def _densities(
     scratch: np.ndarray,
 ) -> None:  # fmt: skip
     """The blur's densities dens[at + G - 1 +- k] = d_k = q^(k^2), 0 past ``reach`` (where
-    d_k < TINY), and each cell's 1 / norm_g into inv[inv_at + g], norm_g = sum_h d_|h - g|
-    = P_g + P_(G - 1 - g) - 1, P the running sum of d.
-
+    d_k < TINY), and each cell's 1 / norm_g into inv[inv_at + g] (:func:`_normalisers`).
     d_k for k < 8 a running product (:func:`_gauss_cells`'s), then d_(k + 8) = d_k r_k,
     r_k = q^(16 k + 64), r_(k + 8) = r_k q^128: two recurrences 8 apart, which run on
     vectors (some 15 roundings a density at G = 64, not one chain of 64 products, each
-    waiting on the last); every factor >= TINY^3, no product subnormal. P in 4 runs of G /
-    4 side by side, each run's total added to the runs after it; norm_g the same from where
-    P stops growing (d_k below its last bit) to the middle, divided once."""
+    waiting on the last); every factor >= TINY^3, no product subnormal."""
     g_n = scratch.size
     c = at + g_n - 1  # dens[c +- k] = d_k
     r = inv_at  # inv[r + k] = r_k, until the normalisers are made
@@ -395,54 +385,57 @@ def _densities(
         dens[np.uintp(c + k)] = scratch[k]
     for k in range(g_n):
         dens[np.uintp(c - k)] = scratch[k]
-    _normalisers(dens, c, inv, inv_at, scratch)
+    _normalisers(dens, c, reach, inv, inv_at, scratch)
 
 
 @_helper()
 def _normalisers(
-    dens: np.ndarray, c: int, inv: np.ndarray, inv_at: int, scratch: np.ndarray
+    dens: np.ndarray, c: int, reach: int, inv: np.ndarray, inv_at: int, scratch: np.ndarray
 ) -> None:  # fmt: skip
     """inv[inv_at + g] = 1 / norm_g, norm_g = P_g + P_(G - 1 - g) - 1, P the running sum of
-    the densities d_k = dens[c + k] (:func:`_densities`)."""
-    g_n = scratch.size
-    if g_n % 4:  # P, into the scratch
-        acc = 0.0
-        for k in range(g_n):
-            acc += dens[np.uintp(c + k)]
-            scratch[k] = acc
-    else:
-        m = g_n // 4
-        a0 = a1 = a2 = a3 = 0.0
-        for i in range(m):
-            a0 += dens[np.uintp(c + i)]
-            a1 += dens[np.uintp(c + m + i)]
-            a2 += dens[np.uintp(c + 2 * m + i)]
-            a3 += dens[np.uintp(c + 3 * m + i)]
-            scratch[i], scratch[m + i], scratch[2 * m + i], scratch[3 * m + i] = a0, a1, a2, a3
-        b1 = a0
-        b2 = b1 + a1
-        b3 = b2 + a2
-        for i in range(m):
-            scratch[m + i] += b1
-            scratch[2 * m + i] += b2
-            scratch[3 * m + i] += b3
-    norm, v = 0.0, 0.0
-    for g in range((g_n + 1) // 2):  # a division where norm_g changes (P stops growing)
-        now = scratch[g] + scratch[g_n - 1 - g] - 1.0
-        if now != norm:
-            norm, v = now, 1.0 / now
-        inv[np.uintp(inv_at + g)], inv[np.uintp(inv_at + g_n - 1 - g)] = v, v
+    the densities d_k = dens[c + k] (:func:`_densities`; 0 past ``reach``, where P stops):
+    in 4 runs side by side, each run's total added to the runs after it; the norms then
+    divided on vectors, half of them (norm is symmetric)."""
+    g_n, terms = scratch.size, reach + 1
+    m = terms // 4
+    a0 = a1 = a2 = a3 = 0.0
+    for i in range(m):
+        a0 += dens[np.uintp(c + i)]
+        a1 += dens[np.uintp(c + m + i)]
+        a2 += dens[np.uintp(c + 2 * m + i)]
+        a3 += dens[np.uintp(c + 3 * m + i)]
+        scratch[i], scratch[m + i], scratch[2 * m + i], scratch[3 * m + i] = a0, a1, a2, a3
+    b1 = a0
+    b2 = b1 + a1
+    b3 = b2 + a2
+    for i in range(m):
+        scratch[m + i] += b1
+        scratch[2 * m + i] += b2
+        scratch[3 * m + i] += b3
+    acc = b3 + a3
+    for k in range(4 * m, terms):  # the last terms % 4
+        acc += dens[np.uintp(c + k)]
+        scratch[k] = acc
+    for k in range(terms, g_n):
+        scratch[k] = acc
+    half, at = (g_n + 1) // 2, np.uintp(inv_at)
+    for g in range(half):
+        inv[at + np.uintp(g)] = scratch[g] + scratch[np.uintp(g_n - 1 - g)] - 1.0
+    for g in range(half):
+        inv[at + np.uintp(g)] = 1.0 / inv[at + np.uintp(g)]
+    for g in range(half):
+        inv[at + np.uintp(g_n - 1 - g)] = inv[at + np.uintp(g)]
 
 
 @_helper()
 def _redrawn(
     mean: float, second: float, shift: float, widen: float, theta: np.ndarray,
     out: np.ndarray, at: int,
-) -> float:  # fmt: skip
+) -> None:  # fmt: skip
     """out[at : at + G]: the Gaussian on the grid with mean ``mean`` + shift and variance
-    second - mean^2 + widen, 1 at the cell nearest its mean (unnormalised); its total. Cell top + k is
+    second - mean^2 + widen, 1 at the cell nearest its mean (unnormalised). Cell top + k is
     a^k b^(k^2) of it, b = e^(-spacing^2 / spread), a = e^(-lead / spread): two running
-    products from the top, up and down the grid side by side (:func:`_gauss_cells`)."""
+    products from the top, up and down the grid (:func:`_gauss_cells`)."""
     g_n = theta.size
     spread = 2.0 * (second - mean * mean + widen)
     centre, spacing = mean + shift, theta[1] - theta[0]
@@ -450,34 +443,29 @@ def _redrawn(
     lead = 2.0 * (theta[top] - centre) * spacing
     a, b = np.exp(-lead / spread), np.exp(-spacing * spacing / spread)
     out[at + top] = 1.0
-    return _gauss_cells(a * b, b / a, b * b, out, at + top, top, g_n - 1 - top)
+    _gauss_cells(1.0, a * b, b * b, out, at + top + 1, at + g_n, 1)
+    _gauss_cells(1.0, b / a, b * b, out, at + top - 1, at - 1, -1)
 
 
 @_helper()
 def _gauss_cells(
-    up: float, down: float, factor: float, out: np.ndarray, top: int, below: int, above: int
-) -> float:
-    """A Gaussian's cells out[top + k] and out[top - k], 1 <= k <= above (below), as running
-    products from out[top] (1): each the one before times its ratio (``up``, ``down`` at the
-    first), which is multiplied by ``factor`` a cell (the ratio of neighbouring cells of
-    e^(-c k^2) is e^(-c (2 k - 1)), each e^(-2 c) times the last); the two directions in
-    one loop, two chains the CPU runs side by side; their total returned. Cells past the
-    first below TINY are 0 (the product would go on into the subnormals)."""
-    hi, lo, rise, fall, total = 1.0, 1.0, up, down, 1.0
-    for k in range(1, max(below, above) + 1):
-        if k <= above:
-            if hi >= TINY:
-                hi *= rise
-                rise *= factor
-            out[top + k] = hi if hi >= TINY else 0.0
-            total += out[top + k]
-        if k <= below:
-            if lo >= TINY:
-                lo *= fall
-                fall *= factor
-            out[top - k] = lo if lo >= TINY else 0.0
-            total += out[top - k]
-    return total
+    value: float, ratio: float, factor: float, out: np.ndarray, lo: int, hi: int, by: int
+) -> None:
+    """A Gaussian's cells out[lo], out[lo + by], .. (up to hi) as a running product: each
+    the one before times ``ratio``, which is multiplied by ``factor`` a cell (the ratio of
+    neighbouring cells of e^(-c k^2) is e^(-c (2 k - 1)), each e^(-2 c) times the last).
+    Cells from the first below TINY on are 0 (the product would go on into the subnormals)."""
+    g = lo
+    while g != hi:
+        value *= ratio
+        ratio *= factor
+        if value < TINY:
+            break
+        out[g] = value
+        g += by
+    while g != hi:
+        out[g] = 0.0
+        g += by
 
 
 @_helper()
@@ -548,11 +536,16 @@ def _toeplitz_block(dens: np.ndarray, at: int, x: np.ndarray, out: np.ndarray, h
     _store(out, h + 3 * w, _add(a3, b3))
 
 
-@_helper()
-def _mix(row: np.ndarray, at: int, jump: float, other: np.ndarray, total: float) -> None:
-    """row[at : at + G] = (1 - jump) row + jump other[at : at + G] / total."""
+@_helper(fastmath={"reassoc"})
+def _mix(row: np.ndarray, at: int, jump: float, other: np.ndarray) -> None:
+    """row[at : at + G] = (1 - jump) row + jump other[at : at + G] / its total (a sum on
+    vectors)."""
+    g_n = other.size // 2
+    total = 0.0
+    for g in range(g_n):
+        total += other[np.uintp(at + g)]
     scale = jump / total
-    for g in range(other.size // 2):
+    for g in range(g_n):
         u = np.uintp(at + g)
         row[u] = (1.0 - jump) * row[u] + scale * other[u]
 

@@ -31,29 +31,28 @@ def track_predict(
     jump != 0 mixed, (1 - jump) p + jump x the same at var + jump_var; and each row's
     moments (N, 2) sum_g w_g theta_g and sum_g w_g theta_g^2."""
     g_n = theta.size
-    sig, ez, square, w = np.empty(g_n), np.empty(g_n), theta * theta, np.empty(g_n)
+    ez, square = np.empty(g_n), theta * theta
     for n in range(min(AHEAD, rows.size)):
         _prefetch_row(weights, rows, n)
     for n in range(rows.size):
         _prefetch_row(weights, rows, n + AHEAD)
-        for g in range(g_n):  # a copy, not a view: see _bayes
-            w[g] = weights[rows[n], g]
-        _sigmoids(theta, moved[n], var[n], ez, sig)
-        pn = _dot(w, sig)
+        i = rows[n]
+        _exps(theta, moved[n], var[n], ez)
+        pn = _predictive(weights, i, ez)
         if jump[n] != 0.0:
-            _sigmoids(theta, moved[n], var[n] + jump_var, ez, sig)
-            pn = (1.0 - jump[n]) * pn + jump[n] * _dot(w, sig)
+            _exps(theta, moved[n], var[n] + jump_var, ez)
+            pn = (1.0 - jump[n]) * pn + jump[n] * _predictive(weights, i, ez)
         p[n] = pn
-        moments[n, 0], moments[n, 1] = _dot(w, theta), _dot(w, square)
+        moments[n, 0], moments[n, 1] = _row_dot(weights, i, theta), _row_dot(weights, i, square)
 
 
 @_helper()
-def _sigmoids(theta: np.ndarray, shift: float, var: float, ez: np.ndarray, out: np.ndarray) -> None:
-    """out_g = 1 / (1 + e^-z_g), z_g = (theta_g + shift) / sqrt(1 + pi var / 8), on an evenly
-    spaced grid: e^-z_g as a running product, e^-z_0 times e^(-spacing scale) g times for the
-    first 8 cells and each cell the one 8 before times its 8th power (some 17 roundings at
-    most, the product vectorised by 8); each cell's own exponential where the ends leave
-    e^+-700 (no product near overflow)."""
+def _exps(theta: np.ndarray, shift: float, var: float, ez: np.ndarray) -> None:
+    """ez_g = e^-z_g, z_g = (theta_g + shift) / sqrt(1 + pi var / 8), on an evenly spaced
+    grid: a running product, e^-z_0 times e^(-spacing scale) g times for the first 8 cells
+    and each cell the one 8 before times its 8th power (some 17 roundings at most, the
+    product vectorised by 8); each cell's own exponential where the ends leave e^+-700 (no
+    product near overflow)."""
     scale = 1.0 / np.sqrt(1.0 + np.pi * var / 8.0)
     first, last = (-theta[0] - shift) * scale, (-theta[-1] - shift) * scale
     if -700.0 < last and first < 700.0:
@@ -69,13 +68,21 @@ def _sigmoids(theta: np.ndarray, shift: float, var: float, ez: np.ndarray, out: 
     else:
         for g in range(ez.size):
             ez[g] = np.exp((-theta[g] - shift) * scale)
-    for g in range(out.size):
-        out[g] = 1.0 / (1.0 + ez[g])
 
 
 @_helper(fastmath={"reassoc"})
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
+def _predictive(weights: np.ndarray, i: int, ez: np.ndarray) -> float:
+    """sum_g weights[i, g] sigmoid(z_g), sigmoid(z_g) = 1 / (1 + ez_g) (:func:`_exps`)."""
     acc = 0.0
-    for g in range(x.size):
-        acc += x[g] * y[g]
+    for g in range(ez.size):
+        acc += weights[i, g] * (1.0 / (1.0 + ez[g]))
+    return acc
+
+
+@_helper(fastmath={"reassoc"})
+def _row_dot(weights: np.ndarray, i: int, y: np.ndarray) -> float:
+    """weights[i] . y (a row by index, not a view: see :mod:`loops`)."""
+    acc = 0.0
+    for g in range(y.size):
+        acc += weights[i, g] * y[g]
     return acc
