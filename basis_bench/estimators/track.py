@@ -237,7 +237,8 @@ class TrackKernel:
         row of G cells; a filter that cannot jump (eta J = 0) skips the jump's terms, which
         enter with weight 0 (x + 0 y = x: the same numbers). The arithmetic on (S, C, B)
         arrays is compiled (:mod:`track_loops`) but for its exponentials and logarithms,
-        numpy's, one call each on one buffer; the rows' (:mod:`loops`) between."""
+        numpy's, one call each on one buffer; the rows' between (the predictions'
+        :mod:`predict_loops`, the drift's :mod:`loops`)."""
         from basis_bench.estimators import predict_loops, track_loops  # numba, on first use
 
         s, b = cols.shape

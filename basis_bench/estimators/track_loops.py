@@ -3,10 +3,10 @@ compiled with numba: the batch's rows gathered from the state, the predictions'
 log-likelihoods and residuals, the common level's steps (without each prompt and on the
 whole batch), the filters' mixing scores, the drift's arguments and the state's updates,
 which numpy ran as some hundred small calls a step. ``TrackKernel._step`` calls them in
-order around the row loops of :mod:`loops` (the predictions, the drift), which it calls
-itself: numba's on-disk cache knows a compiled loop's own file only, so no loop here calls
-one of another file (a change there would leave a stale copy here) but the prefetch hint
-:func:`loops._prefetch`, which changes no number.
+order around the row loops (the predictions, :mod:`predict_loops`; the drift, :mod:`loops`),
+which it calls itself: numba's on-disk cache knows a compiled loop's own file only, so no
+loop here calls one of another file (a change there would leave a stale copy here) but the
+prefetch hint :func:`loops._prefetch`, which changes no number.
 
 The exponentials and logarithms stay in numpy: on CPUs with AVX-512 its vectorised exp,
 log and log1p differ from the C library's (numba's) in the last bit, which the filter's
