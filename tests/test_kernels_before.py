@@ -15,6 +15,8 @@ agree at all, so the state is compared where it carries weight."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import track_before
@@ -90,11 +92,14 @@ def test_track_one_stream_without_a_lead_axis():
 def test_the_sigmoids_running_product_equals_the_exponentials(shift):
     """The predictive's sigmoids 1 / (1 + e^-z_g), e^-z_g a running product along the grid
     (each cell's own exponential where an end passes e^+-700), against numpy's: to 1e-13
-    relative, and where |z| is large to the rounding that z itself carries (eps |z|)."""
+    relative, and where |z| is large to the rounding that z itself carries (eps |z|); on
+    grids of 64 cells (vectors of 8), 40 and 8 (each cell from the one 8 before) and 7 (each
+    cell's own exponential)."""
     from basis_bench.estimators import predict_loops
 
-    theta = logit_grid()
-    for var in (0.0, 0.02, 1.7, 40.0):
+    for theta, var in itertools.product(
+        (logit_grid(), logit_grid(40), logit_grid(8), logit_grid(7)), (0.0, 0.02, 1.7, 40.0)
+    ):
         ez = np.empty(len(theta))
         predict_loops._exps(theta, shift, var, ez)
         got = 1.0 / (1.0 + ez)  # as the predictive takes them

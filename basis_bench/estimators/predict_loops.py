@@ -2,8 +2,10 @@
 of its prompt's reward before the visit, from the posterior read from the state by index
 (the probit approximation, :func:`track_predict`), and the posterior's first two moments.
 The drift and the update, which move the same rows, are :mod:`loops`'; this file borrows
-its prefetch (:func:`loops._prefetch_row`: a hint, no number changes with it; numba's disk
-cache knows a compiled loop's own file only) and its helper decorator.
+its helper decorator, its prefetch (:func:`loops._prefetch_row`: a hint, no number changes
+with it) and its vector intrinsics (a load, a store, a broadcast, a fused multiply-add: LLVM
+instructions). An intrinsic is compiled into its caller and numba's disk cache knows a
+compiled loop's own file only: after a change to them in loops.py, touch this file.
 """
 
 from __future__ import annotations
@@ -11,7 +13,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from basis_bench.estimators.loops import AHEAD, _helper, _prefetch_row
+from basis_bench.estimators.loops import (
+    AHEAD,
+    LANES,
+    _fma,
+    _helper,
+    _load,
+    _prefetch_row,
+    _splat_at,
+    _store,
+    _zero,
+)
 
 
 @njit(cache=True, error_model="numpy")
@@ -29,60 +41,78 @@ def track_predict(
     """Each row's prediction p (N,) = sum_g w_g sigmoid((theta_g + moved) / sqrt(1 + pi var
     / 8)), w = weights[rows[n]] (the probit approximation of the predictive); a row with
     jump != 0 mixed, (1 - jump) p + jump x the same at var + jump_var; and each row's
-    moments (N, 2) sum_g w_g theta_g and sum_g w_g theta_g^2."""
+    moments (N, 2) sum_g w_g theta_g and sum_g w_g theta_g^2: one pass over the row for all
+    of them (:func:`_sums`)."""
     g_n = theta.size
-    ez, square = np.empty(g_n), theta * theta
+    ez, ez_jump, square, sums = np.empty(g_n), np.empty(g_n), theta * theta, np.empty(4)
     for n in range(min(AHEAD, rows.size)):
         _prefetch_row(weights, rows, n)
     for n in range(rows.size):
         _prefetch_row(weights, rows, n + AHEAD)
-        i = rows[n]
         _exps(theta, moved[n], var[n], ez)
-        pn = _predictive(weights, i, ez)
-        if jump[n] != 0.0:
-            _exps(theta, moved[n], var[n] + jump_var, ez)
-            pn = (1.0 - jump[n]) * pn + jump[n] * _predictive(weights, i, ez)
-        p[n] = pn
-        moments[n, 0], moments[n, 1] = _row_dot(weights, i, theta), _row_dot(weights, i, square)
+        jumps = jump[n] != 0.0
+        if jumps:
+            _exps(theta, moved[n], var[n] + jump_var, ez_jump)
+        _sums(weights, rows[n], ez, ez_jump, jumps, theta, square, sums)
+        p[n] = (1.0 - jump[n]) * sums[0] + jump[n] * sums[3] if jumps else sums[0]
+        moments[n, 0], moments[n, 1] = sums[1], sums[2]
 
 
 @_helper()
 def _exps(theta: np.ndarray, shift: float, var: float, ez: np.ndarray) -> None:
     """ez_g = e^-z_g, z_g = (theta_g + shift) / sqrt(1 + pi var / 8), on an evenly spaced
-    grid: a running product, e^-z_0 times e^(-spacing scale) g times for the first 8 cells
-    and each cell the one 8 before times its 8th power (some 17 roundings at most, the
-    product vectorised by 8); each cell's own exponential where the ends leave e^+-700 (no
-    product near overflow)."""
+    grid: e^-z_0 s^g, s = e^(-spacing scale); s^g for g < 8 a product of s, s^2 and s^4 (at
+    most 3 roundings, no chain of 7 waiting on each other), and each cell from 8 on the one
+    8 before times s^8, on vectors of LANES = 8 cells where G is a multiple of 8 (some 10
+    roundings a cell at G = 64); each cell's own exponential where the ends leave e^+-700
+    (no product near overflow)."""
+    g_n = ez.size
     scale = 1.0 / np.sqrt(1.0 + np.pi * var / 8.0)
     first, last = (-theta[0] - shift) * scale, (-theta[-1] - shift) * scale
-    if -700.0 < last and first < 700.0:
-        step = np.exp(-(theta[1] - theta[0]) * scale)
-        ez[0] = np.exp(first)
-        for g in range(1, min(8, ez.size)):
-            ez[g] = ez[g - 1] * step
-        step2 = step * step
-        step4 = step2 * step2
-        step8 = step4 * step4
-        for g in range(8, ez.size):
-            ez[g] = ez[g - 8] * step8
-    else:
-        for g in range(ez.size):
+    if not (-700.0 < last and first < 700.0) or g_n < 8:
+        for g in range(g_n):
             ez[g] = np.exp((-theta[g] - shift) * scale)
+        return
+    s1 = np.exp(-(theta[1] - theta[0]) * scale)
+    e0 = np.exp(first)
+    s2 = s1 * s1
+    s4 = s2 * s2
+    e2, e4 = e0 * s2, e0 * s4
+    e6 = e4 * s2
+    ez[0], ez[1], ez[2], ez[3] = e0, e0 * s1, e2, e2 * s1
+    ez[4], ez[5], ez[6], ez[7] = e4, e4 * s1, e6, e6 * s1
+    s8 = s4 * s4
+    if g_n % LANES or g_n == LANES:
+        for g in range(8, g_n):
+            ez[g] = ez[g - 8] * s8
+        return
+    ez[LANES] = s8  # read back in every lane, then overwritten
+    factor, cells, nothing = _splat_at(ez, LANES), _load(ez, 0), _zero()
+    for g in range(LANES, g_n, LANES):
+        cells = _fma(cells, factor, nothing)  # cells s^8 + 0: the product, one rounding
+        _store(ez, g, cells)
 
 
 @_helper(fastmath={"reassoc"})
-def _predictive(weights: np.ndarray, i: int, ez: np.ndarray) -> float:
-    """sum_g weights[i, g] sigmoid(z_g), sigmoid(z_g) = 1 / (1 + ez_g) (:func:`_exps`)."""
-    acc = 0.0
-    for g in range(ez.size):
-        acc += weights[i, g] * (1.0 / (1.0 + ez[g]))
-    return acc
-
-
-@_helper(fastmath={"reassoc"})
-def _row_dot(weights: np.ndarray, i: int, y: np.ndarray) -> float:
-    """weights[i] . y (a row by index, not a view: see :mod:`loops`)."""
-    acc = 0.0
-    for g in range(y.size):
-        acc += weights[i, g] * y[g]
-    return acc
+def _sums(
+    weights: np.ndarray, i: int, ez: np.ndarray, ez_jump: np.ndarray, jumps: bool,
+    theta: np.ndarray, square: np.ndarray, sums: np.ndarray,
+) -> None:  # fmt: skip
+    """sums = (sum_g w_g sigmoid(z_g), sum_g w_g theta_g, sum_g w_g theta_g^2, and if
+    ``jumps`` sum_g w_g sigmoid(z'_g)), w = weights[i], sigmoid(z_g) = 1 / (1 + ez_g)
+    (:func:`_exps`): one read of the row, the sums on vectors."""
+    p = p_jump = m1 = m2 = 0.0
+    if jumps:
+        for g in range(theta.size):
+            w = weights[i, g]
+            p += w * (1.0 / (1.0 + ez[g]))
+            p_jump += w * (1.0 / (1.0 + ez_jump[g]))
+            m1 += w * theta[g]
+            m2 += w * square[g]
+    else:
+        for g in range(theta.size):
+            w = weights[i, g]
+            p += w * (1.0 / (1.0 + ez[g]))
+            m1 += w * theta[g]
+            m2 += w * square[g]
+    sums[0], sums[1], sums[2], sums[3] = p, m1, m2, p_jump
