@@ -7,7 +7,9 @@ replay runs as `basis-bench evaluate` runs it (200 streams, B = 64, G = 8, one e
 checkpoint) in a fresh child process, alone, and so do all of them together (``all``, the
 default evaluate's replay). Printed per row: the replay's user and system CPU seconds
 (getrusage around the replay: load and the one-step replay are not in it) and the child's
-peak RSS. CPU, not wall, time: on a shared machine the wall clock measures the neighbours.
+peak RSS (VmHWM, which the child's exec resets: ru_maxrss would keep the parent's, which
+simulated the set). CPU, not wall, time: on a shared machine the wall clock measures the
+neighbours.
 
     python benchmarks/bench_trajectory.py [--prompts 2000 | --paper] [--estimators a,b,all]
 
@@ -24,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_scale import peak_rss_mb
 
 PAPER_PROMPTS = 17_398
 STATEFUL = ("basis_track", "basis_memory", "basis_context")
@@ -49,7 +53,7 @@ def child(data: str, names: str) -> dict[str, float]:
     return {
         "user_s": after.ru_utime - before.ru_utime,
         "system_s": after.ru_stime - before.ru_stime,
-        "max_rss_mb": after.ru_maxrss / 1024,
+        "max_rss_mb": peak_rss_mb(),
     }
 
 
