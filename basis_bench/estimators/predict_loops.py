@@ -83,7 +83,7 @@ def _exps(theta: np.ndarray, shift: float, var: float, ez: np.ndarray) -> None:
     ez[0], ez[1], ez[2], ez[3] = e0, e0 * s1, e2, e2 * s1
     ez[4], ez[5], ez[6], ez[7] = e4, e4 * s1, e6, e6 * s1
     s8 = s4 * s4
-    if g_n % LANES or g_n == LANES:
+    if LANES != 8 or g_n % 8 or g_n == 8:  # a vector's cells are the 8 before times s^8
         for g in range(8, g_n):
             ez[g] = ez[g - 8] * s8
         return
