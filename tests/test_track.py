@@ -399,6 +399,37 @@ def test_numpy_equals_torch_and_fractional_rewards(cache):
         np.testing.assert_array_equal(x, y.numpy())
 
 
+@pytest.mark.parametrize(
+    ("reward", "reward_range", "message"),
+    [
+        (np.nan, (0.0, 1.0), "NaN or infinite"),
+        (1.5, (0.0, 1.0), "outside the declared reward range"),
+        (1.5, (0.0, 2.0), r"needs rewards in \[0, 1\]"),
+        (-0.5, None, r"needs rewards in \[0, 1\]"),
+    ],
+)
+@pytest.mark.parametrize("streams", [None, 2])
+def test_a_bad_reward_is_refused_before_the_state_moves(
+    cache, reward, reward_range, message, streams
+):
+    """Checked where the step reads the rewards (:func:`track_loops.gather`), no pass of
+    its own: the check's messages, the state as it was."""
+    ids, ref = cache
+    lead = () if streams is None else (streams,)
+    est = make_step_estimator(
+        "basis_track", prompt_ids=ids, ref_rewards=ref, reward_range=reward_range, lead=lead
+    )
+    cols = np.arange(4).reshape(*lead, -1) if lead else np.arange(4)
+    r = np.full((*cols.shape, 1), 0.25)
+    est.step_columns(cols, r)
+    before = est.state_dict()
+    r[(0,) * r.ndim] = reward
+    with pytest.raises(InputError, match=message):
+        est.step_columns(cols, r)
+    for key, value in est.state_dict().items():
+        np.testing.assert_array_equal(value, before[key], err_msg=key)
+
+
 @pytest.mark.parametrize("cache_value, reward_value", [(0, 0), (1, 1), (0, 1), (1, 0)])
 def test_never_zero_or_one(cache, cache_value, reward_value):
     ids, ref = cache

@@ -126,10 +126,9 @@ def to_numpy(x: Any, dtype: Any = None) -> np.ndarray:
 
 def asarray_like(values: Any, like: Array) -> Array:
     """``values`` (numpy) as an array of ``like``'s namespace, dtype and device."""
-    xp = array_namespace(like)
     if isinstance(like, np.ndarray):
-        return xp.asarray(values, dtype=like.dtype)
-    return xp.asarray(values, dtype=like.dtype, device=like.device)
+        return np.asarray(values, dtype=like.dtype)
+    return array_namespace(like).asarray(values, dtype=like.dtype, device=like.device)
 
 
 def same_prompt(cols: np.ndarray) -> np.ndarray | None:

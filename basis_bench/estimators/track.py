@@ -219,23 +219,39 @@ class TrackKernel:
             state[key][...] = 0.0
 
     def step(self, state: dict[str, np.ndarray], cols: np.ndarray, rewards: Array) -> StepOutput:
-        check_rewards(rewards, self.reward_range)
+        """The rewards are checked where they are read (:func:`track_loops.gather`) when
+        that reads them all (one rollout each) and the declared range holds [0, 1]: the
+        check's messages, without a pass of its own over them."""
+        lo, hi = self.reward_range or (0.0, 1.0)
+        checked = rewards.shape[-1] == 1 and lo <= 0.0 and hi >= 1.0
+        if not checked:
+            check_rewards(rewards, self.reward_range)
         r_all = to_numpy(rewards[..., 0], dtype=np.float64)
-        if np.any((r_all < 0) | (r_all > 1)):
-            raise InputError("basis_track's Bernoulli likelihood needs rewards in [0, 1]")
         lead, b = cols.shape[:-1], cols.shape[-1]
-        flat = {k: v.reshape(math.prod(lead), *v.shape[len(lead) :]) for k, v in state.items()}
-        baseline = self._step(flat, cols.reshape(-1, b), r_all.reshape(-1, b))
-        for key, value in flat.items():  # a contiguous state's are views, written in place
-            if not np.may_share_memory(value, state[key]):
-                state[key][...] = value.reshape(state[key].shape)
+        if len(lead) == 1:  # the state's own arrays: (S, ...) already
+            baseline = self._step(state, cols, r_all, rewards)
+        else:
+            flat = {k: v.reshape(math.prod(lead), *v.shape[len(lead) :]) for k, v in state.items()}
+            baseline = self._step(flat, cols.reshape(-1, b), r_all.reshape(-1, b), rewards)
+            for key, value in flat.items():  # a contiguous state's are views, written in place
+                if not np.may_share_memory(value, state[key]):
+                    state[key][...] = value.reshape(state[key].shape)
         return StepOutput(asarray_like(baseline.reshape(r_all.shape)[..., None], rewards))
 
-    def _step(self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray) -> np.ndarray:
-        """One step of S flat streams, cols and r (S, B); the baselines (S, B). The batch's
-        rows of the state are read and written by flat index, (stream, filter, prompt) one
-        row of G cells; a filter that cannot jump (eta J = 0) skips the jump's terms, which
-        enter with weight 0 (x + 0 y = x: the same numbers). The arithmetic on (S, C, B)
+    def _reject(self, rewards: Array) -> None:
+        """A reward outside [0, 1] or not a number: check_rewards' message where it has
+        one, else the likelihood's."""
+        check_rewards(rewards, self.reward_range)
+        raise InputError("basis_track's Bernoulli likelihood needs rewards in [0, 1]")
+
+    def _step(
+        self, state: dict[str, np.ndarray], cols: np.ndarray, r: np.ndarray, rewards: Array
+    ) -> np.ndarray:
+        """One step of S flat streams, cols and r (S, B) (``rewards`` as given, for a
+        rejection's message); the baselines (S, B). The batch's rows of the state are read
+        and written by flat index, (stream, filter, prompt) one row of G cells; a filter
+        that cannot jump (eta J = 0) skips the jump's terms, which enter with weight 0 (x +
+        0 y = x: the same numbers). The arithmetic on (S, C, B)
         arrays is compiled (:mod:`track_loops`) but for its exponentials and logarithms,
         numpy's, one call each on one buffer; the rows' between (the predictions'
         :mod:`predict_loops`, the drift's :mod:`loops`)."""
@@ -255,6 +271,8 @@ class TrackKernel:
             state["last_level"], state["last_jump_clock"], cols, r, self.drift, rows, gap,
             first, which, work,
         )  # fmt: skip
+        if flags & track_loops.OUTSIDE:
+            self._reject(rewards)
         pred, moments = np.empty(n), np.empty((n, 2))
         jump0 = 1.0 - np.exp(work[track_loops.NEG])
         predict_loops.track_predict(
@@ -285,9 +303,9 @@ class TrackKernel:
             likelihood, which = _likelihood_lines(self.sig, cols, r, c)
         copies = first if flags & track_loops.COPIES else None
         value = self._drift(state, rows, work, moments, (likelihood, which), copies)
-        ez = exps[n + m :].reshape(s, c, b).swapaxes(1, 2)
-        mix = ez / ez.sum(axis=-1, keepdims=True)  # the filters' softmax (S, B, C)
-        return np.einsum("sbc,scb->sb", mix, value.reshape(s, c, b))
+        baseline = np.empty((s, b))  # the filters' softmax of exps[N + M:] over their values
+        track_loops.mixed_values(exps[n + m :].reshape(s, c, b), value.reshape(s, c, b), baseline)
+        return baseline
 
     def _drift(
         self, state: dict[str, np.ndarray], rows: np.ndarray, work: np.ndarray,

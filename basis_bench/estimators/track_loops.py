@@ -31,7 +31,8 @@ LAST, LAST_JUMPS, MOVED, VAR, NEG, RESID, CURV = range(7)
 WORK = 7
 # rows of the (LEVELS, M) scratch: the batch's residual and sensitivity sums, the jump rate
 RESID_ALL, CURV_ALL, RATE = range(3)
-COPIES, FRACTIONAL = 1, 2  # what gather found: a prompt twice in a batch, a reward not 0/1
+# what gather found: a prompt twice in a batch, a reward not 0/1, one outside [0, 1] (or NaN)
+COPIES, FRACTIONAL, OUTSIDE = 1, 2, 4
 P_CLIP = 1e-12  # predictions clipped to [P_CLIP, 1 - P_CLIP] in the log-likelihood
 SPREAD_FLOOR = 1e-12  # the level's evidence variance, floored (see level_spreads)
 
@@ -49,7 +50,8 @@ def gather(
     jump_clock_m - last_jumps the drift's var = rho gap + kappa J and neg = -eta J (its
     jump probability 1 - e^neg); drift (C, 3) each filter's (rho, kappa, eta). first[s,
     b]: the batch's first row of the same prompt; which (N,): a 0/1 reward's likelihood
-    line (its value). Returns COPIES | FRACTIONAL as found. The rows' cache lines are
+    line (its value). Returns COPIES | FRACTIONAL | OUTSIDE as found (the rewards' check:
+    it writes no state). The rows' cache lines are
     asked for first, all at once (:func:`loops._prefetch`): the state's (S, C, P) arrays are
     read at random, and a read waiting on memory stalls the loop where a prefetch does not."""
     n_s, n_b = cols.shape
@@ -72,8 +74,7 @@ def gather(
                     first[s, b] = j
                     flags |= COPIES
                     break
-            if r[s, b] != 0.0 and r[s, b] != 1.0:
-                flags |= FRACTIONAL
+            flags |= _reward_kind(r[s, b])
         for c in range(n_c):
             m = s * n_c + c
             for b in range(n_b):
@@ -87,6 +88,15 @@ def gather(
                 work[VAR, n] = drift[c, 0] * gap[s, b] + drift[c, 1] * jumps
                 work[NEG, n] = -drift[c, 2] * jumps
     return flags
+
+
+@_helper()
+def _reward_kind(x: float) -> int:
+    """0 for a 0/1 reward, FRACTIONAL for one strictly between, FRACTIONAL | OUTSIDE for
+    one outside [0, 1] or not a number."""
+    if x == 0.0 or x == 1.0:
+        return 0
+    return FRACTIONAL if 0.0 < x < 1.0 else FRACTIONAL | OUTSIDE
 
 
 @njit(cache=True, error_model="numpy")
@@ -316,6 +326,26 @@ def sum_without(x: np.ndarray, out: np.ndarray) -> None:
                     acc += x[m, i + 1, k]
                     out[m, i, k] += acc
             out[m, n_b - 1, k] += 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def mixed_values(ez: np.ndarray, value: np.ndarray, out: np.ndarray) -> None:
+    """The batch's baselines out (S, B) = sum_c w_c value_c, the filters' softmax w_c = ez_c
+    / sum_c ez_c of e^ :func:`scores`' exponents ez (S, C, B), value (S, C, B) each filter's
+    (:func:`loops.track_drift`): the filters added in order from 0, each product rounded
+    (no multiply-add), the numbers of numpy's ``ez / ez.sum(c)`` and einsum over the
+    filters' axis where the batch axis is their inner loop (B > 1; with B = 1 numpy's
+    vectorised sums reassociate, a few units in the last place apart)."""
+    n_s, n_c, n_b = ez.shape
+    for s in range(n_s):
+        for b in range(n_b):
+            total = 0.0
+            for c in range(n_c):
+                total += ez[s, c, b]
+            acc = 0.0
+            for c in range(n_c):
+                acc += ez[s, c, b] / total * value[s, c, b]
+            out[s, b] = acc
 
 
 @njit(cache=True, error_model="numpy")
