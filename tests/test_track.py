@@ -115,7 +115,7 @@ def _slow_step(state, cols, r, options, difficulty):
         rate = (state["jumps"][c] + JUMP_PRIOR) / (steps + REGIMES[int(regime)][0])
         p0 = []
         for col in cols:
-            w, gap = state["weights"][c, col], t - state["last_visit"][col]
+            w, gap = state["posteriors"][col, c], t - state["last_visit"][col]
             moved = state["level"][c] - state["last_level"][c, col]
             jumps0 = state["jump_clock"][c] - state["last_jump_clock"][c, col]
             var0, jump0 = rho * gap + kappa * jumps0, 1 - math.exp(-eta * jumps0)
@@ -136,7 +136,7 @@ def _slow_step(state, cols, r, options, difficulty):
             gap = t - state["last_visit"][col]
             jumps = state["jump_clock"][c] + jumped_i - state["last_jump_clock"][c, col]
             var, jump = rho * gap + kappa * jumps, 1 - math.exp(-eta * jumps)
-            now = _slow_drift(state["weights"][c, col], shift, var, jump, theta)
+            now = _slow_drift(state["posteriors"][col, c], shift, var, jump, theta)
             values[c, i] = sum(now[h] * _sig(theta[h]) for h in range(g))
             ll[c, i] = r[i] * math.log(p0[i]) + (1 - r[i]) * math.log(1 - p0[i])
             if col in cols[:i]:
@@ -146,7 +146,7 @@ def _slow_step(state, cols, r, options, difficulty):
                 post = post * np.array(
                     [_sig(x) ** r[j] * (1 - _sig(x)) ** (1 - r[j]) for x in theta]
                 )
-            new["weights"][c, col] = np.maximum(post / post.sum(), 1e-250)
+            new["posteriors"][col, c] = np.maximum(post / post.sum(), 1e-250)
             new["last_level"][c, col] = level_i
             new["last_jump_clock"][c, col] = state["jump_clock"][c] + jumped_i
         level, level_var, jumped = _slow_level(

@@ -262,7 +262,8 @@ def _predict(
     from basis_bench.estimators import predict_loops
 
     p, moments = np.empty(len(rows)), np.empty((len(rows), 2))
-    predict_loops.track_predict(weights, rows, moved, var, jump, theta, JUMP_VAR, p, moments)
+    order = np.arange(len(rows))  # the rows in order (the loop's argument since)
+    predict_loops.track_predict(weights, rows, order, moved, var, jump, theta, JUMP_VAR, p, moments)
     return p, moments
 
 

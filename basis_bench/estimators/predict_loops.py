@@ -30,6 +30,7 @@ from basis_bench.estimators.loops import (
 def track_predict(
     weights: np.ndarray,
     rows: np.ndarray,
+    order: np.ndarray,
     moved: np.ndarray,
     var: np.ndarray,
     jump: np.ndarray,
@@ -38,24 +39,24 @@ def track_predict(
     p: np.ndarray,
     moments: np.ndarray,
 ) -> None:
-    """Each row's prediction p (N,) = sum_g w_g sigmoid((theta_g + moved) / sqrt(1 + pi var
-    / 8)), w = weights[rows[n]] (the probit approximation of the predictive); a row with
-    jump != 0 mixed, (1 - jump) p + jump x the same at var + jump_var; and each row's
-    moments (N, 2) sum_g w_g theta_g and sum_g w_g theta_g^2: one pass over the row for all
-    of them (:func:`_sums`)."""
+    """Each row's prediction p[order[k]] = sum_g w_g sigmoid((theta_g + moved_k) / sqrt(1 +
+    pi var_k / 8)), w = weights[rows[k]] (the probit approximation of the predictive; the
+    rows in the loops' order, :mod:`track_loops`); a row with jump_k != 0 mixed, (1 - jump)
+    p + jump x the same at var + jump_var; and each row's moments (N, 2) sum_g w_g theta_g
+    and sum_g w_g theta_g^2, at k: one pass over the row for all of them (:func:`_sums`)."""
     g_n = theta.size
     ez, ez_jump, square, sums = np.empty(g_n), np.empty(g_n), theta * theta, np.empty(4)
     for n in range(min(AHEAD, rows.size)):
         _prefetch_row(weights, rows, n)
-    for n in range(rows.size):
-        _prefetch_row(weights, rows, n + AHEAD)
-        _exps(theta, moved[n], var[n], ez)
-        jumps = jump[n] != 0.0
+    for k in range(rows.size):
+        _prefetch_row(weights, rows, k + AHEAD)
+        _exps(theta, moved[k], var[k], ez)
+        jumps = jump[k] != 0.0
         if jumps:
-            _exps(theta, moved[n], var[n] + jump_var, ez_jump)
-        _sums(weights, rows[n], ez, ez_jump, jumps, theta, square, sums)
-        p[n] = (1.0 - jump[n]) * sums[0] + jump[n] * sums[3] if jumps else sums[0]
-        moments[n, 0], moments[n, 1] = sums[1], sums[2]
+            _exps(theta, moved[k], var[k] + jump_var, ez_jump)
+        _sums(weights, rows[k], ez, ez_jump, jumps, theta, square, sums)
+        p[order[k]] = (1.0 - jump[k]) * sums[0] + jump[k] * sums[3] if jumps else sums[0]
+        moments[k, 0], moments[k, 1] = sums[1], sums[2]
 
 
 @_helper()

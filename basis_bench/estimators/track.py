@@ -192,7 +192,9 @@ class TrackKernel:
     def initial_state(self, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         (p, g), c = self.prior.shape, self.drift.shape[0]
         state = {
-            "weights": np.empty((*lead, c, p, g)),
+            # each prompt's C filters' posteriors on the grid, side by side (the row loops
+            # take a prompt's filters one after another: adjacent rows, adjacent reads)
+            "posteriors": np.empty((*lead, p, c, g)),
             "step": np.empty(lead),
             "last_visit": np.empty((*lead, p)),
             "level": np.empty((*lead, c)),
@@ -211,7 +213,7 @@ class TrackKernel:
         """The initial state, written into ``state`` (made by :meth:`initial_state`): every
         posterior the prior; the level at 0 with variance LEVEL_PRIOR_VAR; the reference
         its regime's R jumps before the first step; the rest 0."""
-        state["weights"][...] = self.prior
+        state["posteriors"][...] = self.prior[:, None, :]
         state["level_var"][...] = LEVEL_PRIOR_VAR
         state["jump_clock"][...] = self.regimes[:, 1]
         for key in ("step", "last_visit", "level", "jumps", "last_jump_clock", "last_level",
@@ -261,23 +263,23 @@ class TrackKernel:
         c, g = len(self.models), len(self.theta)
         n, m = s * c * b, s * c
         cols, r = np.ascontiguousarray(cols, np.intp), np.ascontiguousarray(r, np.float64)
-        weights = state["weights"].reshape(-1, g)  # (S C P, G), a view
+        weights = state["posteriors"].reshape(-1, g)  # (S P C, G), a view
         rows, which, gap = np.empty(n, np.intp), np.empty(n, np.intp), np.empty((s, b))
-        first = np.empty((s, b), np.intp)
+        first, order = np.empty((s, b), np.intp), np.empty(n, np.intp)
         work, levels = np.empty((track_loops.WORK, n)), np.empty((3, m))
         # 1. history only: each filter's prediction at its level before this batch
         flags = track_loops.gather(
             state["step"], state["last_visit"], state["level"], state["jump_clock"],
-            state["last_level"], state["last_jump_clock"], cols, r, self.drift, rows, gap,
-            first, which, work,
+            state["last_level"], state["last_jump_clock"], cols, r, self.drift, rows, order,
+            gap, first, which, work,
         )  # fmt: skip
         if flags & track_loops.OUTSIDE:
             self._reject(rewards)
         pred, moments = np.empty(n), np.empty((n, 2))
         jump0 = 1.0 - np.exp(work[track_loops.NEG])
         predict_loops.track_predict(
-            weights, rows, work[track_loops.MOVED], work[track_loops.VAR], jump0, self.theta,
-            JUMP_VAR, pred, moments,
+            weights, rows, order, work[track_loops.MOVED], work[track_loops.VAR], jump0,
+            self.theta, JUMP_VAR, pred, moments,
         )  # fmt: skip
         # 2. each filter's level on the batch without prompt i, calm or jumping, and the
         # filters' mixing by the evidence of the prompt's difficulty bin (history only)
@@ -304,7 +306,7 @@ class TrackKernel:
         copies = first if flags & track_loops.COPIES else None
         value = self._drift(state, rows, work, moments, (likelihood, which), copies)
         baseline = np.empty((s, b))  # the filters' softmax of exps[N + M:] over their values
-        track_loops.mixed_values(exps[n + m :].reshape(s, c, b), value.reshape(s, c, b), baseline)
+        track_loops.mixed_values(exps[n + m :].reshape(s, c, b), value.reshape(s, b, c), baseline)
         return baseline
 
     def _drift(
@@ -313,7 +315,8 @@ class TrackKernel:
     ) -> np.ndarray:  # fmt: skip
         """Each row's posterior before the visit, weights[rows] moved by work[MOVED], blurred
         by N(0, work[VAR]) and mixed with the redrawn one w.p. 1 - e^work[NEG]
-        (:func:`loops.track_drift`), its value (N,) returned, and its Bayes update by
+        (:func:`loops.track_drift`; the rows in the loops' order, :mod:`track_loops`), its
+        value (N,) returned in that order, and its Bayes update by
         ``update`` (a likelihood table and each row's line of it) written into the state:
         as it is made where every prompt is once in the batch; else once every row's is
         made, each copy of a prompt writing its first copy's (``first`` (S, B): the batch's
@@ -321,7 +324,7 @@ class TrackKernel:
         from basis_bench.estimators import loops, track_loops
 
         g = len(self.theta)
-        weights = state["weights"].reshape(-1, g)
+        weights = state["posteriors"].reshape(-1, g)
         jump = 1.0 - np.exp(work[track_loops.NEG])
         none = np.empty((0, g)), np.empty(0, np.intp)
         out, value = np.empty((1 if first is None else len(rows), g)), np.empty(len(rows))
@@ -332,7 +335,7 @@ class TrackKernel:
         )  # fmt: skip
         if first is not None:
             s, b = first.shape
-            posts = np.take_along_axis(out.reshape(s, -1, b, g), first[:, None, :, None], axis=2)
+            posts = np.take_along_axis(out.reshape(s, b, -1, g), first[:, :, None, None], axis=1)
             loops.track_update(posts.reshape(-1, g), *update, weights, rows, _FLOOR)
         return value
 
@@ -340,8 +343,8 @@ class TrackKernel:
 def _likelihood_lines(
     sig: np.ndarray, cols: np.ndarray, r: np.ndarray, c: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The likelihood table and each row's line of it (S C B,) (:func:`_likelihoods`), in
-    order: its own reward, or with a prompt twice in a batch (a training batch across two
+    """The likelihood table and each row's line of it (S B C,) (:func:`_likelihoods`; the
+    row loops' order), in order: its own reward, or with a prompt twice in a batch (a training batch across two
     epochs) every copy's, so that the state is one posterior. A line for every row, each
     filter's too: numpy's power may round the same element differently in another shape."""
     copies = same_prompt(cols)
@@ -351,8 +354,8 @@ def _likelihood_lines(
         wins, visits = np.einsum("sij,sj->si", copies, r), copies.sum(-1).astype(np.float64)
     return _likelihoods(
         sig,
-        np.repeat(wins[:, None, :], c, 1).ravel(),
-        np.repeat(visits[:, None, :], c, 1).ravel(),
+        np.repeat(wins[:, :, None], c, 2).ravel(),
+        np.repeat(visits[:, :, None], c, 2).ravel(),
     )
 
 

@@ -16,7 +16,11 @@ numpy's order (no multiply-add contracted, a sum over the batch numpy's pairwise
 without one term :func:`sum_without`): the numbers are those of the numpy code bit for bit
 (tests/test_kernels_before.py holds them to it).
 
-Row n = (s C + c) B + b is filter c's copy of the prompt cols[s, b]; m = s C + c.
+Row n = (s C + c) B + b is filter c's copy of the prompt cols[s, b]; m = s C + c. The row
+loops take the rows in another order, k = (s B + b) C + c, a prompt's filters one after
+another, whose posteriors are adjacent in the state (S, P, C, G): gather's and advance's
+arguments of theirs (the rows, work[MOVED], work[VAR], work[NEG], which) are in that order,
+and order[k] = n.
 """
 
 from __future__ import annotations
@@ -41,16 +45,16 @@ SPREAD_FLOOR = 1e-12  # the level's evidence variance, floored (see level_spread
 def gather(
     step: np.ndarray, last_visit: np.ndarray, level: np.ndarray, jump_clock: np.ndarray,
     last_level: np.ndarray, last_jump_clock: np.ndarray, cols: np.ndarray, r: np.ndarray,
-    drift: np.ndarray, rows: np.ndarray, gap: np.ndarray, first: np.ndarray,
-    which: np.ndarray, work: np.ndarray,
+    drift: np.ndarray, rows: np.ndarray, order: np.ndarray, gap: np.ndarray,
+    first: np.ndarray, which: np.ndarray, work: np.ndarray,
 ) -> int:  # fmt: skip
-    """The batch's rows of the state, before the batch: rows[n] = m P + cols[s, b] (the
-    flat (S C P, G) posteriors), the level and jump clock at the last visit (work[LAST],
-    work[LAST_JUMPS]), moved = u_m - last, gap (S, B) = step_s - last_visit, and with J =
-    jump_clock_m - last_jumps the drift's var = rho gap + kappa J and neg = -eta J (its
-    jump probability 1 - e^neg); drift (C, 3) each filter's (rho, kappa, eta). first[s,
-    b]: the batch's first row of the same prompt; which (N,): a 0/1 reward's likelihood
-    line (its value). Returns COPIES | FRACTIONAL | OUTSIDE as found (the rewards' check:
+    """The batch's rows of the state, before the batch: rows[k] = (s P + cols[s, b]) C + c
+    (the flat (S P C, G) posteriors) and order[k] = n, the level and jump clock at the last
+    visit (work[LAST, n], work[LAST_JUMPS, n]), moved = u_m - last, gap (S, B) = step_s -
+    last_visit, and with J = jump_clock_m - last_jumps the drift's var = rho gap + kappa J
+    and neg = -eta J (its jump probability 1 - e^neg) into work[MOVED, k], work[VAR, k],
+    work[NEG, k]; drift (C, 3) each filter's (rho, kappa, eta). first[s, b]: the batch's
+    first row of the same prompt; which[k]: a 0/1 reward's likelihood line (its value). Returns COPIES | FRACTIONAL | OUTSIDE as found (the rewards' check:
     it writes no state). The rows' cache lines are
     asked for first, all at once (:func:`loops._prefetch`): the state's (S, C, P) arrays are
     read at random, and a read waiting on memory stalls the loop where a prefetch does not."""
@@ -78,15 +82,15 @@ def gather(
         for c in range(n_c):
             m = s * n_c + c
             for b in range(n_b):
-                n, col = m * n_b + b, cols[s, b]
-                rows[n] = m * n_p + col
-                which[n] = 1 if r[s, b] == 1.0 else 0
+                n, k, col = m * n_b + b, (s * n_b + b) * n_c + c, cols[s, b]
+                rows[k], order[k] = (s * n_p + col) * n_c + c, n
+                which[k] = 1 if r[s, b] == 1.0 else 0
                 last, last_jumps = last_level[s, c, col], last_jump_clock[s, c, col]
                 work[LAST, n], work[LAST_JUMPS, n] = last, last_jumps
-                work[MOVED, n] = level[s, c] - last
+                work[MOVED, k] = level[s, c] - last
                 jumps = jump_clock[s, c] - last_jumps
-                work[VAR, n] = drift[c, 0] * gap[s, b] + drift[c, 1] * jumps
-                work[NEG, n] = -drift[c, 2] * jumps
+                work[VAR, k] = drift[c, 0] * gap[s, b] + drift[c, 1] * jumps
+                work[NEG, k] = -drift[c, 2] * jumps
     return flags
 
 
@@ -246,9 +250,9 @@ def advance(
     levels: np.ndarray, state: tuple,
 ) -> None:  # fmt: skip
     """With e^d of :func:`scores`' jump evidence (exps[:N + M]): each filter's level
-    without each row (:func:`level_collapse`), and the drift's arguments from it, shift =
-    work[MOVED] = u_loo - last, with J = jump_clock + jumped_loo - last_jumps var =
-    work[VAR] = rho gap + kappa J and work[NEG] = -eta J.
+    without each row (:func:`level_collapse`), and the drift's arguments from it (row k's
+    at k), shift = work[MOVED] = u_loo - last, with J = jump_clock + jumped_loo - last_jumps
+    var = work[VAR] = rho gap + kappa J and work[NEG] = -eta J.
     Then the state learns, ``state`` = (step, last_visit, level, level_var, jumps,
     jump_clock, last_level, last_jump_clock): each row's level and jump clock at this visit
     (a prompt's copies its first copy's), the level on the whole batch, the discounted jump
@@ -264,14 +268,14 @@ def advance(
             m = s * n_c + c
             u, v, rate, clock = level[s, c], level_var[s, c], levels[RATE, m], jump_clock[s, c]
             for b in range(n_b):
-                n = m * n_b + b
+                n, k = m * n_b + b, (s * n_b + b) * n_c + c
                 resid, h = work[RESID, n], work[CURV, n]
                 mean, _, jumped = level_collapse(u, v, rate, resid, h, exps[n], noise)
                 loo_level[b], loo_jumped[b] = mean, jumped
-                work[MOVED, n] = mean - work[LAST, n]
+                work[MOVED, k] = mean - work[LAST, n]
                 j = clock + jumped - work[LAST_JUMPS, n]
-                work[VAR, n] = drift[c, 0] * gap[s, b] + drift[c, 1] * j
-                work[NEG, n] = -drift[c, 2] * j
+                work[VAR, k] = drift[c, 0] * gap[s, b] + drift[c, 1] * j
+                work[NEG, k] = -drift[c, 2] * j
             for b in range(n_b):
                 last_level[s, c, cols[s, b]] = loo_level[first[s, b]]
                 last_clock[s, c, cols[s, b]] = clock + loo_jumped[first[s, b]]
@@ -331,7 +335,7 @@ def sum_without(x: np.ndarray, out: np.ndarray) -> None:
 @njit(cache=True, error_model="numpy")
 def mixed_values(ez: np.ndarray, value: np.ndarray, out: np.ndarray) -> None:
     """The batch's baselines out (S, B) = sum_c w_c value_c, the filters' softmax w_c = ez_c
-    / sum_c ez_c of e^ :func:`scores`' exponents ez (S, C, B), value (S, C, B) each filter's
+    / sum_c ez_c of e^ :func:`scores`' exponents ez (S, C, B), value (S, B, C) each filter's
     (:func:`loops.track_drift`): the filters added in order from 0, each product rounded
     (no multiply-add), the numbers of numpy's ``ez / ez.sum(c)`` and einsum over the
     filters' axis where the batch axis is their inner loop (B > 1; with B = 1 numpy's
@@ -344,7 +348,7 @@ def mixed_values(ez: np.ndarray, value: np.ndarray, out: np.ndarray) -> None:
                 total += ez[s, c, b]
             acc = 0.0
             for c in range(n_c):
-                acc += ez[s, c, b] / total * value[s, c, b]
+                acc += ez[s, c, b] / total * value[s, b, c]
             out[s, b] = acc
 
 
