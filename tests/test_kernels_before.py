@@ -68,11 +68,24 @@ def test_track_equals_the_kernel_before(options, seed):
         worst = max(worst, float(np.max(np.abs(got - want) / np.abs(want))))
     for key in ("step", "last_visit"):
         np.testing.assert_array_equal(new.state[key], old.state[key])
+    mine = _old_layout(new.state)
     for key in ("level", "level_var", "jumps", "jump_clock", "last_level", "evidence"):
-        np.testing.assert_allclose(new.state[key], old.state[key], rtol=1e-6, err_msg=key)
-    weights = np.swapaxes(new.state["posteriors"], -3, -2)  # the old state's (.., C, P, G)
-    np.testing.assert_allclose(weights, old.state["weights"], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(mine[key], old.state[key], rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(mine["weights"], old.state["weights"], rtol=0, atol=1e-6)
     assert worst < 1e-11, worst  # in practice about 1e-13: rounding, not a different sum
+
+
+def _old_layout(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """basis_track's state as the kernels before had it: each prompt's filters apart,
+    weights (.., C, P, G), last_level and last_jump_clock (.., C, P)."""
+    renamed = {
+        "posteriors": "weights", "visit_level": "last_level", "visit_jump_clock": "last_jump_clock"
+    }  # fmt: skip
+    axis = {"posteriors": -3, "visit_level": -2, "visit_jump_clock": -2}
+    return {
+        renamed.get(k, k): np.swapaxes(v, axis[k], axis[k] + 1) if k in axis else v
+        for k, v in state.items()
+    }
 
 
 def test_track_one_stream_without_a_lead_axis():
@@ -399,10 +412,10 @@ def test_the_compiled_step_is_the_numpy_step_bit_for_bit(streams, batch, options
         np.testing.assert_array_max_ulp(got, want, maxulp=4)
         if batch > 1:
             np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64), f"step {t}")
+    mine = _old_layout(new.state)
+    assert set(mine) == set(old.state)
     for key, state in old.state.items():
-        if key == "weights":  # (.., C, P, G): the posteriors, each prompt's filters apart
-            key, state = "posteriors", np.swapaxes(state, -3, -2)
-        np.testing.assert_array_equal(new.state[key], state, err_msg=key)
+        np.testing.assert_array_equal(mine[key], state, err_msg=key)
     assert np.any(new.state["jump_clock"] > 1.5)  # the levels jumped: eta J > 0 was tried
 
 

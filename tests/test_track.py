@@ -116,8 +116,8 @@ def _slow_step(state, cols, r, options, difficulty):
         p0 = []
         for col in cols:
             w, gap = state["posteriors"][col, c], t - state["last_visit"][col]
-            moved = state["level"][c] - state["last_level"][c, col]
-            jumps0 = state["jump_clock"][c] - state["last_jump_clock"][c, col]
+            moved = state["level"][c] - state["visit_level"][col, c]
+            jumps0 = state["jump_clock"][c] - state["visit_jump_clock"][col, c]
             var0, jump0 = rho * gap + kappa * jumps0, 1 - math.exp(-eta * jumps0)
             pred = []
             for extra in (0.0, JUMP_VAR):
@@ -132,9 +132,9 @@ def _slow_step(state, cols, r, options, difficulty):
                 state["level"][c], state["level_var"][c], rate,
                 sum(e[j] for j in others), sum(curv[j] for j in others),
             )  # fmt: skip
-            shift = level_i - state["last_level"][c, col]
+            shift = level_i - state["visit_level"][col, c]
             gap = t - state["last_visit"][col]
-            jumps = state["jump_clock"][c] + jumped_i - state["last_jump_clock"][c, col]
+            jumps = state["jump_clock"][c] + jumped_i - state["visit_jump_clock"][col, c]
             var, jump = rho * gap + kappa * jumps, 1 - math.exp(-eta * jumps)
             now = _slow_drift(state["posteriors"][col, c], shift, var, jump, theta)
             values[c, i] = sum(now[h] * _sig(theta[h]) for h in range(g))
@@ -147,8 +147,8 @@ def _slow_step(state, cols, r, options, difficulty):
                     [_sig(x) ** r[j] * (1 - _sig(x)) ** (1 - r[j]) for x in theta]
                 )
             new["posteriors"][col, c] = np.maximum(post / post.sum(), 1e-250)
-            new["last_level"][c, col] = level_i
-            new["last_jump_clock"][c, col] = state["jump_clock"][c] + jumped_i
+            new["visit_level"][col, c] = level_i
+            new["visit_jump_clock"][col, c] = state["jump_clock"][c] + jumped_i
         level, level_var, jumped = _slow_level(
             state["level"][c], state["level_var"][c], rate, sum(e), sum(curv)
         )

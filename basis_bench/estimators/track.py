@@ -93,8 +93,8 @@ MEMORY = 0.95
 _FLOOR = 1e-250  # posterior weights below this are raised to it: no denormals, no lost cell
 # the state a step learns besides the posteriors, in track_loops.advance's order
 _LEARNT = (
-    "step", "last_visit", "level", "level_var", "jumps", "jump_clock", "last_level",
-    "last_jump_clock",
+    "step", "last_visit", "level", "level_var", "jumps", "jump_clock", "visit_level",
+    "visit_jump_clock",
 )  # fmt: skip
 
 
@@ -202,8 +202,10 @@ class TrackKernel:
             "jumps": np.empty((*lead, c)),  # discounted count of the level's jump steps
             # the expected number of level jumps so far, and at each prompt's last visit
             "jump_clock": np.empty((*lead, c)),
-            "last_jump_clock": np.empty((*lead, c, p)),
-            "last_level": np.empty((*lead, c, p)),
+            # each prompt's filters' level and jump clock at its last visit (P, C): side by
+            # side, as the posteriors
+            "visit_jump_clock": np.empty((*lead, p, c)),
+            "visit_level": np.empty((*lead, p, c)),
             "evidence": np.empty((*lead, c, len(DIFFICULTY_EDGES) + 1)),  # per difficulty bin
         }
         self.reset_state(state)
@@ -216,7 +218,7 @@ class TrackKernel:
         state["posteriors"][...] = self.prior[:, None, :]
         state["level_var"][...] = LEVEL_PRIOR_VAR
         state["jump_clock"][...] = self.regimes[:, 1]
-        for key in ("step", "last_visit", "level", "jumps", "last_jump_clock", "last_level",
+        for key in ("step", "last_visit", "level", "jumps", "visit_jump_clock", "visit_level",
                     "evidence"):  # fmt: skip
             state[key][...] = 0.0
 
@@ -270,7 +272,7 @@ class TrackKernel:
         # 1. history only: each filter's prediction at its level before this batch
         flags = track_loops.gather(
             state["step"], state["last_visit"], state["level"], state["jump_clock"],
-            state["last_level"], state["last_jump_clock"], cols, r, self.drift, rows, order,
+            state["visit_level"], state["visit_jump_clock"], cols, r, self.drift, rows, order,
             gap, first, which, work,
         )  # fmt: skip
         if flags & track_loops.OUTSIDE:

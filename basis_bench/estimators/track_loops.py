@@ -44,7 +44,7 @@ SPREAD_FLOOR = 1e-12  # the level's evidence variance, floored (see level_spread
 @njit(cache=True, error_model="numpy")
 def gather(
     step: np.ndarray, last_visit: np.ndarray, level: np.ndarray, jump_clock: np.ndarray,
-    last_level: np.ndarray, last_jump_clock: np.ndarray, cols: np.ndarray, r: np.ndarray,
+    visit_level: np.ndarray, visit_jump_clock: np.ndarray, cols: np.ndarray, r: np.ndarray,
     drift: np.ndarray, rows: np.ndarray, order: np.ndarray, gap: np.ndarray,
     first: np.ndarray, which: np.ndarray, work: np.ndarray,
 ) -> int:  # fmt: skip
@@ -59,14 +59,14 @@ def gather(
     asked for first, all at once (:func:`loops._prefetch`): the state's (S, C, P) arrays are
     read at random, and a read waiting on memory stalls the loop where a prefetch does not."""
     n_s, n_b = cols.shape
-    n_c, n_p = level.shape[1], last_level.shape[2]
+    n_c, n_p = level.shape[1], visit_level.shape[1]
     for s in range(n_s):
         for b in range(n_b):
             _prefetch(last_visit, s, cols[s, b])
-        for c in range(n_c):
-            for b in range(n_b):
-                _prefetch(last_level[s], c, cols[s, b])
-                _prefetch(last_jump_clock[s], c, cols[s, b])
+        for b in range(n_b):
+            for c in range(0, n_c, 8):  # (P, C): a prompt's C filters' values, one run
+                _prefetch(visit_level[s], cols[s, b], c)
+                _prefetch(visit_jump_clock[s], cols[s, b], c)
     flags = 0
     for s in range(n_s):
         for b in range(n_b):
@@ -85,7 +85,7 @@ def gather(
                 n, k, col = m * n_b + b, (s * n_b + b) * n_c + c, cols[s, b]
                 rows[k], order[k] = (s * n_p + col) * n_c + c, n
                 which[k] = 1 if r[s, b] == 1.0 else 0
-                last, last_jumps = last_level[s, c, col], last_jump_clock[s, c, col]
+                last, last_jumps = visit_level[s, col, c], visit_jump_clock[s, col, c]
                 work[LAST, n], work[LAST_JUMPS, n] = last, last_jumps
                 work[MOVED, k] = level[s, c] - last
                 jumps = jump_clock[s, c] - last_jumps
@@ -254,11 +254,11 @@ def advance(
     at k), shift = work[MOVED] = u_loo - last, with J = jump_clock + jumped_loo - last_jumps
     var = work[VAR] = rho gap + kappa J and work[NEG] = -eta J.
     Then the state learns, ``state`` = (step, last_visit, level, level_var, jumps,
-    jump_clock, last_level, last_jump_clock): each row's level and jump clock at this visit
+    jump_clock, visit_level, visit_jump_clock): each row's level and jump clock at this visit
     (a prompt's copies its first copy's), the level on the whole batch, the discounted jump
     count jumps = decay jumps + jumped, the clock jump_clock + jumped, the visits, the step.
     """
-    step, last_visit, level, level_var, jumps, jump_clock, last_level, last_clock = state
+    step, last_visit, level, level_var, jumps, jump_clock, visit_level, visit_clock = state
     n_s, n_b = cols.shape
     n_c = level.shape[1]
     n_rows = n_s * n_c * n_b
@@ -277,8 +277,8 @@ def advance(
                 work[VAR, k] = drift[c, 0] * gap[s, b] + drift[c, 1] * j
                 work[NEG, k] = -drift[c, 2] * j
             for b in range(n_b):
-                last_level[s, c, cols[s, b]] = loo_level[first[s, b]]
-                last_clock[s, c, cols[s, b]] = clock + loo_jumped[first[s, b]]
+                visit_level[s, cols[s, b], c] = loo_level[first[s, b]]
+                visit_clock[s, cols[s, b], c] = clock + loo_jumped[first[s, b]]
             resid, h = levels[RESID_ALL, m], levels[CURV_ALL, m]
             mean, spread, jumped = level_collapse(u, v, rate, resid, h, exps[n_rows + m], noise)
             level[s, c], level_var[s, c] = mean, spread
