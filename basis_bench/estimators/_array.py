@@ -30,6 +30,8 @@ def as_rewards(rewards: Any, what: str = "rewards") -> Array:
     (the kernels need a dtype numpy also has), a tensor that requires grad is detached
     (baselines carry no gradient), and plain sequences become float64 numpy arrays.
     """
+    if isinstance(rewards, np.ndarray) and rewards.dtype.kind == "f":
+        return rewards  # the common case, without the array-API lookups below
     if isinstance(rewards, (list, tuple, int, float, bool)):
         try:
             return np.asarray(rewards, dtype=np.float64)
