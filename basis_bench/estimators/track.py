@@ -253,12 +253,12 @@ class TrackKernel:
     ) -> np.ndarray:
         """One step of S flat streams, cols and r (S, B) (``rewards`` as given, for a
         rejection's message); the baselines (S, B). The batch's rows of the state are read
-        and written by flat index, (stream, filter, prompt) one row of G cells; a filter
-        that cannot jump (eta J = 0) skips the jump's terms, which enter with weight 0 (x +
-        0 y = x: the same numbers). The arithmetic on (S, C, B)
-        arrays is compiled (:mod:`track_loops`) but for its exponentials and logarithms,
-        numpy's, one call each on one buffer; the rows' between (the predictions'
-        :mod:`predict_loops`, the drift's :mod:`loops`)."""
+        and written by flat index, (stream, prompt, filter) one row of G cells, a prompt's
+        filters one after another (:mod:`track_loops`); a filter that cannot jump (eta J =
+        0) skips the jump's terms, which enter with weight 0 (x + 0 y = x: the same
+        numbers). The arithmetic on (S, C, B) arrays is compiled (:mod:`track_loops`) but
+        for its exponentials and logarithms, numpy's, one call each on one buffer; the
+        rows' between (the predictions' :mod:`predict_loops`, the drift's :mod:`loops`)."""
         from basis_bench.estimators import predict_loops, track_loops  # numba, on first use
 
         s, b = cols.shape

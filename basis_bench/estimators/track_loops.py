@@ -54,10 +54,11 @@ def gather(
     last_visit, and with J = jump_clock_m - last_jumps the drift's var = rho gap + kappa J
     and neg = -eta J (its jump probability 1 - e^neg) into work[MOVED, k], work[VAR, k],
     work[NEG, k]; drift (C, 3) each filter's (rho, kappa, eta). first[s, b]: the batch's
-    first row of the same prompt; which[k]: a 0/1 reward's likelihood line (its value). Returns COPIES | FRACTIONAL | OUTSIDE as found (the rewards' check:
-    it writes no state). The rows' cache lines are
-    asked for first, all at once (:func:`loops._prefetch`): the state's (S, C, P) arrays are
-    read at random, and a read waiting on memory stalls the loop where a prefetch does not."""
+    first row of the same prompt; which[k]: a 0/1 reward's likelihood line (its value).
+    Returns COPIES | FRACTIONAL | OUTSIDE as found (the rewards' check: it writes no
+    state). The rows' cache lines are asked for first, all at once (:func:`loops._prefetch`):
+    the state's (S, P, C) arrays are read a prompt at a time at random, and a read waiting
+    on memory stalls the loop where a prefetch does not."""
     n_s, n_b = cols.shape
     n_c, n_p = level.shape[1], visit_level.shape[1]
     for s in range(n_s):
