@@ -370,6 +370,21 @@ def test_standing_policy_converges_to_its_values(cache):
     assert _regime_share(est.state, 1) > 0.9
 
 
+def test_a_checkpoint_of_the_old_layout_is_refused_by_name(cache):
+    """The state before the posteriors' layout changed (weights (C, P, G), last_level and
+    last_jump_clock (C, P)): refused with the keys named, never loaded transposed."""
+    ids, ref = cache
+    est = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref)
+    state = est.state_dict()
+    old = {
+        k: v for k, v in state.items() if k not in ("posteriors", "visit_level", "visit_jump_clock")
+    }
+    old["weights"] = np.swapaxes(state["posteriors"], 0, 1)
+    old["last_level"], old["last_jump_clock"] = state["visit_level"].T, state["visit_jump_clock"].T
+    with pytest.raises(InputError, match=r"has keys .*posteriors"):
+        est.load_state_dict(old)
+
+
 def test_state_round_trips_through_state_dict(cache):
     ids, ref = cache
     est = make_step_estimator("basis_track", prompt_ids=ids, ref_rewards=ref)
