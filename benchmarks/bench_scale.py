@@ -52,8 +52,11 @@ def child(data: str, repeats: int, out: str, trajectory: bool) -> dict[str, floa
     evaluate(cfg, out)
     wall, cpu, peak = time.perf_counter() - t0, time.process_time() - cpu0, peak_rss_mb()
     ds = open_dataset(data)  # after the run: what evaluate's check predicted
-    cfg = cfg.fit(*smallest_checkpoint(ds))  # the oracle size evaluate took from the data
-    datas = [checkpoint_data(ds, c, cfg.oracle, cfg.ref_n, cfg.group_size) for c in ds.checkpoints]
+    # the defaults evaluate took from the data (as evaluation/run.py fits them)
+    cfg = cfg.fit(*smallest_checkpoint(ds), ds.rewards[ds.reference].matrix.shape[1])
+    datas = [
+        checkpoint_data(ds, c, cfg.oracle, cfg.cache_n, cfg.group_size) for c in ds.checkpoints
+    ]
     streams = min(repeats, TRAJECTORY_REPEATS) if trajectory else 0
     predicted = evaluate_memory(
         max(d.n_prompts for d in datas), held_bytes(ds.rewards, datas), streams
@@ -118,7 +121,10 @@ def main() -> None:
                 sets[prompts] = simulate(cfg, Path(tmp) / f"data{prompts}")
             out = Path(tmp) / f"out{prompts}-{repeats}"
             r = run_child("--child", str(sets[prompts]), str(repeats), str(out), trajectory)
-            figures = run_child("--figures-child", str(out), str(out / "figures"))
+            # beside the results, not in them (figures refuses a folder inside a results one)
+            figures = run_child(
+                "--figures-child", str(out), str(out.with_name(out.name + "-figures"))
+            )
             print(
                 f"{prompts:>8} {repeats:>8} {prompts * (64 + 3 * 272):>11} {r['wall_s']:>8.0f} "
                 f"{r['cpu_s']:>8.0f} "
