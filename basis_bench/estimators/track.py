@@ -346,9 +346,10 @@ def _likelihood_lines(
     sig: np.ndarray, cols: np.ndarray, r: np.ndarray, c: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """The likelihood table and each row's line of it (S B C,) (:func:`_likelihoods`; the
-    row loops' order), in order: its own reward, or with a prompt twice in a batch (a training batch across two
-    epochs) every copy's, so that the state is one posterior. A line for every row, each
-    filter's too: numpy's power may round the same element differently in another shape."""
+    row loops' order), in order: its own reward, or with a prompt twice in a batch (a
+    training batch across two epochs) every copy's, so that the state is one posterior. A
+    line for every row, each filter's too: numpy's power may round the same element
+    differently in another shape."""
     copies = same_prompt(cols)
     if copies is None:
         wins, visits = r, np.ones_like(r)
