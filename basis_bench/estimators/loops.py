@@ -4,9 +4,8 @@ element by element, where numpy ran a dozen passes over (rows, G) arrays. The Ga
 running products (:func:`_gauss_cells`, :func:`_densities`), the sums reassociated as
 numpy's own products are (``fastmath={"reassoc"}``), and the blur (:func:`_toeplitz`) runs
 on vectors of LANES doubles with fused multiply-adds, in an order of its own (some 1e-14
-relative a cell). Imported on first use (``import numba`` costs a fraction of a second);
-``cache=True`` keeps the compiled loops on disk beside this file (numba's user cache
-directory where that is not writable). The predictions' loop is :mod:`predict_loops`';
+relative a cell). Imported on first use (``import numba`` takes a fraction of a second),
+compiled once into numba's disk cache. The predictions' loop is :mod:`predict_loops`';
 ``basis_memory``'s and ``basis_context``'s :mod:`memory_loops`'.
 
 The loops read the state's rows by index, in no order the CPU can guess: each asks for the
@@ -230,9 +229,11 @@ def track_drift(
     for n in range(min(AHEAD, n_rows)):
         _prefetch_row(weights, rows, n)
     update = likelihood.shape[0] > 0
-    q = 0.0
+    q, slot = 0.0, 0  # row n's density one cell away and the slot of its blur
     if n_rows:
-        q = _prepare(0, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, scratch)
+        q = _prepare(
+            0, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, scratch, 0, 0.0
+        )
     for n in range(n_rows + 1):
         _prefetch_row(weights, rows, n + AHEAD)
         if n > 0:
@@ -240,18 +241,22 @@ def track_drift(
                     rows, floor, update, out)  # fmt: skip
         if n == n_rows:
             break
-        q_next = 0.0
+        q_next, slot_next = 0.0, 1 - slot
         if n + 1 < n_rows:
+            # the last row's variance (kappa = 0, eta or the regime apart): its densities
+            known = q if q > 0.0 and var[n + 1] == var[n] else 0.0
+            slot_next = slot if known > 0.0 else slot_next
             q_next = _prepare(
                 n + 1, shift, var, jump, moments, theta, jump_var, dens, inv, redrawn, scratch,
+                slot_next, known,
             )  # fmt: skip
         at = (n % 2) * g_n
         if q > 0.0:
-            _moved(weights, rows[n], shift[n] / spacing, inv, at, x, 0)
-            _toeplitz(dens, (n % 2) * span, x, row, at)
+            _moved(weights, rows[n], shift[n] / spacing, inv, slot * g_n, x, 0)
+            _toeplitz(dens, slot * span, x, row, at)
         else:
             _moved(weights, rows[n], shift[n] / spacing, ones, 0, row, at)
-        q = q_next
+        q, slot = q_next, slot_next
 
 
 @_helper()
@@ -279,23 +284,25 @@ def _finish(
 def _prepare(
     n: int, shift: np.ndarray, var: np.ndarray, jump: np.ndarray, moments: np.ndarray,
     theta: np.ndarray, jump_var: float, dens: np.ndarray, inv: np.ndarray,
-    redrawn: np.ndarray, scratch: np.ndarray,
+    redrawn: np.ndarray, scratch: np.ndarray, slot: int, known: float,
 ) -> float:  # fmt: skip
-    """Row n's blur and redrawn posterior, into slot n % 2: the density one cell away q (0:
-    no blur, where it is below TINY) and, if q > 0, the densities and 1 / norm_g
-    (:func:`_densities`); if jump[n] != 0 the redrawn posterior (:func:`_redrawn`). Returns
-    q."""
+    """Row n's blur, into blur slot ``slot``, and redrawn posterior, into slot n % 2: the
+    density one cell away q (0: no blur, where it is below TINY) and, if q > 0, the densities
+    and 1 / norm_g (:func:`_densities`), unless ``known`` > 0 is q of the densities already
+    in the slot (the last row's, of the same variance); if jump[n] != 0 the redrawn
+    posterior (:func:`_redrawn`). Returns q."""
     g_n = theta.size
-    slot, spacing = n % 2, theta[1] - theta[0]
-    log_q = -spacing * spacing / (2.0 * max(var[n], 1e-12))
-    q = 0.0  # no blur where the density one cell away is below TINY
-    if log_q >= LOG_TINY:
-        q = np.exp(log_q)
-        reach = int(min(np.sqrt(LOG_TINY / log_q), g_n - 1.0))  # the last k: d_k >= TINY
-        _densities(q, reach, dens, slot * (2 * g_n - 1), inv, slot * g_n, scratch)
+    spacing = theta[1] - theta[0]
+    q = known
+    if known == 0.0:
+        log_q = -spacing * spacing / (2.0 * max(var[n], 1e-12))
+        if log_q >= LOG_TINY:  # no blur where the density one cell away is below TINY
+            q = np.exp(log_q)
+            reach = int(min(np.sqrt(LOG_TINY / log_q), g_n - 1.0))  # the last k: d_k >= TINY
+            _densities(q, reach, dens, slot * (2 * g_n - 1), inv, slot * g_n, scratch)
     if jump[n] != 0.0:
         mean, second = moments[n, 0], moments[n, 1]
-        _redrawn(mean, second, shift[n], var[n] + jump_var, theta, redrawn, slot * g_n)
+        _redrawn(mean, second, shift[n], var[n] + jump_var, theta, redrawn, (n % 2) * g_n)
     return q
 
 
