@@ -273,3 +273,25 @@ def test_only_previous_calibration_makes_basis_carry_state():
     assert basis("previous").carries_state and not basis("current").carries_state
     spo = make_step_estimator("spo_tracker", prompt_ids=ids, ref_rewards=ref, lead=(2,))
     assert spo.carries_state
+
+
+def test_the_replay_allocates_without_numpys_huge_page_advice_and_restores_it():
+    """replay_plan.small_pages: numpy's huge-page advice off inside (the replay's arrays are
+    touched without waiting for the kernel to compact memory), as it was after, an error
+    raised inside included."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    advise = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if advise is None:
+        pytest.skip("this numpy has no huge-page advice to turn off")
+    before = advise(True)
+    seen: list[bool] = []
+    try:
+        with replay_plan.small_pages():
+            seen.append(advise(False))  # the flag as small_pages left it: off
+        seen.append(advise(True))  # on again after
+        with pytest.raises(RuntimeError), replay_plan.small_pages():
+            raise RuntimeError
+        seen.append(advise(True))
+    finally:
+        advise(before)
+    assert seen == [False, True, True]

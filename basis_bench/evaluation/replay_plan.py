@@ -12,7 +12,8 @@ estimators that condition on them) and each estimator's options and step kernel.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -172,6 +173,27 @@ def stream_sets(
         else:
             sets.append([i])
     return [(members, group(members)) for members in sets]
+
+
+@contextmanager
+def small_pages() -> Iterator[None]:
+    """numpy's advice of huge pages for its large arrays off while the replay allocates, as
+    it was after. Where the kernel's transparent huge pages are "madvise" (Ubuntu's default),
+    the advice makes each first touch of a new array wait for the kernel to compact memory
+    into 2 MiB pages: 16 of the 21 system CPU-seconds of `evaluate` at the paper's shape
+    (17,398 prompts), 0.5 of a 2,000-prompt basis_track replay's 11 CPU-seconds
+    (docs/scale.md). The replay reads its state a 4 KiB row at a time: huge pages would
+    save it nothing to speak of (and this machine's kernel granted none)."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    advise: Callable[[bool], bool] | None = getattr(
+        getattr(core, "multiarray", None), "_set_madvise_hugepage", None
+    )
+    before = advise(False) if advise is not None else None
+    try:
+        yield
+    finally:
+        if advise is not None and before is not None:
+            advise(before)
 
 
 def stream_bytes(prompts: int, kernels: Sequence[StepKernel]) -> int:

@@ -43,6 +43,7 @@ from basis_bench.evaluation.gradient import REFERENCE_ARM, has_sketches
 from basis_bench.evaluation.oracle_noise import noise_warning
 from basis_bench.evaluation.record import RUN_FILE, RunRecord
 from basis_bench.evaluation.replay import CHUNK_REPEATS, ESTIMATES_SCHEMA, ReplaySettings, replay
+from basis_bench.evaluation.replay_plan import small_pages
 from basis_bench.evaluation.schedule import (
     TRAJECTORY_REPEATS,
     Schedule,
@@ -301,6 +302,7 @@ def _check_run(cfg: EvaluateConfig, estimators: list[Estimator]) -> tuple[Datase
 
 
 @holds_output_locks
+@small_pages()
 def evaluate(
     cfg: EvaluateConfig,
     out: str | os.PathLike[str] | None,

@@ -71,6 +71,7 @@ from basis_bench.evaluation.replay_plan import (
     ReplayStart,
     Stepper,
     reward_range,
+    small_pages,
     stream_bytes,
     stream_group,
     stream_sets,
@@ -279,6 +280,7 @@ def check_step_sizes(
     return check_sizes("this step replay", sizes, base=draws)
 
 
+@small_pages()
 def replay_steps(
     rollouts: pl.DataFrame | Rewards,
     reference: str,

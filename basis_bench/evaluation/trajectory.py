@@ -57,6 +57,7 @@ from basis_bench.evaluation.replay_plan import (
     ReplayPlan,
     ReplayStart,
     reward_range,
+    small_pages,
     stream_sets,
     summarise,
 )
@@ -184,6 +185,7 @@ def check_epoch_sizes(
     return check_sizes("this trajectory replay", [epochs])
 
 
+@small_pages()
 def replay_trajectory(
     rollouts: pl.DataFrame | Rewards,
     reference: str,
