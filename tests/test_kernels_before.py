@@ -105,23 +105,73 @@ def test_track_one_stream_without_a_lead_axis():
 @pytest.mark.parametrize("shift", [0.0, 0.37, -3.2, 750.0, -800.0])
 def test_the_sigmoids_running_product_equals_the_exponentials(shift):
     """The predictive's sigmoids 1 / (1 + e^-z_g), e^-z_g a running product along the grid
-    (each cell's own exponential where an end passes e^+-700), against numpy's: to 1e-13
-    relative, and where |z| is large to the rounding that z itself carries (eps |z|); on
-    grids of 64 cells (vectors of 8), 40 and 8 (each cell from the one 8 before) and 7 (each
-    cell's own exponential)."""
+    from its ends' exponentials (each cell's own exponential where an end passes e^+-700),
+    the reciprocal on vectors, against numpy's: to 1e-13 relative, and where |z| is large
+    to the rounding that z itself carries (eps |z|); on grids of 64 cells (vectors of 8),
+    40 and 8 (each cell from the one 8 before) and 7 (each cell's own exponential)."""
     from basis_bench.estimators import predict_loops
+    from basis_bench.estimators.loops import LANES
 
     for theta, var in itertools.product(
         (logit_grid(), logit_grid(40), logit_grid(8), logit_grid(7)), (0.0, 0.02, 1.7, 40.0)
     ):
-        ez = np.empty(len(theta))
-        predict_loops._exps(theta, shift, var, ez)
-        got = 1.0 / (1.0 + ez)  # as the predictive takes them
+        scale, ends = np.empty((2, 1)), np.empty((4, 1))
+        predict_loops._exp_arguments(np.array([shift]), np.array([var]), theta, 1.0, scale, ends)
+        with np.errstate(over="ignore"):  # the ends past e^700: cell by cell
+            ends, got = np.exp(ends), np.empty(len(theta))
+        finite = predict_loops._exps(theta, shift, scale[0, 0], ends[0, 0], ends[2, 0], got)
+        predict_loops._sigmoids(got, np.ones(LANES), finite)  # as the predictive takes them
         z = (-theta - shift) * (1.0 / np.sqrt(1.0 + np.pi * var / 8.0))  # as the kernel before
         with np.errstate(over="ignore"):
             want = 1.0 / (1.0 + np.exp(z))
         bound = want * (1e-13 + 4.0 * np.finfo(float).eps * np.abs(z))
         assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
+
+
+_RECIPROCALS = """
+import sys
+import numpy as np
+from numba import njit
+from basis_bench.estimators.loops import LANES, _load, _store
+from basis_bench.estimators.predict_loops import _reciprocal
+
+@njit
+def reciprocals(x, out):
+    for g in range(0, x.size, LANES):
+        _store(out, g, _reciprocal(_load(x, g)))
+
+x = np.load(sys.argv[1])
+out = np.empty_like(x)
+reciprocals(x, out)
+np.save(sys.argv[1], out)
+"""
+
+
+@pytest.mark.parametrize("cpu", ["host", "generic"])
+def test_the_vector_reciprocal_is_within_an_ulp_of_the_division(cpu, tmp_path):
+    """_reciprocal on 1 to 1e300 and the sigmoids' 1 + e^-z (1 to e^700): within an ulp of
+    1 / x on this CPU (with AVX-512 an estimate and two Newton steps), and the division
+    itself bit for bit where numba compiles for a generic CPU (no AVX-512), in a child
+    process (numba's target is set when it is imported)."""
+    import os
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(7)
+    x = np.concatenate([10 ** rng.uniform(0, 300, 4000), 1 + np.exp(rng.uniform(-40, 700, 4000))])
+    path = tmp_path / "x.npy"
+    np.save(path, x)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    if cpu == "generic":
+        env["NUMBA_CPU_NAME"] = "generic"
+    script = tmp_path / "reciprocals.py"
+    script.write_text(_RECIPROCALS)
+    subprocess.run([sys.executable, str(script), str(path)], env=env, check=True, timeout=300)
+    got = np.load(path)
+    if cpu == "generic":
+        np.testing.assert_array_equal(got, 1.0 / x)
+    else:
+        np.testing.assert_array_max_ulp(got, 1.0 / x, maxulp=1)
 
 
 def _densities(var: float, g: int):
