@@ -110,7 +110,7 @@ def test_the_sigmoids_running_product_equals_the_exponentials(shift):
     to the rounding that z itself carries (eps |z|); on grids of 64 cells (vectors of 8),
     40 and 8 (each cell from the one 8 before) and 7 (each cell's own exponential)."""
     from basis_bench.estimators import predict_loops
-    from basis_bench.estimators.loops import LANES
+    from basis_bench.estimators.lanes import LANES
 
     for theta, var in itertools.product(
         (logit_grid(), logit_grid(40), logit_grid(8), logit_grid(7)), (0.0, 0.02, 1.7, 40.0)
@@ -132,8 +132,7 @@ _RECIPROCALS = """
 import sys
 import numpy as np
 from numba import njit
-from basis_bench.estimators.loops import LANES, _load, _store
-from basis_bench.estimators.predict_loops import _reciprocal
+from basis_bench.estimators.lanes import LANES, _load, _reciprocal, _store
 
 @njit
 def reciprocals(x, out):
@@ -187,16 +186,18 @@ def _densities(var: float, g: int):
     return dens, inv
 
 
+@pytest.mark.parametrize("g", [64, 13])
 @pytest.mark.parametrize("var", [1e-3, 0.02, 0.6, 5.0, 300.0])
-def test_the_gaussians_running_products_equal_the_exponentials(var):
+def test_the_gaussians_running_products_equal_the_exponentials(var, g):
     """The blur's densities q^(k^2) and the redrawn posterior's cells, running products,
     against numpy's exponentials: to 1e-12 relative wherever a cell is at least TINY, and
     0 (not a subnormal number, which would cost the CPU a hundred cycles a product) where
-    it is below; the normalisers 1 / norm_g against numpy's sums of the densities."""
+    it is below; the normalisers 1 / norm_g against numpy's sums of the densities. On 64
+    cells (the densities on vectors from 8 cells' reach on) and 13 (one by one)."""
     from basis_bench.estimators import loops
 
-    theta = logit_grid()
-    g, h = len(theta), theta[1] - theta[0]
+    theta = logit_grid(g)
+    h = theta[1] - theta[0]
     dens, inv = _densities(var, g)
     d = dens[g - 1 :]
     np.testing.assert_array_equal(dens[: g - 1], d[:0:-1])

@@ -11,9 +11,9 @@ compiled once into numba's disk cache. The predictions' loop is :mod:`predict_lo
 The loops read the state's rows by index, in no order the CPU can guess: each asks for the
 row AHEAD rows on (a prefetch, :func:`_prefetch`) before working on its own, so the reads
 from memory overlap the arithmetic instead of stalling it (the same numbers). The prefetch
-and the blur's vector operations are numba intrinsics (LLVM instructions written out),
-defined here beside the loops that use them: numba's disk cache knows a compiled loop's own
-file only, and an intrinsic is compiled into its caller.
+and the vector operations of the blur and its densities are numba intrinsics (LLVM
+instructions written out, :mod:`lanes`; after a change there, touch this file: numba's disk
+cache knows a compiled loop's own file only, and an intrinsic is compiled into its caller).
 
 Three things cost more than the arithmetic, and the loops are written around them: numba
 counts the references of an array a function receives or a view it makes (an atomic add,
@@ -29,47 +29,36 @@ from __future__ import annotations
 from typing import Any, cast
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic, models, register_model
+from numba import njit
+
+from basis_bench.estimators.lanes import (
+    LANES,
+    _add,
+    _fma,
+    _keep_first,
+    _last,
+    _less_one,
+    _load,
+    _prefetch,
+    _reciprocal,
+    _reverse,
+    _scan,
+    _splat_at,
+    _store,
+    _zero,
+)
 
 AHEAD = 4  # rows prefetched ahead of the one being worked on
 # a Gaussian's cells (the blur's densities, the redrawn posterior) below this are 0: each
 # product of the blur then stays far above 2^-1022 (posteriors are >= 1e-250), not subnormal
 TINY = 1e-50
 LOG_TINY = float(np.log(TINY))
-LANES = 8  # doubles a vector of the blur: one 512-bit register (two 256-bit, four 128-bit)
-_VECTOR = ir.VectorType(ir.DoubleType(), LANES)
 
 
 def _helper(**options: Any) -> Any:
     """numba's njit for a helper of the loops: numpy's error model and no reference counts
     (``_nrt=False``; a helper allocates nothing), so passing it arrays costs no atomic adds."""
     return cast(Any, njit)(error_model="numpy", _nrt=False, **options)
-
-
-def _prefetch_typed(typingctx: Any, array: Any, i: Any, j: Any) -> tuple[Any, Any]:
-    """_prefetch(array, i, j): ask the CPU to bring the cache line of array[i, j] into its
-    caches (LLVM's prefetch: no load, nothing waits for it, no fault at any address)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        kind = signature.args[0]
-        data = context.make_array(kind)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, kind, data, args[1:])
-        byte = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]), "llvm.prefetch"
-        )
-        # for a read (0), to keep in every cache level (3), data (1)
-        builder.call(fn, [builder.bitcast(ptr, byte), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-
-    return types.void(array, i, j), codegen
-
-
-_prefetch: Any = intrinsic(_prefetch_typed)
 
 
 @_helper()
@@ -80,108 +69,6 @@ def _prefetch_row(array: np.ndarray, rows: np.ndarray, n: int) -> None:
         for j in range(0, last, 8):
             _prefetch(array, rows[n], j)
         _prefetch(array, rows[n], last)
-
-
-class _Lanes(types.Type):
-    """LANES doubles as one LLVM vector value, held in registers (numba has no such type)."""
-
-    def __init__(self) -> None:
-        super().__init__(name=f"lanes{LANES}xf64")
-
-
-_LANES = _Lanes()
-
-
-@register_model(_Lanes)
-class _LanesModel(models.PrimitiveModel):
-    def __init__(self, dmm: Any, fe_type: Any) -> None:
-        super().__init__(dmm, fe_type, _VECTOR)
-
-
-def _contiguous(array: Any) -> bool:
-    """Whether ``array`` is a 1-d contiguous float64 array (what _load and _store take)."""
-    kind = isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
-    return kind and array.dtype == types.float64
-
-
-def _lanes_at(context: Any, builder: Any, kind: Any, array: Any, i: Any) -> Any:
-    """A pointer to array[i : i + LANES] as one vector (unchecked: the caller's bounds)."""
-    data = context.make_array(kind)(context, builder, array)
-    ptr = cgutils.get_item_pointer(context, builder, kind, data, [i])
-    return builder.bitcast(ptr, _VECTOR.as_pointer())
-
-
-def _load_typed(typingctx: Any, array: Any, i: Any) -> tuple[Any, Any] | None:
-    """_load(array, i): array[i : i + LANES] of a contiguous 1-d float64 array."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.load(_lanes_at(context, builder, signature.args[0], *args), align=8)
-
-    return (_LANES(array, i), codegen) if _contiguous(array) else None
-
-
-def _store_typed(typingctx: Any, array: Any, i: Any, v: Any) -> tuple[Any, Any] | None:
-    """_store(array, i, v): array[i : i + LANES] = v."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        ptr = _lanes_at(context, builder, signature.args[0], args[0], args[1])
-        builder.store(args[2], ptr, align=8)
-        return context.get_dummy_value()
-
-    return (types.void(array, i, v), codegen) if _contiguous(array) else None
-
-
-def _splat_at_typed(typingctx: Any, array: Any, i: Any) -> tuple[Any, Any] | None:
-    """_splat_at(array, i): array[i] in every lane (unchecked: the caller's bounds; no
-    wraparound of a negative i, which numba's array[i] would test for)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        kind = signature.args[0]
-        data = context.make_array(kind)(context, builder, args[0])
-        value = builder.load(cgutils.get_item_pointer(context, builder, kind, data, [args[1]]))
-        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value, ir.IntType(32)(0))
-        every = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-        return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined), every)
-
-    return (_LANES(array, i), codegen) if _contiguous(array) else None
-
-
-def _fma_typed(typingctx: Any, x: Any, y: Any, acc: Any) -> tuple[Any, Any]:
-    """_fma(x, y, acc): x y + acc lane by lane, fused (one rounding) where the CPU has a
-    fused multiply-add, a product and a sum where it has none (LLVM's fmuladd)."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        kind = ir.FunctionType(_VECTOR, [_VECTOR] * 3)
-        name = f"llvm.fmuladd.v{LANES}f64"
-        return builder.call(cgutils.get_or_insert_function(builder.module, kind, name), args)
-
-    return _LANES(_LANES, _LANES, _LANES), codegen
-
-
-def _add_typed(typingctx: Any, x: Any, y: Any) -> tuple[Any, Any]:
-    """_add(x, y): x + y lane by lane."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fadd(*args)
-
-    return _LANES(_LANES, _LANES), codegen
-
-
-def _zero_typed(typingctx: Any) -> tuple[Any, Any]:
-    """_zero(): 0 in every lane."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return ir.Constant(_VECTOR, [0.0] * LANES)
-
-    return _LANES(), codegen
-
-
-_load: Any = intrinsic(_load_typed)
-_store: Any = intrinsic(_store_typed)
-_splat_at: Any = intrinsic(_splat_at_typed)
-_fma: Any = intrinsic(_fma_typed)
-_add: Any = intrinsic(_add_typed)
-_zero: Any = intrinsic(_zero_typed)
 
 
 @njit(cache=True, error_model="numpy")
@@ -365,9 +252,10 @@ def _densities(
     """The blur's densities dens[at + G - 1 +- k] = d_k = q^(k^2), 0 past ``reach`` (where
     d_k < TINY), and each cell's 1 / norm_g into inv[inv_at + g] (:func:`_normalisers`).
     d_k for k < 8 a running product (:func:`_gauss_cells`'s), then d_(k + 8) = d_k r_k,
-    r_k = q^(16 k + 64), r_(k + 8) = r_k q^128: two recurrences 8 apart, which run on
-    vectors (some 15 roundings a density at G = 64, not one chain of 64 products, each
-    waiting on the last); every factor >= TINY^3, no product subnormal."""
+    r_k = q^(16 k + 64), r_(k + 8) = r_k q^128: two recurrences 8 apart (some 15 roundings
+    a density at G = 64, not one chain of 64 products, each waiting on the last), on
+    vectors where G is a multiple of LANES (:func:`_densities_on_vectors`); every factor
+    >= TINY^3, no product subnormal."""
     g_n = scratch.size
     c = at + g_n - 1  # dens[c +- k] = d_k
     r = inv_at  # inv[r + k] = r_k, until the normalisers are made
@@ -383,6 +271,10 @@ def _densities(
         for k in range(1, 8):
             inv[np.uintp(r + k)] = inv[np.uintp(r + k - 1)] * q16
         q128 = inv[np.uintp(r)] * inv[np.uintp(r)]
+        if g_n % LANES == 0 and LANES == 8:
+            inv[np.uintp(r + 8)] = q128
+            _densities_on_vectors(reach, dens, c, inv, inv_at, scratch)
+            return
         for k in range(8, reach + 1):
             scratch[k] = scratch[k - 8] * inv[np.uintp(r + k - 8)]
             inv[np.uintp(r + k)] = inv[np.uintp(r + k - 8)] * q128
@@ -393,6 +285,37 @@ def _densities(
     for k in range(g_n):
         dens[np.uintp(c - k)] = scratch[k]
     _normalisers(dens, c, reach, inv, inv_at, scratch)
+
+
+@_helper()
+def _densities_on_vectors(
+    reach: int, dens: np.ndarray, c: int, inv: np.ndarray, inv_at: int, scratch: np.ndarray
+) -> None:  # fmt: skip
+    """:func:`_densities` a vector of LANES = 8 at a time, from d_0 .. d_7 in scratch[:8], r_0
+    .. r_7 in inv[inv_at : inv_at + 8] and q^128 at inv[inv_at + 8] (reach >= 8): the same
+    products d_(k + 8) = d_k r_k, so the same densities, written to dens both ways; their
+    running sums P on the vectors (:func:`lanes._scan`, each vector's last lane carried into
+    the next), and all G norms' 1 / (P_g + P_(G - 1 - g) - 1) (:func:`lanes._reciprocal`):
+    in registers, where :func:`_normalisers` reads the densities back one by one (a few ulp
+    from its sums)."""
+    g_n, nothing = scratch.size, _zero()
+    d, ratios, q128 = _load(scratch, 0), _load(inv, inv_at), _splat_at(inv, inv_at + LANES)
+    carry, last = nothing, reach - reach % LANES  # the last vector with a d_k >= TINY
+    for j in range(0, g_n, LANES):
+        if j > last:
+            d = nothing
+        elif j == last:
+            d = _keep_first(d, reach + 1 - j)
+        total = _add(_scan(d), carry)
+        carry = _last(total)
+        _store(dens, c + j, d)
+        _store(dens, c - j - (LANES - 1), _reverse(d))
+        _store(scratch, j, total)
+        if j < last:
+            d, ratios = _fma(d, ratios, nothing), _fma(ratios, q128, nothing)
+    for j in range(0, g_n, LANES):
+        norm = _less_one(_add(_load(scratch, j), _reverse(_load(scratch, g_n - LANES - j))))
+        _store(inv, inv_at + j, _reciprocal(norm))
 
 
 @_helper()

@@ -2,37 +2,27 @@
 of its prompt's reward before the visit, from the posterior read from the state by index
 (the probit approximation, :func:`track_predict`), and the posterior's first two moments.
 The drift and the update, which move the same rows, are :mod:`loops`'; this file borrows
-its helper decorator, its prefetch (:func:`loops._prefetch_row`: a hint, no number changes
-with it) and its vector intrinsics (a load, a store, a broadcast, a fused multiply-add: LLVM
-instructions), and defines one more, the sigmoids' reciprocal (:func:`_reciprocal`). An
-intrinsic is compiled into its caller and numba's disk cache knows a compiled loop's own
-file only: after a change to them in loops.py, touch this file.
+its helper decorator and its prefetch (:func:`loops._prefetch_row`: a hint, no number
+changes with it), and takes its vector operations from :mod:`lanes` (after a change there,
+touch this file: numba's disk cache knows a compiled loop's own file only).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-from llvmlite import ir
 from numba import njit
-from numba.core import cgutils
-from numba.extending import intrinsic
 
-from basis_bench.estimators.loops import (
-    _LANES,
-    _VECTOR,
-    AHEAD,
+from basis_bench.estimators.lanes import (
     LANES,
     _add,
     _fma,
-    _helper,
     _load,
-    _prefetch_row,
+    _reciprocal,
     _splat_at,
     _store,
     _zero,
 )
+from basis_bench.estimators.loops import AHEAD, _helper, _prefetch_row
 
 
 def track_predict(
@@ -150,37 +140,6 @@ def _sigmoids(ez: np.ndarray, ones: np.ndarray, finite: bool) -> None:
     one = _load(ones, 0)
     for g in range(0, ez.size, LANES):
         _store(ez, g, _reciprocal(_add(_load(ez, g), one)))
-
-
-def _reciprocal_typed(typingctx: Any, x: Any) -> tuple[Any, Any]:
-    """_reciprocal(x): 1 / x lane by lane. A division of doubles takes the divider 2 cycles
-    a lane (the predictions' 64 to 128 a row were most of their time); with AVX-512,
-    VRCP14PD's estimate (14 bits) and two Newton steps r <- r + r (1 - x r), each of two
-    fused multiply-adds (28 bits, then 53), within an ulp of the quotient, at a sixth of the
-    cost; elsewhere the division."""
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        one = ir.Constant(_VECTOR, [1.0] * LANES)
-        features = getattr(context.codegen(), "_tm_features", "") or ""
-        if LANES != 8 or "+avx512f" not in features.split(","):
-            return builder.fdiv(one, args[0])
-        i8 = ir.IntType(8)
-        estimate = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VECTOR, [_VECTOR, _VECTOR, i8]),
-            "llvm.x86.avx512.rcp14.pd.512",
-        )  # fmt: skip
-        kind = ir.FunctionType(_VECTOR, [_VECTOR] * 3)
-        fma = cgutils.get_or_insert_function(builder.module, kind, "llvm.fma.v8f64")
-        r = builder.call(estimate, [args[0], ir.Constant(_VECTOR, [0.0] * LANES), i8(-1)])
-        minus_x = builder.fneg(args[0])
-        for _ in range(2):
-            r = builder.call(fma, [r, builder.call(fma, [minus_x, r, one]), r])
-        return r
-
-    return _LANES(_LANES), codegen
-
-
-_reciprocal: Any = intrinsic(_reciprocal_typed)
 
 
 @_helper(fastmath={"reassoc"})

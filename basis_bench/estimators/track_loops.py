@@ -6,7 +6,7 @@ which numpy ran as some hundred small calls a step. ``TrackKernel._step`` calls 
 order around the row loops (the predictions, :mod:`predict_loops`; the drift, :mod:`loops`),
 which it calls itself: numba's on-disk cache knows a compiled loop's own file only, so no
 loop here calls one of another file (a change there would leave a stale copy here) but the
-prefetch hint :func:`loops._prefetch`, which changes no number.
+prefetch hint :func:`lanes._prefetch`, which changes no number.
 
 The exponentials and logarithms stay in numpy: on CPUs with AVX-512 its vectorised exp,
 log and log1p differ from the C library's (numba's) in the last bit, which the filter's
@@ -28,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from basis_bench.estimators.loops import _helper, _prefetch
+from basis_bench.estimators.lanes import _prefetch
+from basis_bench.estimators.loops import _helper
 
 # rows of the (WORK, N) scratch the kernels pass on
 LAST, LAST_JUMPS, MOVED, VAR, NEG, RESID, CURV = range(7)
@@ -56,7 +57,7 @@ def gather(
     work[NEG, k]; drift (C, 3) each filter's (rho, kappa, eta). first[s, b]: the batch's
     first row of the same prompt; which[k]: a 0/1 reward's likelihood line (its value).
     Returns COPIES | FRACTIONAL | OUTSIDE as found (the rewards' check: it writes no
-    state). The rows' cache lines are asked for first, all at once (:func:`loops._prefetch`):
+    state). The rows' cache lines are asked for first, all at once (:func:`lanes._prefetch`):
     the state's (S, P, C) arrays are read a prompt at a time at random, and a read waiting
     on memory stalls the loop where a prefetch does not."""
     n_s, n_b = cols.shape
