@@ -236,7 +236,6 @@ _splat_at: Any = intrinsic(_splat_at_typed)
 _fma: Any = intrinsic(_fma_typed)
 _add: Any = intrinsic(_add_typed)
 _zero: Any = intrinsic(_zero_typed)
-
 _reciprocal: Any = intrinsic(_reciprocal_typed)
 _scan: Any = intrinsic(_scan_typed)
 _last: Any = intrinsic(_last_typed)
