@@ -110,7 +110,6 @@ def test_the_sigmoids_running_product_equals_the_exponentials(shift):
     to the rounding that z itself carries (eps |z|); on grids of 64 cells (vectors of 8),
     40 and 8 (each cell from the one 8 before) and 7 (each cell's own exponential)."""
     from basis_bench.estimators import predict_loops
-    from basis_bench.estimators.lanes import LANES
 
     for theta, var in itertools.product(
         (logit_grid(), logit_grid(40), logit_grid(8), logit_grid(7)), (0.0, 0.02, 1.7, 40.0)
@@ -120,7 +119,7 @@ def test_the_sigmoids_running_product_equals_the_exponentials(shift):
         with np.errstate(over="ignore"):  # the ends past e^700: cell by cell
             ends, got = np.exp(ends), np.empty(len(theta))
         finite = predict_loops._exps(theta, shift, scale[0, 0], ends[0, 0], ends[2, 0], got)
-        predict_loops._sigmoids(got, np.ones(LANES), finite)  # as the predictive takes them
+        predict_loops._sigmoids(got, finite)  # as the predictive takes them
         z = (-theta - shift) * (1.0 / np.sqrt(1.0 + np.pi * var / 8.0))  # as the kernel before
         with np.errstate(over="ignore"):
             want = 1.0 / (1.0 + np.exp(z))

@@ -220,13 +220,16 @@ def _keep_first_typed(typingctx: Any, x: Any, n: Any) -> tuple[Any, Any] | None:
     return (_LANES(_LANES, n), codegen) if isinstance(n, types.Integer) else None
 
 
-def _less_one_typed(typingctx: Any, x: Any) -> tuple[Any, Any]:
-    """_less_one(x): x - 1 lane by lane."""
+def _plus_typed(typingctx: Any, x: Any, c: Any) -> tuple[Any, Any] | None:
+    """_plus(x, c): x + c lane by lane, c a number."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.fsub(args[0], ir.Constant(_VECTOR, [1.0] * LANES))
+        value = context.cast(builder, args[1], signature.args[1], types.float64)
+        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value, _I32(0))
+        undefined = ir.Constant(_VECTOR, ir.Undefined)
+        return builder.fadd(args[0], builder.shuffle_vector(one, undefined, _lanes_of([0] * LANES)))
 
-    return _LANES(_LANES), codegen
+    return (_LANES(_LANES, c), codegen) if isinstance(c, types.Float) else None
 
 
 _prefetch: Any = intrinsic(_prefetch_typed)
@@ -241,4 +244,4 @@ _scan: Any = intrinsic(_scan_typed)
 _last: Any = intrinsic(_last_typed)
 _reverse: Any = intrinsic(_reverse_typed)
 _keep_first: Any = intrinsic(_keep_first_typed)
-_less_one: Any = intrinsic(_less_one_typed)
+_plus: Any = intrinsic(_plus_typed)

@@ -37,8 +37,8 @@ from basis_bench.estimators.lanes import (
     _fma,
     _keep_first,
     _last,
-    _less_one,
     _load,
+    _plus,
     _prefetch,
     _reciprocal,
     _reverse,
@@ -314,7 +314,7 @@ def _densities_on_vectors(
         if j < last:
             d, ratios = _fma(d, ratios, nothing), _fma(ratios, q128, nothing)
     for j in range(0, g_n, LANES):
-        norm = _less_one(_add(_load(scratch, j), _reverse(_load(scratch, g_n - LANES - j))))
+        norm = _plus(_add(_load(scratch, j), _reverse(_load(scratch, g_n - LANES - j))), -1.0)
         _store(inv, inv_at + j, _reciprocal(norm))
 
 

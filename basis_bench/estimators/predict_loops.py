@@ -14,9 +14,9 @@ from numba import njit
 
 from basis_bench.estimators.lanes import (
     LANES,
-    _add,
     _fma,
     _load,
+    _plus,
     _reciprocal,
     _splat_at,
     _store,
@@ -75,16 +75,15 @@ def _predict_rows(
     ends (4, N): e^-z_0 at each scale, then e^-spacing scale at each."""
     g_n = theta.size
     ez, ez_jump, square, sums = np.empty(g_n), np.empty(g_n), theta * theta, np.empty(4)
-    ones = np.ones(LANES)
     for n in range(min(AHEAD, rows.size)):
         _prefetch_row(weights, rows, n)
     for k in range(rows.size):
         _prefetch_row(weights, rows, k + AHEAD)
-        _sigmoids(ez, ones, _exps(theta, moved[k], scale[0, k], ends[0, k], ends[2, k], ez))
+        _sigmoids(ez, _exps(theta, moved[k], scale[0, k], ends[0, k], ends[2, k], ez))
         jumps = jump[k] != 0.0
         if jumps:
             finite = _exps(theta, moved[k], scale[1, k], ends[1, k], ends[3, k], ez_jump)
-            _sigmoids(ez_jump, ones, finite)
+            _sigmoids(ez_jump, finite)
         _sums(weights, rows[k], ez, ez_jump, jumps, theta, square, sums)
         p[order[k]] = (1.0 - jump[k]) * sums[0] + jump[k] * sums[3] if jumps else sums[0]
         moments[k, 0], moments[k, 1] = sums[1], sums[2]
@@ -128,18 +127,16 @@ def _exps(
 
 
 @_helper()
-def _sigmoids(ez: np.ndarray, ones: np.ndarray, finite: bool) -> None:
+def _sigmoids(ez: np.ndarray, finite: bool) -> None:
     """ez_g <- sigmoid(z_g) = 1 / (1 + ez_g), in place, a vector of LANES at a time
     (:func:`_reciprocal`) where G is a multiple of LANES and every ez_g is ``finite``
-    (:func:`_exps`; 1 / inf is 0, the estimate's Newton step would make it NaN); ``ones``
-    LANES ones."""
+    (:func:`_exps`; 1 / inf is 0, the estimate's Newton step would make it NaN)."""
     if ez.size % LANES or not finite:
         for g in range(ez.size):
             ez[g] = 1.0 / (1.0 + ez[g])
         return
-    one = _load(ones, 0)
     for g in range(0, ez.size, LANES):
-        _store(ez, g, _reciprocal(_add(_load(ez, g), one)))
+        _store(ez, g, _reciprocal(_plus(_load(ez, g), 1.0)))
 
 
 @_helper(fastmath={"reassoc"})
