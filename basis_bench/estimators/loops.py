@@ -108,8 +108,9 @@ def track_drift(
     n_rows, g_n = rows.size, out.shape[1]
     spacing, span = theta[1] - theta[0], 2 * g_n - 1
     x, scratch, ones = np.empty(g_n), np.empty(g_n), np.ones(g_n)
-    # two slots (at offsets) of a row's blur, redrawn posterior and result, row n's n % 2:
-    # each pass makes row n + 1's blur, finishes row n - 1 and moves and blurs row n, three
+    # two slots (at offsets) of a row's redrawn posterior and result, row n's n % 2, and of
+    # its blur, row n's `slot` (the other one's unless it shares the last row's): each pass
+    # makes row n + 1's blur, finishes row n - 1 and moves and blurs row n, three
     # independent chains the CPU overlaps, each reading buffers written a pass before
     dens, inv = np.empty(2 * span), np.empty(2 * g_n)
     redrawn, row = np.empty(2 * g_n), np.empty(2 * g_n)
